@@ -1,0 +1,142 @@
+"""The public Python API: load problems and plans, solve, check, compare, describe, run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuplan import registry
+from gpuplan.errors import InfeasibleError, InputError
+from gpuplan.io import digest, read_document
+from gpuplan.models.base import Problem, Violation, validate
+from gpuplan.models.plan import Plan, SolverInfo, Status, plan_from_document, read_plan_document
+from gpuplan.registry import Progress, no_progress
+
+
+def load_problem(source: str | Path | dict[str, Any] | Problem, kind: str | None = None) -> Problem:
+    """Return a validated Problem from a YAML/JSON file, a mapping, or a Problem.
+
+    The kind is read from the document's `kind` field; when `kind` is also given it must match.
+    Raises InputError naming the file, field, value and what was expected.
+    """
+    if isinstance(source, Problem):
+        if kind and source.kind != kind:
+            raise InputError.at(None, "kind", source.kind, f"{kind!r}")
+        return source
+    file: str | None = None
+    base_dir: Path | None = None
+    if isinstance(source, (str, Path)):
+        file, base_dir = str(source), Path(source).parent
+        data = read_document(source)
+    else:
+        data = dict(source)
+    found = data.get("kind")
+    if found is None:
+        if kind is None:
+            raise InputError.at(file, "kind", None, f"one of {', '.join(registry.kinds())}")
+        data["kind"] = found = kind
+    if kind is not None and found != kind:
+        raise InputError.at(file, "kind", found, f"{kind!r} (the kind named on the command line)")
+    spec = registry.model(str(found))
+    return validate(spec.problem_type, data, file=file, base_dir=base_dir)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Return the Plan stored in a JSON plan file, typed by its kind; nothing in it is executed."""
+    data = read_plan_document(path)
+    spec = registry.model(data["kind"])
+    return plan_from_document(spec.plan_type, data, str(path))
+
+
+def plan_problem(plan: Plan, problem: Problem | str | Path | dict[str, Any] | None = None) -> Problem:
+    """Return the problem a plan is for: `problem` when given, else the document embedded in the plan."""
+    if problem is not None:
+        return load_problem(problem, plan.kind)
+    if not plan.problem:
+        raise InputError("the plan holds no problem document; pass the problem (--input)")
+    return load_problem(plan.problem, plan.kind)
+
+
+def solve(kind_or_problem: str | Problem | Path | dict[str, Any], problem: Any = None, *,
+          solver: str | None = None, time_limit_s: float | None = None, seed: int = 0,
+          progress: Progress | None = None, **options: Any) -> Plan:
+    """Solve a problem with a registered solver; return its Plan.
+
+    Call as `solve("oef", problem_or_path)` or `solve(problem)`. `solver` names a solver of the
+    kind (default: the paper's method); `time_limit_s` bounds the search; `seed` fixes every
+    random choice. An infeasible problem returns a plan with status 'infeasible' and the reason.
+    """
+    if isinstance(kind_or_problem, str) and problem is not None:
+        prob = load_problem(problem, kind_or_problem)
+    else:
+        prob = load_problem(kind_or_problem)
+    spec = registry.solver(prob.kind, solver)
+    reason = spec.applicable(prob) if spec.applicable else None
+    if reason:
+        raise InputError(f"solver {spec.name!r} does not apply to this {prob.kind} problem: {reason}")
+    plan_type = registry.model(prob.kind).plan_type
+    started = time.perf_counter()
+    try:
+        plan = spec.fn(prob, time_limit_s=time_limit_s, seed=seed, progress=progress or no_progress,
+                       **{**spec.options, **options})
+    except InfeasibleError as exc:
+        plan = plan_type(kind=prob.kind, status=Status.INFEASIBLE, message=str(exc))
+    wall = time.perf_counter() - started
+    stats = dict(plan.solver.stats) if plan.solver else {}
+    plan.solver = SolverInfo(name=spec.name, options={**spec.options, **options}, seed=seed,
+                             time_limit_s=time_limit_s, wall_time_s=wall, stats=stats)
+    doc = prob.document()
+    plan.problem = doc
+    plan.input_digest = digest(doc)
+    return plan
+
+
+def check(problem: Problem | str | Path | dict[str, Any] | None, plan: Plan) -> list[Violation]:
+    """Return the violations the model's own `check` finds in `plan` ([] when the plan is valid).
+
+    When `problem` is None the problem document embedded in the plan is used.
+    """
+    prob = plan_problem(plan, problem)
+    if plan.input_digest and problem is not None and digest(prob.document()) != plan.input_digest:
+        return [Violation("input_mismatch", "the plan was solved for a different input "
+                          f"(digest {plan.input_digest[:19]}..., this input {digest(prob.document())[:19]}...)")]
+    return registry.model(prob.kind).check(prob, plan)
+
+
+def compare(problem: Problem | str | Path | dict[str, Any], *, solvers: list[str] | None = None,
+            time_limit_s: float | None = None, seed: int = 0, progress: Progress | None = None,
+            kind: str | None = None) -> list[tuple[str, Plan | None, dict[str, Any]]]:
+    """Solve one problem with the paper's solver and every applicable variant, exact solver and baseline.
+
+    Returns (solver name, plan or None when it did not apply, summary figures) per solver, in the
+    registry's order; the summary holds the model's figures plus `solve_time_s` and `status`.
+    """
+    prob = load_problem(problem, kind)
+    spec = registry.model(prob.kind)
+    out: list[tuple[str, Plan | None, dict[str, Any]]] = []
+    chosen = registry.solvers(prob.kind) if solvers is None else [registry.solver(prob.kind, n) for n in solvers]
+    for s in chosen:
+        reason = s.applicable(prob) if s.applicable else None
+        if reason:
+            out.append((s.name, None, {"status": f"skipped: {reason}"}))
+            continue
+        plan = solve(prob, solver=s.name, time_limit_s=time_limit_s, seed=seed, progress=progress)
+        summary: dict[str, Any] = {"status": plan.status.value}
+        if plan.ok and spec.summarize is not None:
+            summary.update(spec.summarize(prob, plan))
+        summary["solve_time_s"] = plan.solver.wall_time_s if plan.solver else float("nan")
+        out.append((s.name, plan, summary))
+    return out
+
+
+def run(plan: Plan, problem: Problem | None = None, **options: Any) -> dict[str, Any]:
+    """Execute a plan with the model's runtime (torch.distributed); return measured figures."""
+    import importlib
+
+    prob = plan_problem(plan, problem)
+    spec = registry.model(prob.kind)
+    if spec.runner is None:
+        raise InputError(f"plans of kind {prob.kind!r} have no executor")
+    module, _, func = spec.runner.partition(":")
+    return getattr(importlib.import_module(module), func)(prob, plan, **options)

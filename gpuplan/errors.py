@@ -1,0 +1,36 @@
+"""Errors that gpuplan raises for bad input, so callers and the CLI can report them plainly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GpuplanError(Exception):
+    """Base class of every error gpuplan raises on purpose."""
+
+
+class InputError(GpuplanError, ValueError):
+    """A bad input file or value: names the file, the field path, the value and what was expected."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
+                 value: Any = None, expected: str | None = None) -> None:
+        self.file, self.field, self.value, self.expected = file, field, value, expected
+        super().__init__(message)
+
+    @classmethod
+    def at(cls, file: str | None, field: str, value: Any, expected: str) -> "InputError":
+        """Build the one-line message `FILE: field F: got V; expected E`."""
+        where = f"{file}: " if file else ""
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        return cls(f"{where}field '{field}': got {shown}; expected {expected}",
+                   file=file, field=field, value=value, expected=expected)
+
+
+class InfeasibleError(GpuplanError):
+    """A problem that has no valid plan; the message says why."""
+
+
+class SolverError(GpuplanError):
+    """A solver failed for a reason other than infeasibility (e.g. numerical trouble)."""

@@ -1,0 +1,1 @@
+"""Measurements of the real machine with torch (imported lazily: torch loads only here)."""

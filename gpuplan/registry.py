@@ -1,0 +1,147 @@
+"""One registry of models and solvers that `solve`, `compare`, `check`, `show`, `run` and the CLI read.
+
+Each `gpuplan/models/<kind>.py` calls `register_model`, each `gpuplan/solvers/<kind>.py` calls
+`register_solver`; `discover()` imports them all, so adding a model touches no central switch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Protocol
+
+from gpuplan.models.base import Problem, Table, Violation
+from gpuplan.models.plan import Plan
+
+
+class Progress(Protocol):
+    """Progress callback: fraction done in [0, 1] (None when unknown) and a short message."""
+
+    def __call__(self, fraction: float | None, message: str = "") -> None: ...
+
+
+def no_progress(fraction: float | None, message: str = "") -> None:
+    """A progress callback that does nothing."""
+
+
+SolverRole = Literal["paper", "variant", "exact", "baseline"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What a model provides to the frame.
+
+    check: the model's own validation, written from the paper's constraints (no solver code).
+    summarize: the figures `compare` prints per plan (name -> number or short text).
+    describe: tables for `gpuplan show`. draw: a PNG for `gpuplan show --png` (matplotlib).
+    runner: dotted path 'module:function' of the executor, imported only when a plan is run.
+    with_profile: returns the problem with measured figures from a profile in place of the catalog.
+    """
+
+    kind: str
+    problem_type: type[Problem]
+    plan_type: type[Plan]
+    check: Callable[[Any, Any], list[Violation]]
+    summarize: Callable[[Any, Any], dict[str, Any]] | None = None
+    describe: Callable[[Any, Any], list[Table]] | None = None
+    draw: Callable[[Any, Any, Path], None] | None = None
+    runner: str | None = None
+    with_profile: Callable[[Any, Any], Any] | None = None
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class SolverSpec:
+    """A registered solver: its function, its role, and when it applies.
+
+    fn(problem, *, time_limit_s, seed, progress, **options) -> Plan (the frame fills solver info,
+    digest and problem document). applicable(problem) returns None when the solver applies, else
+    the reason it does not (e.g. an exact solver on an instance too large for it).
+    """
+
+    kind: str
+    name: str
+    fn: Callable[..., Plan]
+    role: SolverRole = "paper"
+    default: bool = False
+    description: str = ""
+    applicable: Callable[[Any], str | None] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+_MODELS: dict[str, ModelSpec] = {}
+_SOLVERS: dict[str, dict[str, SolverSpec]] = {}
+_DISCOVERED = False
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    """Add a model to the registry; return the spec."""
+    _MODELS[spec.kind] = spec
+    _SOLVERS.setdefault(spec.kind, {})
+    return spec
+
+
+def register_solver(kind: str, name: str, fn: Callable[..., Plan], *, role: SolverRole = "paper",
+                    default: bool = False, description: str = "",
+                    applicable: Callable[[Any], str | None] | None = None,
+                    options: dict[str, Any] | None = None) -> SolverSpec:
+    """Add a solver for `kind` under `name`; return its spec."""
+    spec = SolverSpec(kind, name, fn, role, default, description, applicable, dict(options or {}))
+    _SOLVERS.setdefault(kind, {})[name] = spec
+    return spec
+
+
+def discover() -> None:
+    """Import every module of gpuplan.models and gpuplan.solvers once, so all register themselves."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    for package in ("gpuplan.models", "gpuplan.solvers"):
+        pkg = importlib.import_module(package)
+        for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{package}.{info.name}")
+
+
+def kinds() -> list[str]:
+    """Return the kinds of every registered model, sorted."""
+    discover()
+    return sorted(_MODELS)
+
+
+def model(kind: str) -> ModelSpec:
+    """Return the ModelSpec of `kind`; raise InputError listing the kinds when there is none."""
+    from gpuplan.errors import InputError
+
+    discover()
+    if kind not in _MODELS:
+        raise InputError(f"unknown model kind {kind!r}; expected one of {', '.join(sorted(_MODELS))}",
+                         field="kind", value=kind, expected=", ".join(sorted(_MODELS)))
+    return _MODELS[kind]
+
+
+def solvers(kind: str) -> list[SolverSpec]:
+    """Return the solvers of `kind`: paper first, then variants, exact, baselines."""
+    model(kind)
+    order = {"paper": 0, "variant": 1, "exact": 2, "baseline": 3}
+    return sorted(_SOLVERS.get(kind, {}).values(), key=lambda s: (order[s.role], not s.default, s.name))
+
+
+def solver(kind: str, name: str | None = None) -> SolverSpec:
+    """Return the solver `name` of `kind`, or its default; raise InputError listing the names."""
+    from gpuplan.errors import InputError
+
+    specs = solvers(kind)
+    if not specs:
+        raise InputError(f"model {kind!r} has no solver registered")
+    if name is None:
+        return next((s for s in specs if s.default), specs[0])
+    for s in specs:
+        if s.name == name:
+            return s
+    names = ", ".join(s.name for s in specs)
+    raise InputError(f"unknown solver {name!r} for {kind}; expected one of {names}",
+                     field="solver", value=name, expected=names)

@@ -1,0 +1,1 @@
+"""Executors of plans with torch.distributed (gloo on CPU, NCCL on GPU); torch loads only here."""

@@ -1,0 +1,1 @@
+"""Solvers: how each model is optimized. Each module registers its solvers by name."""

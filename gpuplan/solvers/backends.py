@@ -1,0 +1,92 @@
+"""Thin shared wrappers around the solver libraries: CP-SAT and cvxpy, time limits, seeds, statuses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpuplan.errors import InfeasibleError, SolverError
+from gpuplan.models.plan import Status
+
+
+@dataclass
+class CpSatResult:
+    """The outcome of a CP-SAT solve: status, the solver object (to read values) and statistics."""
+
+    status: Status
+    solver: Any
+    objective: float | None
+    bound: float | None
+    wall_time_s: float
+    stats: dict[str, Any]
+
+
+def solve_cpsat(model: Any, *, time_limit_s: float | None = None, seed: int = 0, workers: int = 2,
+                hint_log: bool = False) -> CpSatResult:
+    """Solve an OR-Tools CP-SAT model; return its status mapped to the plan statuses.
+
+    Raises InfeasibleError when the model is proven infeasible, SolverError when CP-SAT calls it
+    invalid, and returns TIME_LIMIT when the limit ran out with a solution in hand.
+    """
+    from ortools.sat.python import cp_model
+
+    solver = cp_model.CpSolver()
+    if time_limit_s is not None:
+        solver.parameters.max_time_in_seconds = float(time_limit_s)
+    solver.parameters.random_seed = int(seed)
+    solver.parameters.num_workers = int(workers)
+    solver.parameters.log_search_progress = hint_log
+    code = solver.Solve(model)
+    stats = {"conflicts": solver.NumConflicts(), "branches": solver.NumBranches()}
+    has_objective = model.HasObjective()
+    obj = solver.ObjectiveValue() if has_objective and code in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+    bound = solver.BestObjectiveBound() if has_objective else None
+    if code == cp_model.OPTIMAL:
+        status = Status.OPTIMAL
+    elif code == cp_model.FEASIBLE:
+        status = Status.TIME_LIMIT if time_limit_s is not None else Status.FEASIBLE
+    elif code == cp_model.INFEASIBLE:
+        raise InfeasibleError("the CP-SAT model is infeasible")
+    elif code == cp_model.MODEL_INVALID:
+        raise SolverError(f"CP-SAT reports an invalid model: {model.Validate()}")
+    else:
+        raise SolverError("CP-SAT found no solution within the time limit"
+                          + (f" of {time_limit_s} s" if time_limit_s else ""))
+    return CpSatResult(status, solver, obj, bound, solver.WallTime(), stats)
+
+
+LP_SOLVERS = ("HIGHS", "CLARABEL", "SCS")
+
+
+def solve_cvxpy(problem: Any, *, preferred: tuple[str, ...] = LP_SOLVERS, time_limit_s: float | None = None,
+                **kwargs: Any) -> tuple[Status, str]:
+    """Solve a cvxpy problem with the first installed solver of `preferred`; return (status, solver name).
+
+    Raises InfeasibleError on a proven infeasible or unbounded problem and SolverError when no
+    solver reaches an optimal or nearly optimal point.
+    """
+    import cvxpy as cp
+
+    installed = set(cp.installed_solvers())
+    last_error: Exception | None = None
+    for name in preferred:
+        if name not in installed:
+            continue
+        opts = dict(kwargs)
+        if time_limit_s is not None and name == "HIGHS":
+            opts.setdefault("time_limit", float(time_limit_s))
+        try:
+            problem.solve(solver=name, **opts)
+        except cp.error.SolverError as exc:
+            last_error = exc
+            continue
+        if problem.status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE):
+            raise InfeasibleError("the convex program is infeasible")
+        if problem.status in (cp.UNBOUNDED, cp.UNBOUNDED_INACCURATE):
+            raise SolverError("the convex program is unbounded")
+        if problem.status == cp.OPTIMAL:
+            return Status.OPTIMAL, name
+        if problem.status == cp.OPTIMAL_INACCURATE:
+            return Status.FEASIBLE, name
+        last_error = SolverError(f"{name} ended with status {problem.status}")
+    raise SolverError(f"no convex solver succeeded (tried {', '.join(preferred)}): {last_error}")
