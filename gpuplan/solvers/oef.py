@@ -1,0 +1,231 @@
+"""OEF solvers: the cooperative OEF convex program (EF + SI, the default), the SI-only variant, the
+non-cooperative strategy-proof mechanism (Partial Allocation over Nash welfare), and the baselines
+(Gavel's heterogeneity-aware max-min, agnostic max-min, max total throughput, equal share).
+
+Jobs with identical speedup vector, GPUs-at-once and weight form one *class*: every program here is
+symmetric in identical jobs and convex, so an optimum gives them equal rows, and one row per class
+suffices. EF constraints then number (#classes)^2, not (#jobs)^2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from gpuplan.models.oef import (EF, PE, SI, Arrays, OefPlan, OefProblem, arrays, efficiency, envy_factor,
+                                equal_share)
+from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.registry import register_solver
+from gpuplan.solvers.backends import solve_cvxpy
+
+
+@dataclass(frozen=True)
+class Classes:
+    """Jobs grouped by (speedup vector, GPUs-at-once, weight): one representative row per class."""
+
+    of_job: np.ndarray
+    count: np.ndarray
+    V: np.ndarray
+    gpus: np.ndarray
+    weight: np.ndarray
+    usable: np.ndarray
+    capacity: np.ndarray
+
+
+def classes(a: Arrays) -> Classes:
+    """Return the classes of identical jobs (rows rounded to 9 significant digits for grouping)."""
+    key = np.column_stack([np.round(a.V, 9), a.gpus, np.round(a.weight, 12), a.usable])
+    _, first, inverse, count = np.unique(key, axis=0, return_index=True, return_inverse=True,
+                                         return_counts=True)
+    return Classes(inverse.ravel(), count.astype(float), a.V[first], a.gpus[first], a.weight[first],
+                   a.usable[first], a.capacity)
+
+
+def _base(cp: Any, Y: Any, c: Classes) -> list[Any]:
+    """Return the constraints every policy shares: bounds, usable types, time <= 1, capacity."""
+    return [Y >= 0, Y <= c.usable.astype(float), cp.sum(Y, axis=1) <= 1,
+            (c.count * c.gpus) @ Y <= c.capacity]
+
+
+def _own(cp: Any, Y: Any, c: Classes) -> Any:
+    """Return the cvxpy vector of each class's normalised throughput U_c(Y_c)."""
+    return cp.sum(cp.multiply(c.V, Y), axis=1)
+
+
+def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None,
+                  time_limit_s: float | None = None) -> tuple[np.ndarray, Status]:
+    """Return the class rows (time fractions, classes x types) of an LP policy, and the status.
+
+    fairness: 'ef' (max efficiency s.t. SI and EF), 'si' (s.t. SI), 'none' (max efficiency),
+    'maxmin' (Gavel's heterogeneity-aware max-min), 'agnostic' (max-min of weighted GPU time).
+    """
+    import cvxpy as cp
+
+    k, m = c.V.shape
+    Y = cp.Variable((k, m), name="Y")
+    cons = _base(cp, Y, c)
+    own = _own(cp, Y, c)
+    if fairness in ("ef", "si", "none"):
+        objective = cp.Maximize((c.count * c.gpus) @ own)
+        if fairness in ("ef", "si"):
+            cons.append(own >= si_ref)
+        if fairness == "ef" and k > 1:
+            U = c.V @ Y.T                                        # U[i, k] = V_i . Y_k
+            theta = envy_factor(c.gpus, c.weight)
+            np.fill_diagonal(theta, 0.0)
+            cons.append(cp.multiply(theta, U) <= cp.reshape(own, (k, 1), order="F") @ np.ones((1, k)))
+    else:
+        t = cp.Variable(name="t")
+        if fairness == "maxmin":
+            # Gavel: p_i = throughput on a capacity-proportional mix of types
+            p = (c.V * c.usable) @ c.capacity / c.capacity.sum()
+            cons.append(cp.multiply(c.gpus / (c.weight * p), own) >= t)
+        else:
+            cons.append(cp.multiply(c.gpus / c.weight, cp.sum(Y, axis=1)) >= t)
+        objective = cp.Maximize(t)
+    prob = cp.Problem(objective, cons)
+    # Gavel solves its max-min LP with an interior-point method (ECOS), which ends inside the optimal
+    # face (jobs not at the bottleneck keep their extra throughput); Clarabel does the same here.
+    # The efficiency LPs go to HiGHS (simplex: an exact vertex).
+    order = ("HIGHS", "CLARABEL") if fairness in ("ef", "si", "none") else ("CLARABEL", "HIGHS")
+    status, _ = solve_cvxpy(prob, preferred=order, time_limit_s=time_limit_s)
+    return np.asarray(Y.value, dtype=float), status
+
+
+class NashWelfare:
+    """The Nash-welfare (Eisenberg-Gale) program over classes, built once with cvxpy parameters so
+    the Partial Allocation mechanism re-solves it cheaply with one class member removed."""
+
+    def __init__(self, c: Classes) -> None:
+        import cvxpy as cp
+
+        k, m = c.V.shape
+        self.c = c
+        self.V = cp.Parameter((k, m), nonneg=True)
+        self.allowed = cp.Parameter((k, m), nonneg=True)
+        self.size = cp.Parameter(k, nonneg=True)          # count * gpus
+        self.logw = cp.Parameter(k, nonneg=True)          # count * weight (0: class absent)
+        self.absent = cp.Parameter(k, nonneg=True)
+        self.Y = cp.Variable((k, m))
+        z = cp.Variable(k)
+        u = cp.sum(cp.multiply(self.V, self.Y), axis=1)
+        cons = [self.Y >= 0, self.Y <= self.allowed, cp.sum(self.Y, axis=1) <= 1,
+                self.size @ self.Y <= c.capacity, z <= cp.log(u + self.absent)]
+        self.problem = cp.Problem(cp.Maximize(self.logw @ z), cons)
+        self.V.value = c.V
+
+    def solve(self, count: np.ndarray) -> np.ndarray:
+        """Return the class rows maximising sum count_c w_c log U_c with `count` jobs per class."""
+        present = (count > 0).astype(float)
+        self.allowed.value = self.c.usable * present[:, None]
+        self.size.value = count * self.c.gpus
+        self.logw.value = count * self.c.weight
+        self.absent.value = 1.0 - present
+        solve_cvxpy(self.problem, preferred=("CLARABEL", "SCS"))
+        return np.clip(np.asarray(self.Y.value, dtype=float), 0.0, None) * self.c.usable
+
+
+def partial_allocation(c: Classes, progress: Callable[[float | None, str], None] | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Return (class rows, discount factors) of the Partial Allocation mechanism (Cole, Gkatzelis,
+    Goel): the Nash-welfare allocation, each job keeping the fraction
+    f_i = prod_{k != i} (U_k(X*) / U_k(X*_{-i}))^{w_k / w_i} of its bundle, X*_{-i} the Nash-welfare
+    allocation without job i. Truthful for these (degree-1 homogeneous) utilities."""
+    nw = NashWelfare(c)
+    Y = nw.solve(c.count)
+    U = np.maximum((c.V * Y).sum(axis=1), 1e-300)
+    f = np.ones(len(c.count))
+    for q in range(len(c.count)):
+        if progress:
+            progress(q / len(c.count), f"partial allocation: class {q + 1} of {len(c.count)}")
+        others = c.count.copy()
+        others[q] -= 1
+        Yq = nw.solve(others)
+        Uq = np.maximum((c.V * Yq).sum(axis=1), 1e-300)
+        live = others > 0
+        log_f = (others[live] * c.weight[live] / c.weight[q] * (np.log(U[live]) - np.log(Uq[live]))).sum()
+        f[q] = min(1.0, float(np.exp(log_f)))
+    return Y * f[:, None], f
+
+
+def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: str,
+          guarantees: list[str], status: Status, name: str, stats: dict[str, Any],
+          progress: Callable[[float | None, str], None]) -> OefPlan:
+    """Return the OefPlan of class rows Y: job rows, rounds on GPU ids, efficiency as objective."""
+    from gpuplan.solvers.oef_rounds import round_gap, schedule
+
+    X = np.clip(Y[c.of_job], 0.0, 1.0) * a.usable
+    X = X / np.maximum(X.sum(axis=1), 1.0)[:, None]
+    rounds: list[Any] = []
+    predicted = {"efficiency": efficiency(a, X), "throughput_steps_per_s": float((a.T * X).sum())}
+    if problem.rounds:
+        progress(0.9, f"laying out {problem.rounds} rounds on GPU ids")
+        rounds = schedule(problem, a, X, problem.rounds)
+        predicted["round_gap"] = round_gap(a, X, rounds)
+    return OefPlan(kind="oef", status=status, objective=efficiency(a, X),
+                   objective_name="efficiency (sum of GPUs x speedup over slowest type)",
+                   predicted=predicted,
+                   policy=policy, guarantees=guarantees, types=a.types, jobs=a.names,
+                   shares=[[float(v) for v in row] for row in X], round_s=problem.round_s, rounds=rounds,
+                   solver=SolverInfo(name=name, stats={"jobs": len(a.names), "classes": len(c.count),
+                                                       "types": len(a.types), **stats}))
+
+
+def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
+    def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
+              progress: Callable[[float | None, str], None], **_: Any) -> OefPlan:
+        a = arrays(problem)
+        c = classes(a)
+        progress(0.1, f"{policy}: {len(a.names)} jobs in {len(c.count)} classes")
+        ref = (c.V * equal_share(a)[np.unique(c.of_job, return_index=True)[1]]).sum(axis=1)
+        Y, status = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=time_limit_s)
+        return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,
+                     stats={}, progress=progress)
+
+    solve.__doc__ = f"Return the {policy} plan (cvxpy LP, HiGHS)."
+    return solve
+
+
+def solve_partial_allocation(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                             progress: Callable[[float | None, str], None], **_: Any) -> OefPlan:
+    """Return the non-cooperative OEF plan: Partial Allocation over Nash welfare (strategy-proof)."""
+    a = arrays(problem)
+    c = classes(a)
+    Y, f = partial_allocation(c, progress)
+    return _plan(problem, a, c, Y, policy="non-cooperative OEF (partial allocation)", guarantees=[],
+                 status=Status.OPTIMAL, name="oef-noncoop",
+                 stats={"min_discount": float(f.min()), "mean_discount": float(f.mean())}, progress=progress)
+
+
+def solve_equal_share(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                      progress: Callable[[float | None, str], None], **_: Any) -> OefPlan:
+    """Return the equal-share plan: every job gets its weighted 1/n of each usable type."""
+    a = arrays(problem)
+    c = classes(a)
+    Y = equal_share(a)[np.unique(c.of_job, return_index=True)[1]]
+    return _plan(problem, a, c, Y, policy="equal share", guarantees=[SI], status=Status.OPTIMAL,
+                 name="equal-share", stats={}, progress=progress)
+
+
+POLICIES: dict[str, str] = {
+    "oef": "ef", "oef-si": "si", "max-throughput": "none", "gavel-maxmin": "maxmin", "maxmin-agnostic": "agnostic",
+}
+
+register_solver("oef", "oef", _lp_solver("ef", "cooperative OEF (EF + SI)", [SI, EF], "oef"), role="paper",
+                default=True, description="max efficiency s.t. sharing incentive and envy-freeness (LP)")
+register_solver("oef", "oef-si", _lp_solver("si", "cooperative OEF, SI only", [SI, PE], "oef-si"),
+                role="variant", description="max efficiency s.t. sharing incentive (accepts envy; Pareto efficient)")
+register_solver("oef", "oef-noncoop", solve_partial_allocation, role="variant",
+                description="strategy-proof: partial allocation over Nash welfare (Cole-Gkatzelis-Goel)")
+register_solver("oef", "gavel-maxmin", _lp_solver("maxmin", "Gavel max-min (heterogeneity-aware)", [],
+                                                  "gavel-maxmin"), role="baseline",
+                description="Gavel's LAS: max-min of throughput over capacity-proportional throughput")
+register_solver("oef", "maxmin-agnostic", _lp_solver("agnostic", "max-min, heterogeneity-agnostic", [],
+                                                     "maxmin-agnostic"), role="baseline",
+                description="max-min of weighted GPU time, blind to GPU types")
+register_solver("oef", "max-throughput", _lp_solver("none", "max total throughput", [PE], "max-throughput"),
+                role="baseline", description="max efficiency, no fairness")
+register_solver("oef", "equal-share", solve_equal_share, role="baseline",
+                description="weighted equal split of every GPU type")

@@ -1,0 +1,175 @@
+"""OEF: the model's check, the solvers against an independent LP, fairness properties, rounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scipy.optimize import linprog
+
+from gpuplan import api
+from gpuplan.errors import InputError
+from gpuplan.models.oef import (EF, PE, SI, OefPlan, arrays, efficiency, envy_factor, equal_share,
+                                utilities)
+from gpuplan.solvers.oef import classes
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "oef" / "four-tenants.yaml"
+TYPES = ["V100", "P100", "K80"]
+
+
+def problem_doc(speeds: list[list[float]], gpus: list[int], cap: list[int], weights: list[float] | None = None,
+                rounds: int = 0) -> dict:
+    """Return an OEF problem document: one tenant per job (weights per tenant)."""
+    weights = weights or [1.0] * len(speeds)
+    tenants = [{"name": f"t{i}", "weight": w,
+                "jobs": [{"name": "j", "gpus": g, "throughput": dict(zip(TYPES, s))}]}
+               for i, (s, g, w) in enumerate(zip(speeds, gpus, weights))]
+    return {"kind": "oef", "cluster": {"gpus": dict(zip(TYPES, cap)), "gpus_per_node": 4},
+            "tenants": tenants, "rounds": rounds}
+
+
+def random_doc(rng: np.random.Generator, n: int, *, rounds: int = 0, weights: bool = False,
+               sizes: tuple[int, ...] = (1, 1, 2, 4), node_multiple: bool = False) -> dict:
+    speeds = np.round(rng.uniform(0.1, 3.0, size=(n, 3)), 3)
+    speeds[rng.random((n, 3)) < 0.1] = 0.0
+    speeds[:, 2] = np.maximum(speeds[:, 2], 0.05)
+    gpus = rng.choice(sizes, size=n).tolist()
+    cap = (4 * rng.integers(1, 3, size=3) if node_multiple else rng.integers(4, 9, size=3)).tolist()
+    w = rng.choice([1.0, 2.0, 0.5], size=n).tolist() if weights else None
+    return problem_doc(speeds.tolist(), gpus, cap, w, rounds)
+
+
+def independent_lp(a, fairness: str) -> float:
+    """Max efficiency s.t. SI (+ EF) with one row per JOB (no classes), written with scipy."""
+    n, m = a.V.shape
+    A, b = [], []
+    for j in range(m):
+        row = np.zeros((n, m)); row[:, j] = a.gpus; A.append(row.ravel()); b.append(a.capacity[j])
+    for i in range(n):
+        row = np.zeros((n, m)); row[i] = 1; A.append(row.ravel()); b.append(1.0)
+    ref = utilities(a, equal_share(a))
+    for i in range(n):
+        row = np.zeros((n, m)); row[i] = -a.V[i]; A.append(row.ravel()); b.append(-ref[i])
+    if fairness == "ef":
+        theta = envy_factor(a.gpus, a.weight)
+        for i in range(n):
+            for k in range(n):
+                if i != k:
+                    row = np.zeros((n, m)); row[k] = theta[i, k] * a.V[i]; row[i] -= a.V[i]
+                    A.append(row.ravel()); b.append(0.0)
+    bounds = [(0, 1 if u else 0) for u in a.usable.ravel()]
+    res = linprog(-(a.gpus[:, None] * a.V).ravel(), A_ub=np.array(A), b_ub=np.array(b), bounds=bounds,
+                  method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def test_example_solves_and_passes_check() -> None:
+    problem = api.load_problem(EXAMPLE)
+    plan = api.solve("oef", problem)
+    assert plan.ok and plan.guarantees == [SI, EF]
+    assert api.check(problem, plan) == []
+    assert len(plan.rounds) == problem.rounds
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 7))
+def test_cooperative_plans_pass_check_and_match_independent_lp(seed: int, n: int) -> None:
+    rng = np.random.default_rng(seed)
+    problem = api.load_problem(random_doc(rng, n, weights=True))
+    a = arrays(problem)
+    for solver, fairness in (("oef", "ef"), ("oef-si", "si")):
+        plan = api.solve(problem, solver=solver)
+        assert api.check(problem, plan) == [], solver
+        assert plan.objective == pytest.approx(independent_lp(a, fairness), rel=1e-5, abs=1e-6)
+
+
+def test_identical_jobs_form_one_class_and_share_equally() -> None:
+    doc = problem_doc([[3, 2, 1]] * 30 + [[2, 2, 1]] * 20, [1] * 50, [8, 8, 8])
+    problem = api.load_problem(doc)
+    c = classes(arrays(problem))
+    assert len(c.count) == 2 and sorted(c.count) == [20, 30]
+    plan = api.solve(problem)
+    X = plan.matrix()
+    assert np.allclose(X[:30], X[0]) and np.allclose(X[30:], X[30])
+    assert api.check(problem, plan) == []
+
+
+def test_variant_ordering_on_a_contended_instance() -> None:
+    rng = np.random.default_rng(7)
+    problem = api.load_problem(random_doc(rng, 12))
+    eff = {s: api.solve(problem, solver=s).objective for s in
+           ("oef", "oef-si", "max-throughput", "equal-share", "gavel-maxmin")}
+    assert eff["oef"] <= eff["oef-si"] + 1e-6 <= eff["max-throughput"] + 2e-6
+    assert eff["oef"] >= eff["equal-share"] - 1e-6
+
+
+def _plan(problem, X: np.ndarray, guarantees: list[str], rounds=None) -> OefPlan:
+    a = arrays(problem)
+    return OefPlan(kind="oef", status="optimal", guarantees=guarantees, types=a.types, jobs=a.names,
+                   shares=X.tolist(), rounds=rounds or [])
+
+
+def test_check_catches_hand_made_violations() -> None:
+    problem = api.load_problem(problem_doc([[4, 2, 1], [1.1, 1.2, 1.0]], [1, 1], [1, 1, 1]))
+    a = arrays(problem)
+    codes = lambda X, g=(), r=None: {v.code for v in api.check(problem, _plan(problem, np.array(X), list(g), r))}
+    assert codes([[1, 0, 0], [0, 1, 0]], [SI, EF]) == set()
+    assert "capacity" in codes([[1, 0, 0], [1, 0, 0]])                       # two jobs on one V100
+    assert "time" in codes([[0.8, 0.5, 0], [0, 0, 0]])                       # 1.3 of the time
+    assert "bad_share" in codes([[-0.1, 0, 0], [0, 0, 0]])
+    assert "sharing_incentive" in codes([[1, 0, 0], [0, 0, 0.5]], [SI])       # job 1 below its 1/2 split
+    assert "envy" in codes([[0, 0, 1], [1, 0, 0]], [EF])                     # job 0 wants job 1's V100
+    assert "envy" not in codes([[0, 0, 1], [1, 0, 0]], [SI])                 # not claimed, not reported
+    assert "pareto" in codes([[0.5, 0, 0], [0, 1, 0]], [PE])                 # half a V100 idle
+    assert "round" in codes([[1, 0, 0], [0, 1, 0]], r=[[(0, "V100", [0]), (1, "P100", [0])]])
+    assert "round_share" in codes([[1, 0, 0], [0, 1, 0]], r=[[(0, "V100", [0])]] * 4)
+    f = api.check(problem, _plan(problem, np.array([[0, 0, 1], [1, 0, 0]]), [EF]))[0]
+    assert f.data["pairs"] == 1 and f.data["max_envy"] == pytest.approx(3.0)   # 4x speed vs 1x
+    assert efficiency(a, np.array([[1.0, 0, 0], [0, 1, 0]])) == pytest.approx(4 + 1.2)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 14))
+def test_rounds_respect_capacity_and_gpu_types(seed: int, n: int) -> None:
+    problem = api.load_problem(random_doc(np.random.default_rng(seed), n, rounds=15, weights=True))
+    plan = api.solve(problem)
+    a = arrays(problem)
+    devices = problem.cluster.devices
+    for rnd in plan.rounds:
+        ids = [g for _, _, gs in rnd for g in gs]
+        assert len(ids) == len(set(ids))
+        for i, t, gs in rnd:
+            assert len(gs) == a.gpus[i] and all(devices[g].type == t for g in gs)
+    # shares that cannot be packed (a 4-GPU job and a 1-GPU job each 80% of 4 GPUs) may miss the
+    # tolerance; that is the only violation rounds may add
+    assert {v.code for v in api.check(problem, plan)} <= {"round_share"}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_rounds_track_shares_within_tolerance(seed: int) -> None:
+    doc = random_doc(np.random.default_rng(seed), 16, rounds=40, sizes=(1, 2), node_multiple=True)
+    problem = api.load_problem(doc)
+    plan = api.solve(problem)
+    assert api.check(problem, plan) == []
+    assert plan.predicted["round_gap"] <= problem.round_tolerance
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d["tenants"][0]["jobs"][0]["throughput"].update({"X99": 1.0}), "X99"),
+    (lambda d: d["tenants"][0]["jobs"][0]["throughput"].update({"V100": -1.0}), "non-negative"),
+    (lambda d: d["tenants"][0]["jobs"][0].update({"gpus": 64}), "gpus"),
+    (lambda d: d["tenants"][0]["jobs"][0].update({"throughput": {"K80": 0.0}}), "positive throughput"),
+    (lambda d: d["tenants"][1].update({"name": "t0"}), "distinct tenant names"),
+    (lambda d: d["tenants"][0].update({"weight": -2}), "greater than 0"),
+    (lambda d: d["tenants"][0]["jobs"][0].update({"type": "bert"}), "exactly one"),
+])
+def test_bad_input_names_field(change, words) -> None:
+    doc = problem_doc([[3, 2, 1], [2, 2, 1]], [1, 1], [4, 4, 4])
+    change(doc)
+    with pytest.raises(InputError) as info:
+        api.load_problem(doc)
+    assert words in str(info.value) and "tenants[" in str(info.value)
