@@ -56,6 +56,31 @@ def solve_cpsat(model: Any, *, time_limit_s: float | None = None, seed: int = 0,
 
 
 LP_SOLVERS = ("HIGHS", "CLARABEL", "SCS")
+_HIGHS_QUIET = False
+
+
+def _silence_highs_banner() -> None:
+    """Create the process's first HiGHS object with stdout closed: HiGHS prints a banner then."""
+    global _HIGHS_QUIET
+    if _HIGHS_QUIET:
+        return
+    _HIGHS_QUIET = True
+    import os
+    import sys
+
+    try:
+        import highspy
+    except ImportError:
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def solve_cvxpy(problem: Any, *, preferred: tuple[str, ...] = LP_SOLVERS, time_limit_s: float | None = None,
@@ -68,6 +93,8 @@ def solve_cvxpy(problem: Any, *, preferred: tuple[str, ...] = LP_SOLVERS, time_l
     import cvxpy as cp
 
     installed = set(cp.installed_solvers())
+    if "HIGHS" in preferred:
+        _silence_highs_banner()
     last_error: Exception | None = None
     for name in preferred:
         if name not in installed:
