@@ -1,0 +1,142 @@
+"""How Lagom plans are shown and compared, and how a profile's measured collectives enter the model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpuplan.models import lagom_cost as cost
+from gpuplan.models.base import Table
+from gpuplan.models.lagom import LagomPlan, LagomProblem, Theta
+
+
+def _nccl_default(problem: LagomProblem) -> list[Theta]:
+    comp = problem.compiled
+    return [comp.nccl_default(i) for i in range(len(comp.ops))]
+
+
+def summarize(problem: LagomProblem, plan: LagomPlan) -> dict[str, Any]:
+    """Return the `compare` columns: iteration (ms), speedup over NCCL's default, exposed comm (ms),
+    the worst compute slowdown, and the cost-model evaluations of the search."""
+    comp = problem.compiled
+    thetas = plan.thetas()
+    default_us = comp.iteration_us(_nccl_default(problem))
+    it_us = comp.iteration_us(thetas)
+    compute_us = sum(w.compute_us for w in comp.windows)
+    slow = max((float(comp.slowdown(i, t)) for i, t in enumerate(thetas) if comp.windows[comp.window_of[i]].compute_us),
+               default=1.0)
+    stats = plan.solver.stats if plan.solver else {}
+    return {"iteration_ms": it_us / 1e3, "speedup_vs_nccl": default_us / it_us,
+            "exposed_ms": (it_us - compute_us) / 1e3, "max_slowdown": slow,
+            "evaluations": stats.get("evaluations", 0)}
+
+
+def _short(t: Theta) -> str:
+    chunk = f"{t.chunk_bytes // 1024}K" if t.chunk_bytes < 2**20 else f"{t.chunk_bytes / 2**20:g}M"
+    return f"{t.algo}/{t.proto}/{t.channels}ch/{t.threads}t/{chunk}"
+
+
+def describe(problem: LagomProblem, plan: LagomPlan) -> list[Table]:
+    """Return tables: per-op settings and times under NCCL default / AutoCCL-style / Lagom side by side,
+    the windows with their bounding lane, the env vars and per-group Options."""
+    comp = problem.compiled
+    columns = {"nccl-default": _nccl_default(problem)}
+    if "autoccl" in plan.baselines:
+        columns["autoccl"] = plan.thetas("autoccl")
+    columns["plan"] = plan.thetas()
+    head = ["op", "collective", "MB", "window"]
+    for name in columns:
+        head += [f"{name} setting", f"{name} comm ms", f"{name} slowdown"]
+    rows = []
+    for i, op in enumerate(comp.ops):
+        win = comp.windows[comp.window_of[i]]
+        row: list[Any] = [op.name, op.collective, op.size_bytes / 1e6, win.name if win.compute_us else "exposed"]
+        for thetas in columns.values():
+            t = thetas[i]
+            row += [_short(t), float(comp.comm_us(i, t)) / 1e3,
+                    float(comp.slowdown(i, t)) if win.compute_us else None]
+        rows.append(row)
+    total = ["iteration", "", None, ""]
+    for thetas in columns.values():
+        total += ["", comp.iteration_us(thetas) / 1e3, None]
+    rows.append(total)
+    wins = Table("windows (critical path: the bounding lane of each)",
+                 ["window", "bound", "start ms", "compute ms", "comm ms", "time ms", "ops"],
+                 [[w.name, w.bound, w.start_s * 1e3, w.compute_s * 1e3, w.comm_s * 1e3, w.time_s * 1e3,
+                   ",".join(w.ops)] for w in plan.windows])
+    tables = [Table("per-op settings and times (ms): NCCL default / AutoCCL-style / this plan", head, rows), wins,
+              Table("environment (NCCL reads it once per process)", ["variable", "value"],
+                    [[k, v] for k, v in plan.env.items()]),
+              Table("per process group: ProcessGroupNCCL.Options", ["group", "min_ctas", "max_ctas", "cga_cluster_size"],
+                    [[g, o["min_ctas"], o["max_ctas"], o["cga_cluster_size"]] for g, o in plan.group_options.items()])]
+    if plan.notes:
+        tables.append(Table("notes", ["note"], [[n] for n in plan.notes]))
+    return tables
+
+
+def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
+    """Write a PNG of the overlapped timeline: a computation lane and a communication lane (ms)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpuplan.io import atomic_write_bytes
+
+    comp = problem.compiled
+    thetas = plan.thetas()
+    idx = {o.name: i for i, o in enumerate(comp.ops)}
+    fig, ax = plt.subplots(figsize=(12, 2.8))
+    colors = {"compute": "#4c72b0", "comm": "#dd8452", "exposed": "#c44e52", "idle": "#999999"}
+    for w, win in zip(plan.windows, comp.windows):
+        start = w.start_s * 1e3
+        if win.compute_us:
+            ax.broken_barh([(start, w.compute_s * 1e3)], (10, 8), facecolors="#4c72b0" if w.bound != "comm" else "#8fa8d0",
+                           edgecolor="white", linewidth=0.3)
+        t = start
+        stretch = 1 + comp.consts.psi if win.compute_us else 1.0
+        for name in w.ops:
+            d = float(comp.comm_us(idx[name], thetas[idx[name]])) * stretch / 1e3
+            ax.broken_barh([(t, d)], (0, 8), facecolors=colors[w.bound if w.bound == "exposed" else "comm"],
+                           edgecolor="white", linewidth=0.3)
+            t += d
+    ax.set_yticks([4, 14], ["communication", "computation"])
+    ax.set_xlabel("time (ms)")
+    ax.set_title(f"{problem.name or 'lagom'}: iteration {plan.iteration_s * 1e3:.3f} ms "
+                 f"(red: exposed communication, pale: window bound by communication)")
+    fig.tight_layout()
+    from io import BytesIO
+
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+_BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+               "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0,
+               "all_to_all": lambda n: (n - 1) / n}
+
+
+def with_profile(problem: LagomProblem, profile: Any) -> LagomProblem:
+    """Return the problem with each group's bus-bandwidth cap and latency scale fitted from the profile's
+    collective timings (a group with no matching measurement keeps the model's numbers)."""
+    doc = problem.document()
+    fitted = []
+    for name, group in problem.groups.items():
+        scope = "intra_node" if group.nodes == 1 else "inter_node"
+        match = [c for c in profile.collectives if c.group_size == group.ranks and c.fit is not None
+                 and c.scope == scope]
+        match.sort(key=lambda c: c.op != "all_reduce")
+        if not match:
+            continue
+        col = match[0]
+        coll = col.op if col.op in cost.COLLECTIVES else "all_reduce"
+        link = group.link(problem.hardware)
+        base = cost.nccl_latency_us(coll, "ring", "Simple", link, problem.constants) / link.latency_scale
+        doc["groups"][name]["cap_GBps"] = col.fit.bandwidth_GBps * _BUS_FACTOR[col.op](group.ranks)
+        doc["groups"][name]["latency_scale"] = max(1e-3, col.fit.alpha_s * 1e6 / base)
+        fitted.append(f"{name} <- {col.op} x{col.group_size} ({col.backend})")
+    if fitted:
+        doc["constants"] = {**doc.get("constants", {}), "fitted_from": "profile: " + "; ".join(fitted)}
+    return LagomProblem.model_validate(doc)

@@ -1,0 +1,302 @@
+"""Solvers for Lagom: the priority-based search, exhaustive search, NCCL's default, AutoCCL-style descent.
+
+Every solver returns one theta = (algo, proto, channels, threads, chunk) per op. `evaluations`
+counts cost-model evaluations of a window (one per candidate theta; a vectorized 1-D search over a
+grid counts one per grid point).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from gpuplan.models import lagom_cost as cost
+from gpuplan.models.lagom import Compiled, LagomPlan, LagomProblem, OpSetting, Theta, make_plan
+from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.registry import Progress, register_solver
+
+DIMS = ("proto", "algo", "channels", "chunk_bytes", "threads")  # Lagom: implementation first, NC and C before NT
+
+
+@dataclass
+class Space:
+    """The grid of one op: allowed algorithms, protocols, channel counts, thread counts, chunks."""
+
+    algos: list[str]
+    protos: list[str]
+    channels: list[int]
+    threads: list[int]
+    chunks: list[int]
+
+    def values(self, dim: str) -> list[Any]:
+        """Return the grid of dimension `dim`."""
+        return {"algo": self.algos, "proto": self.protos, "channels": self.channels,
+                "threads": self.threads, "chunk_bytes": self.chunks}[dim]
+
+    def sum_sizes(self) -> int:
+        """Return the sum of the dimension sizes (one pass of 1-D searches evaluates at most this)."""
+        return sum(len(self.values(d)) for d in DIMS)
+
+
+def space(problem: LagomProblem, i: int) -> Space:
+    """Return op i's search grid (algorithms NCCL allows for its collective and group)."""
+    comp = problem.compiled
+    op, link = comp.ops[i], comp.links[i]
+    algos = [a for a in cost.ALGOS if cost.algo_allowed(a, op.collective, link) is None]
+    return Space(algos, list(cost.PROTOS), problem.grid.channels(), problem.grid.threads(), problem.grid.chunks())
+
+
+def repair(comp: Compiled, i: int, t: Theta) -> Theta | None:
+    """Return t made valid for op i by the smallest change (NVLS -> Simple, threads into range), or None."""
+    link, coll = comp.links[i], comp.ops[i].collective
+    if cost.algo_allowed(t.algo, coll, link):
+        return None
+    if cost.proto_allowed(t.algo, t.proto, link):
+        if t.algo != "nvls":
+            return None
+        t = replace(t, proto="Simple")
+    lo, hi = cost.thread_range(t.algo, t.proto)
+    t = replace(t, threads=min(hi, max(lo, t.threads)), channels=max(t.channels, 2 if t.algo == "nvls" else 1))
+    return t if not comp.valid(i, t) else None
+
+
+def _valid_values(comp: Compiled, i: int, t: Theta, dim: str, values: list[Any]) -> list[Any]:
+    if dim == "threads":
+        lo, hi = cost.thread_range(t.algo, t.proto)
+        return [v for v in values if lo <= v <= hi]
+    if dim == "channels" and t.algo == "nvls":
+        return [v for v in values if v >= 2]
+    return values
+
+
+def one_d(comp: Compiled, settings: list[Theta], i: int, dim: str, values: list[Any]) -> tuple[Theta, float, int]:
+    """Search dimension `dim` of op i over `values` with the others fixed; return (best theta, its window
+    time in us, evaluations). The current theta is the incumbent and is not re-evaluated."""
+    w = comp.window_of[i]
+    cur = settings[i]
+    best_t, best = cur, float(comp.window_us(w, settings))
+    if dim in ("channels", "threads", "chunk_bytes"):
+        vals = [v for v in _valid_values(comp, i, cur, dim, values) if v != getattr(cur, dim)]
+        if not vals:
+            return best_t, best, 0
+        arr = np.asarray(vals, dtype=float)
+        args = [None, None, None]
+        args[("channels", "threads", "chunk_bytes").index(dim)] = arr
+        times = np.broadcast_to(comp.window_us(w, settings, override=(i, cur), arrays=tuple(args)), arr.shape)
+        k = int(np.argmin(times))
+        if times[k] < best * (1 - 1e-12):
+            best_t, best = replace(cur, **{dim: int(vals[k])}), float(times[k])
+        return best_t, best, len(vals)
+    evals = 0
+    for v in values:
+        cand = repair(comp, i, replace(cur, **{dim: v}))
+        if cand is None or cand == cur:
+            continue
+        evals += 1
+        t = float(comp.window_us(w, settings, override=(i, cand)))
+        if t < best * (1 - 1e-12):
+            best_t, best = cand, t
+    return best_t, best, evals
+
+
+def impact(comp: Compiled, settings: list[Theta], i: int) -> float:
+    """Return op i's effect on the critical path (us): its time when its window is bound by communication
+    or it is exposed, else the computation time its interference adds, d (1 - 1/s)."""
+    win = comp.windows[comp.window_of[i]]
+    d = float(comp.comm_us(i, settings[i]))
+    if win.compute_us == 0:
+        return d
+    s = float(comp.slowdown(i, settings[i]))
+    comm = sum(float(comp.comm_us(j, settings[j])) for j in win.ops) * (1 + comp.consts.psi)
+    return d if comm >= win.compute_us else d * (1 - 1 / s)
+
+
+def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress | None = None
+                    ) -> tuple[list[Theta], dict[str, Any]]:
+    """Return Lagom's settings and search statistics.
+
+    From NCCL's default, rank ops by their effect on the critical path, then tune one parameter at a
+    time in priority order (protocol, algorithm, channels, chunk, threads) with a 1-D search over its
+    grid, the others fixed; re-rank and repeat while a pass improves (at most `passes`).
+    """
+    comp = problem.compiled
+    n = len(comp.ops)
+    settings = [comp.nccl_default(i) for i in range(n)]
+    spaces = [space(problem, i) for i in range(n)]
+    evals, per_pass, done = 0, [], 0
+    for p in range(passes):
+        order = sorted(range(n), key=lambda i: -impact(comp, settings, i))
+        pass_evals, improved = 0, False
+        for k, i in enumerate(order):
+            for dim in DIMS:
+                t, _, e = one_d(comp, settings, i, dim, spaces[i].values(dim))
+                pass_evals += e
+                if t != settings[i]:
+                    settings[i], improved = t, True
+            if progress and k % 16 == 0:
+                progress((p + k / n) / passes, f"pass {p + 1}: op {k + 1}/{n}")
+        evals += pass_evals
+        per_pass.append(pass_evals)
+        done = p + 1
+        if not improved:
+            break
+    stats = {"evaluations": evals, "evaluations_per_pass": per_pass, "passes": done,
+             "ranking_evaluations": done * n, "sum_of_dimension_sizes": sum(s.sum_sizes() for s in spaces)}
+    return settings, stats
+
+
+def exhaustive_op(problem: LagomProblem, settings: list[Theta], i: int) -> tuple[Theta, int]:
+    """Return the best theta for op i over its whole grid (and NCCL's default), others fixed; and the
+    number of evaluations."""
+    comp = problem.compiled
+    w = comp.window_of[i]
+    sp = space(problem, i)
+    default = comp.nccl_default(i)
+    best_t, best = default, float(comp.window_us(w, settings, override=(i, default)))
+    evals = 1
+    for a in sp.algos:
+        for p in sp.protos:
+            base = Theta(a, p, 2, 640 if a == "tree" else 256, sp.chunks[0])
+            if cost.proto_allowed(a, p, comp.links[i]) or comp.valid(i, base):
+                continue
+            ncs = np.asarray(_valid_values(comp, i, base, "channels", sp.channels), dtype=float)
+            nts = np.asarray(_valid_values(comp, i, base, "threads", sp.threads), dtype=float)
+            cs = np.asarray(sp.chunks, dtype=float)
+            NC, NT, C = np.meshgrid(ncs, nts, cs, indexing="ij")
+            times = np.broadcast_to(comp.window_us(w, settings, override=(i, base), arrays=(NC, NT, C)), NC.shape)
+            evals += times.size
+            k = np.unravel_index(int(np.argmin(times)), times.shape)
+            if times[k] < best * (1 - 1e-12):
+                best = float(times[k])
+                best_t = Theta(a, p, int(NC[k]), int(NT[k]), int(C[k]))
+    return best_t, evals
+
+
+def exhaustive(problem: LagomProblem) -> tuple[list[Theta], dict[str, Any]]:
+    """Return the optimum over the full product grid of every op (exact when no window holds two ops:
+    windows are then independent). Identical windows are solved once."""
+    comp = problem.compiled
+    settings = [comp.nccl_default(i) for i in range(len(comp.ops))]
+    memo: dict[Any, Theta] = {}
+    evals = 0
+    for i, op in enumerate(comp.ops):
+        win = comp.windows[comp.window_of[i]]
+        key = (op.collective, op.size_bytes, comp.links[i], win.compute_us, win.memory_bound)
+        if key not in memo:
+            memo[key], e = exhaustive_op(problem, settings, i)
+            evals += e
+        settings[i] = memo[key]
+    return settings, {"evaluations": evals, "distinct_windows": len(memo)}
+
+
+def exhaustive_applicable(problem: LagomProblem) -> str | None:
+    """Return None when exhaustive search is exact here (at most one op per window), else why not."""
+    crowded = [w.name for w in problem.compiled.windows if len(w.ops) > 1]
+    if crowded:
+        return f"windows {crowded[:3]} overlap several ops; their joint grid is a product of products"
+    return None
+
+
+def autoccl_op(problem: LagomProblem, i: int) -> tuple[Theta, int]:
+    """Return the AutoCCL-style setting of op i: per (algo, proto) subspace, coordinate descent over
+    (channels, threads, chunk) from NCCL's default, both directions, minimizing communication time
+    alone; the best subspace wins. Also the number of evaluations."""
+    comp = problem.compiled
+    sp = space(problem, i)
+    default = comp.nccl_default(i)
+    best_t, best = default, float(comp.comm_us(i, default))
+    evals = 1
+    for a in sp.algos:
+        for p in sp.protos:
+            start = repair(comp, i, replace(default, algo=a, proto=p))
+            if start is None:
+                continue
+            grids = {d: _valid_values(comp, i, start, d, sp.values(d)) for d in ("channels", "threads", "chunk_bytes")}
+            cur = replace(start, **{d: min(g, key=lambda v: abs(v - getattr(start, d))) for d, g in grids.items()})
+            cur_t = float(comp.comm_us(i, cur))
+            evals += 1
+            failures = 0
+            while failures < 6:
+                for d in ("channels", "threads", "chunk_bytes"):
+                    g = grids[d]
+                    k = g.index(getattr(cur, d))
+                    moved = False
+                    for step in (1, -1):
+                        if 0 <= k + step < len(g):
+                            cand = replace(cur, **{d: g[k + step]})
+                            t = float(comp.comm_us(i, cand))
+                            evals += 1
+                            if t < cur_t * (1 - 1e-12):
+                                cur, cur_t, moved = cand, t, True
+                                break
+                    failures = 0 if moved else failures + 1
+                    if failures >= 6:
+                        break
+            if cur_t < best * (1 - 1e-12):
+                best_t, best = cur, cur_t
+    return best_t, evals
+
+
+def autoccl(problem: LagomProblem) -> tuple[list[Theta], dict[str, Any]]:
+    """Return AutoCCL-style settings for every op (communication time alone) and the evaluations."""
+    out, evals = [], 0
+    for i in range(len(problem.compiled.ops)):
+        t, e = autoccl_op(problem, i)
+        out.append(t)
+        evals += e
+    return out, {"evaluations": evals}
+
+
+def _plan(problem: LagomProblem, name: str, settings: list[Theta], stats: dict[str, Any], status: Status,
+          baselines: dict[str, list[Theta]] | None = None) -> LagomPlan:
+    names = [o.name for o in problem.compiled.ops]
+    base = {k: [OpSetting(op=n, **vars(t)) for n, t in zip(names, v)] for k, v in (baselines or {}).items()}
+    plan = make_plan(problem, settings, status=status, baselines=base)
+    plan.solver = SolverInfo(name=name, stats=stats)
+    return plan
+
+
+def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                progress: Progress | None = None, passes: int = 3, **_: Any) -> LagomPlan:
+    """Lagom's priority-based search; the plan also carries NCCL's default and the AutoCCL-style settings."""
+    comp = problem.compiled
+    settings, stats = priority_search(problem, passes=int(passes), progress=progress)
+    auto, auto_stats = autoccl(problem)
+    stats["autoccl_evaluations"] = auto_stats["evaluations"]
+    default = [comp.nccl_default(i) for i in range(len(comp.ops))]
+    return _plan(problem, "lagom", settings, stats, Status.FEASIBLE,
+                 {"nccl-default": default, "autoccl": auto})
+
+
+def solve_exhaustive(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                     progress: Progress | None = None, **_: Any) -> LagomPlan:
+    """The optimum over the full grid, window by window."""
+    settings, stats = exhaustive(problem)
+    return _plan(problem, "exhaustive", settings, stats, Status.OPTIMAL)
+
+
+def solve_default(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                  progress: Progress | None = None, **_: Any) -> LagomPlan:
+    """NCCL's own choice: its analytic model, communication time alone."""
+    comp = problem.compiled
+    return _plan(problem, "nccl-default", [comp.nccl_default(i) for i in range(len(comp.ops))],
+                 {"evaluations": 0}, Status.FEASIBLE)
+
+
+def solve_autoccl(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                  progress: Progress | None = None, **_: Any) -> LagomPlan:
+    """AutoCCL-style coordinate descent on communication time alone, ignoring the compute slowdown."""
+    settings, stats = autoccl(problem)
+    return _plan(problem, "autoccl", settings, stats, Status.FEASIBLE)
+
+
+register_solver("lagom", "lagom", solve_lagom, role="paper", default=True,
+                description="priority-based 1-D searches over (proto, algo, channels, chunk, threads), re-ranked")
+register_solver("lagom", "exhaustive", solve_exhaustive, role="exact", applicable=exhaustive_applicable,
+                description="every theta of the grid, window by window (exact with one op per window)")
+register_solver("lagom", "nccl-default", solve_default, role="baseline",
+                description="NCCL's analytic model: fastest (algo, proto) alone, default resources")
+register_solver("lagom", "autoccl", solve_autoccl, role="baseline",
+                description="AutoCCL-style coordinate descent on communication time alone")
