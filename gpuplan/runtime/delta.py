@@ -1,0 +1,625 @@
+"""Bit-exact sparse deltas between two sets of tensors (AuroraRL), vectorised with numpy.
+
+Tensors are handled as flat arrays of their raw bit patterns (uint16 for bf16/fp16, uint32 for
+fp32, ...), so NaN payloads, -0.0 and subnormals compare and round-trip exactly. Each tensor is
+cut into fixed-size chunks of `chunk_elems` elements; a chunk with changed elements becomes one
+self-contained *record*: its id (tensor, chunk), the changed positions in the smallest of several
+encodings, the new bit patterns (optionally zlib-compressed after a byte shuffle) and two CRC-32s
+(of the whole record, and of the base bits at the changed positions). Records can travel on any
+stream in any order, be resent, and are applied idempotently (they carry new values, not
+differences).
+
+Position encodings (per chunk, smallest chosen; n elements in the chunk, k changed):
+  ALL     k == n: no positions at all
+  RAW32   4k bytes (little-endian uint32 positions)
+  VARINT  gaps between sorted positions as LEB128 varints
+  EF      Elias-Fano (bit-packed gap code): k*L low bits + (k + n>>L + 1) unary high bits,
+          L = floor(log2(n/k)); within ~2 bits per change of the entropy bound n*H(k/n)
+  BITMAP  ceil(n/8) bytes, one bit per element (wins when dense)
+
+Container (`.delta` file, version 1):
+  b"GPDELTA1", u32 header length, u32 header CRC-32, header JSON (tensors: name, dtype, shape; chunk_elems; steps;
+  optional base/new digests), then records, then an END record holding the record count and a
+  CRC-32 of all record ids. A truncated file, a flipped bit or a missing record is detected
+  before anything is applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
+
+MAGIC = b"GPDELTA1"
+FORMAT_VERSION = 1
+CHUNK_ELEMS = 1 << 19  # 1 MiB of bf16: cache-friendly extraction, fine-grained streaming
+
+# index encodings
+ALL, RAW32, VARINT, EF, BITMAP = 0, 1, 2, 3, 4
+INDEX_NAMES = {ALL: "all", RAW32: "raw32", VARINT: "varint", EF: "elias-fano", BITMAP: "bitmap"}
+# value encodings
+VRAW, VZLIB = 0, 1
+
+_REC = struct.Struct("<4sIIIIBBBBIIII")  # magic, tensor, chunk, n, k, ienc, venc, width, L, ilen, vlen, crc, base_crc
+_REC_MAGIC = b"DCK1"
+_END = struct.Struct("<4sII")  # magic, record count, crc32 of record ids
+_END_MAGIC = b"DEND"
+_HDR = struct.Struct("<8sII")  # magic, JSON length, crc32 of the JSON
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+DTYPE_WIDTH = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1, "int16": 2,
+               "int32": 4, "int64": 8, "bool": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+class DeltaError(ValueError):
+    """A delta that cannot be applied: corrupted, truncated, incomplete or for another base."""
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    """Return a flat unsigned-integer view of `array`'s raw bit patterns (no copy when contiguous)."""
+    a = np.ascontiguousarray(array).reshape(-1)
+    return a.view(_UINT[a.dtype.itemsize])
+
+
+# ---------------------------------------------------------------- changed positions
+
+_scratch = threading.local()  # a reusable comparison mask per thread (avoids page faults per chunk)
+
+
+def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Return the sorted positions (int64) where the bit patterns of `old` and `new` differ.
+
+    One pass compares 8-byte words into a mask; the mask is then scanned 8 words at a time, and
+    only changed groups, then changed words, are refined lane by lane, so the refinement touches
+    a small fraction of the data when few elements changed.
+    """
+    w = old.dtype.itemsize
+    n = old.size
+    per = 8 // w
+    nwords = n // per
+    body = nwords * per
+    if per == 1 or nwords == 0:
+        return np.flatnonzero(old != new)
+    ow, nw = old[:body].view(np.uint64), new[:body].view(np.uint64)
+    padded = -(-nwords // 8) * 8
+    scratch = getattr(_scratch, "mask", None)
+    if scratch is None or scratch.size < padded:
+        scratch = _scratch.mask = np.zeros(max(padded, CHUNK_ELEMS // 4), dtype=bool)
+    mask = scratch[:padded]
+    mask[nwords:] = False
+    np.not_equal(ow, nw, out=mask[:nwords])
+    groups = np.flatnonzero(mask.view(np.uint64))
+    inner = np.flatnonzero(mask.view(np.uint64)[groups].view(bool))
+    words = groups[inner >> 3] * 8 + (inner & 7)
+    lanes = np.flatnonzero(ow[words].view(old.dtype) != nw[words].view(old.dtype))
+    pos = words[lanes // per] * per + lanes % per
+    if body < n:
+        pos = np.concatenate([pos, np.flatnonzero(old[body:] != new[body:]) + body])
+    return pos
+
+
+# ---------------------------------------------------------------- position codes
+
+def _varint_encode(gaps: np.ndarray) -> bytes:
+    g = gaps.astype(np.uint64, copy=False)
+    nbytes = np.ones(g.size, dtype=np.int64)
+    for t in (7, 14, 21, 28, 35):
+        nbytes += g >= (1 << t)
+    ends = np.cumsum(nbytes)
+    starts = ends - nbytes
+    out = np.empty(int(ends[-1]) if g.size else 0, dtype=np.uint8)
+    for j in range(int(nbytes.max()) if g.size else 0):
+        sel = nbytes > j
+        byte = (g[sel] >> np.uint64(7 * j)) & np.uint64(0x7F)
+        more = (nbytes[sel] > j + 1).astype(np.uint64) << np.uint64(7)
+        out[starts[sel] + j] = (byte | more).astype(np.uint8)
+    return out.tobytes()
+
+
+def _varint_decode(buf: bytes, k: int) -> np.ndarray:
+    b = np.frombuffer(buf, dtype=np.uint8)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(b < 0x80)
+    if ends.size != k or ends[-1] != b.size - 1:
+        raise DeltaError(f"varint positions: expected {k} values, found {ends.size}")
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    group = np.repeat(np.arange(k), ends - starts + 1)
+    shift = (np.arange(b.size) - starts[group]).astype(np.uint64) * np.uint64(7)
+    parts = (b & 0x7F).astype(np.uint64) << shift
+    return np.add.reduceat(parts, starts).astype(np.int64)
+
+
+def _ef_low_bits(n: int, k: int) -> int:
+    return int(np.floor(np.log2(n / k))) if k and n > k else 0
+
+
+def _pack(values: np.ndarray, width: int) -> bytes:
+    """Pack the low `width` bits of each value (< 2**32) big-endian into a bit string."""
+    if width == 0 or values.size == 0:
+        return b""
+    as_bytes = values.astype(">u4").view(np.uint8).reshape(-1, 4)
+    bitm = np.unpackbits(as_bytes, axis=1)[:, 32 - width:]
+    return np.packbits(bitm.reshape(-1)).tobytes()
+
+
+def _unpack(buf: np.ndarray, count: int, width: int) -> np.ndarray:
+    """Inverse of _pack: return `count` int64 values of `width` bits each."""
+    if width == 0 or count == 0:
+        return np.zeros(count, dtype=np.int64)
+    bitm = np.zeros((count, 32), dtype=np.uint8)
+    bitm[:, 32 - width:] = np.unpackbits(buf, count=count * width).reshape(count, width)
+    return np.packbits(bitm, axis=1).view(">u4").reshape(-1).astype(np.int64)
+
+
+def _ef_encode(pos: np.ndarray, n: int, low: int) -> bytes:
+    k = pos.size
+    lowpart = _pack(pos & ((1 << low) - 1), low)
+    high = (pos >> low) + np.arange(k)
+    hbits = np.zeros(k + (n >> low) + 1, dtype=np.uint8)
+    hbits[high] = 1
+    return lowpart + np.packbits(hbits).tobytes()
+
+
+def _ef_decode(buf: bytes, n: int, k: int, low: int) -> np.ndarray:
+    b = np.frombuffer(buf, dtype=np.uint8)
+    nlow = (k * low + 7) // 8
+    nhigh = k + (n >> low) + 1
+    if b.size != nlow + (nhigh + 7) // 8:
+        raise DeltaError(f"elias-fano positions: {b.size} bytes, expected {nlow + (nhigh + 7) // 8}")
+    ones = np.flatnonzero(np.unpackbits(b[nlow:], count=nhigh))
+    if ones.size != k:
+        raise DeltaError(f"elias-fano positions: expected {k} values, found {ones.size}")
+    return ((ones - np.arange(k)) << low) | _unpack(b[:nlow], k, low)
+
+
+def _gaps(pos: np.ndarray) -> np.ndarray:
+    g = np.empty_like(pos)
+    if pos.size:
+        g[0] = pos[0]
+        g[1:] = pos[1:] - pos[:-1] - 1
+    return g
+
+
+def index_sizes(pos: np.ndarray, n: int) -> dict[int, int]:
+    """Return the byte size of each position encoding for sorted positions `pos` in a chunk of n."""
+    k = pos.size
+    low = _ef_low_bits(n, k)
+    g = _gaps(pos)
+    varint = int(k + sum(int(np.count_nonzero(g >= (1 << t))) for t in (7, 14, 21, 28)))
+    sizes = {RAW32: 4 * k, VARINT: varint, EF: (k * low + 7) // 8 + (k + (n >> low) + 8) // 8,
+             BITMAP: (n + 7) // 8}
+    if k == n:
+        sizes[ALL] = 0
+    return sizes
+
+
+def encode_positions(pos: np.ndarray, n: int, encoding: int | None = None) -> tuple[int, int, bytes]:
+    """Return (encoding, Elias-Fano low bits, bytes) for sorted positions `pos` in a chunk of n."""
+    if encoding is None:
+        sizes = index_sizes(pos, n)
+        encoding = min(sizes, key=lambda e: (sizes[e], e))
+    low = _ef_low_bits(n, pos.size) if encoding == EF else 0
+    if encoding == ALL:
+        data = b""
+    elif encoding == RAW32:
+        data = pos.astype("<u4").tobytes()
+    elif encoding == VARINT:
+        data = _varint_encode(_gaps(pos))
+    elif encoding == EF:
+        data = _ef_encode(pos, n, low)
+    elif encoding == BITMAP:
+        mask = np.zeros(n, dtype=np.uint8)
+        mask[pos] = 1
+        data = np.packbits(mask).tobytes()
+    else:
+        raise ValueError(f"unknown position encoding {encoding}")
+    return encoding, low, data
+
+
+def decode_positions(encoding: int, data: bytes, n: int, k: int, low: int) -> np.ndarray:
+    """Return the sorted int64 positions encoded in `data`; raise DeltaError when inconsistent."""
+    if encoding == ALL:
+        if k != n:
+            raise DeltaError(f"'all' positions with {k} of {n} changed")
+        return np.arange(n, dtype=np.int64)
+    if encoding == RAW32:
+        if len(data) != 4 * k:
+            raise DeltaError(f"raw32 positions: {len(data)} bytes, expected {4 * k}")
+        pos = np.frombuffer(data, dtype="<u4").astype(np.int64)
+    elif encoding == VARINT:
+        pos = np.cumsum(_varint_decode(data, k) + 1) - 1
+    elif encoding == EF:
+        pos = _ef_decode(data, n, k, low)
+    elif encoding == BITMAP:
+        if len(data) != (n + 7) // 8:
+            raise DeltaError(f"bitmap positions: {len(data)} bytes, expected {(n + 7) // 8}")
+        pos = np.flatnonzero(np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n))
+        if pos.size != k:
+            raise DeltaError(f"bitmap positions: expected {k} values, found {pos.size}")
+    else:
+        raise DeltaError(f"unknown position encoding {encoding}")
+    if k and (pos[-1] >= n or pos[0] < 0 or (k > 1 and np.any(np.diff(pos) <= 0))):
+        raise DeltaError("positions out of range or not increasing")
+    return pos
+
+
+# ---------------------------------------------------------------- values
+
+def _encode_values(values: np.ndarray, compress: bool) -> tuple[int, bytes]:
+    """Return (value encoding, bytes): raw little-endian bits, or VZLIB when it pays.
+
+    VZLIB splits the values into byte planes, zlib-compresses the most significant plane (sign and
+    exponent bits, the compressible part of float weights) and keeps the other planes raw.
+    """
+    width = values.dtype.itemsize
+    raw = values.astype(values.dtype.newbyteorder("<"), copy=False).tobytes()
+    if compress and width > 1 and len(raw) >= 512:
+        planes = np.frombuffer(raw, dtype=np.uint8).reshape(-1, width).T
+        packed = zlib.compress(planes[-1].tobytes(), 1)
+        if len(packed) < 0.9 * planes.shape[1]:
+            return VZLIB, struct.pack("<I", len(packed)) + packed + planes[:-1].tobytes()
+    return VRAW, raw
+
+
+def _decode_values(encoding: int, data: bytes, k: int, width: int) -> np.ndarray:
+    if encoding == VZLIB:
+        if len(data) < 4:
+            raise DeltaError("values: truncated zlib plane length")
+        (clen,) = struct.unpack_from("<I", data, 0)
+        try:
+            top = zlib.decompress(data[4:4 + clen])
+        except zlib.error as exc:
+            raise DeltaError(f"values: {exc}") from None
+        rest = data[4 + clen:]
+        if len(top) != k or len(rest) != k * (width - 1):
+            raise DeltaError(f"values: planes of {len(top)} and {len(rest)} bytes for {k} values")
+        planes = np.empty((width, k), dtype=np.uint8)
+        planes[:-1] = np.frombuffer(rest, dtype=np.uint8).reshape(width - 1, k)
+        planes[-1] = np.frombuffer(top, dtype=np.uint8)
+        data = planes.T.tobytes()
+    elif encoding != VRAW:
+        raise DeltaError(f"unknown value encoding {encoding}")
+    if len(data) != k * width:
+        raise DeltaError(f"values: {len(data)} bytes, expected {k * width}")
+    return np.frombuffer(data, dtype=np.dtype(_UINT[width]).newbyteorder("<"))
+
+
+# ---------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class Record:
+    """One decoded chunk record: where it applies and what to write there."""
+
+    tensor: int
+    chunk: int
+    n: int
+    positions: np.ndarray
+    values: np.ndarray
+    base_crc: int
+    index_encoding: int
+
+
+def _crc(a: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(a).view(np.uint8)) & 0xFFFFFFFF
+
+
+def encode_chunk(tensor: int, chunk: int, old: np.ndarray, new: np.ndarray, *, compress: bool = True,
+                 index_encoding: int | None = None) -> bytes | None:
+    """Return the record for one chunk (flat bit views of equal length), or None when unchanged."""
+    pos = changed_positions(old, new)
+    if pos.size == 0:
+        return None
+    n, width = old.size, old.dtype.itemsize
+    ienc, low, idata = encode_positions(pos, n, index_encoding)
+    venc, vdata = _encode_values(new[pos], compress)
+    fields = (tensor, chunk, n, pos.size, ienc, venc, width, low, len(idata), len(vdata))
+    base_crc = _crc(old[pos])
+    crc = _record_crc(_REC.pack(_REC_MAGIC, *fields, 0, base_crc), idata, vdata)
+    return _REC.pack(_REC_MAGIC, *fields, crc, base_crc) + idata + vdata
+
+
+def _record_crc(head_without_crc: bytes, idata: bytes, vdata: bytes) -> int:
+    """CRC-32 over a record's header (with its crc field zero) and payload: every byte is covered."""
+    return zlib.crc32(vdata, zlib.crc32(idata, zlib.crc32(head_without_crc))) & 0xFFFFFFFF
+
+
+def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
+    """Parse and verify the record at `offset`; return it and the offset after it.
+
+    Raises DeltaError on a truncated record, a checksum mismatch or inconsistent fields.
+    """
+    view = memoryview(buf)
+    if len(view) - offset < _REC.size:
+        raise DeltaError(f"truncated record header at byte {offset}")
+    (magic, tensor, chunk, n, k, ienc, venc, width, low, ilen, vlen, crc, base_crc) = \
+        _REC.unpack_from(view, offset)
+    if magic != _REC_MAGIC:
+        raise DeltaError(f"no record at byte {offset} (magic {bytes(magic)!r})")
+    start = offset + _REC.size
+    end = start + ilen + vlen
+    if end > len(view):
+        raise DeltaError(f"truncated record (tensor {tensor}, chunk {chunk}): {len(view) - start} of "
+                         f"{ilen + vlen} payload bytes")
+    idata, vdata = bytes(view[start:start + ilen]), bytes(view[start + ilen:end])
+    head = _REC.pack(_REC_MAGIC, tensor, chunk, n, k, ienc, venc, width, low, ilen, vlen, 0, base_crc)
+    if _record_crc(head, idata, vdata) != crc:
+        raise DeltaError(f"checksum mismatch in record (tensor {tensor}, chunk {chunk})")
+    if width not in _UINT or k > n:
+        raise DeltaError(f"record (tensor {tensor}, chunk {chunk}): bad width {width} or count {k}/{n}")
+    pos = decode_positions(ienc, idata, n, k, low)
+    values = _decode_values(venc, vdata, k, width)
+    return Record(tensor, chunk, n, pos, values, base_crc, ienc), end
+
+
+def apply_record(rec: Record, flat: np.ndarray, chunk_elems: int, *, check_base: bool = True) -> None:
+    """Write a record's values into `flat` (the tensor's bit view) in place.
+
+    With check_base, the base bits at the changed positions must match the encoder's (else
+    DeltaError, nothing written) unless they already hold the new values (a re-applied record).
+    """
+    start = rec.chunk * chunk_elems
+    if rec.values.dtype.itemsize != flat.dtype.itemsize or start + rec.n > flat.size:
+        raise DeltaError(f"record (tensor {rec.tensor}, chunk {rec.chunk}) does not fit a tensor of "
+                         f"{flat.size} elements of {flat.dtype.itemsize} bytes")
+    target = flat[start:start + rec.n]
+    if check_base and not base_matches(rec, flat, chunk_elems):
+        raise DeltaError(f"record (tensor {rec.tensor}, chunk {rec.chunk}) was made for another base")
+    target[rec.positions] = rec.values
+
+
+def base_matches(rec: Record, flat: np.ndarray, chunk_elems: int) -> bool:
+    """Return True when `flat` holds the record's base bits (or already its new bits) at its positions."""
+    current = flat[rec.chunk * chunk_elems:rec.chunk * chunk_elems + rec.n][rec.positions]
+    return _crc(current) == rec.base_crc or np.array_equal(current, rec.values)
+
+
+def end_record(ids: Iterable[tuple[int, int]]) -> bytes:
+    """Return the END record for the given (tensor, chunk) record ids."""
+    ids = list(ids)
+    return _END.pack(_END_MAGIC, len(ids), ids_crc(ids))
+
+
+def ids_crc(ids: Iterable[tuple[int, int]]) -> int:
+    """Return an order-independent CRC-32 of a set of (tensor, chunk) ids."""
+    arr = np.array(sorted(ids), dtype="<u4").reshape(-1, 2)
+    return zlib.crc32(arr.tobytes()) & 0xFFFFFFFF
+
+
+def parse_end(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int] | None:
+    """Return (count, ids_crc) when an END record starts at `offset`, else None."""
+    if len(buf) - offset >= 4 and bytes(memoryview(buf)[offset:offset + 4]) == _END_MAGIC:
+        if len(buf) - offset < _END.size:
+            raise DeltaError("truncated END record")
+        _, count, crc = _END.unpack_from(buf, offset)
+        return count, crc
+    return None
+
+
+# ---------------------------------------------------------------- whole deltas
+
+@dataclass
+class TensorInfo:
+    """Name, dtype name (bf16, fp32, ...) and shape of one tensor of a delta."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape)) if self.shape else 1
+
+
+@dataclass
+class DeltaHeader:
+    """The container header: tensors, chunk size, steps and optional digests of base and result."""
+
+    tensors: list[TensorInfo]
+    chunk_elems: int = CHUNK_ELEMS
+    base_step: int = 0
+    new_step: int = 1
+    base_digest: str = ""
+    new_digest: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        """Return the magic, length and JSON of this header."""
+        doc = {"format": FORMAT_VERSION, "chunk_elems": self.chunk_elems, "base_step": self.base_step,
+               "new_step": self.new_step, "base_digest": self.base_digest, "new_digest": self.new_digest,
+               "tensors": [[t.name, t.dtype, t.shape] for t in self.tensors], "extra": self.extra}
+        text = json.dumps(doc, separators=(",", ":")).encode()
+        return _HDR.pack(MAGIC, len(text), zlib.crc32(text) & 0xFFFFFFFF) + text
+
+    @classmethod
+    def from_bytes(cls, buf: bytes | memoryview) -> tuple["DeltaHeader", int]:
+        """Parse a header; return it and the offset of the first record."""
+        if len(buf) < _HDR.size or bytes(memoryview(buf)[:8]) != MAGIC:
+            raise DeltaError("not a gpuplan delta file (bad magic)")
+        _, length, crc = _HDR.unpack_from(buf, 0)
+        text = bytes(memoryview(buf)[_HDR.size:_HDR.size + length])
+        if len(text) != length or zlib.crc32(text) & 0xFFFFFFFF != crc:
+            raise DeltaError("truncated or corrupted delta header")
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise DeltaError("truncated or corrupted delta header") from None
+        if doc.get("format") != FORMAT_VERSION:
+            raise DeltaError(f"delta format {doc.get('format')}, this gpuplan reads {FORMAT_VERSION}")
+        tensors = [TensorInfo(n, d, list(s)) for n, d, s in doc["tensors"]]
+        return cls(tensors, doc["chunk_elems"], doc["base_step"], doc["new_step"], doc["base_digest"],
+                   doc["new_digest"], doc.get("extra", {})), _HDR.size + length
+
+
+def state_digest(tensors: Mapping[str, np.ndarray]) -> str:
+    """Return a blake2b hex digest of the names and raw bits of `tensors` (in name order)."""
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(tensors):
+        h.update(name.encode() + b"\0")
+        h.update(memoryview(bits(tensors[name])).cast("B"))
+    return h.hexdigest()
+
+
+def iter_records(old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray], header: DeltaHeader, *,
+                 compress: bool = True, index_encoding: int | None = None,
+                 threads: int = 1) -> Iterator[tuple[int, int, bytes]]:
+    """Yield (tensor, chunk, record bytes) for every changed chunk, in tensor and chunk order.
+
+    With threads == 1 chunks are extracted lazily (chunk k+1 only when the consumer asks), so a
+    consumer sending records on other threads overlaps extraction, encoding and sending. With
+    threads > 1 up to 2*threads chunks are extracted ahead in a pool (numpy and zlib release the GIL).
+    """
+    ce = header.chunk_elems
+    tasks = []
+    for t, info in enumerate(header.tensors):
+        o, nw = bits(old[info.name]), bits(new[info.name])
+        tasks += [(t, c, o[s:s + ce], nw[s:s + ce]) for c, s in enumerate(range(0, o.size, ce))]
+
+    def run(task: tuple[int, int, np.ndarray, np.ndarray]) -> tuple[int, int, bytes | None]:
+        t, c, o, nw = task
+        return t, c, encode_chunk(t, c, o, nw, compress=compress, index_encoding=index_encoding)
+
+    if threads <= 1:
+        results: Iterable[tuple[int, int, bytes | None]] = map(run, tasks)
+        for t, c, rec in results:
+            if rec is not None:
+                yield t, c, rec
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads) as pool:
+        ahead: deque = deque()
+        for task in tasks:
+            ahead.append(pool.submit(run, task))
+            if len(ahead) >= 2 * threads:
+                t, c, rec = ahead.popleft().result()
+                if rec is not None:
+                    yield t, c, rec
+        while ahead:
+            t, c, rec = ahead.popleft().result()
+            if rec is not None:
+                yield t, c, rec
+
+
+def make_header(old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray], dtypes: Mapping[str, str], *,
+                chunk_elems: int = CHUNK_ELEMS, base_step: int = 0, new_step: int = 1,
+                digests: bool = False) -> DeltaHeader:
+    """Return the header for a delta from `old` to `new` (same names, shapes and dtypes required)."""
+    if set(old) != set(new):
+        raise DeltaError(f"tensor names differ: only in old {sorted(set(old) - set(new))}, "
+                         f"only in new {sorted(set(new) - set(old))}")
+    infos = []
+    for name in sorted(new):
+        if old[name].shape != new[name].shape or old[name].dtype != new[name].dtype:
+            raise DeltaError(f"tensor {name!r}: old {old[name].dtype}{list(old[name].shape)} vs new "
+                             f"{new[name].dtype}{list(new[name].shape)}")
+        infos.append(TensorInfo(name, dtypes[name], list(new[name].shape)))
+    return DeltaHeader(infos, chunk_elems, base_step, new_step,
+                       state_digest(old) if digests else "", state_digest(new) if digests else "")
+
+
+def encode(old: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray], dtypes: Mapping[str, str], *,
+           chunk_elems: int = CHUNK_ELEMS, compress: bool = True, digests: bool = True,
+           index_encoding: int | None = None, base_step: int = 0, new_step: int = 1,
+           threads: int = 1) -> bytes:
+    """Return a complete delta container (header, records, END) from `old` to `new`.
+
+    Arrays are numpy arrays of any dtype (bf16 tensors as their uint16 bit views); `dtypes` names
+    each tensor's logical dtype for the header.
+    """
+    header = make_header(old, new, dtypes, chunk_elems=chunk_elems, digests=digests,
+                         base_step=base_step, new_step=new_step)
+    parts, ids = [header.to_bytes()], []
+    for t, c, rec in iter_records(old, new, header, compress=compress, index_encoding=index_encoding,
+                                  threads=threads):
+        parts.append(rec)
+        ids.append((t, c))
+    parts.append(end_record(ids))
+    return b"".join(parts)
+
+
+def read(delta: bytes | memoryview) -> tuple[DeltaHeader, list[Record]]:
+    """Parse and verify a whole container; return its header and records.
+
+    Raises DeltaError on any truncation, checksum mismatch, missing END or record-set mismatch,
+    so nothing of a damaged delta is ever applied.
+    """
+    header, off = DeltaHeader.from_bytes(delta)
+    records = []
+    while True:
+        end = parse_end(delta, off)
+        if end is not None:
+            break
+        if off >= len(delta):
+            raise DeltaError("truncated delta: no END record")
+        rec, off = decode_record(delta, off)
+        records.append(rec)
+    count, crc = end
+    ids = [(r.tensor, r.chunk) for r in records]
+    if count != len(records) or crc != ids_crc(ids) or len(set(ids)) != len(ids):
+        raise DeltaError(f"delta holds {len(records)} records, END says {count} (or ids differ)")
+    if off + _END.size != len(delta):
+        raise DeltaError(f"{len(delta) - off - _END.size} unexpected bytes after END")
+    for r in records:
+        if r.tensor >= len(header.tensors):
+            raise DeltaError(f"record for tensor {r.tensor}, header lists {len(header.tensors)}")
+    return header, records
+
+
+def apply(delta: bytes | memoryview, tensors: Mapping[str, np.ndarray], *, verify: bool = True) -> DeltaHeader:
+    """Apply a delta container in place to `tensors` (writable numpy arrays); return its header.
+
+    Everything is parsed and verified first; with `verify` the base digest (when recorded) is
+    checked before and the new digest after. Raises DeltaError without touching `tensors` when the
+    delta is damaged or made for another base.
+    """
+    header, records = read(delta)
+    for info in header.tensors:
+        if info.name not in tensors or tensors[info.name].size != info.numel:
+            raise DeltaError(f"tensor {info.name!r} missing or not {info.numel} elements")
+    if verify and header.base_digest and state_digest(tensors) != header.base_digest:
+        raise DeltaError("the tensors are not the base this delta was made for (digest differs)")
+    views = [bits(tensors[i.name]) for i in header.tensors]
+    for info, v in zip(header.tensors, views):
+        if v.size and not np.shares_memory(v, tensors[info.name]):
+            raise DeltaError(f"tensor {info.name!r} is not contiguous; cannot apply in place")
+    if not (verify and header.base_digest):
+        for r in records:
+            if not base_matches(r, views[r.tensor], header.chunk_elems):
+                raise DeltaError(f"record (tensor {r.tensor}, chunk {r.chunk}) was made for another base")
+    for r in records:
+        apply_record(r, views[r.tensor], header.chunk_elems, check_base=False)
+    if verify and header.new_digest and state_digest(tensors) != header.new_digest:
+        raise DeltaError("result digest differs from the delta's new digest")
+    return header
+
+
+def stats(delta: bytes | memoryview) -> dict[str, Any]:
+    """Return sizes of a delta: total bytes, dense bytes, changed elements and encodings used."""
+    header, records = read(delta)
+    dense = sum(i.numel * DTYPE_WIDTH.get(i.dtype, 2) for i in header.tensors)
+    changed = sum(int(r.positions.size) for r in records)
+    used: dict[str, int] = {}
+    for r in records:
+        used[INDEX_NAMES[r.index_encoding]] = used.get(INDEX_NAMES[r.index_encoding], 0) + 1
+    numel = sum(i.numel for i in header.tensors)
+    return {"delta_bytes": len(delta), "dense_bytes": dense, "elements": numel, "changed": changed,
+            "density": changed / numel if numel else 0.0, "ratio": dense / len(delta),
+            "records": len(records), "encodings": used}
+
+
+def entropy_bound_bytes(n: int, k: int, value_bytes: float) -> float:
+    """Return the information-theoretic size (bytes) of k changed positions among n plus raw values."""
+    if k in (0, n):
+        return k * value_bytes
+    p = k / n
+    h = -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
+    return n * h / 8 + k * value_bytes

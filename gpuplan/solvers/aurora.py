@@ -1,0 +1,310 @@
+"""AuroraRL solvers: bandwidth-aware relay trees and rollout splits, an exact CP-SAT reference, baselines.
+
+aurora (paper)     sparse delta; relay trees built greedily (earliest arrival; best objective),
+                   one relay per region, and the star; each improved by local search (re-parent
+                   or drop a worker) on the objective with the water-filled rollout split; fewest
+                   streams per edge that reach its share of the uplink
+exact              CP-SAT over tree, fan-out-shared rates and the integer split (small instances)
+dense-broadcast    full checkpoint from the trainer to every worker, one stream each, split by throughput
+dense-multistream  the same with the most streams per link
+delta-naive        sparse delta from the trainer to every worker, most streams, split by throughput
+                   (delta transfer without bandwidth-aware assignment)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from gpuplan.errors import InfeasibleError
+from gpuplan.models.aurora import (TRAINER, AuroraPlan, AuroraProblem, arrival_times, best_split, edge_rate,
+                                   finish_plan, metrics, objective_value, step_time, tree_edges)
+from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.registry import Progress, no_progress, register_solver
+
+EXACT_MAX_WORKERS = 8
+
+
+def _plan(problem: AuroraProblem, tree: dict[str, str], payload: str, split: dict[str, int] | None = None,
+          streams: int | None = None, status: Status = Status.FEASIBLE) -> AuroraPlan:
+    """Return a finished plan for a tree; the split is water-filled unless given."""
+    edges = tree_edges(problem, tree, streams)
+    D = problem.payload_bytes(payload)
+    if split is None:
+        try:
+            _, split = best_split(problem, arrival_times(problem, edges, D), problem.max_staleness)
+        except ValueError as exc:
+            raise InfeasibleError(str(exc)) from None
+    plan = AuroraPlan(kind="aurora", status=status, payload=payload, payload_bytes=D, edges=edges,
+                      rollout=split, staleness=problem.max_staleness)
+    return finish_plan(problem, plan)
+
+
+def _score(problem: AuroraProblem, tree: dict[str, str]) -> float:
+    """Return the objective of a tree with the water-filled split (inf when it cannot take the batch)."""
+    if not tree:
+        return math.inf
+    D = problem.delta_bytes()
+    edges = tree_edges(problem, tree)
+    try:
+        t, split = best_split(problem, arrival_times(problem, edges, D), problem.max_staleness)
+    except ValueError:
+        return math.inf
+    if problem.objective == "step_time":
+        return t
+    plan = AuroraPlan(kind="aurora", status=Status.FEASIBLE, payload_bytes=D, edges=edges, rollout=split,
+                      staleness=problem.max_staleness)
+    return objective_value(problem, metrics(problem, plan))
+
+
+def _subtree(tree: dict[str, str], root: str) -> set[str]:
+    out, frontier = {root}, [root]
+    while frontier:
+        node = frontier.pop()
+        kids = [c for c, p in tree.items() if p == node]
+        out.update(kids)
+        frontier += kids
+    return out
+
+
+def greedy_tree(problem: AuroraProblem, by_objective: bool = False) -> dict[str, str]:
+    """Return a relay tree (child -> parent) built greedily: repeatedly attach the worker (at the
+    parent) that keeps the latest arrival among attached workers smallest, or with `by_objective`
+    the one that keeps the step objective (water-filled split over attached workers) smallest."""
+    D = problem.delta_bytes()
+    tree: dict[str, str] = {}
+    left = list(problem.worker_names())
+    while left:
+        best: tuple[float, float, int, str, str] | None = None
+        for w in left:
+            for p in [TRAINER] + list(tree):
+                trial = {**tree, w: p}
+                arr = arrival_times(problem, tree_edges(problem, trial), D)
+                first = _score(problem, trial) if by_objective else max(arr.values())
+                key = (first, arr[w], left.index(w), p, w)
+                if best is None or key < best:
+                    best = key
+        assert best is not None
+        tree[best[4]] = best[3]
+        left.remove(best[4])
+    return tree
+
+
+def region_relay_tree(problem: AuroraProblem) -> dict[str, str]:
+    """Return a tree where the trainer feeds one relay per region (the worker with the widest
+    uplink, fastest rollout first) and each relay feeds the rest of its region."""
+    tree: dict[str, str] = {}
+    by_region: dict[str, list[str]] = {}
+    for n, w in problem.nodes():
+        by_region.setdefault(w.region, []).append(n)
+    for region, members in by_region.items():
+        members = sorted(members, key=lambda n: (-problem.uplink(n), problem.seconds_per_sample(n), n))
+        relay = members[0]
+        tree[relay] = TRAINER
+        for m in members[1:]:
+            tree[m] = relay
+    return tree
+
+
+def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, stats: dict[str, Any]) -> dict[str, str]:
+    """Improve a tree by re-parenting single workers or dropping leaves while the objective improves."""
+    best = _score(problem, tree)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for w in problem.worker_names():
+            if time.perf_counter() >= deadline:
+                break
+            below = _subtree(tree, w) if w in tree else {w}
+            options: list[dict[str, str]] = []
+            for p in [TRAINER] + [n for n in tree if n not in below]:
+                if tree.get(w) != p:
+                    options.append({**tree, w: p})
+            if w in tree and not any(p == w for p in tree.values()) and len(tree) > 1:
+                options.append({c: p for c, p in tree.items() if c != w})
+            for trial in options:
+                stats["candidates"] += 1
+                score = _score(problem, trial)
+                if score < best - 1e-12 * abs(best):
+                    tree, best, improved = trial, score, True
+                    stats["improvements"] += 1
+                    break
+    return tree
+
+
+def solve_aurora(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                 progress: Progress = no_progress, search: bool = True) -> AuroraPlan:
+    """Return the AuroraRL plan: greedy relay tree, water-filled split, local search (bounded in time)."""
+    started = time.perf_counter()
+    deadline = started + (time_limit_s if time_limit_s is not None else 30.0)
+    stats: dict[str, Any] = {"candidates": 0, "improvements": 0}
+    progress(0.0, "building relay trees")
+    starts = [greedy_tree(problem), region_relay_tree(problem), _star(problem)]
+    if len(starts[0]) <= 24:
+        starts.append(greedy_tree(problem, by_objective=True))
+    stats["start_objectives"] = [_score(problem, t) for t in starts]
+    best_tree, best = starts[0], math.inf
+    for i, tree in enumerate(starts):
+        if search:
+            progress(0.1 + 0.9 * i / len(starts), "local search")
+            tree = local_search(problem, tree, deadline, stats)
+        score = _score(problem, tree)
+        if score < best:
+            best_tree, best = tree, score
+    plan = _plan(problem, best_tree, "delta")
+    plan.solver = SolverInfo(name="aurora", stats=stats)
+    progress(1.0, "done")
+    return plan
+
+
+def _star(problem: AuroraProblem) -> dict[str, str]:
+    return {w: TRAINER for w in problem.worker_names()}
+
+
+def _proportional_split(problem: AuroraProblem) -> dict[str, int]:
+    """Split the batch in proportion to rollout throughput (largest remainder), ignoring bandwidth."""
+    rates = {n: w.tokens_per_s for n, w in problem.nodes()}
+    total = sum(rates.values())
+    exact = {n: problem.batch_samples * r / total for n, r in rates.items()}
+    split = {n: int(math.floor(v)) for n, v in exact.items()}
+    rest = problem.batch_samples - sum(split.values())
+    for n in sorted(exact, key=lambda n: (-(exact[n] - split[n]), n))[:rest]:
+        split[n] += 1
+    return {n: v for n, v in split.items() if v}
+
+
+def _baseline(payload: str, multistream: bool):
+    def fn(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
+           progress: Progress = no_progress) -> AuroraPlan:
+        streams = problem.max_streams if multistream else 1
+        return _plan(problem, _star(problem), payload, _proportional_split(problem), streams=streams)
+    return fn
+
+
+# ---------------------------------------------------------------- exact (CP-SAT)
+
+def exact_applicable(problem: AuroraProblem) -> str | None:
+    """Return why the exact solver does not apply (too many workers, or a price objective), else None."""
+    n = len(problem.worker_names())
+    if n > EXACT_MAX_WORKERS:
+        return f"{n} workers; the exact CP-SAT model is for at most {EXACT_MAX_WORKERS}"
+    if problem.objective != "step_time":
+        return "the exact model minimises step time only"
+    return None
+
+
+def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                progress: Progress = no_progress, workers: int = 2) -> AuroraPlan:
+    """Return the step-time-optimal plan of the CP-SAT model (tree, fan-out-shared rates, integer split).
+
+    Times are integers in microseconds; every rate an edge can take (link/stream cap or uplink/f)
+    is one of a finite set of levels, so D/R and b/r are table look-ups.
+    """
+    from ortools.sat.python import cp_model
+
+    from gpuplan.solvers.backends import solve_cpsat
+
+    US = 1e6
+    names = problem.worker_names()
+    W = len(names)
+    nodes = [TRAINER] + names
+    D = problem.delta_bytes()
+    b = min(problem.chunk_bytes, D)
+    X = problem.trainer.extract_GBps
+    rate = {(p, c, f): min(edge_rate(problem, nodes[p], nodes[c], f), X)
+            for p in range(W + 1) for c in range(1, W + 1) if p != c for f in range(1, W + 1)}
+    levels = sorted(set(rate.values()) | {X})
+    li = {v: i for i, v in enumerate(levels)}
+    tail_us = [round((D - b) / (v * 1e9) * US) for v in levels]
+    hop_us = [round(b / (v * 1e9) * US) for v in levels]
+    lat_us = {(p, c): round(problem.link(problem.region_of(nodes[p]), problem.region_of(nodes[c])).latency_s * US)
+              for p in range(W + 1) for c in range(1, W + 1) if p != c}
+    spc_us = [round(problem.seconds_per_sample(n) * US) for n in names]
+    train_us = round(problem.trainer.train_time_s * US)
+    B, s = problem.batch_samples, problem.max_staleness
+    horizon = train_us + max(tail_us) + W * (max(hop_us) + max(lat_us.values(), default=0)) + \
+        B * max(spc_us) + round(b / (X * 1e9) * US) + 1
+
+    m = cp_model.CpModel()
+    x = {(p, c): m.NewBoolVar(f"x{p}_{c}") for p in range(W + 1) for c in range(1, W + 1) if p != c}
+    intree = [None] + [m.NewBoolVar(f"in{c}") for c in range(1, W + 1)]
+    depth = [m.NewConstant(0)] + [m.NewIntVar(0, W, f"d{c}") for c in range(1, W + 1)]
+    fan = [m.NewIntVar(0, W, f"f{p}") for p in range(W + 1)]
+    R = [m.NewConstant(li[X])] + [m.NewIntVar(0, len(levels) - 1, f"R{c}") for c in range(1, W + 1)]
+    path = [m.NewConstant(round(b / (X * 1e9) * US))] + [m.NewIntVar(0, horizon, f"P{c}") for c in range(1, W + 1)]
+    F = [None] + [m.NewIntVar(0, 2 * horizon, f"F{c}") for c in range(1, W + 1)]
+    n = [None] + [m.NewIntVar(0, B, f"n{c}") for c in range(1, W + 1)]
+    act = [None] + [m.NewBoolVar(f"a{c}") for c in range(1, W + 1)]
+    T = m.NewIntVar(train_us, 2 * horizon, "T")
+    for c in range(1, W + 1):
+        m.Add(sum(x[p, c] for p in range(W + 1) if p != c) == intree[c])
+    for p in range(W + 1):
+        m.Add(fan[p] == sum(x[p, c] for c in range(1, W + 1) if p != c))
+    for (p, c), var in x.items():
+        lvl = m.NewIntVar(0, len(levels) - 1, f"l{p}_{c}")
+        m.AddElement(fan[p], [li[rate[p, c, max(1, f)]] for f in range(W + 1)], lvl)
+        hop = m.NewIntVar(0, max(hop_us), f"h{p}_{c}")
+        m.AddElement(lvl, hop_us, hop)
+        if p:
+            m.AddImplication(var, intree[p])
+        m.Add(depth[c] >= depth[p] + 1).OnlyEnforceIf(var)
+        m.Add(R[c] <= R[p]).OnlyEnforceIf(var)
+        m.Add(R[c] <= lvl).OnlyEnforceIf(var)
+        m.Add(path[c] >= path[p] + hop + lat_us[p, c]).OnlyEnforceIf(var)
+    for c in range(1, W + 1):
+        tail = m.NewIntVar(0, max(tail_us), f"t{c}")
+        m.AddElement(R[c], tail_us, tail)
+        m.Add(F[c] >= path[c] + tail)
+        m.Add(n[c] >= 1).OnlyEnforceIf(act[c])
+        m.Add(n[c] == 0).OnlyEnforceIf(act[c].Not())
+        m.AddImplication(act[c], intree[c])
+        gen = spc_us[c - 1] * n[c]
+        m.Add(T >= gen)
+        m.Add(T >= F[c]).OnlyEnforceIf(act[c])
+        m.Add((s + 1) * T >= train_us + F[c] + gen).OnlyEnforceIf(act[c])
+    m.Add(sum(n[1:]) == B)
+    m.Minimize(T)
+
+    # hint: the heuristic's tree and split
+    hint = solve_aurora(problem, time_limit_s=min(5.0, time_limit_s or 5.0), search=True)
+    parent = {e.child: e.parent for e in hint.edges}
+    for (p, c), var in x.items():
+        m.AddHint(var, int(parent.get(names[c - 1]) == nodes[p]))
+    for c in range(1, W + 1):
+        m.AddHint(n[c], hint.rollout.get(names[c - 1], 0))
+
+    progress(None, "CP-SAT")
+    res = solve_cpsat(m, time_limit_s=time_limit_s if time_limit_s is not None else 60.0, seed=seed,
+                      workers=workers)
+    val = res.solver.Value
+    tree = {names[c - 1]: nodes[p] for (p, c), var in x.items() if val(var)}
+    split = {names[c - 1]: int(val(n[c])) for c in range(1, W + 1) if val(n[c]) > 0}
+    plan = _plan(problem, tree, "delta", split, status=res.status)
+    # the integer-microsecond model can tie; keep the plan the float cost model prefers
+    polished = _plan(problem, tree, "delta", status=res.status)
+    if polished.predicted["step_time_s"] < plan.predicted["step_time_s"]:
+        plan = polished
+    gap = plan.predicted["step_time_s"] / hint.predicted["step_time_s"]
+    plan.solver = SolverInfo(name="exact", stats={**res.stats, "cpsat_objective_us": res.objective,
+                                                  "cpsat_bound_us": res.bound,
+                                                  "heuristic_step_s": hint.predicted["step_time_s"],
+                                                  "heuristic_over_exact": 1 / gap if gap else None})
+    return plan
+
+
+register_solver("aurora", "aurora", solve_aurora, role="paper", default=True,
+                description="sparse delta, bandwidth-aware relay tree and rollout split, local search")
+register_solver("aurora", "exact", solve_exact, role="exact", applicable=exact_applicable,
+                description="CP-SAT over relay tree, shared rates and integer split (<= 8 workers)")
+register_solver("aurora", "dense-broadcast", _baseline("dense", False), role="baseline",
+                description="full checkpoint from the trainer, one stream per worker, split by throughput")
+register_solver("aurora", "dense-multistream", _baseline("dense", True), role="baseline",
+                description="full checkpoint from the trainer, most streams per link, split by throughput")
+register_solver("aurora", "delta-naive", _baseline("delta", True), role="baseline",
+                description="sparse delta from the trainer to all, split by throughput (no bandwidth awareness)")
+
+
+def step_time_of(problem: AuroraProblem, plan: AuroraPlan) -> float:
+    """Return the step time (s) the cost model gives a plan."""
+    return step_time(problem, arrival_times(problem, plan.edges, plan.payload_bytes), plan.rollout, plan.staleness)
