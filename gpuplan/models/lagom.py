@@ -497,7 +497,7 @@ def make_plan(problem: LagomProblem, settings: list[Theta], **fields: Any) -> La
     predicted = {"iteration_s": it * 1e-6,
                  "compute_alone_s": sum(w.compute_us for w in comp.windows) * 1e-6}
     for name, base in fields.get("baselines", {}).items():
-        predicted[f"iteration_s[{name}]"] = comp.iteration_us([s.theta() for s in base]) * 1e-6
+        predicted[f"iteration_s_{name.replace('-', '_')}"] = comp.iteration_us([s.theta() for s in base]) * 1e-6
     fields.setdefault("status", Status.FEASIBLE)
     return LagomPlan(objective=it * 1e-6, objective_name="iteration time (s)", predicted=predicted,
                      settings=[OpSetting(op=o.name, **vars(t)) for o, t in zip(comp.ops, settings)],

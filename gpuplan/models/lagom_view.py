@@ -33,38 +33,40 @@ def summarize(problem: LagomProblem, plan: LagomPlan) -> dict[str, Any]:
 
 def _short(t: Theta) -> str:
     chunk = f"{t.chunk_bytes // 1024}K" if t.chunk_bytes < 2**20 else f"{t.chunk_bytes / 2**20:g}M"
-    return f"{t.algo}/{t.proto}/{t.channels}ch/{t.threads}t/{chunk}"
+    proto = {"Simple": "S"}.get(t.proto, t.proto)
+    return f"{t.algo[0].upper()}/{proto} {t.channels}c {t.threads}t {chunk}"
 
 
 def describe(problem: LagomProblem, plan: LagomPlan) -> list[Table]:
-    """Return tables: per-op settings and times under NCCL default / AutoCCL-style / Lagom side by side,
-    the windows with their bounding lane, the env vars and per-group Options."""
+    """Return tables: the iteration under NCCL's default / AutoCCL-style / this plan side by side, the
+    per-op settings and communication times (ms) under each, the windows with their bounding lane,
+    the env vars and the per-group Options."""
     comp = problem.compiled
     columns = {"nccl-default": _nccl_default(problem)}
     if "autoccl" in plan.baselines:
         columns["autoccl"] = plan.thetas("autoccl")
     columns["plan"] = plan.thetas()
-    head = ["op", "collective", "MB", "window"]
-    for name in columns:
-        head += [f"{name} setting", f"{name} comm ms", f"{name} slowdown"]
+    compute_us = sum(w.compute_us for w in comp.windows)
+    default_us = comp.iteration_us(columns["nccl-default"])
+    side = []
+    for name, thetas in columns.items():
+        it = comp.iteration_us(thetas)
+        side.append([name, it / 1e3, (it - compute_us) / 1e3, default_us / it])
+    head = ["op", "MB", "window"] + [f"{n} (ms)" for n in columns] + ["plan slowdown"]
     rows = []
     for i, op in enumerate(comp.ops):
         win = comp.windows[comp.window_of[i]]
-        row: list[Any] = [op.name, op.collective, op.size_bytes / 1e6, win.name if win.compute_us else "exposed"]
-        for thetas in columns.values():
-            t = thetas[i]
-            row += [_short(t), float(comp.comm_us(i, t)) / 1e3,
-                    float(comp.slowdown(i, t)) if win.compute_us else None]
+        row: list[Any] = [op.name, op.size_bytes / 1e6, win.name if win.compute_us else "exposed"]
+        row += [f"{_short(th[i])}: {float(comp.comm_us(i, th[i])) / 1e3:.3g}" for th in columns.values()]
+        row.append(float(comp.slowdown(i, columns["plan"][i])) if win.compute_us else None)
         rows.append(row)
-    total = ["iteration", "", None, ""]
-    for thetas in columns.values():
-        total += ["", comp.iteration_us(thetas) / 1e3, None]
-    rows.append(total)
     wins = Table("windows (critical path: the bounding lane of each)",
                  ["window", "bound", "start ms", "compute ms", "comm ms", "time ms", "ops"],
                  [[w.name, w.bound, w.start_s * 1e3, w.compute_s * 1e3, w.comm_s * 1e3, w.time_s * 1e3,
                    ",".join(w.ops)] for w in plan.windows])
-    tables = [Table("per-op settings and times (ms): NCCL default / AutoCCL-style / this plan", head, rows), wins,
+    tables = [Table("predicted iteration: NCCL default / AutoCCL-style / this plan",
+                    ["settings", "iteration ms", "beyond compute ms", "speedup vs NCCL"], side),
+              Table("per op: algo/proto channels threads chunk: communication ms", head, rows), wins,
               Table("environment (NCCL reads it once per process)", ["variable", "value"],
                     [[k, v] for k, v in plan.env.items()]),
               Table("per process group: ProcessGroupNCCL.Options", ["group", "min_ctas", "max_ctas", "cga_cluster_size"],
