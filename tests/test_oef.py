@@ -32,12 +32,14 @@ def problem_doc(speeds: list[list[float]], gpus: list[int], cap: list[int], weig
 
 
 def random_doc(rng: np.random.Generator, n: int, *, rounds: int = 0, weights: bool = False,
-               sizes: tuple[int, ...] = (1, 1, 2, 4), node_multiple: bool = False) -> dict:
+               sizes: tuple[int, ...] = (1, 1, 2, 4), node_multiple: bool = False,
+               cap: list[int] | None = None) -> dict:
     speeds = np.round(rng.uniform(0.1, 3.0, size=(n, 3)), 3)
     speeds[rng.random((n, 3)) < 0.1] = 0.0
     speeds[:, 2] = np.maximum(speeds[:, 2], 0.05)
     gpus = rng.choice(sizes, size=n).tolist()
-    cap = (4 * rng.integers(1, 3, size=3) if node_multiple else rng.integers(4, 9, size=3)).tolist()
+    if cap is None:
+        cap = (4 * rng.integers(1, 3, size=3) if node_multiple else rng.integers(4, 9, size=3)).tolist()
     w = rng.choice([1.0, 2.0, 0.5], size=n).tolist() if weights else None
     return problem_doc(speeds.tolist(), gpus, cap, w, rounds)
 

@@ -127,13 +127,17 @@ class NashWelfare:
         return np.clip(np.asarray(self.Y.value, dtype=float), 0.0, None) * self.c.usable
 
 
-def partial_allocation(c: Classes, progress: Callable[[float | None, str], None] | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def partial_allocation(c: Classes, progress: Callable[[float | None, str], None] | None = None,
+                       nw: NashWelfare | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Return (class rows, discount factors) of the Partial Allocation mechanism (Cole, Gkatzelis,
     Goel): the Nash-welfare allocation, each job keeping the fraction
     f_i = prod_{k != i} (U_k(X*) / U_k(X*_{-i}))^{w_k / w_i} of its bundle, X*_{-i} the Nash-welfare
-    allocation without job i. Truthful for these (degree-1 homogeneous) utilities."""
-    nw = NashWelfare(c)
+    allocation without job i. Truthful for these (degree-1 homogeneous) utilities. `nw` reuses a
+    compiled NashWelfare of the same shape (the strategy-proofness probe re-runs it many times)."""
+    if nw is None:
+        nw = NashWelfare(c)
+    else:                                  # a compiled program of the same shape: new speeds only
+        nw.c, nw.V.value = c, c.V
     Y = nw.solve(c.count)
     U = np.maximum((c.V * Y).sum(axis=1), 1e-300)
     f = np.ones(len(c.count))
