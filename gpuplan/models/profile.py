@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError
 
 from gpuplan.errors import InputError
 from gpuplan.io import atomic_write_text
-from gpuplan.models.base import Schema, input_error_from
+from gpuplan.models.base import Schema, Table, input_error_from
 from gpuplan.units import GBps, Bytes, Seconds
 
 PROFILE_SCHEMA_VERSION = 1
@@ -122,6 +122,8 @@ class LayerCost(Schema):
     activation_bytes: Bytes = Field(ge=0)
     forward_spread: float = Field(default=0.0, ge=0)
     backward_spread: float = Field(default=0.0, ge=0)
+    peak_bytes: Bytes | None = Field(default=None, ge=0, description="peak allocated above the input "
+                                     "during forward+backward (CUDA only)")
 
 
 class LayerTable(Schema):
@@ -133,6 +135,19 @@ class LayerTable(Schema):
     scaling_note: str = ""
     dtype: str = "fp32"
     costs: list[LayerCost]
+
+
+class StackCheck(Schema):
+    """Self-check: forward+backward of k stacked layers, predicted from the table and measured."""
+
+    layers: int = Field(ge=1)
+    micro_batch: int = Field(ge=1)
+    seq_len: int = Field(ge=1)
+    predicted_s: Seconds = Field(ge=0)
+    measured_s: Seconds = Field(gt=0)
+    rel_error: float = Field(description="(predicted - measured) / measured")
+    measured_spread: float = Field(default=0.0, ge=0)
+    table_predicted_s: Seconds | None = Field(default=None, ge=0, description="k x the table's per-layer cost")
 
 
 class Profile(Schema):
@@ -150,6 +165,7 @@ class Profile(Schema):
     links: list[ProfileLink] = Field(default_factory=list)
     collectives: list[CollectiveProfile] = Field(default_factory=list)
     layers: list[LayerTable] = Field(default_factory=list)
+    validation: list[StackCheck] = Field(default_factory=list)
 
     def save(self, path: str | Path) -> Path:
         """Write the profile as JSON atomically; return the path."""
@@ -229,3 +245,39 @@ def cluster_document(profile: Profile) -> dict[str, Any]:
 def cluster_document_from_profile_file(path: str | Path) -> dict[str, Any]:
     """Return the cluster mapping of the profile file at `path` (see cluster_document)."""
     return cluster_document(load_profile(path))
+
+
+def summary_tables(profile: Profile) -> list[Table]:
+    """Return readable tables of a profile: devices, collectives (fits), layer costs, self-check."""
+
+    dev_rows = []
+    for d in profile.device_types:
+        best = ", ".join(f"{k} {v:.3g}" for k, v in d.matmul_tflops.items())
+        frac = ", ".join(f"{k} {v:.0%}" for k, v in d.peak_fraction.items()) or "-"
+        dev_rows.append([d.name, d.count, d.memory_bytes / 2**30, best, frac, d.copy_GBps, d.h2d_GBps, d.d2h_GBps])
+    tables = [Table(f"devices ({profile.host})", ["type", "count", "memory GiB", "matmul TFLOP/s",
+                                                   "of catalog peak", "copy GB/s", "H2D GB/s", "D2H GB/s"], dev_rows)]
+    if profile.collectives:
+        rows = []
+        for c in profile.collectives:
+            top = max(c.points, key=lambda p: p.size_bytes)
+            rows.append([c.op, c.backend, c.group_size, c.scope, "-".join(dict.fromkeys(c.nodes)),
+                         c.fit.alpha_s * 1e6 if c.fit else None, c.fit.bandwidth_GBps if c.fit else None,
+                         c.fit.max_rel_error if c.fit else None, top.size_bytes / 2**20, top.algbw_GBps, top.busbw_GBps])
+        tables.append(Table("collectives (fit t = alpha + S / bandwidth, S as nccl-tests counts it)",
+                            ["op", "backend", "ranks", "scope", "nodes", "alpha us", "fit GB/s", "fit max err",
+                             "largest MiB", "algbw GB/s", "busbw GB/s"], rows))
+    for t in profile.layers:
+        rows = [[c.part, c.micro_batch, c.seq_len, c.forward_s * 1e3, c.backward_s * 1e3,
+                 c.activation_bytes / 2**20, c.forward_spread, c.backward_spread] for c in t.costs]
+        tables.append(Table(f"layers of {t.model} ({t.dtype})", ["part", "micro-batch", "seq", "forward ms",
+                                                                 "backward ms", "activations MiB", "fwd spread",
+                                                                 "bwd spread"], rows))
+    if profile.validation:
+        rows = [[v.layers, v.micro_batch, v.seq_len, v.predicted_s * 1e3, v.measured_s * 1e3,
+                 f"{v.rel_error:+.1%}", v.table_predicted_s * 1e3 if v.table_predicted_s is not None else None]
+                for v in profile.validation]
+        tables.append(Table("self-check: stacks of layers, forward+backward (per-layer cost x k vs end to end)",
+                            ["layers", "micro-batch", "seq", "predicted ms", "measured ms", "error",
+                             "from table ms"], rows))
+    return tables
