@@ -147,6 +147,21 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
     return settings, stats
 
 
+def grid_size(problem: LagomProblem, i: int) -> int:
+    """Return the number of valid thetas in op i's full product grid (what exhaustive search evaluates)."""
+    comp = problem.compiled
+    sp = space(problem, i)
+    total = 0
+    for a in sp.algos:
+        for p in sp.protos:
+            base = Theta(a, p, 2, 640 if a == "tree" else 256, sp.chunks[0])
+            if cost.proto_allowed(a, p, comp.links[i]) or comp.valid(i, base):
+                continue
+            total += (len(_valid_values(comp, i, base, "channels", sp.channels))
+                      * len(_valid_values(comp, i, base, "threads", sp.threads)) * len(sp.chunks))
+    return total
+
+
 def exhaustive_op(problem: LagomProblem, settings: list[Theta], i: int) -> tuple[Theta, int]:
     """Return the best theta for op i over its whole grid (and NCCL's default), others fixed; and the
     number of evaluations."""
