@@ -16,7 +16,7 @@ import pytest
 from gpuplan import api
 from gpuplan.models.oef import arrays, equal_share
 from gpuplan.solvers.oef import NashWelfare, classes, lp_allocation, partial_allocation
-from tests.test_oef import random_doc
+from test_oef import random_doc
 
 
 def _mechanism(name: str, a, c, nw):
