@@ -1,0 +1,104 @@
+"""`gpuplan delta encode|decode|stats`: bit-exact sparse deltas between checkpoint files (AuroraRL).
+
+`gpuplan solve aurora PROBLEM.yaml` and `gpuplan compare aurora PROBLEM.yaml` use the frame's
+default one-file input.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from gpuplan.errors import GpuplanError
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+@click.group("delta")
+def delta() -> None:
+    """Bit-exact sparse deltas between two checkpoints (safetensors or torch state dicts)."""
+
+
+@delta.command("encode")
+@click.argument("old", type=click.Path(dir_okay=False))
+@click.argument("new", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The delta file to write.")
+@click.option("--no-compress", is_flag=True, help="Do not zlib-compress the values' top byte plane.")
+@click.option("--chunk-elems", type=click.IntRange(64, 1 << 28), default=None,
+              help="Elements per chunk record (default 524288).")
+def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: int | None) -> None:
+    """Write the delta that turns checkpoint OLD into checkpoint NEW."""
+    from gpuplan.io import atomic_write_bytes
+    from gpuplan.runtime import delta as D
+    from gpuplan.runtime.delta_io import encode_files
+
+    try:
+        started = time.perf_counter()
+        blob = encode_files(old, new, compress=not no_compress, chunk_elems=chunk_elems or D.CHUNK_ELEMS)
+        atomic_write_bytes(output, blob)
+        s = D.stats(blob)
+    except GpuplanError as exc:
+        _fail(str(exc))
+    click.echo(f"{output}: {s['delta_bytes']:,} bytes, {s['changed']:,} of {s['elements']:,} elements changed "
+               f"({100 * s['density']:.3f}%), {s['ratio']:.1f}x smaller than the dense checkpoint, "
+               f"{time.perf_counter() - started:.2f} s")
+
+
+@delta.command("decode")
+@click.argument("old", type=click.Path(dir_okay=False))
+@click.argument("delta_file", metavar="DELTA", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The checkpoint to write (same format as OLD).")
+def decode_cmd(old: str, delta_file: str, output: str) -> None:
+    """Apply DELTA to checkpoint OLD and write the result, bit-identical to the encoder's NEW."""
+    from gpuplan.runtime.delta_io import decode_file, save_checkpoint
+
+    try:
+        ckpt = decode_file(old, delta_file)
+        save_checkpoint(output, ckpt)
+    except GpuplanError as exc:
+        _fail(str(exc))
+    click.echo(f"{output}: {len(ckpt.arrays)} tensors written ({ckpt.format}), digests verified")
+
+
+@delta.command("stats")
+@click.argument("old", type=click.Path(dir_okay=False))
+@click.argument("new", type=click.Path(dir_okay=False))
+def stats_cmd(old: str, new: str) -> None:
+    """Print how many elements changed per tensor and the delta size next to its entropy bound."""
+    import numpy as np
+
+    from gpuplan.models.base import Table
+    from gpuplan.render import print_tables
+    from gpuplan.runtime import delta as D
+    from gpuplan.runtime.delta_io import encode_files, load_checkpoint
+
+    try:
+        a, b = load_checkpoint(old), load_checkpoint(new)
+        blob = encode_files(old, new)
+    except GpuplanError as exc:
+        _fail(str(exc))
+    rows, bound = [], 0.0
+    for name in sorted(a.arrays):
+        n = a.arrays[name].size
+        k = int(np.count_nonzero(D.bits(a.arrays[name]) != D.bits(b.arrays[name])))
+        width = a.arrays[name].dtype.itemsize
+        bound += D.entropy_bound_bytes(n, k, width)
+        rows.append([name, a.dtypes[name], n, k, 100 * k / n if n else 0.0])
+    s = D.stats(blob)
+    summary = Table("delta size", ["dense_bytes", "delta_bytes", "ratio", "entropy_bound_bytes", "of_bound",
+                                   "encodings"],
+                    [[s["dense_bytes"], s["delta_bytes"], s["ratio"], bound, bound / s["delta_bytes"],
+                      ", ".join(f"{k}: {v}" for k, v in sorted(s["encodings"].items()))]])
+    print_tables([Table("changed elements per tensor", ["tensor", "dtype", "elements", "changed", "percent"],
+                        rows), summary])
+
+
+def register(main: click.Group) -> None:
+    """Add `gpuplan delta` to the CLI."""
+    main.add_command(delta)
