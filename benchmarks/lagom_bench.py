@@ -65,9 +65,9 @@ def bound_of(p: LagomProblem) -> str:
     compute = comm = 0.0
     for w, win in enumerate(comp.windows):
         if not win.ops or win.compute_us == 0:
-            comm += sum(float(comp.comm_us(i, default[i])) for i in win.ops)
+            comm += sum(float(comp.comm_us(i, default[i])) * comp.ops[i].count for i in win.ops)
             continue
-        c = sum(float(comp.comm_us(i, default[i])) for i in win.ops) * stretch
+        c = sum(float(comp.comm_us(i, default[i])) * comp.ops[i].count for i in win.ops) * stretch
         if c < win.compute_us:
             compute += float(comp.window_us(w, default))
         else:

@@ -328,3 +328,45 @@ def test_with_profile_fits_group_figures() -> None:
     assert cost.nccl_latency_us("all_reduce", "ring", "Simple", link, q.constants) == pytest.approx(100.0)
     assert q.constants.fitted_from.startswith("profile")
     assert math.isclose(q.compiled.links[0].cap_GBps, 35.0)
+
+
+def _poseidon_plan_doc() -> dict:
+    stage = {"device_type": "H100", "tp": 2, "dp": 2, "first_layer": 0, "last_layer": 12, "micro_batch_size": 1,
+             "forward_s": 0.004, "backward_s": 0.008}
+    return {"kind": "poseidon", "schema_version": 1, "status": "feasible", "num_microbatches": 4,
+            "stages": [{**stage, "index": 0, "nodes": ["dgx0"]},
+                       {**stage, "index": 1, "nodes": ["dgx1"], "first_layer": 12, "last_layer": 24,
+                        "forward_s": 0.005, "backward_s": 0.01}],
+            "problem": {"kind": "poseidon", "model": "gpt3-1.3b", "seq_len": 2048, "global_batch": 16,
+                        "cluster": {"preset": "dgx-a100x4"}}}
+
+
+def test_from_poseidon_plan_file(tmp_path) -> None:
+    (tmp_path / "pp.json").write_text(json.dumps(_poseidon_plan_doc()))
+    doc = {"kind": "lagom", "from_poseidon": {"plan": "pp.json"}}
+    (tmp_path / "w.yaml").write_text(json.dumps(doc))
+    p = validate(LagomProblem, read_document(tmp_path / "w.yaml"), file=tmp_path / "w.yaml")
+    assert p.name.startswith("poseidon stage 1")            # the slower stage is the bottleneck
+    assert set(p.groups) == {"tp", "dp", "pp-prev"} and p.groups["pp-prev"].nodes == 2
+    tp = [o for o in p.ops if o.group == "tp"]
+    assert len(tp) == 8 and tp[0].count == 24 and tp[0].overlaps is None
+    assert [o for o in p.ops if o.group == "dp"][0].count == 12
+    plan = solvers.solve_lagom(p)
+    assert check(p, plan) == [] and plan.iteration_s <= plan.predicted["iteration_s_nccl_default"]
+    with pytest.raises(InputError, match="from_poseidon.plan"):
+        validate(LagomProblem, {"kind": "lagom", "from_poseidon": {"plan": "missing.json"}}, file=tmp_path / "w.yaml")
+    with pytest.raises(InputError, match="from_poseidon.stage"):
+        validate(LagomProblem, {"kind": "lagom", "from_poseidon": {"plan": _poseidon_plan_doc(), "stage": 5}})
+
+
+def test_from_a_real_poseidon_plan(tmp_path) -> None:
+    pytest.importorskip("gpuplan.solvers.poseidon")
+    from gpuplan import api
+
+    pp = api.load_problem({"kind": "poseidon", "cluster": {"preset": "dgx-a100x4"}, "model": "gpt3-350m",
+                           "global_batch": 16, "seq_len": 1024})
+    api.solve(pp, time_limit_s=10).save(tmp_path / "pp.json")
+    p = api.load_problem({"kind": "lagom", "from_poseidon": {"plan": str(tmp_path / "pp.json")}})
+    plan = api.solve(p)
+    assert api.check(p, plan) == []
+    assert plan.iteration_s <= plan.predicted["iteration_s_nccl_default"]

@@ -6,8 +6,8 @@ type). A plan gives every op a setting theta = (algorithm, protocol, channels, t
 The iteration time is the sum of overlapped windows (lagom_cost.window_time_us), each bounded by
 its compute lane or its communication lane; the bounding lanes form the critical path.
 
-Write a workload out (segments + ops) or let `from_model` build one from a catalog transformer
-and a DP x TP layout.
+Write a workload out (segments + ops), let `from_model` build one from a catalog transformer and a
+DP x TP layout, or `from_poseidon` from one stage of a Poseidon plan (lagom_poseidon).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 
 from gpuplan.models import lagom_cost as cost
 from gpuplan.models.base import Problem, Schema, Violation, field_path
@@ -139,13 +139,15 @@ class Segment(Schema):
 
 
 class CommOp(Schema):
-    """A communication op: collective, size (bytes), group, and the segment it overlaps (None: exposed)."""
+    """A communication op: collective, size (bytes), group, the segment it overlaps (None: exposed), and
+    how many times it runs back to back there (e.g. one per layer)."""
 
     name: str
     collective: Literal["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv"]
     size_bytes: Bytes = Field(gt=0)
     group: str
     overlaps: str | None = None
+    count: int = Field(default=1, ge=1, description="back-to-back repetitions with the same setting")
 
 
 class Grid(Schema):
@@ -223,7 +225,9 @@ class LagomProblem(Problem):
 
     @model_validator(mode="before")
     @classmethod
-    def _expand(cls, data: Any) -> Any:
+    def _expand(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and "from_poseidon" in data:
+            return _expand_poseidon(data, (info.context or {}).get("base_dir"))
         if not isinstance(data, dict) or "from_model" not in data:
             return data
         data = dict(data)
@@ -269,6 +273,32 @@ class LagomProblem(Problem):
 
     def __hash__(self) -> int:
         return id(self)
+
+
+def _expand_poseidon(data: dict[str, Any], base_dir: Any) -> dict[str, Any]:
+    """Return `data` with `from_poseidon: {plan: FILE or mapping, stage: k}` replaced by its workload."""
+    from pathlib import Path
+
+    from gpuplan.errors import InputError
+    from gpuplan.io import read_document
+    from gpuplan.models.lagom_poseidon import workload_from_poseidon
+
+    data = dict(data)
+    spec = data.pop("from_poseidon")
+    if not isinstance(spec, dict) or "plan" not in spec or set(spec) - {"plan", "stage"}:
+        raise ValueError("at from_poseidon: a mapping {plan: a Poseidon plan file, stage: optional index}")
+    if "ops" in data or "segments" in data or "from_model" in data:
+        raise ValueError("at from_poseidon: either from_poseidon, from_model or segments/ops")
+    plan = spec["plan"]
+    if isinstance(plan, str):
+        path = Path(plan) if Path(plan).is_absolute() or base_dir is None else Path(base_dir) / plan
+        try:
+            plan = read_document(path.with_suffix(".json") if not path.suffix else path)
+        except InputError as exc:
+            raise ValueError(f"at from_poseidon.plan: a readable Poseidon plan file ({exc})") from None
+    fields = workload_from_poseidon(plan, spec.get("stage"))
+    hardware = data.pop("hardware", None)
+    return {**fields, **data, **({"hardware": hardware} if hardware else {})}
 
 
 def workload_from_model(fm: FromModel, hw: Hardware) -> dict[str, Any]:
@@ -400,7 +430,7 @@ class Compiled:
         for i in win.ops:
             t = override[1] if override and override[0] == i else settings[i]
             a = arrays if (override and override[0] == i and arrays) else (None, None, None)
-            d = self.comm_us(i, t, *a) * stretch
+            d = self.comm_us(i, t, *a) * stretch * self.ops[i].count
             comm = comm + d
             progress = progress + d / self.slowdown(i, t, *a)
         return cost.window_time_us(win.compute_us, comm, progress)
@@ -474,9 +504,9 @@ def timeline(problem: LagomProblem, settings: list[Theta]) -> list[WindowTiming]
     for w, win in enumerate(comp.windows):
         total = float(comp.window_us(w, settings))
         stretch = 1 + comp.consts.psi if win.compute_us > 0 else 1.0
-        comm = sum(float(comp.comm_us(i, settings[i])) * stretch for i in win.ops)
-        progress = sum(float(comp.comm_us(i, settings[i])) * stretch / float(comp.slowdown(i, settings[i]))
-                       for i in win.ops)
+        comm = sum(float(comp.comm_us(i, settings[i])) * stretch * comp.ops[i].count for i in win.ops)
+        progress = sum(float(comp.comm_us(i, settings[i])) * stretch * comp.ops[i].count
+                       / float(comp.slowdown(i, settings[i])) for i in win.ops)
         compute = (comm + win.compute_us - progress) if win.compute_us > progress else \
             win.compute_us * (comm / progress if progress else 1.0)
         bound = "exposed" if win.compute_us == 0 and win.ops else (

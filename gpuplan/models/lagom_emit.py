@@ -40,7 +40,7 @@ def _heaviest(weights: dict[Any, float]) -> Any:
 def emit(problem: Any, settings: list[Any]) -> tuple[dict[str, str], dict[str, dict[str, Any]], list[str]]:
     """Return (env vars, per-group Options fields, notes) for `settings` (one Theta per op)."""
     comp = problem.compiled
-    weight = [float(comp.comm_us(i, t)) for i, t in enumerate(settings)]
+    weight = [float(comp.comm_us(i, t)) * comp.ops[i].count for i, t in enumerate(settings)]
     algos: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     protos: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     threads: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))

@@ -98,7 +98,7 @@ def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
         t = start
         stretch = 1 + comp.consts.psi if win.compute_us else 1.0
         for name in w.ops:
-            d = float(comp.comm_us(idx[name], thetas[idx[name]])) * stretch / 1e3
+            d = float(comp.comm_us(idx[name], thetas[idx[name]])) * stretch * comp.ops[idx[name]].count / 1e3
             ax.broken_barh([(t, d)], (0, 8), facecolors=colors[w.bound if w.bound == "exposed" else "comm"],
                            edgecolor="white", linewidth=0.3)
             t += d

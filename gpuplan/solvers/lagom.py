@@ -105,11 +105,11 @@ def impact(comp: Compiled, settings: list[Theta], i: int) -> float:
     """Return op i's effect on the critical path (us): its time when its window is bound by communication
     or it is exposed, else the computation time its interference adds, d (1 - 1/s)."""
     win = comp.windows[comp.window_of[i]]
-    d = float(comp.comm_us(i, settings[i]))
+    d = float(comp.comm_us(i, settings[i])) * comp.ops[i].count
     if win.compute_us == 0:
         return d
     s = float(comp.slowdown(i, settings[i]))
-    comm = sum(float(comp.comm_us(j, settings[j])) for j in win.ops) * (1 + comp.consts.psi)
+    comm = sum(float(comp.comm_us(j, settings[j])) * comp.ops[j].count for j in win.ops) * (1 + comp.consts.psi)
     return d if comm >= win.compute_us else d * (1 - 1 / s)
 
 
@@ -198,7 +198,7 @@ def exhaustive(problem: LagomProblem) -> tuple[list[Theta], dict[str, Any]]:
     evals = 0
     for i, op in enumerate(comp.ops):
         win = comp.windows[comp.window_of[i]]
-        key = (op.collective, op.size_bytes, comp.links[i], win.compute_us, win.memory_bound)
+        key = (op.collective, op.size_bytes, op.count, comp.links[i], win.compute_us, win.memory_bound)
         if key not in memo:
             memo[key], e = exhaustive_op(problem, settings, i)
             evals += e
