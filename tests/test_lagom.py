@@ -370,3 +370,27 @@ def test_from_a_real_poseidon_plan(tmp_path) -> None:
     plan = api.solve(p)
     assert api.check(p, plan) == []
     assert plan.iteration_s <= plan.predicted["iteration_s_nccl_default"]
+
+
+def test_cli_solve_check_compare_show_run(tmp_path) -> None:
+    import sys
+
+    from click.testing import CliRunner
+
+    from gpuplan.cli import main
+
+    runner = CliRunner()
+    plan = tmp_path / "plan.json"
+    res = runner.invoke(main, ["solve", "lagom", str(EXAMPLES / "small.yaml"), "-q", "-o", str(plan)])
+    assert res.exit_code == 0, res.output
+    assert runner.invoke(main, ["check", str(plan)]).exit_code == 0
+    res = runner.invoke(main, ["compare", "lagom", str(EXAMPLES / "small.yaml"), "-q"])
+    assert res.exit_code == 0 and "autoccl" in res.output and "exhaus" in res.output
+    res = runner.invoke(main, ["show", str(plan), "--png", str(tmp_path / "t.png")])
+    assert res.exit_code == 0 and (tmp_path / "t.png").exists()
+    res = runner.invoke(main, ["run", "lagom", str(plan), "--", sys.executable, "-c", "print(1)"])
+    assert res.exit_code == 0 and "returncode" in res.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: lagom\ngroups: {g: {ranks: 1}}\nops: []\n")
+    res = runner.invoke(main, ["solve", "lagom", str(bad), "-q"])
+    assert res.exit_code == 2 and "groups.g.ranks" in res.output

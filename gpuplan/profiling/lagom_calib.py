@@ -93,7 +93,7 @@ def measure_collectives(world_size: int, sizes: list[int], channels: list[int] |
     """
     from gpuplan.runtime.launch import run_workers
 
-    backend = backend or _default_backend()
+    backend = backend or default_backend()
     out: list[tuple[float, int, float]] = []
     for nc in (channels or [1]) if backend == "nccl" else [1]:
         env = {"NCCL_MIN_CTAS": str(nc), "NCCL_MAX_CTAS": str(nc)} if backend == "nccl" else {}
@@ -103,7 +103,8 @@ def measure_collectives(world_size: int, sizes: list[int], channels: list[int] |
     return out
 
 
-def _default_backend() -> str:
+def default_backend() -> str:
+    """Return "nccl" when at least two CUDA devices are visible, else "gloo"."""
     import torch
 
     return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else "gloo"
@@ -173,7 +174,7 @@ def measure_interference(world_size: int = 2, *, matmul_n: int = 256, iters: int
     """
     from gpuplan.runtime.launch import run_workers
 
-    backend = backend or _default_backend()
+    backend = backend or default_backend()
     env: dict[str, str] = {}
     if backend == "nccl" and channels:
         env.update(NCCL_MIN_CTAS=str(channels), NCCL_MAX_CTAS=str(channels))
