@@ -147,19 +147,25 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
     return settings, stats
 
 
-def grid_size(problem: LagomProblem, i: int) -> int:
-    """Return the number of valid thetas in op i's full product grid (what exhaustive search evaluates)."""
+def subspaces(problem: LagomProblem, i: int) -> list[tuple[Theta, list[int], list[int], list[int]]]:
+    """Return op i's valid (algo, proto) subspaces: a representative theta and its channel, thread and
+    chunk grids (their product is what exhaustive search evaluates)."""
     comp = problem.compiled
     sp = space(problem, i)
-    total = 0
+    out = []
     for a in sp.algos:
         for p in sp.protos:
             base = Theta(a, p, 2, 640 if a == "tree" else 256, sp.chunks[0])
             if cost.proto_allowed(a, p, comp.links[i]) or comp.valid(i, base):
                 continue
-            total += (len(_valid_values(comp, i, base, "channels", sp.channels))
-                      * len(_valid_values(comp, i, base, "threads", sp.threads)) * len(sp.chunks))
-    return total
+            out.append((base, _valid_values(comp, i, base, "channels", sp.channels),
+                        _valid_values(comp, i, base, "threads", sp.threads), sp.chunks))
+    return out
+
+
+def grid_size(problem: LagomProblem, i: int) -> int:
+    """Return the number of valid thetas in op i's full product grid."""
+    return sum(len(ncs) * len(nts) * len(cs) for _, ncs, nts, cs in subspaces(problem, i))
 
 
 def exhaustive_op(problem: LagomProblem, settings: list[Theta], i: int) -> tuple[Theta, int]:
@@ -167,25 +173,18 @@ def exhaustive_op(problem: LagomProblem, settings: list[Theta], i: int) -> tuple
     number of evaluations."""
     comp = problem.compiled
     w = comp.window_of[i]
-    sp = space(problem, i)
     default = comp.nccl_default(i)
     best_t, best = default, float(comp.window_us(w, settings, override=(i, default)))
     evals = 1
-    for a in sp.algos:
-        for p in sp.protos:
-            base = Theta(a, p, 2, 640 if a == "tree" else 256, sp.chunks[0])
-            if cost.proto_allowed(a, p, comp.links[i]) or comp.valid(i, base):
-                continue
-            ncs = np.asarray(_valid_values(comp, i, base, "channels", sp.channels), dtype=float)
-            nts = np.asarray(_valid_values(comp, i, base, "threads", sp.threads), dtype=float)
-            cs = np.asarray(sp.chunks, dtype=float)
-            NC, NT, C = np.meshgrid(ncs, nts, cs, indexing="ij")
-            times = np.broadcast_to(comp.window_us(w, settings, override=(i, base), arrays=(NC, NT, C)), NC.shape)
-            evals += times.size
-            k = np.unravel_index(int(np.argmin(times)), times.shape)
-            if times[k] < best * (1 - 1e-12):
-                best = float(times[k])
-                best_t = Theta(a, p, int(NC[k]), int(NT[k]), int(C[k]))
+    for base, ncs, nts, cs in subspaces(problem, i):
+        NC, NT, C = np.meshgrid(np.asarray(ncs, dtype=float), np.asarray(nts, dtype=float),
+                                np.asarray(cs, dtype=float), indexing="ij")
+        times = np.broadcast_to(comp.window_us(w, settings, override=(i, base), arrays=(NC, NT, C)), NC.shape)
+        evals += times.size
+        k = np.unravel_index(int(np.argmin(times)), times.shape)
+        if times[k] < best * (1 - 1e-12):
+            best = float(times[k])
+            best_t = Theta(base.algo, base.proto, int(NC[k]), int(NT[k]), int(C[k]))
     return best_t, evals
 
 
