@@ -1,0 +1,359 @@
+"""AuroraRL transfer runtime on one machine: a trainer and worker processes exchanging a sparse delta
+over TCP on 127.0.0.1, down the relay tree of a plan.
+
+Every edge of the tree is `streams` TCP connections; each edge is paced by a token bucket at the
+plan's rate and each stream by one at the per-stream rate, and every frame is held for the link's
+latency after it arrives, so WAN links (100 Mb/s - 1 Gb/s, tens of ms) are emulated on loopback.
+The trainer extracts and encodes chunk records in one thread while sender threads ship earlier
+records (pipelined); relays verify each record, apply it in place and forward it as it arrives.
+Every worker reports the digest of its weights, which must equal the trainer's new weights.
+Everything is bounded in time: sockets and joins time out and the processes stop by themselves.
+"""
+
+from __future__ import annotations
+
+import heapq
+import multiprocessing as mp
+import queue
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuplan.runtime import delta as D
+
+HOST = "127.0.0.1"
+_FRAME = struct.Struct("<IB")  # payload length, type
+RECORD, END = 1, 2
+PIECE = 16 * 1024  # bytes paced per token-bucket grant
+
+
+@dataclass
+class LinkSpec:
+    """One edge of the tree as the runtime emulates it: rates in bytes/s, latency in seconds."""
+
+    parent: str
+    child: str
+    streams: int
+    rate_Bps: float
+    stream_Bps: float
+    latency_s: float
+
+
+@dataclass
+class TransferSpec:
+    """What to transfer and how: synthetic bf16 weights, the changed fraction, the tree."""
+
+    links: list[LinkSpec]
+    elements: int = 1 << 24
+    tensors: int = 4
+    changed_fraction: float = 0.01
+    seed: int = 0
+    chunk_elems: int = D.CHUNK_ELEMS
+    timeout_s: float = 120.0
+    workers: list[str] = field(default_factory=list)
+
+    def children(self, node: str) -> list[LinkSpec]:
+        """Return the links leaving `node`."""
+        return [ln for ln in self.links if ln.parent == node]
+
+
+def synthetic_weights(spec: TransferSpec) -> dict[str, np.ndarray]:
+    """Return the base weights every process builds identically: bf16-like bit patterns of N(0, 0.02)."""
+    rng = np.random.default_rng(spec.seed)
+    per = spec.elements // spec.tensors
+    out = {}
+    for i in range(spec.tensors):
+        x = (rng.standard_normal(per, dtype=np.float32) * 0.02).view(np.uint32)
+        out[f"layer{i}.weight"] = (x >> 16).astype(np.uint16)
+    return out
+
+
+def next_weights(spec: TransferSpec, old: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return the trainer's next weights: about `changed_fraction` of elements move by one bf16 ulp or two."""
+    rng = np.random.default_rng(spec.seed + 1)
+    new = {}
+    for name, a in old.items():
+        b = a.copy()
+        idx = np.flatnonzero(rng.random(a.size) < spec.changed_fraction)
+        b[idx] = (b[idx].astype(np.int32) + rng.choice([-2, -1, 1, 2], idx.size)).astype(np.uint16)
+        new[name] = b
+    return new
+
+
+class Pacer:
+    """A token bucket: `take(n)` sleeps until n more bytes fit under `rate` bytes/s (thread-safe)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.next = time.perf_counter()
+        self.lock = threading.Lock()
+
+    def reserve(self, n: int) -> float:
+        """Reserve n bytes; return the perf_counter time at which they may be sent."""
+        with self.lock:
+            start = max(self.next, time.perf_counter())
+            self.next = start + n / self.rate
+            return start
+
+
+def _pace(pacers: list[Pacer], n: int) -> None:
+    """Sleep until n bytes fit under every bucket (edge and stream) at once."""
+    wake = max((p.reserve(n) for p in pacers), default=0.0)
+    delay = wake - time.perf_counter()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _send_frame(sock: socket.socket, kind: int, payload: bytes, pacers: list[Pacer]) -> None:
+    data = _FRAME.pack(len(payload), kind) + payload
+    for i in range(0, len(data), PIECE):
+        piece = data[i:i + PIECE]
+        _pace(pacers, len(piece))
+        sock.sendall(piece)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        part = sock.recv(min(1 << 20, n - len(buf)))
+        if not part:
+            raise ConnectionError("peer closed the connection")
+        buf += part
+    return bytes(buf)
+
+
+class EdgeSender:
+    """Sends frames to one child over `streams` paced connections, fed by one queue."""
+
+    def __init__(self, link: LinkSpec, port: int, timeout_s: float) -> None:
+        self.link = link
+        self.queue: queue.Queue = queue.Queue()
+        self.edge_pacer = Pacer(link.rate_Bps)
+        self.socks = [socket.create_connection((HOST, port), timeout=timeout_s) for _ in range(link.streams)]
+        for s in self.socks:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.threads = [threading.Thread(target=self._run, args=(s,), daemon=True) for s in self.socks]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, sock: socket.socket) -> None:
+        pacers = [self.edge_pacer, Pacer(self.link.stream_Bps)]
+        while True:
+            item = self.queue.get()
+            if item is None:
+                _send_frame(sock, END, b"", [])
+                return
+            _send_frame(sock, RECORD, item, pacers)
+
+    def put(self, record: bytes) -> None:
+        """Queue a record for whichever stream is free first."""
+        self.queue.put(record)
+
+    def close(self, timeout_s: float) -> None:
+        """Send END on every stream once the queue drains; wait for the senders and close."""
+        for _ in self.socks:
+            self.queue.put(None)
+        for t in self.threads:
+            t.join(timeout_s)
+        for s in self.socks:
+            s.close()
+
+
+def _listen(streams: int) -> socket.socket:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((HOST, 0))
+    srv.listen(max(1, streams))
+    return srv
+
+
+def trainer_main(spec: TransferSpec, ports: dict[str, int], results: Any, go: Any) -> None:
+    """Trainer process: build old/new weights, then extract, encode and send records down the tree."""
+    try:
+        old = synthetic_weights(spec)
+        new = next_weights(spec, old)
+        header = D.make_header(old, new, {n: "bf16" for n in old}, chunk_elems=spec.chunk_elems)
+        senders = [EdgeSender(ln, ports[ln.child], spec.timeout_s) for ln in spec.children("trainer")]
+        go.wait(spec.timeout_s)
+        t0 = time.time()
+        count = nbytes = 0
+        ids = []
+        for t, c, rec in D.iter_records(old, new, header, compress=False):  # extraction overlaps sending
+            for s in senders:
+                s.put(rec)
+            ids.append((t, c))
+            count += 1
+            nbytes += len(rec)
+        t_encoded = time.time()
+        end = D.end_record(ids)
+        for s in senders:
+            s.put(end)
+            s.close(spec.timeout_s)
+        results.put(("trainer", {"t_start": t0, "t_encoded": t_encoded, "records": count, "payload_bytes": nbytes,
+                                 "digest": D.state_digest(new), "base_digest": D.state_digest(old)}))
+    except Exception as exc:  # reported, never hangs the parent
+        results.put(("trainer", {"error": repr(exc)}))
+
+
+def worker_main(name: str, spec: TransferSpec, port_q: Any, ports_in: Any, results: Any) -> None:
+    """Worker process: receive records on every stream, verify, apply in place, forward to children."""
+    try:
+        mine = [ln for ln in spec.links if ln.child == name][0]
+        srv = _listen(mine.streams)
+        srv.settimeout(spec.timeout_s)
+        port_q.put((name, srv.getsockname()[1]))
+        weights = synthetic_weights(spec)
+        names = sorted(weights)
+        views = [D.bits(weights[n]) for n in names]
+        ports = ports_in.get(timeout=spec.timeout_s)
+        senders = [EdgeSender(ln, ports[ln.child], spec.timeout_s) for ln in spec.children(name)]
+        conns = [srv.accept()[0] for _ in range(mine.streams)]
+        ready: list[tuple[float, int, int, bytes]] = []
+        cv = threading.Condition()
+        seq = [0]
+
+        def reader(conn: socket.socket) -> None:
+            conn.settimeout(spec.timeout_s)
+            while True:
+                length, kind = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
+                payload = _recv_exact(conn, length) if length else b""
+                with cv:
+                    seq[0] += 1
+                    heapq.heappush(ready, (time.perf_counter() + mine.latency_s, seq[0], kind, payload))
+                    cv.notify()
+                if kind == END:
+                    return
+
+        threads = [threading.Thread(target=reader, args=(c,), daemon=True) for c in conns]
+        for t in threads:
+            t.start()
+        got: set[tuple[int, int]] = set()
+        ends = rejected = nbytes = 0
+        expected: tuple[int, int] | None = None
+        deadline = time.perf_counter() + spec.timeout_s
+        while (ends < len(conns) or expected is None or len(got) < expected[0]) and time.perf_counter() < deadline:
+            with cv:
+                while not ready or ready[0][0] > time.perf_counter():
+                    cv.wait(timeout=max(0.0005, ready[0][0] - time.perf_counter()) if ready else 0.05)
+                    if time.perf_counter() >= deadline:
+                        break
+                if not ready:
+                    continue
+                _, _, kind, payload = heapq.heappop(ready)
+            if kind == END:
+                ends += 1
+                continue
+            end = D.parse_end(payload)
+            if end is not None:
+                expected = end
+                continue
+            try:
+                rec, _ = D.decode_record(payload)
+                D.apply_record(rec, views[rec.tensor], spec.chunk_elems)
+            except D.DeltaError:
+                rejected += 1
+                continue
+            nbytes += len(payload)
+            if (rec.tensor, rec.chunk) not in got:
+                got.add((rec.tensor, rec.chunk))
+                for s in senders:
+                    s.put(payload)
+        t_done = time.time()
+        complete = expected is not None and len(got) == expected[0] and D.ids_crc(got) == expected[1]
+        if expected is not None:
+            for s in senders:
+                s.put(D._END.pack(D._END_MAGIC, *expected))
+        for s in senders:
+            s.close(spec.timeout_s)
+        results.put((name, {"t_done": t_done, "records": len(got), "bytes": nbytes, "rejected": rejected,
+                            "complete": complete, "digest": D.state_digest(weights)}))
+    except Exception as exc:
+        results.put((name, {"error": repr(exc)}))
+
+
+def _get(q: Any, procs: list[Any], deadline: float) -> Any:
+    """Return the next item of q; raise RuntimeError when a process died or the deadline passed."""
+    while time.time() < deadline:
+        try:
+            return q.get(timeout=0.2)
+        except queue.Empty:
+            dead = [p.name for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"processes {dead} exited before reporting") from None
+    raise RuntimeError("the transfer did not finish within its time limit")
+
+
+def run_transfer(spec: TransferSpec) -> dict[str, Any]:
+    """Run the trainer and one process per worker; return per-worker arrival times (s after the trainer
+    starts extracting), digests, and whether every worker ended bit-identical to the trainer.
+
+    Raises RuntimeError when a process fails or the run exceeds spec.timeout_s.
+    """
+    ctx = mp.get_context("spawn")
+    workers = spec.workers or [ln.child for ln in spec.links]
+    port_q, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    ports_in = {w: ctx.Queue() for w in workers}
+    procs = [ctx.Process(target=worker_main, args=(w, spec, port_q, ports_in[w], results), daemon=True)
+             for w in workers]
+    for p in procs:
+        p.start()
+    deadline = time.time() + spec.timeout_s
+    try:
+        ports = dict(_get(port_q, procs, deadline) for _ in workers)
+        for w in workers:
+            ports_in[w].put(ports)
+        trainer = ctx.Process(target=trainer_main, args=(spec, ports, results, go), daemon=True)
+        trainer.start()
+        procs.append(trainer)
+        go.set()
+        out = dict(_get(results, procs, deadline) for _ in range(len(workers) + 1))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    errors = {k: v["error"] for k, v in out.items() if "error" in v}
+    if errors:
+        raise RuntimeError(f"transfer processes failed: {errors}")
+    t0 = out["trainer"]["t_start"]
+    return {"arrival_s": {w: out[w]["t_done"] - t0 for w in workers},
+            "identical": all(out[w]["digest"] == out["trainer"]["digest"] and out[w]["complete"] for w in workers),
+            "payload_bytes": out["trainer"]["payload_bytes"], "records": out["trainer"]["records"],
+            "encode_s": out["trainer"]["t_encoded"] - t0, "workers": {w: out[w] for w in workers}}
+
+
+def spec_from_plan(problem: Any, plan: Any, **overrides: Any) -> TransferSpec:
+    """Return the TransferSpec that emulates a plan's tree: its rates, streams, per-stream caps, latencies."""
+    links = []
+    for e in plan.edges:
+        ln = problem.link(problem.region_of(e.parent), problem.region_of(e.child))
+        per = (ln.stream_GBps or problem.default_stream_GBps) * 1e9
+        links.append(LinkSpec(e.parent, e.child, e.streams, e.rate_GBps * 1e9, per, ln.latency_s))
+    return TransferSpec(links=links, workers=[e.child for e in plan.edges], **overrides)
+
+
+def run_plan(problem: Any, plan: Any, *, elements: int | None = None, changed_fraction: float | None = None,
+             timeout_s: float = 120.0, **_: Any) -> dict[str, Any]:
+    """`gpuplan run` for aurora plans: emulate the plan's tree on localhost with a synthetic bf16 model
+    (the problem's parameter count, at most 2**26); return measured vs predicted arrival times (s)
+    and whether every worker ended bit-identical to the trainer."""
+    from gpuplan.models.aurora import arrival_times
+
+    rho = problem.delta.changed_fraction if changed_fraction is None else changed_fraction
+    elements = elements or min(int(problem.n_params()), 1 << 26)
+    spec = spec_from_plan(problem, plan, elements=int(elements), changed_fraction=rho, timeout_s=timeout_s)
+    measured = run_transfer(spec)
+    predicted = arrival_times(problem, plan.edges, measured["payload_bytes"])
+    return {"identical_weights": measured["identical"], "payload_bytes": measured["payload_bytes"],
+            "measured_transfer_s": max(measured["arrival_s"].values()),
+            "predicted_transfer_s": max(predicted.values()),
+            **{f"measured_{w}_s": t for w, t in measured["arrival_s"].items()},
+            **{f"predicted_{w}_s": predicted[w] for w in measured["arrival_s"]}}
+
+
+__all__ = ["LinkSpec", "TransferSpec", "run_transfer", "run_plan", "spec_from_plan"]
