@@ -22,8 +22,11 @@ class CpSatResult:
 
 
 def solve_cpsat(model: Any, *, time_limit_s: float | None = None, seed: int = 0, workers: int = 2,
-                hint_log: bool = False) -> CpSatResult:
+                hint_log: bool = False, deterministic_limit: float | None = None) -> CpSatResult:
     """Solve an OR-Tools CP-SAT model; return its status mapped to the plan statuses.
+
+    `deterministic_limit` bounds CP-SAT's deterministic time (work units, about seconds) instead of
+    the wall clock, so that with workers=1 a stopped search gives the same answer on every run.
 
     Raises InfeasibleError when the model is proven infeasible, SolverError when CP-SAT calls it
     invalid, and returns TIME_LIMIT when the limit ran out with a solution in hand.
@@ -33,6 +36,8 @@ def solve_cpsat(model: Any, *, time_limit_s: float | None = None, seed: int = 0,
     solver = cp_model.CpSolver()
     if time_limit_s is not None:
         solver.parameters.max_time_in_seconds = float(time_limit_s)
+    if deterministic_limit is not None:
+        solver.parameters.max_deterministic_time = float(deterministic_limit)
     solver.parameters.random_seed = int(seed)
     solver.parameters.num_workers = int(workers)
     solver.parameters.log_search_progress = hint_log

@@ -1,0 +1,483 @@
+"""Tessel's solvers: the repetend search with joint completion, an exact CP-SAT schedule, baselines.
+
+Repetend (the paper's method, as a cyclic CP-SAT model): every block b gets a start s_b in [0, P)
+and an integer micro-batch lag k_b; instance (b, i) starts at s_b + (i + k_b) P. Dependencies hold
+between absolute offsets, devices never overlap modulo P, and the steady-state memory of each
+device (a function of the starts and lags) stays under its limit. P is minimised from the busy-time
+bound, then the latency of one micro-batch at that P. The pattern is unrolled over N micro-batches
+and completed: the first and last in-flight micro-batches are re-solved with CP-SAT jointly with
+the repeated middle (shifted as one piece), so warm-up and cool-down add no avoidable steps. Times
+are in integer ticks inside CP-SAT; the final plan is timed in seconds by the model's simulator.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gpuplan.errors import InfeasibleError, SolverError
+from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.models.tessel import (Entry, Order, Repetend, TesselPlan, TesselProblem, make_plan, makespan_s,
+                                   memory_peaks, orders_of, simulate)
+from gpuplan.registry import register_solver
+from gpuplan.solvers.backends import solve_cpsat
+from gpuplan.solvers import tessel_classic as classic
+
+EXACT_MAX_INSTANCES = 600
+
+
+@dataclass(frozen=True)
+class Ticks:
+    """The problem in integers for CP-SAT: durations (ticks), memory deltas and limits (units)."""
+
+    dur: dict[str, int]
+    mem: dict[str, int]
+    limit: list[int | None]
+    tick_s: float
+
+
+def _scale(values: list[float], resolution: int) -> float:
+    """Return a unit that makes every value a near-integer multiple, else max/resolution."""
+    nonzero = [abs(v) for v in values if abs(v) > 0]
+    if not nonzero:
+        return 1.0
+    base = min(nonzero)
+    for k in range(1, 25):
+        unit = base / k
+        if all(abs(v / unit - round(v / unit)) < 1e-6 * max(1.0, v / unit) for v in nonzero) \
+                and max(nonzero) / unit <= 50 * resolution:
+            return unit
+    return max(nonzero) / resolution
+
+
+def integerize(problem: TesselProblem, resolution: int = 200) -> Ticks:
+    """Return the problem's durations in ticks and memory in integer units (exact when the numbers are
+    small multiples of one another, else rounded to 1/resolution of the largest)."""
+    tick = _scale([b.duration_s for b in problem.blocks], resolution)
+    unit = _scale([b.memory_bytes for b in problem.blocks], resolution)
+    dur = {b.name: max(1, round(b.duration_s / tick)) for b in problem.blocks}
+    mem = {b.name: (math.ceil(b.memory_bytes / unit - 1e-9) if b.memory_bytes > 0
+                    else -math.floor(-b.memory_bytes / unit + 1e-9)) for b in problem.blocks}
+    limit = [None if math.isinf(problem.limit(d)) else math.floor(problem.limit(d) / unit + 1e-9)
+             for d in range(problem.devices)]
+    return Ticks(dur, mem, limit, tick)
+
+
+def _on_device(problem: TesselProblem) -> list[list[str]]:
+    return [[b.name for b in problem.blocks if d in b.devices] for d in range(problem.devices)]
+
+
+# ---------------------------------------------------------------- repetend
+
+
+@dataclass
+class Pattern:
+    """A repetend in ticks: period, per-block start in the period and lag; span = one micro-batch's latency."""
+
+    period: int
+    start: dict[str, int]
+    lag: dict[str, int]
+    span: int
+
+
+def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: float, seed: int,
+                 workers: int, optimise: bool, unknown: list[int] | None = None) -> Pattern | None:
+    """Solve the cyclic model at a fixed period; return the pattern or None when none is found
+    (the period is appended to `unknown` when the time limit ran out without a proof)."""
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    kmax = len(problem.blocks)
+    s = {b.name: m.new_int_var(0, period - 1, f"s_{b.name}") for b in problem.blocks}
+    k = {b.name: m.new_int_var(0, kmax, f"k_{b.name}") for b in problem.blocks}
+    off = {n: s[n] + period * k[n] for n in s}
+    for b in problem.blocks:
+        for a in b.after:
+            m.add(off[b.name] >= off[a] + t.dur[a])
+            m.add(k[b.name] >= k[a])  # redundant, implied by the line above; helps the search
+    on = _on_device(problem)
+    for d, names in enumerate(on):
+        if sum(t.dur[n] for n in names) > period:
+            return None
+        ivs = []
+        for n in names:
+            ivs.append(m.new_interval_var(s[n], t.dur[n], s[n] + t.dur[n], f"i_{n}_{d}"))
+            ivs.append(m.new_interval_var(s[n] + period, t.dur[n], s[n] + period + t.dur[n], f"j_{n}_{d}"))
+        m.add_no_overlap(ivs)
+        if t.limit[d] is None:
+            continue
+        before: dict[tuple[str, str], Any] = {}
+        for a in names:
+            for b in names:
+                if a < b:
+                    o = m.new_bool_var(f"o_{a}_{b}")
+                    m.add(s[a] <= s[b]).only_enforce_if(o)
+                    m.add(s[a] >= s[b] + 1).only_enforce_if(~o)
+                    before[(a, b)], before[(b, a)] = o, ~o
+        in_flight = -sum(t.mem[n] * k[n] for n in names)
+        for a in names:
+            if t.mem[a] <= 0:
+                continue
+            level = t.mem[a] + sum(t.mem[b] * before[(b, a)] for b in names if b != a)
+            m.add(level + in_flight <= t.limit[d])
+    m.add_min_equality(0, list(k.values()))
+    span = m.new_int_var(0, (kmax + 1) * period + sum(t.dur.values()), "span")
+    for n in s:
+        m.add(span >= off[n] + t.dur[n])
+    if optimise:
+        m.minimize(span)
+    try:
+        # one worker and a deterministic-time limit: the same input and seed give the same pattern
+        res = solve_cpsat(m, time_limit_s=20 * time_limit_s, deterministic_limit=time_limit_s, seed=seed,
+                          workers=1)
+    except InfeasibleError:
+        return None
+    except SolverError:
+        if unknown is not None:
+            unknown.append(period)
+        return None
+    v = res.solver.value
+    return Pattern(period, {n: v(s[n]) for n in s}, {n: v(k[n]) for n in k}, v(span))
+
+
+def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int, workers: int,
+                  progress: Callable[..., None]) -> tuple[Pattern, dict[str, Any]]:
+    """Return the repetend of smallest period (ticks), then smallest one-micro-batch latency, and stats.
+
+    The period starts at the busy-time bound max_d sum of durations on d and grows (doubling, then
+    bisection) until the cyclic model is feasible. Raises InfeasibleError with numbers when even one
+    micro-batch at a time does not fit the memory.
+    """
+    busy = [sum(t.dur[n] for n in names) for names in _on_device(problem)]
+    lower = max(busy)
+    upper = sum(t.dur.values())
+    tried: list[int] = []
+    unknown: list[int] = []
+    per_call = max(0.2, min(time_limit_s / 8, 0.25 * problem.devices))
+
+    def feasible(period: int) -> Pattern | None:
+        tried.append(period)
+        progress(None, f"repetend: trying period {period} ticks")
+        return _repetend_at(problem, t, period, per_call, seed, workers, optimise=False, unknown=unknown)
+
+    found, bad, step, period = None, lower - 1, 1, lower
+    while period <= upper:
+        found = feasible(period)
+        if found:
+            break
+        bad, period, step = period, min(upper + 1, period + step), step * 2
+    if found is None:
+        need = [0.0] * problem.devices
+        for b in problem.blocks:
+            for d in b.devices:
+                need[d] += max(0.0, b.memory_bytes)
+        worst = max(range(problem.devices), key=lambda d: need[d] - problem.limit(d))
+        raise InfeasibleError(f"no repeating schedule fits the memory: one micro-batch allocates up to "
+                              f"{need[worst]:g} bytes on device {worst}, whose limit is "
+                              f"{problem.limit(worst):g} bytes (periods up to {upper} ticks tried)")
+    lo, hi = bad + 1, found.period
+    while lo < hi:
+        mid = (lo + hi) // 2
+        p = feasible(mid)
+        if p:
+            found, hi = p, mid
+        else:
+            lo = mid + 1
+    best = _repetend_at(problem, t, found.period, time_limit_s / 2, seed, workers, optimise=True) or found
+    return best, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
+                  "periods_undecided": unknown, "period_proven_minimal": not unknown}
+
+
+def unroll(problem: TesselProblem, pat: Pattern) -> Order:
+    """Return per-device orders of the pattern repeated over the problem's N micro-batches."""
+    times: list[list[tuple[int, str, int]]] = [[] for _ in range(problem.devices)]
+    for b in problem.blocks:
+        for i in range(problem.microbatches):
+            at = pat.start[b.name] + (i + pat.lag[b.name]) * pat.period
+            for d in b.devices:
+                times[d].append((at, b.name, i))
+    return [[(n, i) for _, n, i in sorted(dev)] for dev in times]
+
+
+# ---------------------------------------------------------------- full / completion CP-SAT
+
+
+def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int], int], horizon: int, *,
+                   free: set[int] | None, time_limit_s: float, seed: int, workers: int) -> tuple[Order, Any]:
+    """Solve the whole N-micro-batch schedule with CP-SAT (intervals, no-overlap, reservoir memory).
+
+    `base` gives tick starts: a hint for free micro-batches, and the positions of the others, which
+    move together by one shift (free=None frees all: the exact model). Returns per-device orders and
+    the CP-SAT result. Raises InfeasibleError when no schedule within `horizon` ticks exists.
+    """
+    from ortools.sat.python import cp_model
+
+    m = cp_model.CpModel()
+    n_mb = problem.microbatches
+    is_free = (lambda i: True) if free is None else (lambda i: i in free)
+    shift = m.new_int_var(-horizon, 0, "shift") if free is not None and len(free) < n_mb else None
+    start: dict[tuple[str, int], Any] = {}
+    for b in problem.blocks:
+        for i in range(n_mb):
+            if is_free(i):
+                v = m.new_int_var(0, max(0, horizon - t.dur[b.name]), f"t_{b.name}_{i}")
+                if (b.name, i) in base:
+                    m.add_hint(v, base[(b.name, i)])
+                start[(b.name, i)] = v
+            else:
+                start[(b.name, i)] = base[(b.name, i)] + shift
+    if shift is not None:
+        m.add(min(base[key] for key in base if not is_free(key[1])) + shift >= 0)
+    for b in problem.blocks:
+        for i in range(n_mb):
+            for a in b.after:
+                if is_free(i):
+                    m.add(start[(b.name, i)] >= start[(a, i)] + t.dur[a])
+            if i + 1 < n_mb and (is_free(i) or is_free(i + 1)):
+                m.add(start[(b.name, i)] <= start[(b.name, i + 1)])
+    for d, names in enumerate(_on_device(problem)):
+        ivs = [m.new_fixed_size_interval_var(start[(n, i)], t.dur[n], f"iv_{n}_{i}_{d}")
+               for n in names for i in range(n_mb)]
+        m.add_no_overlap(ivs)
+        if t.limit[d] is not None:
+            keys = [(n, i) for n in names for i in range(n_mb) if t.mem[n] != 0]
+            low = -sum(abs(t.mem[n]) for n, _ in keys)
+            m.add_reservoir_constraint([start[key] for key in keys], [t.mem[n] for n, _ in keys],
+                                       low, t.limit[d])
+    end = m.new_int_var(0, horizon, "makespan")
+    for (n, i), v in start.items():
+        m.add(end >= v + t.dur[n])
+    m.minimize(end)
+    res = solve_cpsat(m, time_limit_s=time_limit_s, seed=seed, workers=workers)
+    val = res.solver.value
+    ticks: list[list[tuple[int, str, int]]] = [[] for _ in range(problem.devices)]
+    for (n, i), v in start.items():
+        at = val(v) if not isinstance(v, int) else v
+        for d in problem.block(n).devices:
+            ticks[d].append((at, n, i))
+    return [[(n, i) for _, n, i in sorted(dev)] for dev in ticks], res
+
+
+def _tick_starts(schedule: list[list[Entry]], tick_s: float) -> dict[tuple[str, int], int]:
+    return {(e.block, e.microbatch): round(e.start_s / tick_s) for dev in schedule for e in dev}
+
+
+def _fits(problem: TesselProblem, schedule: list[list[Entry]]) -> bool:
+    return all(p <= problem.limit(d) * (1 + 1e-9) + 1e-9 for d, p in enumerate(memory_peaks(problem, schedule)))
+
+
+# ---------------------------------------------------------------- the solvers
+
+
+RANK = {"backward_input": 0, "backward": 0, "forward": 1, "backward_weight": 2, "other": 1}
+
+
+def complete(problem: TesselProblem, pat: Pattern, tick_s: float) -> tuple[list[list[Entry]], dict[str, Any]]:
+    """Return the best full schedule (s) built around the repetend, and what each candidate gave.
+
+    Candidates: the pattern unrolled and left-shifted; and list schedules of all N micro-batches at
+    once (warm-up, steady state and cool-down together) whose priorities come from the pattern:
+    an instance's unrolled start time, optionally after its kind (input gradients before forwards
+    before weight gradients), with at most `window` micro-batches admitted ahead of the oldest
+    unfinished one (window = the pattern's micro-batches in flight, + 0..3, or unbounded).
+    """
+    base = {(b.name, i): pat.start[b.name] + (i + pat.lag[b.name]) * pat.period
+            for b in problem.blocks for i in range(problem.microbatches)}
+    kinds = {b.name: b.kind for b in problem.blocks}
+    width = max(pat.lag.values()) - min(pat.lag.values()) + 1
+    found: dict[str, float] = {}
+    best = simulate(problem, unroll(problem, pat))
+    found["unrolled"] = makespan_s(best)
+    if not _fits(problem, best):
+        raise InfeasibleError("the unrolled repetend exceeds memory during warm-up; "
+                              f"peaks {memory_peaks(problem, best)} bytes")
+    priorities: dict[str, Callable[[str, int], tuple]] = {
+        "time": lambda n, i: (base[(n, i)], n),
+        "kind": lambda n, i: (RANK[kinds[n]], base[(n, i)], n)}
+    for pname, prio in priorities.items():
+        for window in (None, width, width + 1, width + 2, width + 3):
+            try:
+                cand = classic.list_schedule(problem, prio, window=window)
+            except InfeasibleError:
+                found[f"{pname}/{window}"] = float("nan")
+                continue
+            found[f"{pname}/{window}"] = makespan_s(cand)
+            if makespan_s(cand) < makespan_s(best) - 1e-9 and _fits(problem, cand):
+                best = cand
+    return best, {"completion_candidates_s": found}
+
+
+def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                 progress: Callable[..., None], workers: int = 2, completion: bool = True,
+                 polish_s: float = 0.0) -> TesselPlan:
+    """Return Tessel's schedule: the minimum-period repetend, then its completion over N micro-batches.
+
+    completion=False keeps the unrolled, left-shifted pattern. polish_s > 0 adds a CP-SAT pass
+    that re-solves the first and last in-flight micro-batches jointly with the repeated middle
+    (moved as one piece) for that many seconds. Plan times are seconds; stats hold ticks and timings.
+    """
+    started = time.perf_counter()
+    limit = float(time_limit_s or 20.0)
+    t = integerize(problem)
+    pat, stats = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, workers=workers,
+                               progress=progress)
+    stats["repetend_search_s"] = time.perf_counter() - started
+    if completion:
+        progress(0.6, "completing warm-up and cool-down")
+        schedule, more = complete(problem, pat, t.tick_s)
+        stats.update(more)
+    else:
+        schedule = simulate(problem, unroll(problem, pat))
+        if not _fits(problem, schedule):
+            raise InfeasibleError("the unrolled repetend exceeds memory during warm-up; "
+                                  f"peaks {memory_peaks(problem, schedule)} bytes")
+    width = max(pat.lag.values()) - min(pat.lag.values()) + 1
+    if polish_s > 0 and problem.microbatches > 1:
+        n = problem.microbatches
+        free = set(range(min(n, width))) | set(range(max(0, n - width), n))
+        base = _tick_starts(schedule, t.tick_s)
+        try:
+            orders2, res = schedule_cpsat(problem, t, base, round(makespan_s(schedule) / t.tick_s) + 1, free=free,
+                                          time_limit_s=polish_s, seed=seed, workers=workers)
+            sched2 = simulate(problem, orders2)
+            if makespan_s(sched2) < makespan_s(schedule) - 1e-9 and _fits(problem, sched2):
+                schedule = sched2
+            stats["polish_status"] = res.status.value
+        except Exception as exc:  # noqa: BLE001 - polishing is optional; keep the completed plan
+            stats["polish_error"] = str(exc)[:200]
+    stats["search_s"] = time.perf_counter() - started
+    mid = max(0, min(problem.microbatches - 1, max(pat.lag.values())))
+    rep = Repetend(period_s=pat.period * t.tick_s, offset_s={n: v * t.tick_s for n, v in pat.start.items()},
+                   lag=dict(pat.lag), window_s=_window(schedule, pat, mid),
+                   copies=max(0, problem.microbatches - width + 1))
+    plan = make_plan(problem, schedule, "tessel", Status.FEASIBLE, rep)
+    plan.predicted["search_s"] = stats["search_s"]
+    plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period,
+                                                   "microbatches_in_flight": width})
+    progress(1.0, "done")
+    return plan
+
+
+def _window(schedule: list[list[Entry]], pat: Pattern, mid: int) -> tuple[float, float] | None:
+    """Return the time window where one copy of the pattern runs (instances (b, mid - lag_b))."""
+    want = {(n, mid - k) for n, k in pat.lag.items()}
+    starts = [e.start_s for dev in schedule for e in dev if (e.block, e.microbatch) in want]
+    ends = [e.end_s for dev in schedule for e in dev if (e.block, e.microbatch) in want]
+    if len(starts) < 1:
+        return None
+    return (min(starts), max(ends))
+
+
+def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                progress: Callable[..., None], workers: int = 2) -> TesselPlan:
+    """Return the exact CP-SAT schedule of all N micro-batches (optimal, or the best found in the limit),
+    started from Tessel's schedule as a hint and upper bound."""
+    limit = float(time_limit_s or 30.0)
+    hint = solve_tessel(problem, time_limit_s=min(10.0, limit / 3), seed=seed, progress=progress,
+                        workers=workers)
+    t = integerize(problem)
+    base = _tick_starts(hint.schedule, t.tick_s)
+    horizon = int(hint.makespan_s / t.tick_s * 1.02) + max(t.dur.values())
+    progress(0.3, "exact CP-SAT schedule")
+    try:
+        orders, res = schedule_cpsat(problem, t, base, horizon, free=None, time_limit_s=limit, seed=seed,
+                                     workers=workers)
+    except SolverError:  # nothing better found in time: the hint stands, unproven
+        return make_plan(problem, hint.schedule, "exact", Status.TIME_LIMIT,
+                         message="CP-SAT found no schedule in the limit; Tessel's schedule is shown")
+    schedule = simulate(problem, orders)
+    if makespan_s(schedule) > hint.makespan_s + 1e-9:
+        schedule = hint.schedule
+    plan = make_plan(problem, schedule, "exact", res.status)
+    plan.predicted["lower_bound_s"] = (res.bound or 0) * t.tick_s
+    plan.solver = SolverInfo(name="exact", stats={"bound_s": (res.bound or 0) * t.tick_s,
+                                                  "cpsat_wall_s": res.wall_time_s, **res.stats})
+    return plan
+
+
+def _exact_applies(problem: TesselProblem) -> str | None:
+    n = problem.microbatches * len(problem.blocks)
+    return None if n <= EXACT_MAX_INSTANCES else \
+        f"{n} block instances; the exact model is limited to {EXACT_MAX_INSTANCES}"
+
+
+def _checked(problem: TesselProblem, schedule: list[list[Entry]], name: str) -> TesselPlan:
+    peaks = memory_peaks(problem, schedule)
+    for d, p in enumerate(peaks):
+        if p > problem.limit(d) * (1 + 1e-9) + 1e-9:
+            raise InfeasibleError(f"{name} needs {p:g} bytes on device {d}; its limit is {problem.limit(d):g} bytes")
+    return make_plan(problem, schedule, name, Status.FEASIBLE)
+
+
+def _baseline(name: str, build: Callable[[TesselProblem], list[list[Entry]]]) -> Callable[..., TesselPlan]:
+    def fn(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
+           progress: Callable[..., None], **_: Any) -> TesselPlan:
+        return _checked(problem, build(problem), name)
+    fn.__name__ = f"solve_{name}"
+    return fn
+
+
+def _interleaved_chunks(problem: TesselProblem) -> int:
+    st = classic.stages(problem) or {}
+    return max(1, len(st) // problem.devices)
+
+
+def _interleaved_reason(problem: TesselProblem) -> str | None:
+    v = _interleaved_chunks(problem)
+    reason = classic.pipeline_reason(problem, chunks=v)
+    if reason:
+        return reason
+    if v > 1 and problem.microbatches % problem.devices:
+        return f"Megatron's interleaved order needs micro-batches ({problem.microbatches}) divisible by " \
+               f"devices ({problem.devices})"
+    return None
+
+
+def _zb(in_flight: Callable[[TesselProblem, int], float]) -> Callable[[TesselProblem], list[list[Entry]]]:
+    def build(problem: TesselProblem) -> list[list[Entry]]:
+        cap = classic.one_f_one_b_cap(problem, lambda d: in_flight(problem, d))
+        return classic.list_schedule(problem, classic.zb_priority(problem), cap=cap)
+    return build
+
+
+def _split_reason(problem: TesselProblem) -> str | None:
+    if not any(b.kind == "backward_weight" for b in problem.blocks):
+        return "zero-bubble schedules need the backward split into backward_input and backward_weight blocks"
+    return None
+
+
+def _gpipe_reason(problem: TesselProblem) -> str | None:
+    return classic.pipeline_reason(problem, chunks=_interleaved_chunks(problem))
+
+
+register_solver("tessel", "tessel", solve_tessel, role="paper", default=True,
+                description="repetend (cyclic CP-SAT, min period under memory) + joint warm-up/cool-down completion")
+register_solver("tessel", "tessel-unrolled", lambda problem, **kw: solve_tessel(problem, completion=False, **kw),
+                role="variant", description="the repetend unrolled and left-shifted, without the completion step")
+register_solver("tessel", "exact", solve_exact, role="exact", applicable=_exact_applies,
+                description="CP-SAT over every block instance (intervals, no-overlap, reservoir memory)")
+register_solver("tessel", "gpipe", _baseline("gpipe", lambda p: simulate(p, classic.gpipe_orders(p))),
+                role="baseline", applicable=_gpipe_reason, description="all forwards, then all backwards")
+register_solver("tessel", "1f1b",
+                _baseline("1f1b", lambda p: simulate(p, classic.interleaved_orders(p, 1))),
+                role="baseline", applicable=lambda p: classic.pipeline_reason(p, chunks=1),
+                description="PipeDream-flush / DAPPLE one-forward-one-backward")
+register_solver("tessel", "interleaved-1f1b",
+                _baseline("interleaved-1f1b",
+                          lambda p: simulate(p, classic.interleaved_orders(p, _interleaved_chunks(p)))),
+                role="baseline", applicable=_interleaved_reason,
+                description="Megatron's interleaved 1F1B (virtual stages)")
+register_solver("tessel", "zb-h1", _baseline("zb-h1", _zb(lambda p, d: p.devices)), role="baseline",
+                applicable=lambda p: classic.pipeline_reason(p, chunks=1) or _split_reason(p),
+                description="zero bubble H1: 1F1B's memory, weight gradients fill the bubbles")
+register_solver("tessel", "zb-h2", _baseline("zb-h2", _zb(lambda p, d: 2 * p.devices - 1)), role="baseline",
+                applicable=lambda p: classic.pipeline_reason(p, chunks=1) or _split_reason(p),
+                description="zero bubble H2: up to 2p-1 micro-batches in flight")
+register_solver("tessel", "zb-v", _baseline("zb-v", _zb(lambda p, d: p.devices)), role="baseline",
+                applicable=lambda p: classic.pipeline_reason(p, v_shape=True) or _split_reason(p),
+                description="zero bubble V: two chunks per device in a V, 1F1B's memory")
+register_solver("tessel", "chimera", _baseline("chimera", _zb(lambda p, d: p.devices)), role="baseline",
+                applicable=classic.chimera_reason,
+                description="Chimera-style bidirectional pipelines, greedy, p micro-batch pairs in flight")

@@ -1,0 +1,211 @@
+"""Tessel: placements, the classic schedules' closed forms, the repetend search vs exact, check."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuplan import api
+from gpuplan.errors import InputError
+from gpuplan.models.tessel import (DeadlockError, Entry, TesselPlan, TesselProblem, check, makespan_s, simulate)
+from gpuplan.solvers import tessel_classic as classic
+
+
+def problem(shape: str, p: int, m: int, *, f: float = 1.0, b: float = 2.0, w: float = 0.0, chunks: int = 2,
+            memory: float | None = None) -> TesselProblem:
+    doc = {"kind": "tessel", "microbatches": m,
+           "shape": {"name": shape, "devices": p, "forward_s": f, "backward_s": b, "backward_weight_s": w,
+                     "chunks": chunks}}
+    if memory is not None:
+        doc["memory_limit_bytes"] = memory
+    return api.load_problem(doc)  # type: ignore[return-value]
+
+
+def idle_per_device(plan: TesselPlan, prob: TesselProblem) -> float:
+    return plan.makespan_s - prob.busy_s()[0] * prob.microbatches
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 8), (4, 4), (4, 8), (4, 16), (8, 8), (8, 16)])
+def test_gpipe_and_1f1b_have_the_closed_form_bubble(p: int, m: int) -> None:
+    prob = problem("1f1b", p, m)
+    for name in ("gpipe", "1f1b"):
+        plan = api.solve(prob, solver=name)
+        assert not check(prob, plan)
+        assert plan.bubble_ratio == pytest.approx((p - 1) / (m + p - 1))
+    one = api.solve(prob, solver="1f1b")
+    assert one.peak_memory_bytes[0] == pytest.approx(min(p, m))  # p activations on the first stage
+    assert api.solve(prob, solver="gpipe").peak_memory_bytes[0] == pytest.approx(m)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 3), (8, 16, 2)])
+def test_interleaved_1f1b_has_the_closed_form_bubble(p: int, m: int, v: int) -> None:
+    prob = problem("interleaved", p, m, chunks=v)
+    plan = api.solve(prob, solver="interleaved-1f1b")
+    assert not check(prob, plan)
+    assert plan.bubble_ratio == pytest.approx(((p - 1) / v) / (m + (p - 1) / v))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 16)])
+def test_zero_bubble_h1_h2_and_v_bubbles(p: int, m: int) -> None:
+    prob = problem("1f1b", p, m, b=1.0, w=1.0)
+    h1 = api.solve(prob, solver="zb-h1")
+    assert not check(prob, h1)
+    assert idle_per_device(h1, prob) == pytest.approx((p - 1) * (1 + 1 - 1))  # (p-1)(F+B-W)
+    assert max(h1.peak_memory_bytes) <= p + 1e-9  # 1F1B's peak
+    h2 = api.solve(prob, solver="zb-h2")
+    assert not check(prob, h2) and max(h2.peak_memory_bytes) <= 2 * p - 1 + 1e-9
+    # with equal times the last device cannot start before (p-1)F: H2 reaches that bound
+    assert h2.makespan_s == pytest.approx(p - 1 + 3 * m)
+    vprob = problem("vshape", p, m, b=1.0, w=1.0)
+    zbv = api.solve(vprob, solver="zb-v")
+    assert not check(vprob, zbv)
+    assert zbv.makespan_s == pytest.approx(p - 1 + 6 * m)  # only the unavoidable start delay
+    assert max(zbv.peak_memory_bytes) <= 2 * p + 1e-9  # p micro-batches of both chunks
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 16)])
+def test_tessel_on_the_1f1b_placement_is_no_worse_than_1f1b_at_its_memory(p: int, m: int, split: bool) -> None:
+    base = problem("1f1b", p, m, b=1.0 if split else 2.0, w=1.0 if split else 0.0)
+    one = api.solve(base, solver="1f1b")
+    prob = problem("1f1b", p, m, b=1.0 if split else 2.0, w=1.0 if split else 0.0,
+                   memory=max(one.peak_memory_bytes))
+    plan = api.solve(prob, solver="tessel")
+    assert not check(prob, plan)
+    assert plan.makespan_s <= one.makespan_s + 1e-9
+    assert plan.repetend is not None and plan.repetend.period_s == pytest.approx(max(prob.busy_s()))
+
+
+def test_repetend_period_meets_the_busy_bound_on_standard_shapes() -> None:
+    for shape, mem in (("vshape", 8.0), ("tp_pp", 8.0), ("chimera", None)):
+        prob = problem(shape, 4, 8, b=1.0, w=1.0, memory=mem)
+        plan = api.solve(prob, solver="tessel")
+        assert not check(prob, plan), shape
+        assert plan.repetend is not None
+        assert plan.repetend.period_s == pytest.approx(max(prob.busy_s())), shape
+
+
+@st.composite
+def small_problems(draw: st.DrawFn) -> TesselProblem:
+    d = draw(st.integers(2, 3))
+    n = draw(st.integers(2, 4))
+    blocks = []
+    for j in range(n):
+        devs = sorted(draw(st.sets(st.integers(0, d - 1), min_size=1, max_size=2)))
+        after = [f"b{k}" for k in range(j) if draw(st.booleans())] or ([f"b{j - 1}"] if j else [])
+        blocks.append({"name": f"b{j}", "devices": devs, "duration_s": draw(st.integers(1, 3)), "after": after})
+    # a forward/backward pair of memory on a device of the first and the last block
+    if blocks[0]["devices"] == blocks[-1]["devices"] and n > 1:
+        blocks[0]["memory_bytes"], blocks[-1]["memory_bytes"] = 1.0, -1.0
+    mem = draw(st.sampled_from([None, 2.0, 3.0]))
+    doc = {"kind": "tessel", "devices": d, "microbatches": draw(st.integers(2, 5)), "blocks": blocks}
+    if mem is not None:
+        doc["memory_limit_bytes"] = mem
+    return api.load_problem(doc)  # type: ignore[return-value]
+
+
+GAP_SMALL = 0.25  # stated gap to the exact optimum on tiny instances (N <= 5: warm-up dominates)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_problems())
+def test_tessel_is_valid_and_near_exact_on_small_placements(prob: TesselProblem) -> None:
+    plan = api.solve(prob, solver="tessel")
+    assert not check(prob, plan)
+    exact = api.solve(prob, solver="exact", time_limit_s=10)
+    assert not check(prob, exact)
+    assert exact.makespan_s <= plan.makespan_s + 1e-9
+    assert plan.makespan_s <= (1 + GAP_SMALL) * exact.makespan_s + 1e-9
+    # the makespan can never beat the busiest device
+    assert exact.makespan_s >= max(prob.busy_s()) * prob.microbatches - 1e-9
+
+
+def test_check_rejects_hand_made_violations() -> None:
+    prob = problem("1f1b", 2, 2, memory=1.0)
+    good = api.solve(problem("1f1b", 2, 2, memory=2.0), solver="1f1b")
+    # memory: the same 1F1B plan against a 1-byte limit keeps two activations on device 0
+    codes = {v.code for v in check(prob, good)}
+    assert "memory" in codes
+    prob2 = problem("1f1b", 2, 2)
+    sched = [list(dev) for dev in good.schedule]
+    # dependency: start B1#0 before F1#0 ends
+    dev1 = [e.model_copy(update={"start_s": e.start_s - 1, "end_s": e.end_s - 1}) if e.block == "B1"
+            and e.microbatch == 0 else e for e in sched[1]]
+    bad = good.model_copy(update={"schedule": [sched[0], dev1]})
+    assert "dependency" in {v.code for v in check(prob2, bad)}
+    # overlap: two entries of device 0 at the same time
+    dev0 = [e.model_copy(update={"start_s": 0.0, "end_s": 1.0}) if e.block == "F0" else e for e in sched[0]]
+    bad = good.model_copy(update={"schedule": [dev0, sched[1]]})
+    assert "overlap" in {v.code for v in check(prob2, bad)}
+    # missing instance and a wrong makespan
+    bad = good.model_copy(update={"schedule": [sched[0][1:], sched[1]], "makespan_s": 1.0})
+    codes = {v.code for v in check(prob2, bad)}
+    assert {"missing", "makespan"} <= codes
+    assert not check(prob2, good)
+
+
+def test_bad_placements_are_refused_with_the_field() -> None:
+    base = {"kind": "tessel", "devices": 2, "blocks": [
+        {"name": "a", "devices": [0], "duration_s": 1, "memory_bytes": 1},
+        {"name": "b", "devices": [1], "duration_s": 1, "after": ["a"]},
+        {"name": "c", "devices": [0], "duration_s": 1, "after": ["b"], "memory_bytes": -1}]}
+    api.load_problem(base)
+    with pytest.raises(InputError, match=r"blocks\[1\]\.devices.*0\.\.1, got 5"):
+        api.load_problem({**base, "blocks": [base["blocks"][0], {**base["blocks"][1], "devices": [5]},
+                                             base["blocks"][2]]})
+    with pytest.raises(InputError, match="cycle"):
+        api.load_problem({**base, "blocks": [{**base["blocks"][0], "after": ["c"]}] + base["blocks"][1:]})
+    with pytest.raises(InputError, match="sum to 0"):
+        api.load_problem({**base, "blocks": base["blocks"][:2]})
+    with pytest.raises(InputError, match="duration_s"):
+        api.load_problem({**base, "blocks": [{**base["blocks"][0], "duration_s": -1}] + base["blocks"][1:]})
+
+
+def test_too_little_memory_is_infeasible_with_numbers() -> None:
+    prob = problem("vshape", 2, 4, memory=1.0)  # one micro-batch keeps 2 activations on each device
+    plan = api.solve(prob, solver="tessel")
+    assert not plan.ok and "2 bytes" in plan.message and "limit is 1 bytes" in plan.message
+
+
+def test_simulator_reports_a_deadlock() -> None:
+    prob = problem("1f1b", 2, 1)
+    with pytest.raises(DeadlockError, match="device 0 waits at B0#0"):
+        simulate(prob, [[("B0", 0), ("F0", 0)], [("F1", 0), ("B1", 0)]])
+
+
+def test_plan_round_trip_show_and_draw(tmp_path) -> None:
+    prob = problem("vshape", 2, 4, b=1.0, w=1.0)
+    plan = api.solve(prob, solver="tessel")
+    path = plan.save(tmp_path / "plan.json")
+    back = api.load_plan(path)
+    assert isinstance(back, TesselPlan) and back.makespan_s == plan.makespan_s
+    assert not api.check(None, back)
+    from gpuplan import registry
+
+    spec = registry.model("tessel")
+    tables = spec.describe(prob, back)
+    assert tables[0].rows and tables[1].title.startswith("repetend")
+    spec.draw(prob, back, tmp_path / "gantt.png")
+    assert (tmp_path / "gantt.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_solvers_are_deterministic() -> None:
+    prob = problem("tp_pp", 4, 8, b=1.0, w=1.0, memory=6.0)
+    a, b = api.solve(prob, solver="tessel", seed=3), api.solve(prob, solver="tessel", seed=3)
+    assert [[(e.block, e.microbatch, e.start_s) for e in d] for d in a.schedule] == \
+        [[(e.block, e.microbatch, e.start_s) for e in d] for d in b.schedule]
+
+
+def test_classic_schedules_refuse_other_placements() -> None:
+    prob = problem("tp_pp", 4, 8)
+    assert classic.pipeline_reason(prob, chunks=1) is not None
+    rows = {name: s for name, _, s in api.compare(prob, solvers=["1f1b", "zb-v", "chimera"])}
+    assert all(str(s["status"]).startswith("skipped") for s in rows.values())
+
+
+def test_makespan_and_entries_agree() -> None:
+    prob = problem("1f1b", 2, 2)
+    plan = api.solve(prob, solver="gpipe")
+    assert makespan_s(plan.schedule) == plan.makespan_s
+    assert all(isinstance(e, Entry) for d in plan.schedule for e in d)
