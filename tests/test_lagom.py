@@ -394,3 +394,18 @@ def test_cli_solve_check_compare_show_run(tmp_path) -> None:
     bad.write_text("kind: lagom\ngroups: {g: {ranks: 1}}\nops: []\n")
     res = runner.invoke(main, ["solve", "lagom", str(bad), "-q"])
     assert res.exit_code == 2 and "groups.g.ranks" in res.output
+
+
+@settings(max_examples=10, deadline=None)
+@given(sizes=st.lists(SIZES, min_size=2, max_size=3), compute_ms=st.floats(0.1, 20), exposed=SIZES)
+def test_priority_search_with_shared_windows_never_worse_than_default(sizes, compute_ms, exposed) -> None:
+    ops = [{"name": f"o{k}", "collective": "all_reduce", "size_bytes": s, "group": "g", "overlaps": "s"}
+           for k, s in enumerate(sizes)]
+    ops.append({"name": "x", "collective": "all_gather", "size_bytes": exposed, "group": "g", "count": 3})
+    p = problem(ops, [{"name": "s", "compute_s": compute_ms * 1e-3}])
+    comp = p.compiled
+    found, stats = solvers.priority_search(p)
+    assert all(e <= stats["sum_of_dimension_sizes"] for e in stats["evaluations_per_pass"])
+    default = [comp.nccl_default(i) for i in range(len(ops))]
+    assert comp.iteration_us(found) <= comp.iteration_us(default) * (1 + 1e-12)
+    assert all(not comp.valid(i, t) for i, t in enumerate(found))
