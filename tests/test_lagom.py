@@ -310,7 +310,7 @@ def test_bad_workload_files_get_clear_errors(tmp_path, doc, field, words) -> Non
         text.replace(".", "").replace("[", "").replace("]", "")
 
 
-def test_with_profile_fits_group_figures() -> None:
+def test_with_profile_fits_group_figures(tmp_path) -> None:
     from gpuplan.models.lagom_view import with_profile
     from gpuplan.models.profile import Profile
 
@@ -323,6 +323,12 @@ def test_with_profile_fits_group_figures() -> None:
                          "fit": {"alpha_s": 1e-4, "bandwidth_GBps": 20.0, "max_rel_error": 0.0, "mean_rel_error": 0.0}}]})
     p = load("llama2-7b-dp8.yaml")
     q = with_profile(p, prof)
+    prof.save(tmp_path / "prof.json")
+    inline = validate(LagomProblem, {**read_document(EXAMPLES / "llama2-7b-dp8.yaml"), "profile": "prof.json"},
+                      file=tmp_path / "w.yaml")
+    assert inline.groups["dp"].cap_GBps == q.groups["dp"].cap_GBps
+    with pytest.raises(InputError, match="profile"):
+        validate(LagomProblem, {"kind": "lagom", "profile": "none.json", "groups": {}, "ops": []}, file=tmp_path / "w.yaml")
     assert q.groups["dp"].cap_GBps == pytest.approx(20.0 * 2 * 7 / 8)
     link = q.groups["dp"].link(q.hardware)
     assert cost.nccl_latency_us("all_reduce", "ring", "Simple", link, q.constants) == pytest.approx(100.0)

@@ -7,7 +7,9 @@ The iteration time is the sum of overlapped windows (lagom_cost.window_time_us),
 its compute lane or its communication lane; the bounding lanes form the critical path.
 
 Write a workload out (segments + ops), let `from_model` build one from a catalog transformer and a
-DP x TP layout, or `from_poseidon` from one stage of a Poseidon plan (lagom_poseidon).
+DP x TP layout, or `from_poseidon` from one stage of a Poseidon plan (lagom_poseidon). With
+`profile: FILE` (or `--profile`) the groups' bandwidth caps and latencies come from its measured
+collectives.
 """
 
 from __future__ import annotations
@@ -226,6 +228,8 @@ class LagomProblem(Problem):
     @model_validator(mode="before")
     @classmethod
     def _expand(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and "profile" in data:
+            return _apply_profile(data, info.context or {})
         if isinstance(data, dict) and "from_poseidon" in data:
             return _expand_poseidon(data, (info.context or {}).get("base_dir"))
         if not isinstance(data, dict) or "from_model" not in data:
@@ -273,6 +277,27 @@ class LagomProblem(Problem):
 
     def __hash__(self) -> int:
         return id(self)
+
+
+def _apply_profile(data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    """Return the document of `data` (minus `profile: FILE`) with the profile's measured collectives applied."""
+    from pathlib import Path
+
+    from gpuplan.errors import InputError
+    from gpuplan.models.lagom_view import with_profile
+    from gpuplan.models.profile import load_profile
+
+    data = dict(data)
+    path = Path(str(data.pop("profile")))
+    base = context.get("base_dir")
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    try:
+        profile = load_profile(path)
+    except InputError as exc:
+        raise ValueError(f"at profile: a profile file written by `gpuplan profile` ({exc})") from None
+    problem = LagomProblem.model_validate(data, context=context)
+    return with_profile(problem, profile).document()
 
 
 def _expand_poseidon(data: dict[str, Any], base_dir: Any) -> dict[str, Any]:
