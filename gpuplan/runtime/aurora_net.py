@@ -56,6 +56,10 @@ class TransferSpec:
     chunk_elems: int = D.CHUNK_ELEMS
     timeout_s: float = 120.0
     workers: list[str] = field(default_factory=list)
+    lease_s: float = 1.0  # a parent silent this long has lost its forwarding lease
+    resume_Bps: float = 25e6  # rate at which the trainer re-serves missing records
+    kill: str | None = None  # a relay to SIGKILL mid-transfer
+    kill_after_s: float = 0.1
 
     def children(self, node: str) -> list[LinkSpec]:
         """Return the links leaving `node`."""
@@ -143,12 +147,15 @@ class EdgeSender:
 
     def _run(self, sock: socket.socket) -> None:
         pacers = [self.edge_pacer, Pacer(self.link.stream_Bps)]
-        while True:
-            item = self.queue.get()
-            if item is None:
-                _send_frame(sock, END, b"", [])
-                return
-            _send_frame(sock, RECORD, item, pacers)
+        try:
+            while True:
+                item = self.queue.get()
+                if item is None:
+                    _send_frame(sock, END, b"", [])
+                    return
+                _send_frame(sock, RECORD, item, pacers)
+        except OSError:
+            return  # the child died; its own children resume from the trainer
 
     def put(self, record: bytes) -> None:
         """Queue a record for whichever stream is free first."""
@@ -172,36 +179,70 @@ def _listen(streams: int) -> socket.socket:
     return srv
 
 
-def trainer_main(spec: TransferSpec, ports: dict[str, int], results: Any, go: Any) -> None:
-    """Trainer process: build old/new weights, then extract, encode and send records down the tree."""
+def _serve_resumes(srv: socket.socket, records: dict[tuple[int, int], bytes], end: bytes,
+                   spec: TransferSpec, stop: threading.Event) -> None:
+    """Serve workers whose relay died: read the ids they hold, send every other record and END."""
+    srv.settimeout(0.05)
+    while not stop.is_set():
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            continue
+        conn.settimeout(spec.timeout_s)
+        (count,) = struct.unpack("<I", _recv_exact(conn, 4))
+        have = {tuple(x) for x in np.frombuffer(_recv_exact(conn, 8 * count), "<u4").reshape(-1, 2).tolist()}
+        pacers = [Pacer(spec.resume_Bps)]
+        for key, rec in records.items():
+            if key not in have:
+                _send_frame(conn, RECORD, rec, pacers)
+        _send_frame(conn, RECORD, end, pacers)
+        _send_frame(conn, END, b"", [])
+        conn.close()
+
+
+def trainer_main(spec: TransferSpec, ports: dict[str, int], resume: Any, results: Any, go: Any,
+                 finished: Any) -> None:
+    """Trainer process: build old/new weights, then extract, encode and send records down the tree;
+    keep the records to re-serve workers whose relay dies, until every worker is done."""
     try:
         old = synthetic_weights(spec)
         new = next_weights(spec, old)
         header = D.make_header(old, new, {n: "bf16" for n in old}, chunk_elems=spec.chunk_elems)
+        srv = _listen(len(spec.workers) or 4)
+        resume.put(srv.getsockname()[1])
         senders = [EdgeSender(ln, ports[ln.child], spec.timeout_s) for ln in spec.children("trainer")]
         go.wait(spec.timeout_s)
         t0 = time.time()
-        count = nbytes = 0
-        ids = []
+        records: dict[tuple[int, int], bytes] = {}
         for t, c, rec in D.iter_records(old, new, header, compress=False):  # extraction overlaps sending
             for s in senders:
                 s.put(rec)
-            ids.append((t, c))
-            count += 1
-            nbytes += len(rec)
+            records[(t, c)] = rec
         t_encoded = time.time()
-        end = D.end_record(ids)
+        end = D.end_record(records)
         for s in senders:
             s.put(end)
+        stop = threading.Event()
+        server = threading.Thread(target=_serve_resumes, args=(srv, records, end, spec, stop), daemon=True)
+        server.start()
+        for s in senders:
             s.close(spec.timeout_s)
-        results.put(("trainer", {"t_start": t0, "t_encoded": t_encoded, "records": count, "payload_bytes": nbytes,
+        results.put(("trainer", {"t_start": t0, "t_encoded": t_encoded, "records": len(records),
+                                 "payload_bytes": sum(map(len, records.values())) + len(end),
                                  "digest": D.state_digest(new), "base_digest": D.state_digest(old)}))
+        finished.wait(spec.timeout_s)
+        stop.set()
+        server.join(spec.timeout_s)
     except Exception as exc:  # reported, never hangs the parent
         results.put(("trainer", {"error": repr(exc)}))
 
 
 def worker_main(name: str, spec: TransferSpec, port_q: Any, ports_in: Any, results: Any) -> None:
-    """Worker process: receive records on every stream, verify, apply in place, forward to children."""
+    """Worker process: receive records on every stream, verify, apply in place, forward to children.
+
+    When no frame has arrived for `lease_s` and the delta is incomplete, the parent's forwarding
+    lease has expired: the worker asks the trainer for the records it lacks (resume by chunk id).
+    """
     try:
         mine = [ln for ln in spec.links if ln.child == name][0]
         srv = _listen(mine.streams)
@@ -210,43 +251,50 @@ def worker_main(name: str, spec: TransferSpec, port_q: Any, ports_in: Any, resul
         weights = synthetic_weights(spec)
         names = sorted(weights)
         views = [D.bits(weights[n]) for n in names]
-        ports = ports_in.get(timeout=spec.timeout_s)
+        ports, resume_port = ports_in.get(timeout=spec.timeout_s)
         senders = [EdgeSender(ln, ports[ln.child], spec.timeout_s) for ln in spec.children(name)]
         conns = [srv.accept()[0] for _ in range(mine.streams)]
         ready: list[tuple[float, int, int, bytes]] = []
         cv = threading.Condition()
         seq = [0]
 
-        def reader(conn: socket.socket) -> None:
+        def reader(conn: socket.socket, latency_s: float) -> None:
             conn.settimeout(spec.timeout_s)
-            while True:
-                length, kind = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
-                payload = _recv_exact(conn, length) if length else b""
-                with cv:
-                    seq[0] += 1
-                    heapq.heappush(ready, (time.perf_counter() + mine.latency_s, seq[0], kind, payload))
-                    cv.notify()
-                if kind == END:
-                    return
+            try:
+                while True:
+                    length, kind = _FRAME.unpack(_recv_exact(conn, _FRAME.size))
+                    payload = _recv_exact(conn, length) if length else b""
+                    with cv:
+                        seq[0] += 1
+                        heapq.heappush(ready, (time.perf_counter() + latency_s, seq[0], kind, payload))
+                        cv.notify()
+                    if kind == END:
+                        return
+            except (OSError, ConnectionError):
+                return  # the parent died: the lease check below takes over
 
-        threads = [threading.Thread(target=reader, args=(c,), daemon=True) for c in conns]
-        for t in threads:
-            t.start()
+        for c in conns:
+            threading.Thread(target=reader, args=(c, mine.latency_s), daemon=True).start()
         got: set[tuple[int, int]] = set()
-        ends = rejected = nbytes = 0
+        rejected = duplicates = nbytes = 0
         expected: tuple[int, int] | None = None
-        deadline = time.perf_counter() + spec.timeout_s
-        while (ends < len(conns) or expected is None or len(got) < expected[0]) and time.perf_counter() < deadline:
+        resumed_at: float | None = None
+        last = time.perf_counter()
+        deadline = last + spec.timeout_s
+        while (expected is None or len(got) < expected[0]) and time.perf_counter() < deadline:
+            if resumed_at is None and time.perf_counter() - last > spec.lease_s:
+                resumed_at = time.time()  # the relay's lease expired: fetch what is missing from the trainer
+                conn = socket.create_connection((HOST, resume_port), timeout=spec.timeout_s)
+                ids = np.array(sorted(got), dtype="<u4").reshape(-1, 2)
+                conn.sendall(struct.pack("<I", len(ids)) + ids.tobytes())
+                threading.Thread(target=reader, args=(conn, 0.0), daemon=True).start()
             with cv:
-                while not ready or ready[0][0] > time.perf_counter():
-                    cv.wait(timeout=max(0.0005, ready[0][0] - time.perf_counter()) if ready else 0.05)
-                    if time.perf_counter() >= deadline:
-                        break
-                if not ready:
+                if not ready or ready[0][0] > time.perf_counter():
+                    cv.wait(timeout=max(0.0005, ready[0][0] - time.perf_counter()) if ready else 0.02)
                     continue
                 _, _, kind, payload = heapq.heappop(ready)
+            last = time.perf_counter()
             if kind == END:
-                ends += 1
                 continue
             end = D.parse_end(payload)
             if end is not None:
@@ -259,10 +307,12 @@ def worker_main(name: str, spec: TransferSpec, port_q: Any, ports_in: Any, resul
                 rejected += 1
                 continue
             nbytes += len(payload)
-            if (rec.tensor, rec.chunk) not in got:
-                got.add((rec.tensor, rec.chunk))
-                for s in senders:
-                    s.put(payload)
+            if (rec.tensor, rec.chunk) in got:
+                duplicates += 1
+                continue
+            got.add((rec.tensor, rec.chunk))
+            for s in senders:
+                s.put(payload)
         t_done = time.time()
         complete = expected is not None and len(got) == expected[0] and D.ids_crc(got) == expected[1]
         if expected is not None:
@@ -271,7 +321,8 @@ def worker_main(name: str, spec: TransferSpec, port_q: Any, ports_in: Any, resul
         for s in senders:
             s.close(spec.timeout_s)
         results.put((name, {"t_done": t_done, "records": len(got), "bytes": nbytes, "rejected": rejected,
-                            "complete": complete, "digest": D.state_digest(weights)}))
+                            "duplicates": duplicates, "complete": complete, "resumed_at": resumed_at,
+                            "digest": D.state_digest(weights)}))
     except Exception as exc:
         results.put((name, {"error": repr(exc)}))
 
@@ -290,30 +341,47 @@ def _get(q: Any, procs: list[Any], deadline: float) -> Any:
 
 def run_transfer(spec: TransferSpec) -> dict[str, Any]:
     """Run the trainer and one process per worker; return per-worker arrival times (s after the trainer
-    starts extracting), digests, and whether every worker ended bit-identical to the trainer.
+    starts extracting), digests, and whether every (surviving) worker ended bit-identical to the trainer.
 
-    Raises RuntimeError when a process fails or the run exceeds spec.timeout_s.
+    With spec.kill, that relay is SIGKILLed kill_after_s into the transfer; its children must detect
+    the silence within lease_s and resume from the trainer. Raises RuntimeError when another process
+    fails or the run exceeds spec.timeout_s.
     """
     ctx = mp.get_context("spawn")
     workers = spec.workers or [ln.child for ln in spec.links]
-    port_q, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    port_q, resume_q, results, go, finished = ctx.Queue(), ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
     ports_in = {w: ctx.Queue() for w in workers}
-    procs = [ctx.Process(target=worker_main, args=(w, spec, port_q, ports_in[w], results), daemon=True)
-             for w in workers]
-    for p in procs:
+    procs = {w: ctx.Process(target=worker_main, args=(w, spec, port_q, ports_in[w], results), daemon=True, name=w)
+             for w in workers}
+    for p in procs.values():
         p.start()
     deadline = time.time() + spec.timeout_s
+    killed_at = None
     try:
-        ports = dict(_get(port_q, procs, deadline) for _ in workers)
-        for w in workers:
-            ports_in[w].put(ports)
-        trainer = ctx.Process(target=trainer_main, args=(spec, ports, results, go), daemon=True)
+        ports = dict(_get(port_q, list(procs.values()), deadline) for _ in workers)
+        trainer = ctx.Process(target=trainer_main, args=(spec, ports, resume_q, results, go, finished),
+                              daemon=True, name="trainer")
         trainer.start()
-        procs.append(trainer)
+        resume_port = _get(resume_q, [trainer], deadline)
+        for w in workers:
+            ports_in[w].put((ports, resume_port))
+        watched = [p for w, p in procs.items() if w != spec.kill] + [trainer]
         go.set()
-        out = dict(_get(results, procs, deadline) for _ in range(len(workers) + 1))
+        out: dict[str, Any] = {}
+        expected = len(workers) + 1 - (1 if spec.kill else 0)
+        while len(out) < expected:
+            if spec.kill and killed_at is None:
+                time.sleep(spec.kill_after_s)
+                procs[spec.kill].kill()
+                killed_at = time.time()
+            name, report = _get(results, watched, deadline)
+            if name != spec.kill:
+                out[name] = report
+        finished.set()
+        procs["trainer"] = trainer
     finally:
-        for p in procs:
+        finished.set()
+        for p in procs.values():
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
@@ -321,10 +389,14 @@ def run_transfer(spec: TransferSpec) -> dict[str, Any]:
     if errors:
         raise RuntimeError(f"transfer processes failed: {errors}")
     t0 = out["trainer"]["t_start"]
-    return {"arrival_s": {w: out[w]["t_done"] - t0 for w in workers},
-            "identical": all(out[w]["digest"] == out["trainer"]["digest"] and out[w]["complete"] for w in workers),
+    alive = [w for w in workers if w != spec.kill]
+    return {"arrival_s": {w: out[w]["t_done"] - t0 for w in alive},
+            "identical": all(out[w]["digest"] == out["trainer"]["digest"] and out[w]["complete"] for w in alive),
             "payload_bytes": out["trainer"]["payload_bytes"], "records": out["trainer"]["records"],
-            "encode_s": out["trainer"]["t_encoded"] - t0, "workers": {w: out[w] for w in workers}}
+            "encode_s": out["trainer"]["t_encoded"] - t0, "killed": spec.kill,
+            "detection_s": {w: out[w]["resumed_at"] - killed_at for w in alive
+                            if out[w]["resumed_at"] and killed_at},
+            "workers": {w: out[w] for w in alive}}
 
 
 def spec_from_plan(problem: Any, plan: Any, **overrides: Any) -> TransferSpec:
