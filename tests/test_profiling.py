@@ -249,3 +249,24 @@ def test_bad_and_truncated_profile_files(tmp_path) -> None:
         load_profile(bad)
     with pytest.raises(InputError, match="truncated.json"):
         validate(Cluster, {"profile": str(truncated)}, file=tmp_path / "problem.yaml")
+
+
+def test_a_solver_accepts_a_merged_profile_as_its_cluster(tmp_path) -> None:
+    import yaml
+
+    from gpuplan import api
+
+    merged = merge_profiles([make_profile("v0", type_name="V100", tflops=100.0),
+                             make_profile("p0", type_name="P100", tflops=20.0)],
+                            [parse_link("v0:p0:25Gbps:10us")])
+    merged.save(tmp_path / "cluster.json")
+    (tmp_path / "problem.yaml").write_text(yaml.safe_dump({
+        "kind": "oef", "cluster": {"profile": "cluster.json"},
+        "job_types": {"resnet": {"V100": 3.0, "P100": 1.5}, "lstm": {"V100": 2.0, "P100": 1.8}},
+        "tenants": [{"name": "a", "jobs": [{"name": "r", "type": "resnet", "gpus": 2}]},
+                    {"name": "b", "jobs": [{"name": "l", "type": "lstm", "gpus": 2}]}]}))
+    problem = api.load_problem(tmp_path / "problem.yaml", "oef")
+    assert problem.cluster.capacity() == {"V100": 4, "P100": 4}
+    plan = api.solve(problem, time_limit_s=10)
+    assert plan.ok
+    assert api.check(problem, plan) == []

@@ -148,6 +148,8 @@ class StackCheck(Schema):
     rel_error: float = Field(description="(predicted - measured) / measured")
     measured_spread: float = Field(default=0.0, ge=0)
     table_predicted_s: Seconds | None = Field(default=None, ge=0, description="k x the table's per-layer cost")
+    predicted_min_s: Seconds | None = Field(default=None, ge=0, description="k x the fastest per-layer run")
+    measured_min_s: Seconds | None = Field(default=None, ge=0, description="the fastest end-to-end run")
 
 
 class Profile(Schema):

@@ -252,7 +252,9 @@ def validate_stacks(table: LayerTable, device: Any, *, stacks: tuple[int, ...] =
     timed again exactly as the table times it, then every stack end to end; predicted = k x the
     median per-layer cost, measured = the median stack time. Interleaving the two keeps a change
     of machine load between them from passing for a prediction error. `table_predicted_s` is
-    k x the table's own figure. Times in seconds; rel_error = (predicted - measured) / measured.
+    k x the table's own figure. The *_min_s figures use the fastest run instead of the median (the
+    estimate least disturbed by other work on a shared machine). Times in seconds;
+    rel_error = (predicted - measured) / measured.
     """
     import torch
 
@@ -264,16 +266,20 @@ def validate_stacks(table: LayerTable, device: Any, *, stacks: tuple[int, ...] =
     layer_part = _parts(cfg, mb, seq, device, tdtype, chain)[0]
     steps = {k: _stack_step(cfg, k, mb, seq, device, table.dtype) for k in stacks}
     per_layer: list[float] = []
+    per_layer_min = float("inf")
     measured: dict[int, list[float]] = {k: [] for k in stacks}
+    measured_min: dict[int, float] = {k: float("inf") for k in stacks}
     spreads: dict[int, float] = {}
     for r in range(rounds):
         if progress is not None:
             progress(f"validate: round {r + 1} of {rounds}")
         fwd, bwd = _time_part(layer_part, device, repeats)
         per_layer.append(fwd.median_s + bwd.median_s)
+        per_layer_min = min(per_layer_min, fwd.min_s + bwd.min_s)
         for k, step in steps.items():
             spread = measure(step, device=device, warmup=1, repeats=repeats)
             measured[k].append(spread.median_s)
+            measured_min[k] = min(measured_min[k], spread.min_s)
             spreads[k] = max(spreads.get(k, 0.0), spread.rel_spread)
     layer_s = spread_of(per_layer).median_s
     out = []
@@ -281,5 +287,6 @@ def validate_stacks(table: LayerTable, device: Any, *, stacks: tuple[int, ...] =
         m = spread_of(measured[k]).median_s
         out.append(StackCheck(layers=k, micro_batch=mb, seq_len=seq, predicted_s=k * layer_s, measured_s=m,
                               rel_error=(k * layer_s - m) / m, measured_spread=spreads[k],
-                              table_predicted_s=predicted_stack_s(table, k, mb, seq)))
+                              table_predicted_s=predicted_stack_s(table, k, mb, seq),
+                              predicted_min_s=k * per_layer_min, measured_min_s=measured_min[k]))
     return out

@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=ProfileOptions.model)
     parser.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     parser.add_argument("--no-layers", action="store_true")
+    parser.add_argument("--max-bytes", type=int, default=None, help="largest collective message (bytes)")
     args = parser.parse_args(argv)
     topo = topology_from_env()
     cuda = args.device != "cpu" and torch.cuda.is_available()
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend, init_method="env://")
     try:
         options = ProfileOptions(quick=args.quick, model=args.model, layers=not args.no_layers)
-        profile = profile_ranks(topo, options, backend=backend)
+        profile = profile_ranks(topo, options, backend=backend, max_message_bytes=args.max_bytes)
         if profile is not None:
             profile.save(args.output)
             print(f"profile of {len(profile.nodes)} node(s), {topo.world} rank(s) written to {args.output}")
