@@ -1,8 +1,9 @@
 """AuroraRL solvers: bandwidth-aware relay trees and rollout splits, an exact CP-SAT reference, baselines.
 
 aurora (paper)     sparse delta; relay trees built greedily (earliest arrival; best objective),
-                   one relay per region, and the star; each improved by local search (re-parent
-                   or drop a worker) on the objective with the water-filled rollout split; fewest
+                   one relay per region, and the star; each improved by local search (re-parent,
+                   drop or swap workers) on the objective with the water-filled rollout split, ties
+                   broken by the earlier arrival of the weights; fewest
                    streams per edge that reach its share of the uplink
 exact              CP-SAT over tree, fan-out-shared rates and the integer split (small instances)
 dense-broadcast    full checkpoint from the trainer to every worker, one stream each, split by throughput
@@ -41,21 +42,37 @@ def _plan(problem: AuroraProblem, tree: dict[str, str], payload: str, split: dic
     return finish_plan(problem, plan)
 
 
-def _score(problem: AuroraProblem, tree: dict[str, str]) -> float:
-    """Return the objective of a tree with the water-filled split (inf when it cannot take the batch)."""
+def _score(problem: AuroraProblem, tree: dict[str, str]) -> tuple[float, float]:
+    """Return (objective, latest arrival) of a tree with the water-filled split; (inf, inf) when it
+    cannot take the batch. The arrival breaks ties: among equal step times, ship the weights sooner."""
     if not tree:
-        return math.inf
+        return math.inf, math.inf
     D = problem.delta_bytes()
     edges = tree_edges(problem, tree)
+    arrival = arrival_times(problem, edges, D)
     try:
-        t, split = best_split(problem, arrival_times(problem, edges, D), problem.max_staleness)
+        t, split = best_split(problem, arrival, problem.max_staleness)
     except ValueError:
-        return math.inf
+        return math.inf, math.inf
+    latest = max(arrival[w] for w in split)
     if problem.objective == "step_time":
-        return t
+        return t, latest
     plan = AuroraPlan(kind="aurora", status=Status.FEASIBLE, payload_bytes=D, edges=edges, rollout=split,
                       staleness=problem.max_staleness)
-    return objective_value(problem, metrics(problem, plan))
+    return objective_value(problem, metrics(problem, plan)), latest
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """True when score a beats b: a clearly smaller objective, or an equal one with an earlier arrival."""
+    tol = 1e-9 * max(1.0, abs(b[0])) if math.isfinite(b[0]) else 0.0
+    return a[0] < b[0] - tol or (abs(a[0] - b[0]) <= tol and a[1] < b[1] - 1e-9 * max(1.0, b[1]))
+
+
+def _swap(tree: dict[str, str], u: str, v: str) -> dict[str, str]:
+    """Return the tree with workers u and v exchanging their places (parents and children)."""
+    sigma = {u: v, v: u}
+    out = {sigma.get(c, c): sigma.get(p, p) for c, p in tree.items()}
+    return out
 
 
 def _subtree(tree: dict[str, str], root: str) -> set[str]:
@@ -81,7 +98,7 @@ def greedy_tree(problem: AuroraProblem, by_objective: bool = False) -> dict[str,
             for p in [TRAINER] + list(tree):
                 trial = {**tree, w: p}
                 arr = arrival_times(problem, tree_edges(problem, trial), D)
-                first = _score(problem, trial) if by_objective else max(arr.values())
+                first = _score(problem, trial)[0] if by_objective else max(arr.values())
                 key = (first, arr[w], left.index(w), p, w)
                 if best is None or key < best:
                     best = key
@@ -108,12 +125,14 @@ def region_relay_tree(problem: AuroraProblem) -> dict[str, str]:
 
 
 def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, stats: dict[str, Any]) -> dict[str, str]:
-    """Improve a tree by re-parenting single workers or dropping leaves while the objective improves."""
+    """Improve a tree while the score improves: re-parent one worker (with its subtree), drop a leaf,
+    or swap two workers' places (which also promotes a child above its parent)."""
     best = _score(problem, tree)
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
-        for w in problem.worker_names():
+        names = problem.worker_names()
+        for w in names:
             if time.perf_counter() >= deadline:
                 break
             below = _subtree(tree, w) if w in tree else {w}
@@ -123,10 +142,11 @@ def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, 
                     options.append({**tree, w: p})
             if w in tree and not any(p == w for p in tree.values()) and len(tree) > 1:
                 options.append({c: p for c, p in tree.items() if c != w})
+            options += [_swap(tree, w, v) for v in names if v > w and v in tree and w in tree]
             for trial in options:
                 stats["candidates"] += 1
                 score = _score(problem, trial)
-                if score < best - 1e-12 * abs(best):
+                if _better(score, best):
                     tree, best, improved = trial, score, True
                     stats["improvements"] += 1
                     break
@@ -143,14 +163,14 @@ def solve_aurora(problem: AuroraProblem, *, time_limit_s: float | None = None, s
     starts = [greedy_tree(problem), region_relay_tree(problem), _star(problem)]
     if len(starts[0]) <= 24:
         starts.append(greedy_tree(problem, by_objective=True))
-    stats["start_objectives"] = [_score(problem, t) for t in starts]
-    best_tree, best = starts[0], math.inf
+    stats["start_objectives"] = [_score(problem, t)[0] for t in starts]
+    best_tree, best = starts[0], (math.inf, math.inf)
     for i, tree in enumerate(starts):
         if search:
             progress(0.1 + 0.9 * i / len(starts), "local search")
             tree = local_search(problem, tree, deadline, stats)
         score = _score(problem, tree)
-        if score < best:
+        if _better(score, best):
             best_tree, best = tree, score
     plan = _plan(problem, best_tree, "delta")
     plan.solver = SolverInfo(name="aurora", stats=stats)
