@@ -9,8 +9,9 @@ workers, and transfer overlaps rollout under a staleness bound.
 Cost model (our reconstruction of the paper's, see docs/aurora.md):
   edge rate      r_e <= min(link bandwidth, streams * per-stream rate); sum of a node's child
                  rates <= its uplink (solvers give children a fair share of the uplink)
-  arrival        F_c = b/X + sum over path edges (latency_e + b/r_e) + (D - b)/min(X, R_c)
-                 D payload bytes, b chunk bytes, X extraction rate, R_c bottleneck rate on the path
+  arrival        F_c = c/X + sum over path edges (latency_e + b/r_e) + (D - b)/min(X D/dense, R_c)
+                 D payload bytes, c dense bytes of a chunk, b = c D/dense bytes of its record,
+                 X extraction rate (dense bytes/s), R_c bottleneck rate on the path
   step time      T = max(T_train, gen_i, F_i, (T_train + F_i + gen_i)/(s + 1)) over active workers i,
                  gen_i = n_i * tokens_per_sample / tokens_per_s_i, s the staleness (0 = synchronous)
   ideal          the same with F = 0 (single-datacenter RDMA); gap = T / T_ideal - 1
@@ -229,20 +230,29 @@ class AuroraPlan(Plan):
 
 # ---------------------------------------------------------------- cost model
 
+def extraction(problem: AuroraProblem, payload_bytes: float) -> tuple[float, float, float]:
+    """Return (seconds to extract the first chunk, extraction rate in payload bytes/s, record bytes)."""
+    dense = problem.dense_bytes()
+    X = problem.trainer.extract_GBps * 1e9
+    chunk = min(problem.chunk_bytes, dense)
+    share = payload_bytes / dense
+    return chunk / X, X * share, chunk * share
+
+
 def arrival_times(problem: AuroraProblem, edges: list[Edge], payload_bytes: float) -> dict[str, float]:
     """Return the time (s) each worker in the tree holds the whole payload (pipelined relays).
 
-    F_c = b/X + sum_path(latency + b/r) + (D - b)/min(X, bottleneck rate); raises ValueError when
-    the edges do not form a tree rooted at the trainer.
+    F_c = c/X + sum_path(latency + b/r) + (D - b)/min(X*D/dense, bottleneck rate), with c the dense
+    bytes of a chunk, b = c*D/dense the bytes of its record and X the extraction rate in dense
+    bytes/s; raises ValueError when the edges do not form a tree rooted at the trainer.
     """
     parent = {e.child: e for e in edges}
-    X = problem.trainer.extract_GBps * 1e9
-    b = min(problem.chunk_bytes, payload_bytes)
+    first, Xp, b = extraction(problem, payload_bytes)
     out: dict[str, float] = {}
 
     def visit(node: str, depth: int) -> tuple[float, float]:  # (path seconds, bottleneck B/s)
         if node == TRAINER:
-            return b / X, X
+            return first, Xp
         if depth > len(parent):
             raise ValueError(f"the edges form a cycle through {node!r}")
         e = parent.get(node)

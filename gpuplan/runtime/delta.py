@@ -330,6 +330,24 @@ def _record_crc(head_without_crc: bytes, idata: bytes, vdata: bytes) -> int:
     return zlib.crc32(vdata, zlib.crc32(idata, zlib.crc32(head_without_crc))) & 0xFFFFFFFF
 
 
+def check_record(buf: bytes | memoryview) -> tuple[int, int]:
+    """Verify one record's length and checksum without decoding it; return its (tensor, chunk) id.
+
+    Cheap (one CRC pass), so relays can forward a verified record before decoding and applying it.
+    Raises DeltaError on a truncated or corrupted record.
+    """
+    view = memoryview(buf)
+    if len(view) < _REC.size:
+        raise DeltaError("truncated record header")
+    (magic, tensor, chunk, n, k, ienc, venc, width, low, ilen, vlen, crc, base_crc) = _REC.unpack_from(view, 0)
+    if magic != _REC_MAGIC or len(view) != _REC.size + ilen + vlen:
+        raise DeltaError(f"record (tensor {tensor}, chunk {chunk}) is truncated or not a record")
+    head = _REC.pack(_REC_MAGIC, tensor, chunk, n, k, ienc, venc, width, low, ilen, vlen, 0, base_crc)
+    if _record_crc(head, view[_REC.size:_REC.size + ilen], view[_REC.size + ilen:]) != crc:
+        raise DeltaError(f"checksum mismatch in record (tensor {tensor}, chunk {chunk})")
+    return tensor, chunk
+
+
 def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
     """Parse and verify the record at `offset`; return it and the offset after it.
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuplan.errors import InfeasibleError
 from gpuplan.models.aurora import (TRAINER, AuroraPlan, AuroraProblem, arrival_times, best_split, edge_rate,
-                                   finish_plan, metrics, objective_value, step_time, tree_edges)
+                                   extraction, finish_plan, metrics, objective_value, step_time, tree_edges)
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
 
@@ -230,9 +230,9 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     W = len(names)
     nodes = [TRAINER] + names
     D = problem.delta_bytes()
-    b = min(problem.chunk_bytes, D)
-    X = problem.trainer.extract_GBps
-    rate = {(p, c, f): min(edge_rate(problem, nodes[p], nodes[c], f), X)
+    first_s, Xp, b = extraction(problem, D)
+    X = Xp / 1e9  # extraction rate in payload GB/s: the trainer's level
+    rate = {(p, c, f): edge_rate(problem, nodes[p], nodes[c], f)
             for p in range(W + 1) for c in range(1, W + 1) if p != c for f in range(1, W + 1)}
     levels = sorted(set(rate.values()) | {X})
     li = {v: i for i, v in enumerate(levels)}
@@ -244,7 +244,7 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     train_us = round(problem.trainer.train_time_s * US)
     B, s = problem.batch_samples, problem.max_staleness
     horizon = train_us + max(tail_us) + W * (max(hop_us) + max(lat_us.values(), default=0)) + \
-        B * max(spc_us) + round(b / (X * 1e9) * US) + 1
+        B * max(spc_us) + round(first_s * US) + 1
 
     m = cp_model.CpModel()
     x = {(p, c): m.NewBoolVar(f"x{p}_{c}") for p in range(W + 1) for c in range(1, W + 1) if p != c}
@@ -252,7 +252,7 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     depth = [m.NewConstant(0)] + [m.NewIntVar(0, W, f"d{c}") for c in range(1, W + 1)]
     fan = [m.NewIntVar(0, W, f"f{p}") for p in range(W + 1)]
     R = [m.NewConstant(li[X])] + [m.NewIntVar(0, len(levels) - 1, f"R{c}") for c in range(1, W + 1)]
-    path = [m.NewConstant(round(b / (X * 1e9) * US))] + [m.NewIntVar(0, horizon, f"P{c}") for c in range(1, W + 1)]
+    path = [m.NewConstant(round(first_s * US))] + [m.NewIntVar(0, horizon, f"P{c}") for c in range(1, W + 1)]
     F = [None] + [m.NewIntVar(0, 2 * horizon, f"F{c}") for c in range(1, W + 1)]
     n = [None] + [m.NewIntVar(0, B, f"n{c}") for c in range(1, W + 1)]
     act = [None] + [m.NewBoolVar(f"a{c}") for c in range(1, W + 1)]
