@@ -13,7 +13,7 @@ Position encodings (per chunk, smallest chosen; n elements in the chunk, k chang
   ALL     k == n: no positions at all
   RAW32   4k bytes (little-endian uint32 positions)
   VARINT  gaps between sorted positions as LEB128 varints
-  EF      Elias-Fano (bit-packed gap code): k*L low bits + (k + n>>L + 1) unary high bits,
+  EF      Elias-Fano (bit-packed gap code): L planes of k low bits + (k + n>>L + 1) unary high bits,
           L = floor(log2(n/k)); within ~2 bits per change of the entropy bound n*H(k/n)
   BITMAP  ceil(n/8) bytes, one bit per element (wins when dense)
 
@@ -69,37 +69,30 @@ def bits(array: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- changed positions
 
-_scratch = threading.local()  # a reusable comparison mask per thread (avoids page faults per chunk)
+_scratch = threading.local()  # a reusable comparison mask per thread (no page faults per chunk)
 
 
 def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """Return the sorted positions (int64) where the bit patterns of `old` and `new` differ.
 
-    One pass compares 8-byte words into a mask; the mask is then scanned 8 words at a time, and
-    only changed groups, then changed words, are refined lane by lane, so the refinement touches
-    a small fraction of the data when few elements changed.
+    One pass compares 8-byte words into a reused mask; only the changed words are then compared
+    lane by lane, so the refinement touches a small fraction of the data when few elements changed.
     """
-    w = old.dtype.itemsize
-    n = old.size
-    per = 8 // w
-    nwords = n // per
+    per = 8 // old.dtype.itemsize
+    nwords = old.size // per
     body = nwords * per
     if per == 1 or nwords == 0:
         return np.flatnonzero(old != new)
     ow, nw = old[:body].view(np.uint64), new[:body].view(np.uint64)
-    padded = -(-nwords // 8) * 8
     scratch = getattr(_scratch, "mask", None)
-    if scratch is None or scratch.size < padded:
-        scratch = _scratch.mask = np.zeros(max(padded, CHUNK_ELEMS // 4), dtype=bool)
-    mask = scratch[:padded]
-    mask[nwords:] = False
-    np.not_equal(ow, nw, out=mask[:nwords])
-    groups = np.flatnonzero(mask.view(np.uint64))
-    inner = np.flatnonzero(mask.view(np.uint64)[groups].view(bool))
-    words = groups[inner >> 3] * 8 + (inner & 7)
+    if scratch is None or scratch.size < nwords:
+        scratch = _scratch.mask = np.empty(max(nwords, CHUNK_ELEMS // 4), dtype=bool)
+    mask = scratch[:nwords]
+    np.not_equal(ow, nw, out=mask)
+    words = np.flatnonzero(mask)
     lanes = np.flatnonzero(ow[words].view(old.dtype) != nw[words].view(old.dtype))
     pos = words[lanes // per] * per + lanes % per
-    if body < n:
+    if body < old.size:
         pos = np.concatenate([pos, np.flatnonzero(old[body:] != new[body:]) + body])
     return pos
 
@@ -141,21 +134,28 @@ def _ef_low_bits(n: int, k: int) -> int:
 
 
 def _pack(values: np.ndarray, width: int) -> bytes:
-    """Pack the low `width` bits of each value (< 2**32) big-endian into a bit string."""
+    """Pack the low `width` bits of each value as `width` bit planes (most significant first)."""
     if width == 0 or values.size == 0:
         return b""
-    as_bytes = values.astype(">u4").view(np.uint8).reshape(-1, 4)
-    bitm = np.unpackbits(as_bytes, axis=1)[:, 32 - width:]
-    return np.packbits(bitm.reshape(-1)).tobytes()
+    v = values.astype(np.uint32, copy=False)
+    return b"".join(np.packbits(((v >> np.uint32(j)) & np.uint32(1)).astype(np.uint8)).tobytes()
+                    for j in range(width - 1, -1, -1))
+
+
+def _plane_bytes(count: int, width: int) -> int:
+    return width * ((count + 7) // 8)
 
 
 def _unpack(buf: np.ndarray, count: int, width: int) -> np.ndarray:
     """Inverse of _pack: return `count` int64 values of `width` bits each."""
+    out = np.zeros(count, dtype=np.int64)
     if width == 0 or count == 0:
-        return np.zeros(count, dtype=np.int64)
-    bitm = np.zeros((count, 32), dtype=np.uint8)
-    bitm[:, 32 - width:] = np.unpackbits(buf, count=count * width).reshape(count, width)
-    return np.packbits(bitm, axis=1).view(">u4").reshape(-1).astype(np.int64)
+        return out
+    step = (count + 7) // 8
+    for i, j in enumerate(range(width - 1, -1, -1)):
+        plane = np.unpackbits(buf[i * step:(i + 1) * step], count=count)
+        out |= plane.astype(np.int64) << j
+    return out
 
 
 def _ef_encode(pos: np.ndarray, n: int, low: int) -> bytes:
@@ -169,7 +169,7 @@ def _ef_encode(pos: np.ndarray, n: int, low: int) -> bytes:
 
 def _ef_decode(buf: bytes, n: int, k: int, low: int) -> np.ndarray:
     b = np.frombuffer(buf, dtype=np.uint8)
-    nlow = (k * low + 7) // 8
+    nlow = _plane_bytes(k, low)
     nhigh = k + (n >> low) + 1
     if b.size != nlow + (nhigh + 7) // 8:
         raise DeltaError(f"elias-fano positions: {b.size} bytes, expected {nlow + (nhigh + 7) // 8}")
@@ -193,7 +193,7 @@ def index_sizes(pos: np.ndarray, n: int) -> dict[int, int]:
     low = _ef_low_bits(n, k)
     g = _gaps(pos)
     varint = int(k + sum(int(np.count_nonzero(g >= (1 << t))) for t in (7, 14, 21, 28)))
-    sizes = {RAW32: 4 * k, VARINT: varint, EF: (k * low + 7) // 8 + (k + (n >> low) + 8) // 8,
+    sizes = {RAW32: 4 * k, VARINT: varint, EF: _plane_bytes(k, low) + (k + (n >> low) + 8) // 8,
              BITMAP: (n + 7) // 8}
     if k == n:
         sizes[ALL] = 0
