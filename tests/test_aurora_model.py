@@ -170,3 +170,22 @@ def test_tokens_per_dollar_drops_expensive_slow_workers() -> None:
     problem = api.load_problem(doc, "aurora")
     plan = api.solve(problem)
     assert api.check(problem, plan) == [] and "w0" not in {e.child for e in plan.edges}
+
+
+def test_profile_links_replace_region_links() -> None:
+    from gpuplan.models.aurora import with_profile
+    from gpuplan.models.profile import ProfileLink
+
+    class FakeProfile:  # only the links of a profile are read
+        links = [ProfileLink(a="b", b="a", bandwidth_GBps="40 Mbps", latency_s="120 ms")]
+
+    problem = api.load_problem(EXAMPLES / "small-2regions.yaml")
+    measured = with_profile(problem, FakeProfile())
+    assert measured.link("a", "b").bandwidth_GBps == pytest.approx(0.005)
+    assert measured.link("a", "b").latency_s == pytest.approx(0.12)
+    assert measured.link("a", "a") == problem.link("a", "a")
+    slower = api.solve(measured).predicted["step_time_s"]
+    assert slower >= api.solve(problem).predicted["step_time_s"]
+    FakeProfile.links = [ProfileLink(a="x", b="y", bandwidth_GBps=1, latency_s=0)]
+    with pytest.raises(InputError, match="no link between"):
+        with_profile(problem, FakeProfile())

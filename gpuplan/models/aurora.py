@@ -539,6 +539,33 @@ def draw(problem: AuroraProblem, plan: AuroraPlan, path: Any) -> None:
     plt.close(fig)
 
 
+def with_profile(problem: AuroraProblem, profile: Any) -> AuroraProblem:
+    """Return the problem with measured link bandwidths and latencies from a profile.
+
+    A profile link between nodes named like two regions (or a node with itself, for the link inside
+    a region) replaces that region link's bandwidth and latency; the per-stream cap is kept (and
+    lowered to the measured bandwidth when above it). Raises InputError when no link matches.
+    """
+    from gpuplan.errors import InputError
+
+    measured = {frozenset((ln.a, ln.b)): ln for ln in profile.links}
+    links, used = [], 0
+    for ln in problem.links:
+        m = measured.get(frozenset((ln.a, ln.b)))
+        if m is None:
+            links.append(ln)
+            continue
+        used += 1
+        stream = min(ln.stream_GBps, m.bandwidth_GBps) if ln.stream_GBps else None
+        links.append(ln.model_copy(update={"bandwidth_GBps": m.bandwidth_GBps, "latency_s": m.latency_s,
+                                           "stream_GBps": stream}))
+    if not used:
+        have = ", ".join(sorted(f"{ln.a}-{ln.b}" for ln in profile.links)) or "none"
+        raise InputError(f"the profile measures no link between the problem's regions (profile links: {have}; "
+                         "name profiled nodes like the regions)", field="links")
+    return problem.model_copy(update={"links": links})
+
+
 register_model(ModelSpec("aurora", AuroraProblem, AuroraPlan, check, summarize=summarize, describe=describe,
-                         draw=draw, runner="gpuplan.runtime.aurora_net:run_plan",
+                         draw=draw, runner="gpuplan.runtime.aurora_net:run_plan", with_profile=with_profile,
                          title="AuroraRL: sparse-delta weight sync and bandwidth-aware assignment"))
