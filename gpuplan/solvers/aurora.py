@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuplan.errors import InfeasibleError
 from gpuplan.models.aurora import (TRAINER, AuroraPlan, AuroraProblem, arrival_times, best_split, edge_rate,
-                                   extraction, finish_plan, metrics, objective_value, step_time, tree_edges)
+                                   extraction, finish_plan, metrics, objective_value, tree_edges)
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
 
@@ -324,7 +324,3 @@ register_solver("aurora", "dense-multistream", _baseline("dense", True), role="b
 register_solver("aurora", "delta-naive", _baseline("delta", True), role="baseline",
                 description="sparse delta from the trainer to all, split by throughput (no bandwidth awareness)")
 
-
-def step_time_of(problem: AuroraProblem, plan: AuroraPlan) -> float:
-    """Return the step time (s) the cost model gives a plan."""
-    return step_time(problem, arrival_times(problem, plan.edges, plan.payload_bytes), plan.rollout, plan.staleness)
