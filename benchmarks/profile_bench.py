@@ -5,6 +5,8 @@ Run: .venv/bin/python benchmarks/profile_bench.py [--quick] [--model NAME] [--ro
 The per-layer cost is measured exactly as `gpuplan profile` measures it for its layer table
 (real gpuplan.runtime.gpt Blocks, CPU, fixed threads); the prediction for k layers is k times that
 cost; the measurement is one end-to-end forward+backward pass through k distinct stacked Blocks.
+With one thread per device both are timed by process CPU time, which other jobs on a shared
+machine do not inflate (wall time otherwise).
 The per-layer timing and the stacks are measured in interleaved rounds so that a change of
 machine load hits both (target: within 10% on CPU). Also printed: the prediction from the
 one-shot table taken before the rounds, and (without --quick) the alpha-beta fit quality of
@@ -72,7 +74,8 @@ def main() -> None:
     hidden = 256 if args.quick else 512
     rounds = args.rounds or (2 if args.quick else 3)
     print(f"profile benchmark: {args.model} scaled to hidden {hidden}, fp32, CPU with {threads} thread(s) "
-          f"per device ({os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}), {rounds} rounds")
+          f"per device ({os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}), {rounds} rounds, "
+          f"clock: {'process CPU time' if threads == 1 else 'wall'}")
     t0 = time.perf_counter()
     rows = stack_rows(args.model, shapes, hidden, rounds, 5 if args.quick else 4, threads)
     print(table_text(Table("stacks of layers: forward+backward, predicted = k x per-layer cost",

@@ -13,7 +13,7 @@ from gpuplan.errors import InputError
 from gpuplan.models.base import validate
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.profile import (AlphaBeta, CollectivePoint, CollectiveProfile, LayerCost, LayerTable,
-                                    MeasuredDeviceType, Profile, ProfileLink, ProfileNode, Spread, load_profile,
+                                    MeasuredDeviceType, Profile, ProfileLink, ProfileNode, load_profile,
                                     summary_tables)
 from gpuplan.models.workload import model_config, scaled
 from gpuplan.profiling import collectives as coll
@@ -77,6 +77,13 @@ def test_measure_refuses_a_wide_spread_after_re_measuring() -> None:
     assert sp.repeats == 8  # re-measured once with twice the repeats
     steady = measure(lambda: time.sleep(0.002), warmup=1, repeats=5, max_rel_spread=10.0)
     assert steady.reliable and steady.median_s >= 0.002
+
+
+def test_cpu_clock_does_not_count_waiting() -> None:
+    waiting = measure(lambda: time.sleep(0.01), warmup=0, repeats=3, clock="cpu", max_rel_spread=100.0)
+    assert waiting.median_s < 0.005
+    busy = measure(lambda: sum(range(200_000)), warmup=1, repeats=3, clock="cpu", max_rel_spread=100.0)
+    assert busy.median_s > 0
 
 
 def test_measure_runs_setup_untimed() -> None:

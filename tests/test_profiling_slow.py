@@ -122,3 +122,21 @@ def test_torchrun_single_node(tmp_path) -> None:
     assert len(profile.nodes) == 1 and profile.nodes[0].devices == {"cpu": 2}
     assert {c.op for c in profile.collectives} == set(coll.OPS)
     assert json.loads(out.read_text())["kind"] == "profile"
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not _has_cuda(), reason="needs a CUDA GPU (the CPU paths are tested above)")
+def test_cuda_quick_profile(tmp_path) -> None:
+    from gpuplan.profiling.profile import ProfileOptions, run_profile
+
+    profile = run_profile(ProfileOptions(device="cuda", quick=True, validate=True))
+    gpu = profile.device_types[0]
+    assert gpu.backend == "cuda" and gpu.matmul_tflops["fp32"] > 0 and gpu.copy_GBps and gpu.h2d_GBps
+    assert all(c.peak_bytes and c.activation_bytes > 0 for c in profile.layers[0].costs if c.part == "layer")
+    assert [v.layers for v in profile.validation] == [2, 4, 8]
+    load_profile(profile.save(tmp_path / "gpu.json"))

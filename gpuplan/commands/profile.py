@@ -14,8 +14,10 @@ DEFAULT_MODEL = "llama3-8b"
 
 
 def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
+    """Report `message` as the CLI reports bad input (exit code 2)."""
+    from gpuplan.cli import _fail as cli_fail
+
+    cli_fail(GpuplanError(message))
 
 
 def _under_torchrun() -> bool:

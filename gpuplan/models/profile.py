@@ -135,6 +135,8 @@ class LayerTable(Schema):
     scaling_note: str = ""
     dtype: str = "fp32"
     costs: list[LayerCost]
+    clock: Literal["wall", "cpu"] = Field(default="wall", description="cpu: process CPU time (single-threaded "
+                                          "CPU profiling, not inflated by other jobs on a shared machine)")
 
 
 class StackCheck(Schema):
@@ -272,7 +274,7 @@ def summary_tables(profile: Profile) -> list[Table]:
     for t in profile.layers:
         rows = [[c.part, c.micro_batch, c.seq_len, c.forward_s * 1e3, c.backward_s * 1e3,
                  c.activation_bytes / 2**20, c.forward_spread, c.backward_spread] for c in t.costs]
-        tables.append(Table(f"layers of {t.model} ({t.dtype})", ["part", "micro-batch", "seq", "forward ms",
+        tables.append(Table(f"layers of {t.model} ({t.dtype}, {t.clock} clock)", ["part", "micro-batch", "seq", "forward ms",
                                                                  "backward ms", "activations MiB", "fwd spread",
                                                                  "bwd spread"], rows))
     if profile.validation:

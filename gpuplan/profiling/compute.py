@@ -12,13 +12,14 @@ from typing import Any
 
 from gpuplan.models.catalog import canonical_name, catalog_entry
 from gpuplan.models.profile import MatmulPoint
-from gpuplan.profiling.timing import measure
+from gpuplan.profiling.timing import clock_for, measure
 
 CUDA_SIZES = [1024, 2048, 4096, 8192, 16384]
 CPU_SIZES = [256, 512, 1024, 2048]
 CPU_SIZES_QUICK = [256, 512]
 
-_TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# gpuplan dtype name -> torch dtype attribute (tf32 is fp32 storage with TF32 matmuls allowed)
+TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def catalog_match(device_name: str) -> str | None:
@@ -60,18 +61,18 @@ def matmul_point(device: Any, dtype: str, n: int, *, repeats: int = 5, budget_s:
     """Time one n x n matmul in `dtype` on `device`; return the point with its TFLOP/s (1e12 FLOP/s)."""
     import torch
 
-    tdtype = getattr(torch, _TORCH_DTYPES[dtype])
-    g = torch.Generator(device="cpu").manual_seed(n)
-    a = torch.randn(n, n, generator=g).to(device=device, dtype=tdtype)
-    b = torch.randn(n, n, generator=g).to(device=device, dtype=tdtype)
-    out = torch.empty(n, n, device=device, dtype=tdtype)
+    tdtype = getattr(torch, TORCH_DTYPES[dtype])
     is_cuda = str(device).startswith("cuda")
+    g = torch.Generator(device=device if is_cuda else "cpu").manual_seed(n)
+    a = torch.randn(n, n, generator=g, device=device, dtype=tdtype)
+    b = torch.randn(n, n, generator=g, device=device, dtype=tdtype)
+    out = torch.empty(n, n, device=device, dtype=tdtype)
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     if is_cuda:
         torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:
         timing = measure(lambda: torch.matmul(a, b, out=out), device=device, warmup=2, repeats=repeats,
-                         budget_s=budget_s)
+                         budget_s=budget_s, clock=clock_for(device))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
     return MatmulPoint(dtype=dtype, n=n, tflops=2.0 * n ** 3 / timing.median_s / 1e12, timing=timing)

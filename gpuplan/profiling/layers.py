@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 from gpuplan.models.profile import LayerCost, LayerTable, StackCheck
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_config, scaled
-from gpuplan.profiling.timing import measure, spread_of
+from gpuplan.profiling.compute import TORCH_DTYPES
+from gpuplan.profiling.timing import clock_for, measure, spread_of
 
-_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclass(frozen=True)
@@ -154,9 +154,10 @@ def _time_part(part: _Part, device: Any, repeats: int) -> tuple[Any, Any]:
         y = part.forward(part.make_input())
         held["y"], held["g"] = y, torch.ones_like(y)
 
-    fwd = measure(forward, device=device, warmup=2, repeats=repeats, setup=setup_forward)
+    clock = clock_for(device)
+    fwd = measure(forward, device=device, warmup=2, repeats=repeats, setup=setup_forward, clock=clock)
     bwd = measure(lambda: held["y"].backward(held["g"]), device=device, warmup=2, repeats=repeats,
-                  setup=setup_backward)
+                  setup=setup_backward, clock=clock)
     held.clear()
     if part.chain > 1:
         fwd, bwd = _per_application(fwd, part.chain), _per_application(bwd, part.chain)
@@ -199,7 +200,7 @@ def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int 
     """Return the LayerTable of `plan` measured on `device` (times in s, activations in bytes)."""
     import torch
 
-    tdtype = getattr(torch, _TORCH_DTYPES[plan.dtype])
+    tdtype = getattr(torch, TORCH_DTYPES[plan.dtype])
     chain = 2 if str(device).startswith("cuda") else 4
     costs = []
     for mb in plan.micro_batches:
@@ -214,7 +215,8 @@ def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int 
                                        forward_spread=fwd.rel_spread, backward_spread=bwd.rel_spread,
                                        peak_bytes=peak))
     return LayerTable(model=plan.config.name, config=plan.config.model_dump(mode="json"),
-                      scaled_from=plan.scaled_from, scaling_note=plan.note, dtype=plan.dtype, costs=costs)
+                      scaled_from=plan.scaled_from, scaling_note=plan.note, dtype=plan.dtype, costs=costs,
+                      clock=clock_for(device))
 
 
 def predicted_stack_s(table: LayerTable, layers: int, micro_batch: int, seq_len: int) -> float:
@@ -232,7 +234,7 @@ def _stack_step(cfg: TransformerConfig, layers: int, micro_batch: int, seq_len: 
 
     from gpuplan.runtime import gpt
 
-    tdtype = getattr(torch, _TORCH_DTYPES[dtype])
+    tdtype = getattr(torch, TORCH_DTYPES[dtype])
     stack = torch.nn.Sequential(*[gpt.block(cfg, i) for i in range(layers)]).to(device=device, dtype=tdtype)
     g = torch.Generator().manual_seed(micro_batch * 100003 + seq_len)
     x0 = torch.randn(micro_batch, seq_len, cfg.hidden, generator=g).to(device=device, dtype=tdtype)
@@ -261,7 +263,7 @@ def validate_stacks(table: LayerTable, device: Any, *, stacks: tuple[int, ...] =
     cfg = TransformerConfig.model_validate(table.config)
     first = next(c for c in table.costs if c.part == "layer")
     mb, seq = first.micro_batch, first.seq_len
-    tdtype = getattr(torch, _TORCH_DTYPES[table.dtype])
+    tdtype = getattr(torch, TORCH_DTYPES[table.dtype])
     chain = 2 if str(device).startswith("cuda") else 4
     layer_part = _parts(cfg, mb, seq, device, tdtype, chain)[0]
     steps = {k: _stack_step(cfg, k, mb, seq, device, table.dtype) for k in stacks}
@@ -277,7 +279,7 @@ def validate_stacks(table: LayerTable, device: Any, *, stacks: tuple[int, ...] =
         per_layer.append(fwd.median_s + bwd.median_s)
         per_layer_min = min(per_layer_min, fwd.min_s + bwd.min_s)
         for k, step in steps.items():
-            spread = measure(step, device=device, warmup=1, repeats=repeats)
+            spread = measure(step, device=device, warmup=1, repeats=repeats, clock=clock_for(device))
             measured[k].append(spread.median_s)
             measured_min[k] = min(measured_min[k], spread.min_s)
             spreads[k] = max(spreads.get(k, 0.0), spread.rel_spread)

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from gpuplan.models.profile import Spread
-from gpuplan.profiling.timing import measure
+from gpuplan.profiling.timing import clock_for, measure
 
 MiB = 1 << 20
 
@@ -31,7 +31,7 @@ def copy_bandwidth(device: Any, size_bytes: int = 64 * MiB, *, repeats: int = 5)
     n = size_bytes // 4
     src = torch.ones(n, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    timing = measure(lambda: dst.copy_(src), device=device, warmup=2, repeats=repeats)
+    timing = measure(lambda: dst.copy_(src), device=device, warmup=2, repeats=repeats, clock=clock_for(device))
     return 2.0 * n * 4 / timing.median_s / 1e9, timing
 
 

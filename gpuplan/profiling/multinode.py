@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
-from gpuplan.models.profile import LayerTable, Profile, ProfileLink, ProfileNode
+from gpuplan.models.profile import LayerTable, Profile, ProfileNode
 from gpuplan.profiling import collectives as coll
 from gpuplan.profiling import layers
 from gpuplan.profiling.merge import merge_same_types

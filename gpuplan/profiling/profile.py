@@ -11,7 +11,7 @@ import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from gpuplan.models.profile import (CollectiveProfile, MeasuredDeviceType, Profile, ProfileLink, ProfileNode)
 from gpuplan.profiling import collectives as coll
@@ -121,8 +121,9 @@ def local_devices(kind: str, options: ProfileOptions, progress: Callable[[str], 
     for i in range(torch.cuda.device_count()):
         torch_name = torch.cuda.get_device_name(i)
         match = compute.catalog_match(torch_name)
-        out.append((f"cuda:{i}", measure_device(f"cuda:{i}", quick=options.quick, name=match or torch_name,
-                                                catalog_name=match, progress=progress)))
+        with torch.cuda.device(i):  # CUDA events are recorded on the current device's stream
+            out.append((f"cuda:{i}", measure_device(f"cuda:{i}", quick=options.quick, name=match or torch_name,
+                                                    catalog_name=match, progress=progress)))
     return out
 
 
@@ -162,13 +163,14 @@ def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress =
     notes: list[str] = []
     if kind == "cpu":
         notes.append(f"no GPU profiled: the CPU counts as {options.cpu_ranks} devices of "
-                     f"{types[0].threads} thread(s) each (gloo processes)")
+                     f"{types[0].threads} thread(s) each (gloo processes)"
+                     + ("; matmul, copy and layers timed by process CPU time" if types[0].threads == 1 else ""))
     collectives: list[CollectiveProfile] = []
     links: list[ProfileLink] = []
     n = len(measured) if kind == "cuda" else options.cpu_ranks
     if options.collectives and n >= 2:
         step(f"collectives among {n} {'GPUs (NCCL)' if kind == 'cuda' else 'CPU processes (gloo)'}")
-        top = (64 if kind == "cuda" and options.quick else 256 if kind == "cuda" else 64) * coll.MiB
+        top = (256 if kind == "cuda" and not options.quick else 64) * coll.MiB
         collectives = coll.measure_local(
             n, backend="nccl" if kind == "cuda" else "gloo", node=host,
             sizes=coll.sizes_between(4 * coll.KiB, top, 8 if options.quick else 4),
@@ -180,12 +182,14 @@ def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress =
         done += 1
     tables, checks = [], []
     if options.layers:
-        dev, dtype = measured[0]
+        dev, dev_type = measured[0]
+        if kind == "cuda":
+            torch.cuda.set_device(dev)
         plan = layers.layer_plan(options.model, dev, quick=options.quick)
         if plan.note:
             notes.append(plan.note)
-        with torch_threads(dtype.threads or torch.get_num_threads()):
-            tables.append(layers.layer_table(plan, dev, dtype.name, repeats=3 if options.quick else 5,
+        with torch_threads(dev_type.threads or torch.get_num_threads()):
+            tables.append(layers.layer_table(plan, dev, dev_type.name, repeats=3 if options.quick else 5,
                                              progress=step))
             done += 1
             if options.validate:

@@ -1,8 +1,10 @@
 """Timing of one measurement: warm-up, repeated timed runs, median and spread, refusal of wide spreads.
 
-On CPU a run is timed with `time.perf_counter`; on CUDA with a pair of CUDA events around the run
-and a synchronisation before reading them, so asynchronous kernel launches are not mistaken for
-work done. A figure whose spread (p90 - p10) / median is wider than `max_rel_spread` is
+On CPU a run is timed with `time.perf_counter` (clock="wall") or, for single-threaded work on a
+machine shared with other jobs, with the process's CPU time (clock="cpu": time spent waiting for a
+core taken by someone else is not counted); on CUDA with a pair of CUDA events around the run and
+a synchronisation before reading them, so asynchronous kernel launches are not mistaken for work
+done. A figure whose spread (p90 - p10) / median is wider than `max_rel_spread` is
 re-measured with twice the repeats (up to `retries` times) and, if still too wide, marked
 unreliable (`Spread.reliable = False`) so the caller can say so.
 """
@@ -34,14 +36,22 @@ def spread_of(times_s: list[float], max_rel_spread: float = DEFAULT_MAX_REL_SPRE
                   rel_spread=rel, reliable=rel <= max_rel_spread)
 
 
-def timer_for(device: Any) -> Callable[[Callable[[], Any]], float]:
+def clock_for(device: Any) -> str:
+    """Return the clock to time work on `device` with: "cpu" (process CPU time) for single-threaded
+    CPU work, which other jobs on a shared machine do not inflate; "wall" otherwise."""
+    import torch
+
+    return "cpu" if not str(device).startswith("cuda") and torch.get_num_threads() == 1 else "wall"
+
+
+def timer_for(device: Any, clock: str = "wall") -> Callable[[Callable[[], Any]], float]:
     """Return a function that runs fn() once on `device` and returns its duration in seconds.
 
     CUDA devices are timed with a pair of events and a synchronisation; anything else with
-    time.perf_counter.
+    time.perf_counter, or time.process_time when `clock` is "cpu".
     """
     if not str(device).startswith("cuda"):
-        return _cpu_timer
+        return _process_timer if clock == "cpu" else _cpu_timer
     import torch
 
     def timed(fn: Callable[[], Any]) -> float:
@@ -62,18 +72,25 @@ def _cpu_timer(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def _process_timer(fn: Callable[[], Any]) -> float:
+    t0 = time.process_time()
+    fn()
+    return time.process_time() - t0
+
+
 def measure(fn: Callable[[], Any], *, device: Any = "cpu", warmup: int = 2, repeats: int = 5,
             setup: Callable[[], Any] | None = None, max_rel_spread: float = DEFAULT_MAX_REL_SPREAD,
-            retries: int = 1, budget_s: float | None = None) -> Spread:
+            retries: int = 1, budget_s: float | None = None, clock: str = "wall") -> Spread:
     """Time `fn()` and return its Spread in seconds.
 
     `setup()` (untimed) runs before every call, e.g. a forward pass before a timed backward.
     `device` is "cpu" or a CUDA device (str or torch.device): CUDA runs are timed with events.
     A spread wider than `max_rel_spread` triggers up to `retries` re-measurements with twice the
     repeats; a figure still too wide comes back with `reliable=False`. `budget_s` caps the time
-    spent: repeats stop early (never below 3) once it is used up.
+    spent: repeats stop early (never below 3) once it is used up. `clock` "cpu" times CPU work by
+    the process's CPU time (see the module docstring).
     """
-    timer = timer_for(device)
+    timer = timer_for(device, clock)
     for _ in range(warmup):
         if setup is not None:
             setup()
