@@ -378,7 +378,8 @@ def streams_needed(problem: AuroraProblem, parent: str, child: str, rate_GBps: f
 
 
 def metrics(problem: AuroraProblem, plan: AuroraPlan) -> dict[str, float]:
-    """Return the predicted figures of a plan: step time (s), tokens/s, tokens per dollar, transfer, gap."""
+    """Return the predicted figures of a plan: step time (s), tokens/s, tokens per dollar, transfer time
+    (s), the part of it the step waits for and the fraction hidden under rollout, the gap to ideal."""
     arrival = arrival_times(problem, plan.edges, plan.payload_bytes)
     t = step_time(problem, arrival, plan.rollout, plan.staleness)
     ideal = ideal_step_time(problem, problem.max_staleness)
@@ -386,10 +387,15 @@ def metrics(problem: AuroraProblem, plan: AuroraPlan) -> dict[str, float]:
     price = problem.trainer.price_per_hour + sum(w.price_per_hour for n, w in problem.nodes() if n in used)
     tokens = problem.step_tokens()
     active = [w for w, n in plan.rollout.items() if n > 0]
+    transfer = max((arrival[w] for w in active), default=0.0)
+    # the part of the transfer the step waits for: this split with weights that arrive instantly
+    exposed = t - step_time(problem, {w: 0.0 for w in arrival}, plan.rollout, plan.staleness)
     out = {
         "step_time_s": t,
         "tokens_per_s": tokens / t,
-        "transfer_s": max((arrival[w] for w in active), default=0.0),
+        "transfer_s": transfer,
+        "exposed_transfer_s": exposed,
+        "overlap_fraction": 1 - exposed / transfer if transfer > 0 else 1.0,
         "ideal_step_s": ideal,
         "gap_to_ideal": t / ideal - 1,
         "payload_bytes": plan.payload_bytes,

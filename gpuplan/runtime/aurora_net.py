@@ -5,7 +5,8 @@ Every edge of the tree is `streams` TCP connections; each edge is paced by a tok
 plan's rate and each stream by one at the per-stream rate, and every frame is held for the link's
 latency after it arrives, so WAN links (100 Mb/s - 1 Gb/s, tens of ms) are emulated on loopback.
 The trainer extracts and encodes chunk records in one thread while sender threads ship earlier
-records (pipelined); relays verify each record, apply it in place and forward it as it arrives.
+records (pipelined); relays verify each record's checksum, forward it at once, and decode and apply
+it in place on another thread.
 Every worker reports the digest of its weights, which must equal the trainer's new weights.
 Everything is bounded in time: sockets and joins time out and the processes stop by themselves.
 """
@@ -275,6 +276,15 @@ def worker_main(name: str, spec: TransferSpec, port_q: Any, ports_in: Any, resul
 
         for c in conns:
             threading.Thread(target=reader, args=(c, mine.latency_s), daemon=True).start()
+        applies: queue.Queue = queue.Queue()
+
+        def applier() -> None:
+            while (payload := applies.get()) is not None:
+                rec, _ = D.decode_record(payload)
+                D.apply_record(rec, views[rec.tensor], spec.chunk_elems)
+
+        apply_thread = threading.Thread(target=applier, daemon=True)
+        apply_thread.start()
         got: set[tuple[int, int]] = set()
         rejected = duplicates = nbytes = 0
         expected: tuple[int, int] | None = None
@@ -311,9 +321,10 @@ def worker_main(name: str, spec: TransferSpec, port_q: Any, ports_in: Any, resul
                 continue
             for s in senders:
                 s.put(payload)
-            rec, _ = D.decode_record(payload)
-            D.apply_record(rec, views[rec.tensor], spec.chunk_elems)
+            applies.put(payload)  # decoded and applied off the forwarding path
             got.add(key)
+        applies.put(None)
+        apply_thread.join(spec.timeout_s)
         t_done = time.time()
         complete = expected is not None and len(got) == expected[0] and D.ids_crc(got) == expected[1]
         if expected is not None:
