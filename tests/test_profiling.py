@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import assume, given, settings
@@ -277,3 +278,33 @@ def test_a_solver_accepts_a_merged_profile_as_its_cluster(tmp_path) -> None:
     plan = api.solve(problem, time_limit_s=10)
     assert plan.ok
     assert api.check(problem, plan) == []
+
+
+def test_cli_solve_reads_the_profile_flag(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from gpuplan import api
+    from gpuplan.cli import main
+
+    base = make_profile("n0", gpus=8, link_GBps=200.0)
+    all_reduce = base.collectives[0].model_copy(update={"op": "all_reduce", "group_size": 8})
+    path = base.model_copy(update={"collectives": [all_reduce]}).save(tmp_path / "p.json")
+    example = Path(__file__).resolve().parent.parent / "examples" / "lagom" / "small.yaml"
+    out = tmp_path / "plan.json"
+    result = CliRunner().invoke(main, ["solve", "lagom", str(example), "--profile", str(path), "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = api.load_plan(out)
+    # the 8-rank group's bus-bandwidth cap now comes from the measured all_reduce fit (busbw = algbw * 2(n-1)/n)
+    assert plan.problem["groups"]["dp"]["cap_GBps"] == pytest.approx(200.0 * 2 * 7 / 8)
+
+
+def test_shipped_example_profile_and_problem() -> None:
+    from gpuplan import api
+
+    folder = Path(__file__).resolve().parent.parent / "examples" / "profile"
+    profile = load_profile(folder / "cpu-2core-quick.json")
+    assert profile.quick and profile.layers and profile.validation
+    problem = api.load_problem(folder / "oef-on-profile.yaml", "oef")
+    assert problem.cluster.capacity() == {"cpu": 2} and problem.cluster.source == "profile"
+    plan = api.solve(problem, time_limit_s=10)
+    assert plan.ok and api.check(problem, plan) == []
