@@ -9,6 +9,7 @@ suffices. EF constraints then number (#classes)^2, not (#jobs)^2.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -123,7 +124,9 @@ class NashWelfare:
         self.size.value = count * self.c.gpus
         self.logw.value = count * self.c.weight
         self.absent.value = 1.0 - present
-        solve_cvxpy(self.problem, preferred=("CLARABEL", "SCS"))
+        with warnings.catch_warnings():      # "may be inaccurate": accepted, the status says FEASIBLE
+            warnings.simplefilter("ignore", UserWarning)
+            solve_cvxpy(self.problem, preferred=("CLARABEL", "SCS"))
         return np.clip(np.asarray(self.Y.value, dtype=float), 0.0, None) * self.c.usable
 
 

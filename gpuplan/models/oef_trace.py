@@ -1,0 +1,89 @@
+"""The input of the OEF trace simulator: a cluster, job types with per-GPU speeds, and arriving jobs.
+
+    cluster: {gpus: {V100: 8, P100: 8, K80: 16}, gpus_per_node: 4}
+    round_s: 360                     # one scheduling round
+    scaling_efficiency: 0.9          # throughput kept per doubling of a job's GPUs
+    job_types:
+      resnet50: {V100: 2.9, P100: 0.95, K80: 0.29}     # steps/s on ONE GPU of each type
+    tenants: {vision: 2.0}           # optional weights (default 1)
+    jobs:
+      - {name: j0, type: resnet50, gpus: 2, steps: 40000, arrival_s: 0, tenant: vision}
+
+A job on g GPUs runs at g * speed * scaling_efficiency ** log2(g) steps/s.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from gpuplan.models.base import Schema, validate
+from gpuplan.models.cluster import Cluster
+from gpuplan.io import read_document
+
+
+class TraceJob(Schema):
+    """One job of a trace: its type, GPUs at once, length in steps, arrival time (s), tenant."""
+
+    name: str
+    type: str
+    gpus: int = Field(default=1, ge=1)
+    steps: float = Field(gt=0)
+    arrival_s: float = Field(default=0.0, ge=0)
+    tenant: str | None = None
+
+
+class Trace(Schema):
+    """A trace for `gpuplan simulate oef`: cluster, round length, job types, tenants, jobs."""
+
+    name: str | None = None
+    source: str | None = None
+    cluster: Cluster
+    round_s: float = Field(default=360.0, gt=0)
+    scaling_efficiency: float = Field(default=0.9, gt=0, le=1)
+    job_types: dict[str, dict[str, float]] = Field(min_length=1)
+    tenants: dict[str, float] = Field(default_factory=dict)
+    jobs: list[TraceJob] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Trace":
+        cap = self.cluster.capacity()
+        for name, speeds in self.job_types.items():
+            for t, x in speeds.items():
+                if not (isinstance(x, (int, float)) and x >= 0):
+                    raise ValueError(f"at job_types.{name}.{t}: a non-negative speed in steps/s, not {x!r}")
+        for t, w in self.tenants.items():
+            if w <= 0:
+                raise ValueError(f"at tenants.{t}: a positive weight, not {w}")
+        names: set[str] = set()
+        for i, job in enumerate(self.jobs):
+            if job.name in names:
+                raise ValueError(f"at jobs[{i}].name: distinct job names, but {job.name!r} repeats")
+            names.add(job.name)
+            if job.type not in self.job_types:
+                raise ValueError(f"at jobs[{i}].type: a key of job_types ({', '.join(self.job_types)}), "
+                                 f"not {job.type!r}")
+            speeds = {self.cluster.type_key(t): x for t, x in self.job_types[job.type].items()}
+            if not any(x > 0 and cap.get(t, 0) >= job.gpus for t, x in speeds.items()):
+                raise ValueError(f"at jobs[{i}]: a job that fits on some GPU type it can use "
+                                 f"({job.gpus} GPUs of {', '.join(t for t, x in speeds.items() if x > 0)}; "
+                                 f"cluster has {cap})")
+        return self
+
+    def throughput(self, job: TraceJob) -> dict[str, float]:
+        """Return the job's steps/s on its GPUs of each cluster type (0 where it cannot run)."""
+        cap = self.cluster.capacity()
+        factor = job.gpus * self.scaling_efficiency ** math.log2(job.gpus)
+        out = {t: 0.0 for t in cap}
+        for t, x in self.job_types[job.type].items():
+            key = self.cluster.type_key(t)
+            if key in cap and cap[key] >= job.gpus:
+                out[key] = x * factor
+        return out
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Return the validated Trace in a YAML/JSON file; raise InputError naming file and field."""
+    return validate(Trace, read_document(path), file=path)
