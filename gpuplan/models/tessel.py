@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 from gpuplan.models.base import Problem, Schema, Table, Violation
 from gpuplan.models.plan import Plan
 from gpuplan.registry import ModelSpec, register_model
+from gpuplan.units import Bytes, Seconds
 
 BlockKind = Literal["forward", "backward", "backward_input", "backward_weight", "other"]
 EPS = 1e-9
@@ -34,8 +35,8 @@ class Block(Schema):
     name: str = Field(min_length=1)
     kind: BlockKind = "other"
     devices: list[int] = Field(min_length=1)
-    duration_s: float = Field(gt=0)
-    memory_bytes: float = 0.0
+    duration_s: Seconds = Field(gt=0)
+    memory_bytes: Bytes = 0.0
     after: list[str] = Field(default_factory=list)
     stage: int | None = Field(default=None, ge=0,
                               description="pipeline stage (model chunk) the block computes; needed to run it")
@@ -64,7 +65,7 @@ class TesselProblem(Problem):
     microbatches: int = Field(default=8, ge=1, le=4096)
     blocks: list[Block] = Field(default_factory=list)
     shape: Shape | None = None
-    memory_limit_bytes: float | list[float] | None = None
+    memory_limit_bytes: Bytes | list[Bytes] | None = None
     mode: Literal["training", "inference"] = "training"
 
     @model_validator(mode="before")
@@ -105,6 +106,8 @@ class TesselProblem(Problem):
                 raise ValueError(f"at blocks: the memory deltas of one micro-batch to sum to 0 on "
                                  f"each device (what a micro-batch adds it frees), device {d} nets {v:g} bytes")
         lim = self.memory_limit_bytes
+        if lim is not None and min(lim if isinstance(lim, list) else [lim]) < 0:
+            raise ValueError(f"at memory_limit_bytes: a limit >= 0 bytes, got {lim}")
         if isinstance(lim, list) and len(lim) != self.devices:
             raise ValueError(f"at memory_limit_bytes: one limit per device ({self.devices}), got {len(lim)}")
         return self
@@ -469,7 +472,7 @@ def draw(problem: TesselProblem, plan: TesselPlan, path: Path) -> None:
     from gpuplan.io import atomic_write_bytes
 
     kinds = {b.name: b.kind for b in problem.blocks}
-    fig, ax = plt.subplots(figsize=(max(8.0, min(24.0, plan.makespan_s / max(1e-9, min(
+    fig, ax = plt.subplots(figsize=(max(8.0, min(16.0, plan.makespan_s / max(1e-9, min(
         b.duration_s for b in problem.blocks)) * 0.25)), 0.5 * problem.devices + 1.5))
     for d, dev in enumerate(plan.schedule):
         for e in dev:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.tessel import (Entry, Order, Repetend, TesselPlan, TesselProblem, make_plan, makespan_s,
-                                   memory_peaks, orders_of, simulate)
+                                   memory_peaks, simulate, topological_order)
 from gpuplan.registry import register_solver
 from gpuplan.solvers.backends import solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
@@ -348,9 +348,8 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
         except Exception as exc:  # noqa: BLE001 - polishing is optional; keep the completed plan
             stats["polish_error"] = str(exc)[:200]
     stats["search_s"] = time.perf_counter() - started
-    mid = max(0, min(problem.microbatches - 1, max(pat.lag.values())))
     rep = Repetend(period_s=pat.period * t.tick_s, offset_s={n: v * t.tick_s for n, v in pat.start.items()},
-                   lag=dict(pat.lag), window_s=_window(schedule, pat, mid),
+                   lag=dict(pat.lag), window_s=_window(problem, schedule, pat.period * t.tick_s),
                    copies=max(0, problem.microbatches - width + 1))
     plan = make_plan(problem, schedule, "tessel", Status.FEASIBLE, rep)
     plan.predicted["search_s"] = stats["search_s"]
@@ -360,14 +359,12 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     return plan
 
 
-def _window(schedule: list[list[Entry]], pat: Pattern, mid: int) -> tuple[float, float] | None:
-    """Return the time window where one copy of the pattern runs (instances (b, mid - lag_b))."""
-    want = {(n, mid - k) for n, k in pat.lag.items()}
-    starts = [e.start_s for dev in schedule for e in dev if (e.block, e.microbatch) in want]
-    ends = [e.end_s for dev in schedule for e in dev if (e.block, e.microbatch) in want]
-    if len(starts) < 1:
-        return None
-    return (min(starts), max(ends))
+def _window(problem: TesselProblem, schedule: list[list[Entry]], period_s: float) -> tuple[float, float] | None:
+    """Return one period of the steady state: from the start of the middle micro-batch's first block."""
+    first = topological_order(problem.blocks)[0]  # type: ignore[index]
+    mid = problem.microbatches // 2
+    at = [e.start_s for dev in schedule for e in dev if e.block == first and e.microbatch == mid]
+    return (at[0], at[0] + period_s) if at else None
 
 
 def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -400,7 +397,7 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
 def _exact_applies(problem: TesselProblem) -> str | None:
     n = problem.microbatches * len(problem.blocks)
     return None if n <= EXACT_MAX_INSTANCES else \
-        f"{n} block instances; the exact model is limited to {EXACT_MAX_INSTANCES}"
+        f"{n} block instances > {EXACT_MAX_INSTANCES}"
 
 
 def _checked(problem: TesselProblem, schedule: list[list[Entry]], name: str) -> TesselPlan:
@@ -430,8 +427,7 @@ def _interleaved_reason(problem: TesselProblem) -> str | None:
     if reason:
         return reason
     if v > 1 and problem.microbatches % problem.devices:
-        return f"Megatron's interleaved order needs micro-batches ({problem.microbatches}) divisible by " \
-               f"devices ({problem.devices})"
+        return f"needs micro-batches ({problem.microbatches}) divisible by devices ({problem.devices})"
     return None
 
 
@@ -444,7 +440,7 @@ def _zb(in_flight: Callable[[TesselProblem, int], float]) -> Callable[[TesselPro
 
 def _split_reason(problem: TesselProblem) -> str | None:
     if not any(b.kind == "backward_weight" for b in problem.blocks):
-        return "zero-bubble schedules need the backward split into backward_input and backward_weight blocks"
+        return "needs the backward split into input (B) and weight (W) blocks"
     return None
 
 

@@ -46,21 +46,21 @@ def pipeline_reason(problem: TesselProblem, chunks: int | None = None, v_shape: 
     """
     st = stages(problem)
     if st is None:
-        return "it is not a pipeline: every block needs a stage, one device, and a forward/backward kind"
+        return "not a pipeline (each block: one device, a stage, a forward/backward kind)"
     p, n = problem.devices, len(st)
     dev = stage_device(problem, st)
     if not chained(problem, st):
-        return "its stages do not form one chain (stage i's forward after stage i-1's)"
+        return "the stages are not one chain"
     if v_shape:
         want = {s: (s if s < p else 2 * p - 1 - s) for s in range(2 * p)}
         if n != 2 * p or dev != want:
-            return f"ZB-V needs 2 stages per device in a V (stage i and {2 * p - 1}-i on device i)"
+            return "not a V placement (stages i and 2p-1-i on device i)"
         return None
     v = chunks or max(1, n // p)
     if n != p * v or any(dev[s] != s % p for s in range(n)):
-        return f"it needs {p * v} stages with stage i on device i mod {p}"
+        return f"needs stage i on device i mod {p} ({p * v} stages)"
     if chunks is None and v != 1:
-        return "it needs one stage per device"
+        return "needs one stage per device"
     return None
 
 
@@ -83,13 +83,13 @@ def chimera_reason(problem: TesselProblem) -> str | None:
     """Return None for two opposite independent pipelines (stages 0..p-1 down, p..2p-1 up), else why not."""
     st = stages(problem)
     p = problem.devices
-    want = "two opposite single-device pipelines (stages 0..p-1 on devices 0..p-1, p..2p-1 back up)"
+    want = "two opposite pipelines"
     if st is None or len(st) != 2 * p:
-        return f"Chimera needs {want}"
+        return f"needs {want}"
     dev = stage_device(problem, st)
     if [dev[s] for s in range(2 * p)] != list(range(p)) + list(reversed(range(p))) \
             or not chained(problem, st, skip=p) or problem.block(st[p]["F"][0]).after:
-        return f"Chimera needs {want}, the second independent of the first"
+        return f"needs {want}, independent of each other"
     return None
 
 

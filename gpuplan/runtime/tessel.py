@@ -1,0 +1,152 @@
+"""`gpuplan run` for Tessel plans: execute the schedule with torch.distributed.pipelining on local
+processes (gloo on CPU), on a small GPT whose stages match the placement, and compare the measured
+step time with the plan's order timed by the measured block durations.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from gpuplan.errors import InputError
+from gpuplan.models.tessel import TesselPlan, TesselProblem, makespan_s, orders_of, simulate
+from gpuplan.runtime import tessel_actions as acts
+
+
+def _stage_layers(stage: int, per_stage: int) -> tuple[int, int]:
+    return stage * per_stage, (stage + 1) * per_stage
+
+
+def _config(num_stages: int, per_stage: int, hidden: int, vocab: int) -> dict[str, Any]:
+    from gpuplan.models.workload import model_config, scaled
+
+    cfg = scaled(model_config("gpt3-125m"), num_layers=num_stages * per_stage, hidden=hidden, vocab=vocab)
+    return cfg.model_dump()
+
+
+def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.models.workload import TransformerConfig
+    from gpuplan.runtime import gpt
+    from gpuplan.runtime import torch_pipelining as tp
+
+    cfg = TransformerConfig.model_validate(spec["cfg"])
+    n_stages, per_stage, seed = spec["num_stages"], spec["per_stage"], spec["seed"]
+    mine = sorted(s for s, r in spec["ranks"].items() if r == rank)
+    modules = {s: gpt.stage(cfg, *_stage_layers(s, per_stage), seed) for s in mine}
+    stages = [tp.pipeline_stage(modules[s], s, n_stages, torch.device("cpu")) for s in mine]
+    calls: list[tuple[int, str, float]] = []
+    sched = tp.runtime_schedule(stages, spec["microbatches"], gpt.lm_loss, spec["actions"], spec["format"])
+    tokens, targets = gpt.synthetic_batch(cfg, spec["microbatches"] * spec["mbs"], spec["seq"], seed)
+    step_s: list[float] = []
+    losses: list[float] = []
+    for step in range(spec["steps"] + 1):
+        for m in modules.values():
+            m.zero_grad(set_to_none=True)
+        found: list[Any] = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        args = (tokens,) if 0 in mine else ()
+        target = targets if n_stages - 1 in mine else None
+        sched.step(*args, target=target, losses=found if target is not None else None)
+        dist.barrier()
+        if step == 0:  # the first step warms up (shape inference, allocations); then time the blocks
+            for st in stages:
+                tp.time_stage_calls(st, calls)
+        else:
+            step_s.append(time.perf_counter() - t0)
+        losses = [float(x) for x in found]
+    durations: dict[int, dict[str, float]] = {}
+    for s in mine:
+        for op in ("F", "B", "I", "W"):
+            got = [x for st, o, x in calls if st == s and o == op]
+            if got:
+                durations.setdefault(s, {})[op] = statistics.fmean(got)
+    grads = {s: [p.grad.detach().clone().numpy() if p.grad is not None else None for p in modules[s].parameters()]
+             for s in mine} if spec["grads"] else {}
+    return {"rank": rank, "step_s": step_s, "durations": durations, "losses": losses, "grads": grads}
+
+
+def reference_grads(cfg_doc: dict[str, Any], num_stages: int, per_stage: int, microbatches: int, mbs: int,
+                    seq: int, seed: int) -> dict[int, list[Any]]:
+    """Return per-stage gradients (numpy) of the same model run in one process, micro-batch by
+    micro-batch, with the loss averaged over micro-batches as the pipeline schedule does."""
+    import torch
+
+    from gpuplan.models.workload import TransformerConfig
+    from gpuplan.runtime import gpt
+
+    cfg = TransformerConfig.model_validate(cfg_doc)
+    mods = [gpt.stage(cfg, *_stage_layers(s, per_stage), seed) for s in range(num_stages)]
+    tokens, targets = gpt.synthetic_batch(cfg, microbatches * mbs, seq, seed)
+    for i in range(microbatches):
+        x = tokens[i * mbs:(i + 1) * mbs]
+        for m in mods:
+            x = m(x)
+        (gpt.lm_loss(x, targets[i * mbs:(i + 1) * mbs]) / microbatches).backward()
+    del torch
+    return {s: [p.grad.detach().numpy() for p in m.parameters()] for s, m in enumerate(mods)}
+
+
+def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | None = None, steps: int = 3,
+             hidden: int = 64, layers_per_stage: int = 1, microbatch_size: int = 2, seq: int = 32, vocab: int = 256,
+             format: str = "compute_comms", seed: int = 0, threads: int = 1, timeout_s: float = 300.0,
+             check_grads: bool = False) -> dict[str, Any]:
+    """Run the plan's schedule on `problem.devices` CPU processes (gloo); return measured figures.
+
+    Returns measured_step_s (median wall time of a training step, s), predicted_step_s (the plan's
+    per-device order timed by the mean block durations measured inside the same steps, s;
+    communication not modelled), their ratio and error (%), the loss, and max_grad_diff against a one-process run when
+    check_grads is set. Refuses placements whose blocks span devices, naming them.
+    """
+    if command:
+        raise InputError("tessel plans run their own model; `gpuplan run PLAN -- COMMAND` takes no command")
+    if not plan.ok:
+        raise InputError(f"the plan is {plan.status.value}: {plan.message}")
+    reason = acts.executable_reason(problem)
+    if reason:
+        raise InputError(f"this tessel plan cannot run: {reason}")
+    from gpuplan.runtime.launch import run_workers
+    from gpuplan.runtime.torch_pipelining import check_version
+
+    check_version()
+    ranks = acts.stage_ranks(problem)
+    n_stages = len(ranks)
+    compute = acts.compute_only(problem, plan)
+    lists = acts.with_comms(compute, ranks, problem.microbatches) if format == "compute_comms" else compute
+    acts.check_actions(lists, ranks, problem.microbatches)
+    split = any(b.kind == "backward_weight" for b in problem.blocks)
+    cfg = _config(n_stages, layers_per_stage, hidden, vocab)
+    spec = {"cfg": cfg, "num_stages": n_stages, "per_stage": layers_per_stage, "seed": seed, "ranks": ranks,
+            "actions": lists, "format": format, "microbatches": problem.microbatches, "mbs": microbatch_size,
+            "seq": seq, "steps": steps, "split": split, "grads": check_grads}
+    results = run_workers(_worker, problem.devices, args=(spec,), threads=threads, timeout_s=timeout_s)
+    measured = statistics.median(max(r["step_s"][i] for r in results) for i in range(steps))
+    durations: dict[str, float] = {}
+    stage_times = {s: t for r in results for s, t in r["durations"].items()}
+    for b in problem.blocks:
+        # the first stage's input gradient has nothing to compute; torch may skip the call
+        durations[b.name] = stage_times[b.stage].get(acts.KIND_CODE[b.kind], 0.0)  # type: ignore[index]
+    predicted = makespan_s(simulate(problem, orders_of(plan.schedule), durations))
+    out: dict[str, Any] = {
+        "world_size": problem.devices, "stages": n_stages, "microbatches": problem.microbatches,
+        "format": format, "steps": steps, "measured_step_s": measured, "predicted_step_s": predicted,
+        "measured_over_predicted": measured / predicted if predicted else float("nan"),
+        "error_pct": 100.0 * abs(measured - predicted) / predicted if predicted else float("nan"),
+        "loss": statistics.fmean(x for r in results for x in r["losses"]) if any(r["losses"] for r in results)
+        else float("nan"),
+        "block_durations_s": durations}
+    if check_grads:
+        import numpy as np
+
+        ref = reference_grads(cfg, n_stages, layers_per_stage, problem.microbatches, microbatch_size, seq, seed)
+        diff = 0.0
+        for r in results:
+            for s, gs in r["grads"].items():
+                for g, want in zip(gs, ref[s]):
+                    diff = max(diff, float(np.max(np.abs(g - want))) if g is not None else float("inf"))
+        out["max_grad_diff"] = diff
+    return out

@@ -1,0 +1,90 @@
+"""The one place that touches torch.distributed.pipelining's private schedule runtime.
+
+`_PipelineScheduleRuntime` runs an arbitrary per-rank action list; its loader was renamed in 2.9
+(`_load_actions` -> `_prepare_schedule_with_comms`) and the stage-to-rank map is inferred from the
+actions since 2.7. gpuplan is tested with the versions in TESTED; other versions are refused with
+a clear message (set GPUPLAN_TORCH_PIPELINING_ANY=1 to try anyway).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+TESTED = ("2.13",)
+
+
+class UnsupportedTorch(RuntimeError):
+    """The installed torch is not one this adapter was tested with."""
+
+
+def check_version() -> str:
+    """Return torch's version when it is a tested one; raise UnsupportedTorch otherwise."""
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    if not version.startswith(TESTED) and os.environ.get("GPUPLAN_TORCH_PIPELINING_ANY") != "1":
+        raise UnsupportedTorch(
+            f"gpuplan's torch.distributed.pipelining adapter is tested with torch {', '.join(TESTED)}.x; "
+            f"this is torch {torch.__version__}. Its schedule runtime is private and changes between "
+            "releases; set GPUPLAN_TORCH_PIPELINING_ANY=1 to try anyway")
+    return version
+
+
+def pipeline_stage(module: Any, stage_index: int, num_stages: int, device: Any, group: Any = None) -> Any:
+    """Return a torch PipelineStage for `module` as stage `stage_index` of `num_stages`."""
+    from torch.distributed.pipelining import PipelineStage
+
+    return PipelineStage(module, stage_index, num_stages, device, group=group)
+
+
+def runtime_schedule(stages: list[Any], n_microbatches: int, loss_fn: Callable[..., Any],
+                     actions: dict[int, list[str]], fmt: str = "compute_only") -> Any:
+    """Return a loaded `_PipelineScheduleRuntime` running `actions` ({rank: ["0F0", ...]}).
+
+    fmt is "compute_only" (torch adds sends, receives and gradient reductions) or "compute_comms"
+    (the lists already hold them). Call `.step(inputs, target=..., losses=[...])` on it.
+    """
+    check_version()
+    from torch.distributed.pipelining import schedules as sch
+
+    parsed = {r: [sch._Action.from_str(a) for a in acts] for r, acts in actions.items()}
+    sched = sch._PipelineScheduleRuntime(stages, n_microbatches, loss_fn=loss_fn)
+    if hasattr(sched, "_prepare_schedule_with_comms"):
+        sched._prepare_schedule_with_comms(parsed, format=fmt)
+    else:  # torch 2.6-2.8
+        sched._load_actions(parsed, format=fmt)
+    return sched
+
+
+def time_stage_calls(stage: Any, sink: list[tuple[int, str, float]]) -> None:
+    """Wrap a PipelineStage's compute calls so each appends (stage index, F|B|I|W, seconds) to `sink`.
+
+    The runtime waits for received tensors before these calls, so the times are pure compute as
+    executed inside the pipeline (with whatever the machine's load was at that moment).
+    """
+    import time
+
+    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+    def forward_one_chunk(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fwd(*args, **kwargs)
+        sink.append((stage.stage_index, "F", time.perf_counter() - t0))
+        return out
+
+    def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = bwd(*args, **kwargs)
+        sink.append((stage.stage_index, "B" if kwargs.get("full_backward", True) else "I", time.perf_counter() - t0))
+        return out
+
+    def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = wgt(*args, **kwargs)
+        sink.append((stage.stage_index, "W", time.perf_counter() - t0))
+        return out
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
