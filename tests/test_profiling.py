@@ -14,8 +14,8 @@ from gpuplan.errors import InputError
 from gpuplan.models.base import validate
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.profile import (AlphaBeta, CollectivePoint, CollectiveProfile, LayerCost, LayerTable,
-                                    MeasuredDeviceType, Profile, ProfileLink, ProfileNode, load_profile,
-                                    summary_tables)
+                                    MeasuredDeviceType, Profile, ProfileLink, ProfileNode, cluster_document,
+                                    load_profile, summary_tables)
 from gpuplan.models.workload import model_config, scaled
 from gpuplan.profiling import collectives as coll
 from gpuplan.profiling.compute import catalog_match, matmul_point, peak_fraction, supported_dtypes
@@ -217,6 +217,19 @@ def test_merge_two_machines_with_a_declared_link(tmp_path) -> None:
     assert len(merged.collectives) == 2 and len(merged.layers) == 2
     undeclared = merge_profiles([a, b])
     assert any("no link declared between" in n for n in undeclared.notes)
+
+
+@settings(max_examples=15, deadline=None)
+@given(machines=st.lists(st.tuples(st.sampled_from(["H100", "A100-80GB"]), st.integers(1, 8),
+                                   st.floats(10.0, 1000.0)), min_size=1, max_size=4))
+def test_merge_keeps_every_device_and_the_slowest_figures(machines: list[tuple[str, int, float]]) -> None:
+    profiles = [make_profile(f"n{i}", type_name=t, gpus=g, tflops=tf) for i, (t, g, tf) in enumerate(machines)]
+    merged = merge_profiles(profiles)
+    cluster = Cluster.model_validate(cluster_document(merged))
+    for t in {m[0] for m in machines}:
+        assert cluster.capacity()[t] == sum(g for tt, g, _ in machines if tt == t)
+        assert merged.device_type(t).matmul_tflops["bf16"] == min(tf for tt, _, tf in machines if tt == t)
+    assert len(merged.nodes) == len(machines) and len(merged.links) == len(machines)
 
 
 def test_merge_errors() -> None:

@@ -60,6 +60,11 @@ def test_profile_cli_errors(tmp_path) -> None:
 
     bad_model = CliRunner().invoke(main, ["profile", "--quick", "--model", "gpt5", "-o", str(tmp_path / "x.json")])
     assert bad_model.exit_code == 2 and "--model" in bad_model.output and "gpt5" in bad_model.output
+    import torch
+
+    if not torch.cuda.is_available():
+        no_gpu = CliRunner().invoke(main, ["profile", "--device", "cuda", "-o", str(tmp_path / "x.json")])
+        assert no_gpu.exit_code == 2 and "torch sees no CUDA device" in no_gpu.output
     truncated = tmp_path / "t.json"
     truncated.write_text('{"kind": "profile", "schema_version": 1, "device_')
     shown = CliRunner().invoke(main, ["profile", "merge", str(truncated), str(truncated), "-o", str(tmp_path / "m.json")])
