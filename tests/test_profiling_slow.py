@@ -17,7 +17,7 @@ from gpuplan.profiling import collectives as coll
 
 pytestmark = pytest.mark.slow
 
-SMALL = [4 * coll.KiB, 64 * coll.KiB, coll.MiB]
+SMALL = [256 * coll.KiB, coll.MiB, 4 * coll.MiB]
 
 
 def test_quick_profile_cli_writes_a_valid_profile_a_solver_accepts(tmp_path) -> None:
