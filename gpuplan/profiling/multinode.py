@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-layers", action="store_true")
     parser.add_argument("--max-bytes", type=int, default=None, help="largest collective message (bytes)")
     args = parser.parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        parser.error("run under torchrun (RANK and WORLD_SIZE are not set); on one machine use `gpuplan profile`")
     topo = topology_from_env()
     cuda = args.device != "cpu" and torch.cuda.is_available()
     if args.device == "cuda" and not cuda:
