@@ -129,6 +129,8 @@ def test_cpu_matmul_point_and_peak_fraction() -> None:
     assert "fp32" in supported_dtypes("cpu")
     p = matmul_point("cpu", "fp32", 64, repeats=3)
     assert p.tflops == pytest.approx(2 * 64**3 / p.timing.median_s / 1e12)
+    if "bf16" in supported_dtypes("cpu"):  # the full (non --quick) CPU sweep times bf16 too
+        assert matmul_point("cpu", "bf16", 64, repeats=3).tflops > 0
     assert peak_fraction({"bf16": 494.7, "int4": 1.0}, "H100") == {"bf16": pytest.approx(0.5)}
     assert peak_fraction({"fp32": 1.0}, None) == {}
 
