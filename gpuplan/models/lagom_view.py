@@ -8,6 +8,7 @@ from typing import Any
 from gpuplan.models import lagom_cost as cost
 from gpuplan.models.base import Table
 from gpuplan.models.lagom import LagomPlan, LagomProblem, Theta
+from gpuplan.models.profile import bus_factor
 
 
 def _nccl_default(problem: LagomProblem) -> list[Theta]:
@@ -115,11 +116,6 @@ def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-_BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-               "reduce_scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "send_recv": lambda n: 1.0,
-               "all_to_all": lambda n: (n - 1) / n}
-
-
 def with_profile(problem: LagomProblem, profile: Any) -> LagomProblem:
     """Return the problem with each group's bus-bandwidth cap and latency scale fitted from the profile's
     collective timings (a group with no matching measurement keeps the model's numbers)."""
@@ -136,7 +132,7 @@ def with_profile(problem: LagomProblem, profile: Any) -> LagomProblem:
         coll = col.op if col.op in cost.COLLECTIVES else "all_reduce"
         link = group.link(problem.hardware)
         base = cost.nccl_latency_us(coll, "ring", "Simple", link, problem.constants) / link.latency_scale
-        doc["groups"][name]["cap_GBps"] = col.fit.bandwidth_GBps * _BUS_FACTOR[col.op](group.ranks)
+        doc["groups"][name]["cap_GBps"] = col.fit.bandwidth_GBps * bus_factor(col.op, group.ranks)
         doc["groups"][name]["latency_scale"] = max(1e-3, col.fit.alpha_s * 1e6 / base)
         fitted.append(f"{name} <- {col.op} x{col.group_size} ({col.backend})")
     if fitted:

@@ -21,6 +21,15 @@ from gpuplan.units import GBps, Bytes, Seconds
 PROFILE_SCHEMA_VERSION = 1
 
 
+def bus_factor(op: str, n: int) -> float:
+    """Return the nccl-tests factor F with busbw = algbw * F for `op` over `n` ranks."""
+    if op == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
 class Spread(Schema):
     """Median and spread of repeated timings of one measurement (seconds)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuplan.models.profile import CollectivePoint, CollectiveProfile, ProfileLink, Spread
+from gpuplan.models.profile import CollectivePoint, CollectiveProfile, ProfileLink, Spread, bus_factor
 from gpuplan.profiling.fit import fit_alpha_beta
 from gpuplan.profiling.timing import DEFAULT_MAX_REL_SPREAD, spread_of, timer_for
 
@@ -27,15 +27,6 @@ def sizes_between(lo_bytes: int, hi_bytes: int, factor: int = 4) -> list[int]:
         out.append(s)
         s *= factor
     return out + [hi_bytes]
-
-
-def bus_factor(op: str, n: int) -> float:
-    """Return the nccl-tests factor F with busbw = algbw * F for `op` over `n` ranks."""
-    if op == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
 
 
 def repeats_for(size_bytes: int, repeats: int) -> int:
