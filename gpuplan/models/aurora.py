@@ -20,6 +20,7 @@ Cost model (our reconstruction of the paper's, see docs/aurora.md):
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -129,6 +130,11 @@ class AuroraProblem(Problem):
             out += [(w.name, w)] if w.count == 1 else [(f"{w.name}{i}", w) for i in range(w.count)]
         return out
 
+    @cached_property
+    def node_map(self) -> dict[str, Worker]:
+        """Return worker name -> its Worker entry (computed once)."""
+        return dict(self.nodes())
+
     def worker_names(self) -> list[str]:
         """Return the worker names in order."""
         return [n for n, _ in self.nodes()]
@@ -152,22 +158,24 @@ class AuroraProblem(Problem):
         """Return the bytes sent per step for payload 'delta' or 'dense'."""
         return self.delta_bytes() if payload == "delta" else self.dense_bytes()
 
+    @cached_property
+    def link_map(self) -> dict[frozenset[str], RegionLink]:
+        """Return {region pair: link} (a one-region set for the link inside a region)."""
+        return {frozenset((ln.a, ln.b)): ln for ln in self.links}
+
     def link(self, a: str, b: str) -> RegionLink:
         """Return the link between regions a and b."""
-        for ln in self.links:
-            if {ln.a, ln.b} == {a, b}:
-                return ln
-        raise KeyError(f"{a}-{b}")
+        return self.link_map[frozenset((a, b))]
 
     def region_of(self, node: str) -> str:
         """Return the region of the trainer or a worker."""
         if node == TRAINER:
             return self.trainer.region
-        return dict(self.nodes())[node].region
+        return self.node_map[node].region
 
     def uplink(self, node: str) -> float:
         """Return a node's egress capacity in GB/s."""
-        return self.trainer.uplink_GBps if node == TRAINER else dict(self.nodes())[node].uplink_GBps
+        return self.trainer.uplink_GBps if node == TRAINER else self.node_map[node].uplink_GBps
 
     def edge_cap(self, parent: str, child: str, streams: int) -> float:
         """Return the most an edge can carry with `streams` streams, in GB/s (link and stream caps)."""
@@ -177,7 +185,7 @@ class AuroraProblem(Problem):
 
     def seconds_per_sample(self, node: str) -> float:
         """Return the rollout seconds one sample takes on a worker."""
-        return self.tokens_per_sample / dict(self.nodes())[node].tokens_per_s
+        return self.tokens_per_sample / self.node_map[node].tokens_per_s
 
     def step_tokens(self) -> float:
         """Return the rollout tokens of one step."""
@@ -249,10 +257,11 @@ def arrival_times(problem: AuroraProblem, edges: list[Edge], payload_bytes: floa
     parent = {e.child: e for e in edges}
     first, Xp, b = extraction(problem, payload_bytes)
     out: dict[str, float] = {}
+    memo: dict[str, tuple[float, float]] = {TRAINER: (first, Xp)}
 
     def visit(node: str, depth: int) -> tuple[float, float]:  # (path seconds, bottleneck B/s)
-        if node == TRAINER:
-            return first, Xp
+        if node in memo:
+            return memo[node]
         if depth > len(parent):
             raise ValueError(f"the edges form a cycle through {node!r}")
         e = parent.get(node)
@@ -261,9 +270,11 @@ def arrival_times(problem: AuroraProblem, edges: list[Edge], payload_bytes: floa
         path, bott = visit(e.parent, depth + 1)
         rate = e.rate_GBps * 1e9
         if rate <= 0:
-            return math.inf, 0.0
-        lat = problem.link(problem.region_of(e.parent), problem.region_of(node)).latency_s
-        return path + lat + b / rate, min(bott, rate)
+            memo[node] = (math.inf, 0.0)
+        else:
+            lat = problem.link(problem.region_of(e.parent), problem.region_of(node)).latency_s
+            memo[node] = (path + lat + b / rate, min(bott, rate))
+        return memo[node]
 
     for child in parent:
         path, bott = visit(child, 0)
@@ -355,9 +366,9 @@ def tree_edges(problem: AuroraProblem, tree: dict[str, str], streams: int | None
     fanout: dict[str, int] = {}
     for p in tree.values():
         fanout[p] = fanout.get(p, 0) + 1
-    order = problem.worker_names()
+    order = {w: i for i, w in enumerate(problem.worker_names())}
     edges = []
-    for c in sorted(tree, key=order.index):
+    for c in sorted(tree, key=order.__getitem__):
         p = tree[c]
         if streams is None:
             rate = edge_rate(problem, p, c, fanout[p])
