@@ -312,6 +312,27 @@ def simulate(problem: TesselProblem, orders: Order,
     return out
 
 
+def lower_bound_s(problem: TesselProblem) -> float:
+    """Return a makespan lower bound (s): for each device, the earliest its first block can start, plus
+    N times its busy time, plus the shortest path that must follow its last block; the largest."""
+    order = topological_order(problem.blocks) or []
+    blocks = {b.name: b for b in problem.blocks}
+    head: dict[str, float] = {}
+    for n in order:
+        head[n] = max((head[a] + blocks[a].duration_s for a in blocks[n].after), default=0.0)
+    tail: dict[str, float] = {}
+    for n in reversed(order):
+        nxt = [b for b in problem.blocks if n in b.after]
+        tail[n] = max((b.duration_s + tail[b.name] for b in nxt), default=0.0)
+    busy = problem.busy_s()
+    best = 0.0
+    for d in range(problem.devices):
+        mine = [b.name for b in problem.blocks if d in b.devices]
+        if mine:
+            best = max(best, min(head[n] for n in mine) + problem.microbatches * busy[d] + min(tail[n] for n in mine))
+    return best
+
+
 def makespan_s(schedule: list[list[Entry]]) -> float:
     """Return the schedule's makespan (s): last end minus first start."""
     entries = [e for dev in schedule for e in dev]
@@ -344,7 +365,7 @@ def make_plan(problem: TesselProblem, schedule: list[list[Entry]], name: str, st
     span = makespan_s(schedule)
     peaks = memory_peaks(problem, schedule)
     predicted = {"makespan_s": span, "bubble_ratio": bubble_ratio(problem, schedule),
-                 "peak_memory_bytes": max(peaks, default=0.0)}
+                 "peak_memory_bytes": max(peaks, default=0.0), "lower_bound_s": lower_bound_s(problem)}
     if problem.mode == "inference":
         predicted["batch_latency_s"] = span
     if repetend is not None:

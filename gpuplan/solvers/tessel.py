@@ -89,7 +89,8 @@ def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: fl
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
-    kmax = len(problem.blocks)
+    # lags beyond twice the critical path per period only add memory in flight
+    kmax = min(len(problem.blocks), 2 * -(-_critical_path(problem, t) // period) + 2)
     s = {b.name: m.new_int_var(0, period - 1, f"s_{b.name}") for b in problem.blocks}
     k = {b.name: m.new_int_var(0, kmax, f"k_{b.name}") for b in problem.blocks}
     off = {n: s[n] + period * k[n] for n in s}
@@ -142,9 +143,19 @@ def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: fl
     return Pattern(period, {n: v(s[n]) for n in s}, {n: v(k[n]) for n in k}, v(span))
 
 
+def _critical_path(problem: TesselProblem, t: Ticks) -> int:
+    """Return the longest dependency chain of one micro-batch, in ticks."""
+    end: dict[str, int] = {}
+    for n in topological_order(problem.blocks) or []:
+        end[n] = max((end[a] for a in problem.block(n).after), default=0) + t.dur[n]
+    return max(end.values())
+
+
 def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int, workers: int,
-                  progress: Callable[..., None]) -> tuple[Pattern, dict[str, Any]]:
-    """Return the repetend of smallest period (ticks), then smallest one-micro-batch latency, and stats.
+                  progress: Callable[..., None], latency_search_s: float = 0.0) -> tuple[Pattern, dict[str, Any]]:
+    """Return a repetend of smallest period (ticks) and stats; with latency_search_s > 0, the one of
+    shortest one-micro-batch latency found in that much deterministic time (the completion that
+    follows usually makes this unnecessary).
 
     The period starts at the busy-time bound max_d sum of durations on d and grows (doubling, then
     bisection) until the cyclic model is feasible. Raises InfeasibleError with numbers when even one
@@ -155,7 +166,7 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     upper = sum(t.dur.values())
     tried: list[int] = []
     unknown: list[int] = []
-    per_call = max(0.2, min(time_limit_s / 8, 0.25 * problem.devices))
+    per_call = max(0.2, min(time_limit_s / 8, 0.25 * problem.devices))  # deterministic-time units
 
     def feasible(period: int) -> Pattern | None:
         tried.append(period)
@@ -185,8 +196,9 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
             found, hi = p, mid
         else:
             lo = mid + 1
-    best = _repetend_at(problem, t, found.period, time_limit_s / 2, seed, workers, optimise=True) or found
-    return best, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
+    if latency_search_s > 0:  # optionally, the shortest one-micro-batch latency at that period
+        found = _repetend_at(problem, t, found.period, latency_search_s, seed, workers, optimise=True) or found
+    return found, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
                   "periods_undecided": unknown, "period_proven_minimal": not unknown}
 
 
@@ -311,10 +323,11 @@ def complete(problem: TesselProblem, pat: Pattern, tick_s: float) -> tuple[list[
 
 def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
                  progress: Callable[..., None], workers: int = 2, completion: bool = True,
-                 polish_s: float = 0.0) -> TesselPlan:
+                 polish_s: float = 0.0, latency_search_s: float = 0.0) -> TesselPlan:
     """Return Tessel's schedule: the minimum-period repetend, then its completion over N micro-batches.
 
-    completion=False keeps the unrolled, left-shifted pattern. polish_s > 0 adds a CP-SAT pass
+    completion=False keeps the unrolled, left-shifted pattern. latency_search_s > 0 spends that much
+    CP-SAT deterministic time on the pattern's one-micro-batch latency. polish_s > 0 adds a CP-SAT pass
     that re-solves the first and last in-flight micro-batches jointly with the repeated middle
     (moved as one piece) for that many seconds. Plan times are seconds; stats hold ticks and timings.
     """
@@ -322,7 +335,7 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     limit = float(time_limit_s or 20.0)
     t = integerize(problem)
     pat, stats = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, workers=workers,
-                               progress=progress)
+                               progress=progress, latency_search_s=latency_search_s)
     stats["repetend_search_s"] = time.perf_counter() - started
     if completion:
         progress(0.6, "completing warm-up and cool-down")
@@ -372,8 +385,7 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
     """Return the exact CP-SAT schedule of all N micro-batches (optimal, or the best found in the limit),
     started from Tessel's schedule as a hint and upper bound."""
     limit = float(time_limit_s or 30.0)
-    hint = solve_tessel(problem, time_limit_s=min(10.0, limit / 3), seed=seed, progress=progress,
-                        workers=workers)
+    hint = solve_tessel(problem, seed=seed, progress=progress, workers=workers)
     t = integerize(problem)
     base = _tick_starts(hint.schedule, t.tick_s)
     horizon = int(hint.makespan_s / t.tick_s * 1.02) + max(t.dur.values())
@@ -388,7 +400,7 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
     if makespan_s(schedule) > hint.makespan_s + 1e-9:
         schedule = hint.schedule
     plan = make_plan(problem, schedule, "exact", res.status)
-    plan.predicted["lower_bound_s"] = (res.bound or 0) * t.tick_s
+    plan.predicted["lower_bound_s"] = max(plan.predicted["lower_bound_s"], (res.bound or 0) * t.tick_s)
     plan.solver = SolverInfo(name="exact", stats={"bound_s": (res.bound or 0) * t.tick_s,
                                                   "cpsat_wall_s": res.wall_time_s, **res.stats})
     return plan
