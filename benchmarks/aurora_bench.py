@@ -4,7 +4,8 @@
 2. encode / decode throughput divided by a plain memory copy of the same tensor (same run)
 3. simulated step throughput of AuroraRL vs each dense baseline (Qwen3 4B/8B/14B, 4 regions,
    0.1 / 1 / 10 Gb/s class links) and the gap to an ideal single-datacenter (RDMA) run
-4. heuristic vs exact (CP-SAT) step time on random small instances
+4. heuristic vs exact (CP-SAT) step time on random small instances, and the heuristic alone on
+   16-64 workers
 5. measured vs predicted transfer time of the localhost runtime (TCP, rate limits, latency)
 
 Run: .venv/bin/python benchmarks/aurora_bench.py [--quick]
@@ -160,6 +161,27 @@ def heuristic_gap(count: int) -> Table:
                    statistics.mean(heur_times), statistics.mean(exact_times)]])
 
 
+def large(counts: list[int], time_limit_s: float) -> Table:
+    """The heuristic on the paper-like scenario with more workers per region and 100 Mb/s WAN links."""
+    rows = []
+    for per in counts:
+        doc = scenario("qwen3-8b", 0.1)
+        for w in doc["workers"]:
+            w["count"] = per
+        doc["batch_samples"] = 512 * per // 2
+        problem = api.load_problem(doc, "aurora")
+        plan = api.solve(problem, time_limit_s=time_limit_s)
+        naive = api.solve(problem, solver="delta-naive").predicted
+        dense = api.solve(problem, solver="dense-multistream").predicted
+        rows.append([len(problem.worker_names()), plan.solver.wall_time_s, plan.solver.stats.get("candidates"),
+                     plan.predicted["step_time_s"], plan.predicted["tokens_per_s"] / naive["tokens_per_s"],
+                     plan.predicted["tokens_per_s"] / dense["tokens_per_s"],
+                     100 * plan.predicted["gap_to_ideal"]])
+    return Table(f"heuristic on large instances (Qwen3-8B, 4 regions, 100 Mb/s WAN, time limit {time_limit_s:g} s)",
+                 ["workers", "solve s", "candidates", "step s", "x delta-naive", "x dense-multistream",
+                  "gap to ideal %"], rows)
+
+
 def localhost(elements: int) -> Table:
     problem = api.load_problem(EXAMPLES / "localhost-3workers.yaml")
     rows = []
@@ -184,6 +206,7 @@ def main() -> None:
     n = (1 << 23) if args.quick else (1 << 26)
     print("timings on a shared 2-core machine: expect noise of 10-30% between runs\n")
     for make in (lambda: sizes(n), lambda: throughput(n), simulate, lambda: heuristic_gap(6 if args.quick else 20),
+                 lambda: large([2, 4] if args.quick else [2, 4, 8], 5.0 if args.quick else 15.0),
                  lambda: localhost((1 << 23) if args.quick else (1 << 25))):
         started = time.perf_counter()
         table = make()

@@ -7,8 +7,9 @@ relay tree; relays forward chunks as they arrive. The step's rollout batch is sp
 workers, and transfer overlaps rollout under a staleness bound.
 
 Cost model (our reconstruction of the paper's, see docs/aurora.md):
-  edge rate      r_e <= min(link bandwidth, streams * per-stream rate); sum of a node's child
-                 rates <= its uplink (solvers give children a fair share of the uplink)
+  edge rate      r_e <= streams * per-stream rate; the child rates of a node sum to at most its
+                 uplink, the rates of edges crossing two regions to at most their link (solvers
+                 give equal shares); inside a region the link bandwidth is per flow
   arrival        F_c = c/X + sum over path edges (latency_e + b/r_e) + (D - b)/min(X D/dense, R_c)
                  D payload bytes, c dense bytes of a chunk, b = c D/dense bytes of its record,
                  X extraction rate (dense bytes/s), R_c bottleneck rate on the path
@@ -36,7 +37,11 @@ RECORD_HEADER_BYTES = 44  # one chunk record's fixed header in the delta format
 
 
 class RegionLink(Schema):
-    """A link between two regions (or inside one when a == b): per-flow bandwidth, per-stream cap, latency."""
+    """A link between two regions (or inside one when a == b), with a per-stream cap and a latency.
+
+    Between two regions `bandwidth_GBps` is the capacity all flows crossing it share; inside a
+    region it is the bandwidth of each flow (a switched fabric).
+    """
 
     a: str
     b: str
@@ -352,30 +357,49 @@ def ideal_step_time(problem: AuroraProblem, staleness: int) -> float:
     return best_split(problem, {w: 0.0 for w in problem.worker_names()}, staleness)[0]
 
 
-def edge_rate(problem: AuroraProblem, parent: str, child: str, fanout: int) -> float:
-    """Return an edge's rate in GB/s under the sharing rule: min(link and stream cap, uplink / fan-out)."""
-    return min(problem.edge_cap(parent, child, problem.max_streams), problem.uplink(parent) / max(1, fanout))
+def edge_rate(problem: AuroraProblem, parent: str, child: str, fanout: int, crossing: int = 1,
+              streams: int | None = None) -> float:
+    """Return an edge's rate in GB/s under the sharing rule: min(stream cap, uplink / fan-out,
+    inter-region capacity / edges crossing that region pair); a link inside a region is per flow."""
+    rate = min(problem.edge_cap(parent, child, streams or problem.max_streams), problem.uplink(parent) / max(1, fanout))
+    a, b = problem.region_of(parent), problem.region_of(child)
+    if a != b:
+        rate = min(rate, problem.link(a, b).bandwidth_GBps / max(1, crossing))
+    return rate
+
+
+def crossings(problem: AuroraProblem, pairs: list[tuple[str, str]]) -> dict[frozenset[str], int]:
+    """Return how many of the (parent, child) edges cross each inter-region pair."""
+    out: dict[frozenset[str], int] = {}
+    for p, c in pairs:
+        a, b = problem.region_of(p), problem.region_of(c)
+        if a != b:
+            out[frozenset((a, b))] = out.get(frozenset((a, b)), 0) + 1
+    return out
 
 
 def tree_edges(problem: AuroraProblem, tree: dict[str, str], streams: int | None = None) -> list[Edge]:
-    """Return the edges of a tree (child -> parent) with shared-uplink rates and the fewest streams.
+    """Return the edges of a tree (child -> parent) with shared rates and the fewest streams.
 
     `streams` fixes the stream count of every edge (the baselines); by default each edge gets the
-    fewest streams that reach its share. Rates never exceed the link, the streams or the uplink.
+    fewest streams that reach its share. Rates never exceed the streams, the parent's uplink share
+    or the share of an inter-region link among the edges crossing it.
     """
     fanout: dict[str, int] = {}
     for p in tree.values():
         fanout[p] = fanout.get(p, 0) + 1
+    cross = crossings(problem, [(p, c) for c, p in tree.items()])
     order = {w: i for i, w in enumerate(problem.worker_names())}
     edges = []
     for c in sorted(tree, key=order.__getitem__):
         p = tree[c]
+        m = cross.get(frozenset((problem.region_of(p), problem.region_of(c))), 1)
         if streams is None:
-            rate = edge_rate(problem, p, c, fanout[p])
+            rate = edge_rate(problem, p, c, fanout[p], m)
             s = streams_needed(problem, p, c, rate)
         else:
             s = min(streams, problem.max_streams)
-            rate = min(problem.edge_cap(p, c, s), problem.uplink(p) / fanout[p])
+            rate = edge_rate(problem, p, c, fanout[p], m, streams=s)
         edges.append(Edge(parent=p, child=c, streams=s, rate_GBps=rate))
     return edges
 
@@ -466,6 +490,15 @@ def check(problem: AuroraProblem, plan: AuroraPlan) -> list[Violation]:
         if e.rate_GBps > cap * (1 + tol) or e.rate_GBps <= 0:
             out.append(Violation("edge_rate", f"{e.parent}->{e.child} at {e.rate_GBps:.4g} GB/s; its link and "
                                  f"{e.streams} streams carry at most {cap:.4g} GB/s", {"cap": cap}))
+    for pair in {frozenset((problem.region_of(e.parent), problem.region_of(e.child))) for e in plan.edges
+                 if (e.parent in names or e.parent == TRAINER)}:
+        if len(pair) == 2:
+            total = sum(e.rate_GBps for e in plan.edges if (e.parent in names or e.parent == TRAINER)
+                        and frozenset((problem.region_of(e.parent), problem.region_of(e.child))) == pair)
+            cap = problem.link(*sorted(pair)).bandwidth_GBps
+            if total > cap * (1 + tol):
+                out.append(Violation("region_link", f"edges between {' and '.join(sorted(pair))} carry "
+                                     f"{total:.4g} GB/s in all; the link between them carries {cap:.4g} GB/s"))
     for node in {e.parent for e in plan.edges}:
         if node not in names and node != TRAINER:
             continue

@@ -52,7 +52,7 @@ _END = struct.Struct("<4sII")  # magic, record count, crc32 of record ids
 _END_MAGIC = b"DEND"
 _HDR = struct.Struct("<8sII")  # magic, JSON length, crc32 of the JSON
 
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # element width -> unsigned bit type
 DTYPE_WIDTH = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8, "int8": 1, "uint8": 1, "int16": 2,
                "int32": 4, "int64": 8, "bool": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -64,7 +64,7 @@ class DeltaError(ValueError):
 def bits(array: np.ndarray) -> np.ndarray:
     """Return a flat unsigned-integer view of `array`'s raw bit patterns (no copy when contiguous)."""
     a = np.ascontiguousarray(array).reshape(-1)
-    return a.view(_UINT[a.dtype.itemsize])
+    return a.view(UINT[a.dtype.itemsize])
 
 
 # ---------------------------------------------------------------- changed positions
@@ -288,7 +288,7 @@ def _decode_values(encoding: int, data: bytes, k: int, width: int) -> np.ndarray
         raise DeltaError(f"unknown value encoding {encoding}")
     if len(data) != k * width:
         raise DeltaError(f"values: {len(data)} bytes, expected {k * width}")
-    return np.frombuffer(data, dtype=np.dtype(_UINT[width]).newbyteorder("<"))
+    return np.frombuffer(data, dtype=np.dtype(UINT[width]).newbyteorder("<"))
 
 
 # ---------------------------------------------------------------- records
@@ -369,7 +369,7 @@ def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int
     head = _REC.pack(_REC_MAGIC, tensor, chunk, n, k, ienc, venc, width, low, ilen, vlen, 0, base_crc)
     if _record_crc(head, idata, vdata) != crc:
         raise DeltaError(f"checksum mismatch in record (tensor {tensor}, chunk {chunk})")
-    if width not in _UINT or k > n:
+    if width not in UINT or k > n:
         raise DeltaError(f"record (tensor {tensor}, chunk {chunk}): bad width {width} or count {k}/{n}")
     pos = decode_positions(ienc, idata, n, k, low)
     values = _decode_values(venc, vdata, k, width)

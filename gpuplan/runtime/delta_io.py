@@ -48,7 +48,7 @@ def _to_bits(tensor: Any) -> np.ndarray:
     t = tensor.detach().to("cpu").contiguous()
     width = t.element_size()
     flat = t.reshape(-1).view(torch.uint8).numpy().copy()
-    return flat.view(D._UINT[width]).reshape(tuple(t.shape))
+    return flat.view(D.UINT[width]).reshape(tuple(t.shape))
 
 
 def _from_bits(array: np.ndarray, dtype: str) -> Any:

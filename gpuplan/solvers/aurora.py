@@ -5,7 +5,8 @@ aurora (paper)     sparse delta; relay trees: one relay per region, the star, an
                    drop or swap workers) on the objective with the water-filled rollout split, ties
                    broken by the earlier arrival of the weights; fewest
                    streams per edge that reach its share of the uplink
-exact              CP-SAT over tree, fan-out-shared rates and the integer split (small instances)
+exact              CP-SAT over tree, shared rates (uplink fan-out, inter-region crossings) and the
+                   integer split (small instances)
 dense-broadcast    full checkpoint from the trainer to every worker, one stream each, split by throughput
 dense-multistream  the same with the most streams per link
 delta-naive        sparse delta from the trainer to every worker, most streams, split by throughput
@@ -243,8 +244,10 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     D = problem.delta_bytes()
     first_s, Xp, b = extraction(problem, D)
     X = Xp / 1e9  # extraction rate in payload GB/s: the trainer's level
-    rate = {(p, c, f): edge_rate(problem, nodes[p], nodes[c], f)
-            for p in range(W + 1) for c in range(1, W + 1) if p != c for f in range(1, W + 1)}
+    region = [problem.region_of(n) for n in nodes]
+    rate = {(p, c, f, k): edge_rate(problem, nodes[p], nodes[c], f, k)
+            for p in range(W + 1) for c in range(1, W + 1) if p != c
+            for f in range(1, W + 1) for k in range(1, W + 1)}
     levels = sorted(set(rate.values()) | {X})
     li = {v: i for i, v in enumerate(levels)}
     tail_us = [round((D - b) / (v * 1e9) * US) for v in levels]
@@ -272,9 +275,18 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
         m.Add(sum(x[p, c] for p in range(W + 1) if p != c) == intree[c])
     for p in range(W + 1):
         m.Add(fan[p] == sum(x[p, c] for c in range(1, W + 1) if p != c))
+    cross = {}  # edges crossing each inter-region pair
+    for pair in {frozenset((region[p], region[c])) for (p, c) in x if region[p] != region[c]}:
+        cross[pair] = m.NewIntVar(0, W, f"m{'-'.join(sorted(pair))}")
+        m.Add(cross[pair] == sum(v for (p, c), v in x.items() if frozenset((region[p], region[c])) == pair))
     for (p, c), var in x.items():
         lvl = m.NewIntVar(0, len(levels) - 1, f"l{p}_{c}")
-        m.AddElement(fan[p], [li[rate[p, c, max(1, f)]] for f in range(W + 1)], lvl)
+        if region[p] == region[c]:
+            m.AddElement(fan[p], [li[rate[p, c, max(1, f), 1]] for f in range(W + 1)], lvl)
+        else:  # the rate depends on the parent's fan-out and on the edges crossing the region pair
+            key = m.NewIntVar(0, (W + 1) ** 2 - 1, f"k{p}_{c}")
+            m.Add(key == fan[p] * (W + 1) + cross[frozenset((region[p], region[c]))])
+            m.AddElement(key, [li[rate[p, c, max(1, f), max(1, k)]] for f in range(W + 1) for k in range(W + 1)], lvl)
         hop = m.NewIntVar(0, max(hop_us), f"h{p}_{c}")
         m.AddElement(lvl, hop_us, hop)
         if p:
