@@ -549,10 +549,12 @@ def summarize(problem: AuroraProblem, plan: AuroraPlan) -> dict[str, Any]:
         while node != TRAINER and d <= len(parent):
             node, d = parent.get(node, TRAINER), d + 1
         depth = max(depth, d)
-    return {"payload": plan.payload, "payload_MB": plan.payload_bytes / 1e6, "transfer_s": p.get("transfer_s"),
-            "step_time_s": p.get("step_time_s"), "tokens_per_s": p.get("tokens_per_s"),
-            "tokens_per_dollar": p.get("tokens_per_dollar"), "gap_to_ideal": p.get("gap_to_ideal"),
-            "tree_depth": depth, "staleness": plan.staleness}
+    out = {"payload": plan.payload, "payload_MB": plan.payload_bytes / 1e6, "transfer_s": p.get("transfer_s"),
+           "step_time_s": p.get("step_time_s"), "tokens_per_s": p.get("tokens_per_s"),
+           "gap_to_ideal": p.get("gap_to_ideal"), "tree_depth": depth, "staleness": plan.staleness}
+    if "tokens_per_dollar" in p:
+        out["tokens_per_dollar"] = p["tokens_per_dollar"]
+    return out
 
 
 def describe(problem: AuroraProblem, plan: AuroraPlan) -> list[Table]:
