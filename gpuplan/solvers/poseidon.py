@@ -1,0 +1,630 @@
+"""Poseidon's search and its references: stage-structure enumeration with proven lower-bound pruning
+and ridge layer mapping; an exhaustive reference on the same space; Megatron-style, Metis-style and
+classic 3D-parallel baselines. Every plan is scored by the same DAG model (gpuplan.models.poseidon).
+
+Search space (shared by `poseidon` and `exhaustive`): every device type is either unused or split
+into `k` equal stages of consecutive devices with one TP degree `t` per type (a power of two, at most
+max_tp, TP groups inside one node); the types used are ordered in every permutation along the
+pipeline; the number of micro-batches `m` is a divisor of the global batch (at most
+max_microbatches) that every stage's data-parallel degree divides evenly; 1 <= stages <= max_stages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from gpuplan.errors import InfeasibleError
+from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, evaluate,
+                                     in_flight, iteration_time_fast, make_plan, p2p_s,
+                                     stage_memory)
+from gpuplan.registry import Progress, register_solver
+
+INF = math.inf
+
+
+# ------------------------------------------------------------------------------------------------
+# The space
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TypeOption:
+    """One way to use a device type: `stages` equal stages of tp x dp devices each."""
+
+    device_type: str
+    stages: int
+    tp: int
+    dp: int
+    shapes: tuple[StageShape, ...]
+
+
+def type_options(problem: PoseidonProblem) -> dict[str, list[TypeOption]]:
+    """Return, per device type, every (stages, tp) split of its devices allowed by the space."""
+    cl = problem.cluster
+    out: dict[str, list[TypeOption]] = {}
+    for dtype in cl.capacity():
+        devs = [d for d in cl.devices if d.type == dtype]
+        opts = []
+        for k in range(1, len(devs) + 1):
+            if len(devs) % k:
+                continue
+            n = len(devs) // k
+            t = 1
+            while t <= min(n, problem.max_tp):
+                groups = [devs[i:i + t] for i in range(0, len(devs), t)]
+                if n % t == 0 and all(len({d.node for d in g}) == 1 for g in groups):
+                    shapes = tuple(StageShape(dtype, t, n // t, tuple(d.id for d in devs[i * n:(i + 1) * n]),
+                                              tuple(dict.fromkeys(d.node for d in devs[i * n:(i + 1) * n])))
+                                   for i in range(k))
+                    opts.append(TypeOption(dtype, k, t, n // t, shapes))
+                t *= 2
+        out[dtype] = opts
+    return out
+
+
+def microbatch_counts(problem: PoseidonProblem) -> list[int]:
+    """Return the candidate numbers of micro-batches: divisors of the global batch, ascending."""
+    G = problem.global_batch
+    return [m for m in range(1, min(G, problem.max_microbatches) + 1) if G % m == 0]
+
+
+@dataclass
+class Stats:
+    """Search counters: structures enumerated / pruned by a bound / evaluated, DAG evaluations."""
+
+    structures: int = 0
+    pruned: int = 0
+    evaluated: int = 0
+    dag_evaluations: int = 0
+    cuts_pruned: int = 0
+    infeasible: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Return the counters as a plain mapping (plan.solver.stats)."""
+        return dict(self.__dict__)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-structure quantities and lower bounds
+# ------------------------------------------------------------------------------------------------
+
+def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool, flight: int, index: int,
+                 S: int, m: int) -> tuple[float, float, float, float, float, float, int, int]:
+    """Return (f, g, ef, eg, a, a0, nmax, nmax0) of a stage (see Structure), cached on the cost model."""
+    key = (sh, b, first, last, flight)
+    cache = cm.__dict__.setdefault("_terms", {})
+    if key not in cache:
+        f, g = cm.layer(sh.device_type, sh.tp, b)
+        ef, eg = cm.extras(sh.device_type, sh.tp, b, first, last)
+        a0 = cm.tail_s(sh, 0, first, last)
+        cap = cm.dev(sh.device_type).memory_bytes * cm.p.memory_fraction
+        nmax = [0, 0]
+        for i, recompute in enumerate((True, False)):
+            base = stage_memory(cm, sh, 0, b, index, S, m, recompute)
+            per = stage_memory(cm, sh, 1, b, index, S, m, recompute) - base
+            nmax[i] = min(cm.p.model.num_layers, int((cap - base) // per)) if cap >= base + per else 0
+        cache[key] = (f, g, ef, eg, max(0.0, cm.tail_s(sh, 1, first, last) - a0), a0, nmax[0], nmax[1])
+    return cache[key]
+
+
+def _p2p(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> float:
+    """Return p2p_s(cm, a, b, micro_batch), cached on the cost model."""
+    cache = cm.__dict__.setdefault("_p2p", {})
+    key = (a, b, micro_batch)
+    if key not in cache:
+        cache[key] = p2p_s(cm, a, b, micro_batch)
+    return cache[key]
+
+# ------------------------------------------------------------------------------------------------
+
+class Structure:
+    """A candidate stage structure (shapes in pipeline order, m) with the per-layer coefficients
+    its bounds and layer mapping use. Attributes are lists indexed by stage:
+
+    c: forward+backward seconds of one block for one micro-batch (no recomputation);
+    e: forward+backward seconds the embedding/head add; a: all-reduce + optimizer seconds per block;
+    a0: all-reduce + optimizer seconds of the embedding/head parameters; nmax: most blocks that fit
+    in memory (with recomputation); p2p: send seconds between stage s and s+1.
+    """
+
+    def __init__(self, cm: CostModel, shapes: list[StageShape], m: int) -> None:
+        self.cm, self.shapes, self.m = cm, shapes, m
+        S, G, L = len(shapes), cm.p.global_batch, cm.p.model.num_layers
+        self.S = S
+        self.b = [G // (m * sh.dp) for sh in shapes]
+        terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m), s, S, m)
+                 for s, sh in enumerate(shapes)]
+        self.f, self.g, self.ef, self.eg, self.a, self.a0, self.nmax, self.nmax0 = (list(x) for x in zip(*terms))
+        self.c = [f + g for f, g in zip(self.f, self.g)]
+        self.e = [f + g for f, g in zip(self.ef, self.eg)]
+        self.p2p = [_p2p(cm, shapes[s], shapes[s + 1], self.b[s]) for s in range(S - 1)]
+        self._rt = self.round_trip()
+
+    def feasible(self) -> bool:
+        """True when the stages can hold all layers in memory, one or more each."""
+        L = self.cm.p.model.num_layers
+        return min(self.nmax) >= 1 and sum(self.nmax) >= L and self.S <= L
+
+    def minmax_partition(self, weight: list[float], const: list[float]) -> tuple[float, list[int]]:
+        """Return (W, layers): W a lower bound, within 1e-9 relative, on the smallest max_s(n_s
+        weight_s + const_s) over integer counts 1 <= n_s <= nmax_s summing to L, and counts that
+        reach it (bisection on W; a count for W is the most layers each stage holds within W)."""
+        L, S = self.cm.p.model.num_layers, self.S
+
+        def fill(W: float) -> list[int] | None:
+            n = [min(self.nmax[s], int(math.floor((W - const[s]) / weight[s] + 1e-9))) if weight[s] > 0
+                 else self.nmax[s] for s in range(S)]
+            return n if min(n) >= 1 and sum(n) >= L else None
+
+        lo = max(weight[s] + const[s] for s in range(S))
+        hi = max(self.nmax[s] * weight[s] + const[s] for s in range(S))
+        if fill(lo) is not None:
+            hi = lo
+        while hi - lo > 1e-9 * hi:
+            mid = 0.5 * (lo + hi)
+            if fill(mid) is not None:
+                hi = mid
+            else:
+                lo = mid
+        n = fill(hi)
+        assert n is not None
+        # trim the surplus from the stages with the most slack, keeping every count >= 1
+        extra = sum(n) - L
+        for s in sorted(range(S), key=lambda s: n[s] * weight[s] + const[s], reverse=True):
+            take = min(extra, n[s] - 1)
+            n[s] -= take
+            extra -= take
+        return lo * (1 - 1e-9), n
+
+    def round_trip(self) -> list[tuple[list[float], float]]:
+        """Return, per stage q, (coef, const) of the round-trip path bound T >= sum_s coef[s] n_s + const:
+        micro-batch 0 forward through every stage and backward down to stage q, then the rest of q's
+        chain (k_F forwards and m-1 backwards), then q's all-reduce + optimizer (see docs)."""
+        S, m = self.S, self.m
+        sched = self.cm.p.schedule
+        out = []
+        fwd_p2p = sum(self.p2p)
+        for q in range(S):
+            w = min(S - 1 - q, m)
+            kf = 0 if sched == "gpipe" else max(0, m - w - 1)
+            coef = [self.f[s] + (self.g[s] if s > q else 0.0) for s in range(S)]
+            coef[q] += kf * self.f[q] + m * self.g[q] + self.a[q]
+            const = (sum(self.ef) + sum(self.eg[q + 1:]) + kf * self.ef[q] + m * self.eg[q] + self.a0[q]
+                     + fwd_p2p + sum(self.p2p[q:]))
+            out.append((coef, const))
+        return out
+
+    def _min_linear(self, coef: list[float], const: float) -> float:
+        """Return min over counts 1 <= n_s <= nmax_s summing to L of sum_s coef_s n_s + const."""
+        spare = self.cm.p.model.num_layers - self.S
+        total = const + sum(coef)
+        for s in sorted(range(self.S), key=lambda s: coef[s]):
+            k = min(spare, self.nmax[s] - 1)
+            total += k * coef[s]
+            spare -= k
+        return total
+
+    def lower_bound(self) -> float:
+        """Return a lower bound (seconds) on the iteration time of every layer mapping of this structure.
+
+        Paths of the DAG that exist whatever the cuts are (see docs/poseidon.md), each a lower bound
+        on the longest path, minimised over the cuts:
+        (1) stage q's whole chain of m forwards and backwards, then its all-reduce + optimizer:
+            T >= m*(n_q c_q + e_q) + n_q a_q + a0_q for every q; min over cuts of the max, exactly;
+        (2) micro-batch 0 forward through stages 0..S-2, the last stage's whole chain, micro-batch m-1
+            backward down to stage 0;
+        (3) the round trips of `round_trip`, combined with weights pi (uniform, and 1/own weight):
+            T >= sum_q pi_q RT_q(n) for every cut, and the weighted sum is minimised exactly.
+        """
+        m = self.m
+        w1, _ = self.minmax_partition([m * c + a for c, a in zip(self.c, self.a)],
+                                      [m * e + a0 for e, a0 in zip(self.e, self.a0)])
+        last = self.S - 1
+        per = [self.c[s] if s < last else m * self.c[s] for s in range(self.S)]
+        base = sum(self.e[s] for s in range(last)) + m * self.e[last] + 2 * sum(self.p2p)
+        w2 = self._min_linear(per, base)
+        rt = self._rt
+        best = max(w1, w2)
+        for pi in ([1.0] * self.S, [1.0 / coef[q] for q, (coef, _) in enumerate(rt)]):
+            tot = sum(pi)
+            coef = [sum(pi[q] * rt[q][0][s] for q in range(self.S)) / tot for s in range(self.S)]
+            const = sum(pi[q] * rt[q][1] for q in range(self.S)) / tot
+            best = max(best, self._min_linear(coef, const))
+        return best
+
+    def cut_bound(self, layers: list[int]) -> float:
+        """Return the path bounds (1), (2) and every round trip for one layer mapping (seconds;
+        cheaper than the DAG walk)."""
+        m, last = self.m, self.S - 1
+        E = [n * c + e for n, c, e in zip(layers, self.c, self.e)]
+        b1 = max(m * E[s] + layers[s] * self.a[s] + self.a0[s] for s in range(self.S))
+        b2 = sum(E[:last]) + 2 * sum(self.p2p) + m * E[last]
+        b3 = max(sum(c * n for c, n in zip(coef, layers)) + const for coef, const in self._rt)
+        return max(b1, b2, b3)
+
+    def time(self, layers: list[int]) -> float:
+        """Return the DAG iteration time (seconds) of a layer mapping; inf when it does not fit.
+
+        The same figure as gpuplan.models.poseidon.evaluate, from the cached per-layer terms: a
+        stage recomputes exactly when its layers exceed what fits without recomputation.
+        """
+        if any(n < 1 or n > k for n, k in zip(layers, self.nmax)):
+            return INF
+        fwd = [n * f + ef for n, f, ef in zip(layers, self.f, self.ef)]
+        bwd = [n * (g + (f if n > k0 else 0.0)) + eg
+               for n, f, g, eg, k0 in zip(layers, self.f, self.g, self.eg, self.nmax0)]
+        tail = [n * a + a0 for n, a, a0 in zip(layers, self.a, self.a0)]
+        return iteration_time_fast(fwd, bwd, self.p2p, tail, self.m, self.cm.p.schedule)
+
+
+# ------------------------------------------------------------------------------------------------
+# Layer mapping
+# ------------------------------------------------------------------------------------------------
+
+def ridge_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int]]:
+    """Return (iteration time, layers per stage) found by walking the ridge of the time surface.
+
+    Start at the time-balanced split (integer min-max of each stage's m micro-batches plus its
+    all-reduce, under the memory caps), then move one layer at a time while the DAG time improves:
+    steepest descent over the 2(S-1) moves of one boundary by one layer; where none improves, over
+    the moves of one layer from any stage to any other (which shift the boundaries between them).
+    A move whose path bound (`Structure.cut_bound`) already reaches the best move so far is skipped
+    without walking the DAG (it cannot be the step taken), so the walk does not depend on `best`.
+    """
+    _, cur = st.minmax_partition([st.m * c + a for c, a in zip(st.c, st.a)],
+                                 [st.m * e + a0 for e, a0 in zip(st.e, st.a0)])
+    cur_t = st.time(cur)
+    stats.dag_evaluations += 1
+    adjacent = [(i, i + 1) for i in range(st.S - 1)] + [(i + 1, i) for i in range(st.S - 1)]
+    every = [(a, b) for a in range(st.S) for b in range(st.S) if abs(a - b) > 1]
+    moves = adjacent
+    while True:
+        step_t, step = cur_t, None
+        for a, b in moves:
+            if cur[a] <= 1 or cur[b] >= st.nmax[b]:
+                continue
+            n = list(cur)
+            n[a] -= 1
+            n[b] += 1
+            if st.cut_bound(n) >= step_t:
+                stats.cuts_pruned += 1
+                continue
+            t = st.time(n)
+            stats.dag_evaluations += 1
+            if t < step_t - 1e-12 * step_t:
+                step_t, step = t, n
+        if step is not None:
+            cur_t, cur, moves = step_t, step, adjacent
+        elif moves is adjacent and every:
+            moves = every
+        else:
+            return cur_t, cur
+
+
+def all_cuts_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int]]:
+    """Return (iteration time, layers per stage): the best of EVERY contiguous layer mapping."""
+    L = st.cm.p.model.num_layers
+    best_t, best_n = INF, list(st.nmax)
+    for cuts in itertools.combinations(range(1, L), st.S - 1):
+        bounds = (0,) + cuts + (L,)
+        n = [bounds[i + 1] - bounds[i] for i in range(st.S)]
+        t = st.time(n)
+        stats.dag_evaluations += 1
+        if t < best_t:
+            best_t, best_n = t, n
+    return best_t, best_n
+
+
+# ------------------------------------------------------------------------------------------------
+# Enumeration
+# ------------------------------------------------------------------------------------------------
+
+Combo = tuple[int, tuple[TypeOption, ...]]
+
+
+def combos(problem: PoseidonProblem) -> Iterator[Combo]:
+    """Yield every (m, options of the types used) of the space, before the types are ordered."""
+    opts = type_options(problem)
+    limit = min(problem.max_stages, problem.model.num_layers)
+    for m in microbatch_counts(problem):
+        for combo in itertools.product(*[[None] + o for o in opts.values()]):
+            used = tuple(o for o in combo if o is not None)
+            if used and sum(o.stages for o in used) <= limit and not any(
+                    problem.global_batch % (m * o.dp) for o in used):
+                yield m, used
+
+
+def structures(problem: PoseidonProblem, cm: CostModel, combo: Combo | None = None) -> Iterator[Structure]:
+    """Yield every stage structure of the space (or of one combo): each combo in every type order."""
+    for m, used in ([combo] if combo else combos(problem)):
+        for order in itertools.permutations(used):
+            yield Structure(cm, [sh for o in order for sh in o.shapes], m)
+
+
+def count_structures(problem: PoseidonProblem) -> int:
+    """Return the number of stage structures in the space (without building them)."""
+    return sum(math.factorial(len(used)) for _, used in combos(problem))
+
+
+def _option_terms(cm: CostModel, o: TypeOption, m: int) -> tuple[float, int, float, float, float]:
+    """Return (w, cap, f, g, a) of every stage of option `o` at m micro-batches: the per-layer weight
+    w = m (f + g) + a (a the smallest per-layer all-reduce + optimizer time over its stages) and the
+    most layers a stage of it can hold at ANY pipeline position (one micro-batch in flight, no
+    embedding or head), cached."""
+    cache = cm.__dict__.setdefault("_option_terms", {})
+    key = (id(o), m)
+    if key not in cache:
+        b = cm.p.global_batch // (m * o.dp)
+        f, g = cm.layer(o.device_type, o.tp, b)
+        a = min(cm.tail_s(x, 1, False, False) - cm.tail_s(x, 0, False, False) for x in o.shapes)
+        cap_bytes = cm.dev(o.device_type).memory_bytes * cm.p.memory_fraction
+        sh = o.shapes[0]
+        base = stage_memory(cm, sh, 0, b, 1, 3, 1, True)
+        per = stage_memory(cm, sh, 1, b, 1, 3, 1, True) - base
+        cap = min(cm.p.model.num_layers, int((cap_bytes - base) // per)) if cap_bytes >= base + per else 0
+        cache[key] = (m * (f + g) + max(0.0, a), cap, f, g, max(0.0, a))
+    return cache[key]
+
+
+def combo_bound(cm: CostModel, combo: Combo) -> float:
+    """Return a lower bound (seconds) on every structure of a combo, whatever the type order and cuts.
+
+    Relaxes bound (1) of Structure.lower_bound: per-layer weight w_q = m c_q + a_q, no embedding
+    or head terms, layer counts real in [0, cap_q] with cap_q the most layers stage q could hold at
+    any position: the smallest W with sum_q min(cap_q, W / w_q) >= L (inf when sum cap_q < L).
+    """
+    m, used = combo
+    L = cm.p.model.num_layers
+    terms = [(_option_terms(cm, o, m), o.stages) for o in used]
+    stages = [(t[0], t[1], k) for t, k in terms]
+    if sum(cap * k for _, cap, k in stages) < L or min(cap for _, cap, _ in stages) < 1:
+        return INF
+    # water-filling: raise W through the breakpoints cap_q * w_q, stages saturating in order
+    rest, rate = float(L), sum(k / w for w, _, k in stages)
+    w1 = INF
+    for w, cap, k in sorted(stages, key=lambda x: x[0] * x[1]):
+        if rest / rate <= cap * w:
+            w1 = rest / rate
+            break
+        rest -= k * cap
+        rate -= k / w
+    # the uniform-weight round-trip bound with position-dependent terms at their smallest
+    S = sum(k for _, k in terms)
+    per = sorted((f + (max(0, m - S) * f + m * g + a) / S, cap, k) for (_, cap, f, g, a), k in terms)
+    rest2, w2 = L, 0.0
+    for coef, cap, k in per:
+        take = min(rest2, cap * k)
+        w2 += take * coef
+        rest2 -= take
+    return max(w1, w2)
+
+
+def _finish(problem: PoseidonProblem, best: tuple[float, Structure | None, list[int]], stats: Stats,
+            name: str, status: Status = Status.OPTIMAL) -> PoseidonPlan:
+    t, st, layers = best
+    if st is None or t == INF:
+        raise InfeasibleError(_why_infeasible(problem))
+    plan = make_plan(problem, st.shapes, layers, st.m, status=status)
+    plan.solver = SolverInfo(name=name, stats=stats.as_dict())
+    return plan
+
+
+def _why_infeasible(problem: PoseidonProblem) -> str:
+    cm = CostModel(problem)
+    cfg = problem.model
+    per_layer = cfg.layer_params() * cm.state_bytes_per_param
+    best_cap = max(problem.cluster.type_of(t).memory_bytes for t in problem.cluster.capacity()) * problem.memory_fraction
+    total_devices = len(problem.cluster.devices)
+    return (f"no plan of the search space fits: {cfg.num_layers} layers of {cfg.layer_params() / 1e6:.1f} M parameters "
+            f"need {per_layer * cfg.num_layers / 2**30:.1f} GiB of weights, gradients and optimizer states in all "
+            f"({per_layer / 2**30:.2f} GiB per layer before tensor parallelism), plus activations of "
+            f"{cfg.layer_activation_bytes(1, problem.seq_len) / 2**30:.2f} GiB per layer per sample; the {total_devices} "
+            f"devices offer at most {best_cap / 2**30:.1f} GiB each (max_stages {problem.max_stages}, "
+            f"max_tp {problem.max_tp})")
+
+
+def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                   progress: Progress, cuts: str = "ridge", prune: bool = True, **_: Any) -> PoseidonPlan:
+    """Return the best plan of the space by best-first branch and bound.
+
+    Combos (m and the per-type stage splits) are visited in order of `combo_bound`; the structures
+    of a combo (its type orders) in order of `Structure.lower_bound`; a combo or structure whose
+    bound reaches the best time found is pruned, and the search stops at the first combo whose bound
+    does. Both bounds are lower bounds on every layer mapping, so pruning never loses a structure
+    that could beat the incumbent. With prune=False every structure is evaluated (the exhaustive
+    reference); cuts="all" maps layers by trying every cut set instead of the ridge walk.
+    """
+    cm = CostModel(problem)
+    stats = Stats()
+    started = time.perf_counter()
+    all_combos = list(combos(problem))
+    ranked = sorted(((combo_bound(cm, c) if prune else 0.0, i) for i, c in enumerate(all_combos)))
+    progress(0.0, f"{len(all_combos)} combos")
+    best: tuple[float, Structure | None, list[int]] = (INF, None, [])
+    mapper = ridge_map if cuts == "ridge" else all_cuts_map
+    status = Status.OPTIMAL
+    for k, (lb0, i) in enumerate(ranked):
+        m, used = all_combos[i]
+        if prune and lb0 >= best[0]:
+            stats.pruned += sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
+            stats.structures += sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
+            break
+        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+            status = Status.TIME_LIMIT
+            stats.pruned += sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
+            break
+        cands = []
+        for st in structures(problem, cm, (m, used)):
+            stats.structures += 1
+            if not st.feasible():
+                stats.infeasible += 1
+            else:
+                cands.append((st.lower_bound() if prune else 0.0, len(cands), st))
+        for lb, _, st in sorted(cands, key=lambda x: x[:2]):
+            if prune and lb >= best[0]:
+                stats.pruned += 1
+                continue
+            t, layers = mapper(st, best[0], stats)
+            stats.evaluated += 1
+            if t < best[0] - 1e-12 * t:
+                best = (t, st, layers)
+        if k % 100 == 0:
+            progress(k / len(ranked), f"{stats.evaluated} evaluated, best {best[0]:.4g} s")
+    return _finish(problem, best, stats, "poseidon", status)
+
+
+def solve_exhaustive(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                     progress: Progress, cuts: str = "ridge", **_: Any) -> PoseidonPlan:
+    """Return the best plan after evaluating EVERY structure of the space (no pruning); with
+    cuts="all", every contiguous layer mapping of every structure too."""
+    return solve_poseidon(problem, time_limit_s=time_limit_s, seed=seed, progress=progress, cuts=cuts, prune=False)
+
+
+EXHAUSTIVE_LIMIT = 20000
+
+
+def _exhaustive_applies(problem: PoseidonProblem) -> str | None:
+    n = count_structures(problem)
+    return None if n <= EXHAUSTIVE_LIMIT else f"{n} stage structures (limit {EXHAUSTIVE_LIMIT})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Baselines
+# ------------------------------------------------------------------------------------------------
+
+def uniform_layers(L: int, S: int) -> list[int]:
+    """Return S layer counts as equal as possible (the first L % S stages one more)."""
+    return [L // S + (1 if s < L % S else 0) for s in range(S)]
+
+
+def solve_megatron(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                   progress: Progress, **_: Any) -> PoseidonPlan:
+    """Megatron-style homogeneous planner: every type split into stages of the SAME size and TP, the
+    types in cluster order, layers split uniformly; the best (size, tp, m) by the DAG model."""
+    cm = CostModel(problem)
+    stats = Stats()
+    opts = type_options(problem)
+    L = problem.model.num_layers
+    best: tuple[float, Structure | None, list[int]] = (INF, None, [])
+    sizes = sorted({o.tp * o.dp for os in opts.values() for o in os})
+    for n in sizes:
+        for t in sorted({o.tp for os in opts.values() for o in os}):
+            chosen = [next((o for o in os if o.tp * o.dp == n and o.tp == t), None) for os in opts.values()]
+            if any(o is None for o in chosen):
+                continue
+            shapes = [sh for o in chosen for sh in o.shapes]  # type: ignore[union-attr]
+            if len(shapes) > min(L, problem.max_stages):
+                continue
+            for m in microbatch_counts(problem):
+                if problem.global_batch % (m * (n // t)):
+                    continue
+                stats.structures += 1
+                st = Structure(cm, shapes, m)
+                layers = uniform_layers(L, len(shapes))
+                tt = st.time(layers)
+                stats.evaluated += 1
+                if tt < best[0]:
+                    best = (tt, st, layers)
+    return _finish(problem, best, stats, "megatron", Status.FEASIBLE)
+
+
+def metis_cost(st: Structure, layers: list[int]) -> float:
+    """Return Metis' closed-form iteration estimate (seconds): (m-1) max_s E_s + sum_s E_s + max_s
+    all-reduce + max_s optimizer + the sends counted once per boundary (Metis' own formula, costed
+    over EVERY stage, with the real inter-node bandwidth and explicit units)."""
+    E = [n * c + e for n, c, e in zip(layers, st.c, st.e)]
+    tail = [n * a + a0 for n, a, a0 in zip(layers, st.a, st.a0)]
+    return (st.m - 1) * max(E) + sum(E) + max(tail) + sum(st.p2p)
+
+
+def metis_partition(st: Structure) -> list[int]:
+    """Return Metis' layer partition: shares proportional to stage speed 1/c, largest remainder,
+    then memory repair (move layers off stages above their cap to stages with room)."""
+    L = st.cm.p.model.num_layers
+    speed = [1.0 / c for c in st.c]
+    raw = [L * v / sum(speed) for v in speed]
+    n = [max(1, int(x)) for x in raw]
+    for s in sorted(range(st.S), key=lambda s: raw[s] - int(raw[s]), reverse=True):
+        if sum(n) >= L:
+            break
+        n[s] += 1
+    while sum(n) > L:
+        s = max(range(st.S), key=lambda s: n[s])
+        n[s] -= 1
+    for s in range(st.S):
+        while n[s] > st.nmax[s]:
+            room = [r for r in range(st.S) if n[r] < st.nmax[r]]
+            if not room:
+                return n
+            r = max(room, key=lambda r: speed[r])
+            n[s] -= 1
+            n[r] += 1
+    return n
+
+
+def solve_metis(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                progress: Progress, **_: Any) -> PoseidonPlan:
+    """Metis-style search: every type order and per-type stage count, data parallelism first (the
+    smallest TP whose stages fit), Metis' proportional layer partition, ranked by Metis' closed-form
+    cost; the chosen plan is then scored by the DAG model."""
+    cm = CostModel(problem)
+    stats = Stats()
+    best_cost, best = INF, None
+    seen: set[tuple[int, tuple[tuple[str, int], ...]]] = set()
+    for st in structures(problem, cm):
+        stats.structures += 1
+        key = (st.m, tuple((sh.device_type, len(sh.gpu_ids)) for sh in st.shapes))
+        if key in seen or not st.feasible():
+            continue  # DP first: the same stages with smaller TP (enumerated earlier) already fit
+        layers = metis_partition(st)
+        if st.time(layers) == INF:
+            continue
+        seen.add(key)
+        stats.evaluated += 1
+        c = metis_cost(st, layers)
+        if c < best_cost:
+            best_cost, best = c, (st, layers)
+    if best is None:
+        raise InfeasibleError(_why_infeasible(problem))
+    st, layers = best
+    return _finish(problem, (st.time(layers), st, layers), stats, "metis", Status.FEASIBLE)
+
+
+def solve_3d(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
+             progress: Progress, **_: Any) -> PoseidonPlan:
+    """Classic 3D parallelism on a homogeneous cluster (Megatron-LM recipe): TP = devices per node
+    (at most max_tp), the fewest pipeline stages whose uniform layer split fits, the rest data
+    parallel, micro-batch size 1."""
+    cm = CostModel(problem)
+    stats = Stats()
+    (os,) = type_options(problem).values()
+    L = problem.model.num_layers
+    for o in sorted([o for o in os if o.tp == max(x.tp for x in os)], key=lambda o: o.stages):
+        m = problem.global_batch // o.dp
+        if o.stages > min(L, problem.max_stages) or problem.global_batch % o.dp or m > problem.max_microbatches:
+            continue
+        st = Structure(cm, list(o.shapes), m)
+        stats.structures += 1
+        layers = uniform_layers(L, o.stages)
+        t = st.time(layers)
+        stats.evaluated += 1
+        if t < INF:
+            return _finish(problem, (t, st, layers), stats, "3d", Status.FEASIBLE)
+    raise InfeasibleError(_why_infeasible(problem))
+
+
+register_solver("poseidon", "poseidon", solve_poseidon, role="paper", default=True,
+                description="stage structures best-first by a proven DAG lower bound, ridge layer mapping")
+register_solver("poseidon", "exhaustive", solve_exhaustive, role="exact", applicable=_exhaustive_applies,
+                description="every stage structure of the same space, no pruning (option cuts=all: every cut set)")
+register_solver("poseidon", "megatron", solve_megatron, role="baseline",
+                description="homogeneous-style: equal stages and degrees, uniform layers")
+register_solver("poseidon", "metis", solve_metis, role="baseline",
+                description="Metis-style: DP-first, proportional layers, closed-form cost")
+register_solver("poseidon", "3d", solve_3d, role="baseline",
+                applicable=lambda p: None if len(p.cluster.capacity()) == 1 else "needs a homogeneous cluster",
+                description="classic 3D parallel config: TP per node, fewest stages that fit")
