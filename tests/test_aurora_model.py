@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpuplan import api
 from gpuplan.errors import InputError
-from gpuplan.models.aurora import (TRAINER, AuroraProblem, arrival_times, best_split, delta_size_bytes, step_time,
+from gpuplan.models.aurora import (RECORD_HEADER_BYTES, TRAINER, AuroraProblem, arrival_times, best_split, delta_size_bytes, step_time,
                                    tree_edges)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "aurora"
@@ -160,6 +160,7 @@ def test_delta_size_formula_matches_codec() -> None:
     new[rng.random(n) < 0.01] ^= 3
     blob = D.encode({"w": old}, {"w": new}, {"w": "bf16"}, compress=False, digests=False)
     assert len(blob) == pytest.approx(delta_size_bytes(n, 0.01, 2, D.CHUNK_ELEMS), rel=0.02)
+    assert RECORD_HEADER_BYTES == D._REC.size
 
 
 def test_tokens_per_dollar_drops_expensive_slow_workers() -> None:

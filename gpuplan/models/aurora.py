@@ -33,7 +33,7 @@ from gpuplan.registry import ModelSpec, register_model
 from gpuplan.units import Bytes, GBps, Seconds
 
 TRAINER = "trainer"
-RECORD_HEADER_BYTES = 44  # one chunk record's fixed header in the delta format
+RECORD_HEADER_BYTES = 40  # one chunk record's fixed header in the delta format
 
 
 class RegionLink(Schema):

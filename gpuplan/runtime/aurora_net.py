@@ -91,19 +91,25 @@ def next_weights(spec: TransferSpec, old: dict[str, np.ndarray]) -> dict[str, np
 
 
 class Pacer:
-    """A token bucket: `take(n)` sleeps until n more bytes fit under `rate` bytes/s (thread-safe)."""
+    """A token bucket of `rate` bytes/s holding at most `depth` bytes (thread-safe).
 
-    def __init__(self, rate: float) -> None:
+    The depth lets a sender that overslept catch up, so scheduler delays on a busy machine do
+    not lower the emulated rate; the long-run rate never exceeds `rate`.
+    """
+
+    def __init__(self, rate: float, depth: int = 4 * PIECE) -> None:
         self.rate = rate
+        self.depth_s = depth / rate
         self.next = time.perf_counter()
         self.lock = threading.Lock()
 
     def reserve(self, n: int) -> float:
-        """Reserve n bytes; return the perf_counter time at which they may be sent."""
+        """Reserve n bytes; return the perf_counter time at which they may be sent (GCRA)."""
         with self.lock:
-            start = max(self.next, time.perf_counter())
-            self.next = start + n / self.rate
-            return start
+            now = time.perf_counter()
+            tat = max(self.next, now)  # theoretical arrival time of the bucket
+            self.next = tat + n / self.rate
+            return max(now, tat - self.depth_s)
 
 
 def _pace(pacers: list[Pacer], n: int) -> None:
