@@ -89,6 +89,16 @@ def test_cooperative_plans_pass_check_and_match_independent_lp(seed: int, n: int
         assert plan.objective == pytest.approx(independent_lp(a, fairness), rel=1e-5, abs=1e-6)
 
 
+def test_ef_cutting_planes_match_the_full_cvxpy_lp() -> None:
+    for seed in range(3):
+        problem = api.load_problem(random_doc(np.random.default_rng(seed), 25, weights=True))
+        cuts = api.solve(problem, solver="oef")
+        full = api.solve(problem, solver="oef", method="cvxpy")
+        assert cuts.solver.stats["lp_rounds"] >= 1 and "lp_rounds" not in full.solver.stats
+        assert cuts.objective == pytest.approx(full.objective, rel=1e-7)
+        assert api.check(problem, cuts) == [] and api.check(problem, full) == []
+
+
 def test_identical_jobs_form_one_class_and_share_equally() -> None:
     doc = problem_doc([[3, 2, 1]] * 30 + [[2, 2, 1]] * 20, [1] * 50, [8, 8, 8])
     problem = api.load_problem(doc)

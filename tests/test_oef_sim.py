@@ -40,7 +40,6 @@ def test_shipped_trace_has_about_100_jobs_of_several_types() -> None:
     assert len({j.type for j in trace.jobs}) >= 6 and len(trace.cluster.capacity()) >= 4
 
 
-@pytest.mark.slow
 def test_oef_beats_gavel_maxmin_jct_on_shipped_trace() -> None:
     trace = load_trace(TRACE)
     oef = simulate(trace, "oef").figures()["avg_jct_h"]

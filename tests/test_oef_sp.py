@@ -29,7 +29,7 @@ def _mechanism(name: str, a, c, nw):
             Y, _ = partial_allocation(rep, nw=nw)
         else:
             ref = (rep.V * equal_share(a)[first]).sum(axis=1)
-            Y, _ = lp_allocation(rep, fairness=name, si_ref=ref)
+            Y, _, _ = lp_allocation(rep, fairness=name, si_ref=ref)
         return Y[c.of_job]
 
     return run

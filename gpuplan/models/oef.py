@@ -393,7 +393,7 @@ def _check_rounds(problem: OefProblem, a: Arrays, plan: OefPlan, X: np.ndarray) 
                                      f"distinct {t} GPUs (bad ids {bad})", {"round": r, "job": a.names[i]}))
             used.update(ids)
     gap = np.abs(realised_shares(a, plan) - X)
-    if gap.max() > problem.round_tolerance:
+    if gap.max() > problem.round_tolerance + 1e-9:
         i, j = np.unravel_index(int(gap.argmax()), gap.shape)
         out.append(Violation("round_share", f"{a.names[i]} runs {gap[i, j]:.3f} off its {a.types[j]} share over "
                              f"{len(plan.rounds)} rounds (tolerance {problem.round_tolerance})",

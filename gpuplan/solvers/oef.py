@@ -44,39 +44,68 @@ def classes(a: Arrays) -> Classes:
                    a.usable[first], a.capacity)
 
 
-def _base(cp: Any, Y: Any, c: Classes) -> list[Any]:
-    """Return the constraints every policy shares: bounds, usable types, time <= 1, capacity."""
-    return [Y >= 0, Y <= c.usable.astype(float), cp.sum(Y, axis=1) <= 1,
-            (c.count * c.gpus) @ Y <= c.capacity]
+def _matrices(c: Classes) -> dict[str, Any]:
+    """Return the sparse LP data over y = vec(Y) (row-major, classes x types): per-class time
+    `rows`, per-type GPUs `cap`, and per-class normalised throughput `own`."""
+    from scipy.sparse import diags, eye, kron, csr_matrix
+
+    k, m = c.V.shape
+    rows = kron(eye(k), csr_matrix(np.ones((1, m)))).tocsr()
+    cap = kron(csr_matrix((c.count * c.gpus)[None, :]), eye(m)).tocsr()
+    return {"rows": rows, "cap": cap, "own": (rows @ diags(c.V.ravel())).tocsr()}
 
 
-def _own(cp: Any, Y: Any, c: Classes) -> Any:
-    """Return the cvxpy vector of each class's normalised throughput U_c(Y_c)."""
-    return cp.sum(cp.multiply(c.V, Y), axis=1)
+def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
+    """Return the EF constraints as a sparse matrix E (E @ y <= 0) and each row's envious class i,
+    one row per ordered class pair
+    (i, k): theta[i, k] V_i . Y_k - V_i . Y_i. Pairs where even k's best bundle (all of its time on
+    the type i values most among those k may use) cannot reach i's SI level are implied by SI and
+    left out."""
+    from scipy.sparse import coo_matrix
+
+    k, m = c.V.shape
+    theta = envy_factor(c.gpus, c.weight)
+    best = np.array([[(c.V[i] * c.usable[q]).max() for q in range(k)] for i in range(k)]) if k <= 64 else \
+        np.max(c.V[:, None, :] * c.usable[None, :, :], axis=2)
+    I, K = np.nonzero((theta * best > si_ref[:, None] * (1 - 1e-9)) & ~np.eye(k, dtype=bool))
+    p = np.arange(len(I))
+    j = np.arange(m)
+    r = np.repeat(p, m)
+    data = np.concatenate([(theta[I, K][:, None] * c.V[I]).ravel(), -c.V[I].ravel()])
+    cols = np.concatenate([(K[:, None] * m + j).ravel(), (I[:, None] * m + j).ravel()])
+    return coo_matrix((data, (np.concatenate([r, r]), cols)), shape=(len(I), k * m)).tocsr(), I
 
 
 def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None,
-                  time_limit_s: float | None = None) -> tuple[np.ndarray, Status]:
-    """Return the class rows (time fractions, classes x types) of an LP policy, and the status.
+                  time_limit_s: float | None = None, method: str = "cuts"
+                  ) -> tuple[np.ndarray, Status, dict[str, Any]]:
+    """Return the class rows (time fractions, classes x types) of an LP policy, its status, stats.
 
     fairness: 'ef' (max efficiency s.t. SI and EF), 'si' (s.t. SI), 'none' (max efficiency),
     'maxmin' (Gavel's heterogeneity-aware max-min), 'agnostic' (max-min of weighted GPU time).
+    The constraints are sparse matrices over vec(Y), so building the LP costs little beyond HiGHS.
+    The EF LP is solved by cutting planes (ef_cutting_planes) unless method='cvxpy', which hands
+    all EF rows to cvxpy + HiGHS at once (same optimum; 3-6x slower at 200 classes).
     """
     import cvxpy as cp
 
     k, m = c.V.shape
-    Y = cp.Variable((k, m), name="Y")
-    cons = _base(cp, Y, c)
-    own = _own(cp, Y, c)
+    M = _matrices(c)
+    y = cp.Variable(k * m, name="Y")
+    cons = [y >= 0, y <= c.usable.ravel().astype(float), M["rows"] @ y <= 1, M["cap"] @ y <= c.capacity]
+    own = M["own"] @ y
+    stats: dict[str, Any] = {}
     if fairness in ("ef", "si", "none"):
         objective = cp.Maximize((c.count * c.gpus) @ own)
         if fairness in ("ef", "si"):
             cons.append(own >= si_ref)
+        if fairness == "ef" and k > 1 and method == "cuts":
+            return ef_cutting_planes(c, si_ref, time_limit_s)
         if fairness == "ef" and k > 1:
-            U = c.V @ Y.T                                        # U[i, k] = V_i . Y_k
-            theta = envy_factor(c.gpus, c.weight)
-            np.fill_diagonal(theta, 0.0)
-            cons.append(cp.multiply(theta, U) <= cp.reshape(own, (k, 1), order="F") @ np.ones((1, k)))
+            E, _ = envy_rows(c, si_ref)
+            stats = {"ef_rows": int(E.shape[0]), "ef_rows_implied_by_si": k * (k - 1) - int(E.shape[0])}
+            if E.shape[0]:
+                cons.append(E @ y <= 0)
     else:
         t = cp.Variable(name="t")
         if fairness == "maxmin":
@@ -84,15 +113,69 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
             p = (c.V * c.usable) @ c.capacity / c.capacity.sum()
             cons.append(cp.multiply(c.gpus / (c.weight * p), own) >= t)
         else:
-            cons.append(cp.multiply(c.gpus / c.weight, cp.sum(Y, axis=1)) >= t)
+            cons.append(cp.multiply(c.gpus / c.weight, M["rows"] @ y) >= t)
         objective = cp.Maximize(t)
     prob = cp.Problem(objective, cons)
     # Gavel solves its max-min LP with an interior-point method (ECOS), which ends inside the optimal
     # face (jobs not at the bottleneck keep their extra throughput); Clarabel does the same here.
-    # The efficiency LPs go to HiGHS (simplex: an exact vertex).
-    order = ("HIGHS", "CLARABEL") if fairness in ("ef", "si", "none") else ("CLARABEL", "HIGHS")
-    status, _ = solve_cvxpy(prob, preferred=order, time_limit_s=time_limit_s)
-    return np.asarray(Y.value, dtype=float), status
+    # The efficiency LPs go to HiGHS's primal simplex (an exact vertex; on the EF LP it is 4-25x
+    # faster than HiGHS's default dual simplex, its IPM or Clarabel, measured on the benchmark inputs).
+    if fairness in ("ef", "si", "none"):
+        status, _ = solve_cvxpy(prob, preferred=("HIGHS",), time_limit_s=time_limit_s, simplex_strategy=4)
+    else:
+        status, _ = solve_cvxpy(prob, preferred=("CLARABEL", "HIGHS"), time_limit_s=time_limit_s)
+    return np.asarray(y.value, dtype=float).reshape(k, m), status, stats
+
+
+def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None = None
+                      ) -> tuple[np.ndarray, Status, dict[str, Any]]:
+    """Return (class rows, status, stats) of max efficiency s.t. SI and EF, adding EF rows lazily.
+
+    HiGHS solves the LP without EF rows; every EF row the solution violates is added and HiGHS
+    re-solves from its last basis (dual simplex warm start), until no EF row is violated. The last
+    optimum is feasible for the full LP and bounds it, so it is the full LP's optimum. Measured on
+    the benchmark inputs: 0.9 s instead of 5.6 s for 200 distinct tenants (all rows at once).
+    """
+    import highspy
+    from scipy.sparse import vstack
+
+    from gpuplan.errors import InfeasibleError, SolverError
+
+    k, m = c.V.shape
+    n = k * m
+    M = _matrices(c)
+    E, _ = envy_rows(c, si_ref)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    if time_limit_s is not None:
+        h.setOptionValue("time_limit", float(time_limit_s))
+    inf = highspy.kHighsInf
+    h.addVars(n, np.zeros(n), c.usable.ravel().astype(float))
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), -(np.repeat(c.count * c.gpus, m) * c.V.ravel()))
+
+    def add(A: Any, upper: np.ndarray) -> None:
+        A = A.tocsr()
+        h.addRows(A.shape[0], np.full(A.shape[0], -inf), upper, A.nnz, A.indptr[:-1].astype(np.int32),
+                  A.indices.astype(np.int32), A.data)
+
+    add(vstack([M["rows"], M["cap"], -M["own"]]), np.concatenate([np.ones(k), c.capacity, -si_ref]))
+    active = np.zeros(E.shape[0], dtype=bool)
+    for it in range(1, 1000):
+        h.run()
+        status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kInfeasible:
+            raise InfeasibleError("the EF + SI program is infeasible")
+        if status != highspy.HighsModelStatus.kOptimal:
+            raise SolverError(f"HiGHS ended with {h.modelStatusToString(status)} after {it} rounds of EF rows")
+        y = np.asarray(h.getSolution().col_value)
+        new = np.nonzero(~active & (E @ y > 1e-9))[0]
+        if not len(new):
+            break
+        active[new] = True
+        add(E[new], np.zeros(len(new)))
+    stats = {"ef_rows": int(E.shape[0]), "ef_rows_implied_by_si": k * (k - 1) - int(E.shape[0]),
+             "ef_rows_added": int(active.sum()), "lp_rounds": it}
+    return y.reshape(k, m), Status.OPTIMAL, stats
 
 
 class NashWelfare:
@@ -182,16 +265,17 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
 
 def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
     def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
-              progress: Callable[[float | None, str], None], **_: Any) -> OefPlan:
+              progress: Callable[[float | None, str], None], method: str = "cuts", **_: Any) -> OefPlan:
         a = arrays(problem)
         c = classes(a)
         progress(0.1, f"{policy}: {len(a.names)} jobs in {len(c.count)} classes")
         ref = (c.V * equal_share(a)[np.unique(c.of_job, return_index=True)[1]]).sum(axis=1)
-        Y, status = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=time_limit_s)
+        Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=time_limit_s,
+                                         method=method)
         return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,
-                     stats={}, progress=progress)
+                     stats=stats, progress=progress)
 
-    solve.__doc__ = f"Return the {policy} plan (cvxpy LP, HiGHS)."
+    solve.__doc__ = f"Return the {policy} plan (LP, HiGHS; option method=cvxpy|cuts for the EF LP)."
     return solve
 
 
