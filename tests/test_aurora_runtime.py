@@ -106,13 +106,14 @@ def test_localhost_run_with_rate_limits_delivers_identical_weights() -> None:
 
 @pytest.mark.slow
 def test_relay_killed_mid_transfer_children_resume_from_trainer() -> None:
-    links = [LinkSpec("trainer", "w0", 2, 100 * MBIT, 60 * MBIT, 0.02),
+    links = [LinkSpec("trainer", "w0", 2, 20 * MBIT, 10 * MBIT, 0.02),  # about 0.5 s for the delta
              LinkSpec("w0", "w1", 1, 400 * MBIT, 400 * MBIT, 0.01),
              LinkSpec("w0", "w2", 2, 400 * MBIT, 200 * MBIT, 0.02)]
     spec = TransferSpec(links=links, elements=1 << 23, changed_fraction=0.05, timeout_s=60, kill="w0",
-                        kill_after_s=0.1, lease_s=0.5)
+                        kill_after_s=0.15, lease_s=0.5)
     out = run_transfer(spec)
     assert out["identical"] and set(out["arrival_s"]) == {"w1", "w2"}
+    assert set(out["detection_s"]) == {"w1", "w2"}  # both lost their relay and resumed from the trainer
     assert all(d <= spec.lease_s + 0.5 for d in out["detection_s"].values())
     assert all(w["duplicates"] == 0 and w["records"] == out["records"] for w in out["workers"].values())
 
@@ -122,5 +123,5 @@ def test_killed_worker_leases_reassigned_every_batch_accepted_once() -> None:
     out = run_rollouts(batches=10, workers=3, ttl_s=0.6, rollout_s=0.25, kill="w0", stall="w1")
     assert out["exactly_once"] and len(out["accepted_by"]) == 10
     assert out["killed"] == "w0" and "w0" not in out["accepted_by"].values()
-    assert out["detection_s"] is not None and out["detection_s"] <= 0.6 + 0.3
+    assert out["detection_s"] is not None and out["detection_s"] <= 0.6 + 0.5  # TTL + polling on a busy machine
     assert any(r["holder"] == "w1" for r in out["rejected"])  # the stalled worker's late result

@@ -163,6 +163,17 @@ def run_rollouts(batches: int = 12, workers: int = 3, *, ttl_s: float = 0.6, rol
         p.start()
     deadline = time.monotonic() + timeout_s
     try:
+        # start granting once every worker has asked (process start-up varies on a busy machine)
+        first: list[tuple[str, str, Any]] = []
+        while len(first) < workers and time.monotonic() < deadline:
+            try:
+                first.append(requests.get(timeout=0.1))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs.values()):
+                    raise RuntimeError("a rollout worker exited before it started") from None
+        for kind, name, _ in first:
+            lease = table.grant(name)
+            replies[name].put(("lease", lease.id, lease.work, version) if lease else ("wait",))
         while not table.done(batches) and time.monotonic() < deadline:
             for lease in table.expire():
                 if lease.holder == kill and killed_at is not None and detected_at is None:
