@@ -1,0 +1,200 @@
+"""Execute a Poseidon plan with torch: one process per device, torch.distributed.pipelining for the
+stages and the schedule (Schedule1F1B / ScheduleGPipe), data-parallel gradient all-reduce per stage,
+and device-type heterogeneity emulated per process.
+
+Layout: rank = replica * S + stage (S stages, `dp` pipeline replicas). Every stage must have
+tp == 1 and the same dp (tensor parallelism inside a stage is not executed here). A slower device
+type is emulated by a calibrated slowdown: after each forward or backward call of a stage, the
+process sleeps (factor - 1) x the time the call took, factor = the type's profiled layer time over
+the fastest type's (or the inverse ratio of catalog peaks without a profile). Returns measured
+iteration and per-stage times next to the plan's predictions.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from gpuplan.errors import InputError
+from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem
+from gpuplan.models.workload import TransformerConfig, scaled
+
+
+def stage_slowdowns(problem: PoseidonProblem, plan: PoseidonPlan) -> list[float]:
+    """Return each stage's slowdown factor (>= 1): its type's one-layer forward+backward time at
+    the plan's micro-batch over the fastest type's."""
+    cm = CostModel(problem)
+    b = plan.stages[0].micro_batch_size
+    per = {t: sum(cm.layer(t, 1, b)) for t in problem.cluster.capacity()}
+    fastest = min(per.values())
+    return [per[s.device_type] / fastest for s in plan.stages]
+
+
+def runnable_config(problem: PoseidonProblem, max_hidden: int = 256, max_vocab: int = 4096,
+                    max_seq: int = 128) -> tuple[TransformerConfig, int, str]:
+    """Return (config, sequence length, note): the problem's model, scaled down when it is larger
+    than a CPU run allows (same number of layers, so the plan's layer ranges hold)."""
+    cfg, seq = problem.model, problem.seq_len
+    note = ""
+    if cfg.hidden > max_hidden or cfg.vocab > max_vocab:
+        cfg = scaled(cfg, hidden=min(cfg.hidden, max_hidden), vocab=min(cfg.vocab, max_vocab))
+        note = f"scaled: hidden {cfg.hidden} (of {problem.model.hidden}), vocab {cfg.vocab} (of {problem.model.vocab})"
+    if seq > max_seq:
+        note += f"{'; ' if note else 'scaled: '}sequence {max_seq} (of {seq})"
+        seq = max_seq
+    return cfg, seq, note
+
+
+def _slow_down(stage: Any, factor: float) -> None:
+    """Wrap a PipelineStage's compute calls to sleep (factor - 1) x their duration afterwards."""
+    if factor <= 1.0 + 1e-9:
+        return
+    for name in ("forward_one_chunk", "backward_one_chunk"):
+        call = getattr(stage, name)
+
+        def slowed(*args: Any, _call: Any = call, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = _call(*args, **kwargs)
+            time.sleep((factor - 1.0) * (time.perf_counter() - t0))
+            return out
+
+        setattr(stage, name, slowed)
+
+
+def _global_name(local: str, first: int, last: int, has_embedding: bool, num_layers: int) -> str:
+    """Map a stage module's parameter name to the whole model's (gpt.model) name."""
+    idx, rest = local.split(".", 1)
+    i = int(idx)
+    if has_embedding:
+        if i == 0:
+            return f"0.{rest}"
+        i -= 1
+    if first + i < last:
+        return f"{1 + first + i}.{rest}"
+    return f"{1 + num_layers}.{rest}"
+
+
+def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from gpuplan.runtime import gpt
+    from gpuplan.runtime.torch_pipelining import time_stage_calls
+
+    cfg = TransformerConfig.model_validate(spec["config"])
+    S, dp, m, mb, seq = len(spec["ranges"]), spec["dp"], spec["m"], spec["micro_batch"], spec["seq"]
+    replica, s = divmod(rank, S)
+    pp_groups = [dist.new_group([r * S + k for k in range(S)]) for r in range(dp)]
+    dp_groups = [dist.new_group([r * S + k for r in range(dp)]) for k in range(S)]
+    first, last = spec["ranges"][s]
+    module = gpt.stage(cfg, first, last, spec["seed"])
+    stage = PipelineStage(module, s, S, torch.device("cpu"), group=pp_groups[replica])
+    _slow_down(stage, spec["factors"][s])
+    sink: list[tuple[int, str, float]] = []
+    time_stage_calls(stage, sink)
+    schedule_cls = ScheduleGPipe if spec["schedule"] == "gpipe" else Schedule1F1B
+    schedule = schedule_cls(stage, m, loss_fn=gpt.lm_loss)
+    opt = torch.optim.SGD(module.parameters(), lr=spec["lr"])
+    iters, losses_out, grads = [], [], {}
+    for step in range(spec["warmup"] + spec["steps"]):
+        tokens, targets = gpt.synthetic_batch(cfg, m * mb * dp, seq, seed=spec["seed"] + step)
+        part = slice(replica * m * mb, (replica + 1) * m * mb)
+        opt.zero_grad()
+        sink.clear()
+        dist.barrier()
+        t0 = time.perf_counter()
+        losses: list[Any] = []
+        args = (tokens[part],) if s == 0 else ()
+        kwargs = {"target": targets[part], "losses": losses} if s == S - 1 else {}
+        schedule.step(*args, **kwargs)
+        if dp > 1:
+            for p in module.parameters():
+                dist.all_reduce(p.grad, group=dp_groups[s])
+                p.grad /= dp
+        if step == 0 and replica == 0 and spec["grads"]:
+            grads = {_global_name(n, first, last, first == 0, cfg.num_layers): p.grad.detach().numpy().copy()
+                     for n, p in module.named_parameters()}
+        opt.step()
+        dist.barrier()
+        wall = time.perf_counter() - t0
+        if step >= spec["warmup"]:
+            iters.append(wall)
+            fw = [d for k, kind, d in sink if kind == "F"]
+            bw = [d for k, kind, d in sink if kind == "B"]
+            losses_out.append(float(sum(float(x.detach()) for x in losses) / len(losses)) if losses else None)
+            iters[-1] = (wall, statistics.median(fw) if fw else 0.0, statistics.median(bw) if bw else 0.0)
+    return {"rank": rank, "stage": s, "replica": replica, "iters": iters, "losses": losses_out, "grads": grads}
+
+
+def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str] | None = None, steps: int = 3,
+             warmup: int = 1, threads: int = 1, seed: int = 0, lr: float = 1e-3, timeout_s: float = 600.0,
+             return_grads: bool = False, factors: list[float] | None = None) -> dict[str, Any]:
+    """Run `steps` training iterations of the plan (after `warmup`) and return measured figures:
+    iteration time (s, median), per-stage forward/backward time per micro-batch (s, median), each
+    next to the plan's prediction, the losses, the slowdown factors and the scaling applied.
+    With return_grads, also "grads": the first step's gradients by whole-model parameter name."""
+    if command:
+        raise InputError("poseidon plans run their own training step; a command after -- is not supported")
+    stages = plan.stages
+    bad = [s.index for s in stages if s.tp != 1]
+    if bad:
+        raise InputError(f"stages {bad} use tensor parallelism; the CPU executor runs tp == 1 stages only")
+    if len({s.dp for s in stages}) != 1:
+        raise InputError(f"the executor needs the same dp in every stage, got {[s.dp for s in stages]}")
+    cfg, seq, note = runnable_config(problem)
+    dp, S = stages[0].dp, len(stages)
+    spec = {"config": cfg.model_dump(mode="json"), "ranges": [(s.first_layer, s.last_layer) for s in stages],
+            "dp": dp, "m": plan.num_microbatches, "micro_batch": stages[0].micro_batch_size, "seq": seq,
+            "schedule": plan.schedule, "factors": factors or stage_slowdowns(problem, plan), "seed": seed,
+            "steps": steps, "warmup": warmup, "lr": lr, "grads": return_grads}
+    from gpuplan.runtime.launch import run_workers
+
+    results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
+    iteration = statistics.median(max(r["iters"][i][0] for r in results) for i in range(steps))
+    out: dict[str, Any] = {"world_size": S * dp, "steps": steps, "scaling": note or "none",
+                           "measured_iteration_s": iteration, "predicted_iteration_s": plan.iteration_time_s,
+                           "predicted_over_measured": plan.iteration_time_s / iteration}
+    for k, st in enumerate(stages):
+        mine = [r for r in results if r["stage"] == k]
+        out[f"stage{k}_slowdown"] = spec["factors"][k]
+        out[f"stage{k}_forward_measured_s"] = statistics.median(x[1] for r in mine for x in r["iters"])
+        out[f"stage{k}_forward_predicted_s"] = st.forward_s
+        out[f"stage{k}_backward_measured_s"] = statistics.median(x[2] for r in mine for x in r["iters"])
+        out[f"stage{k}_backward_predicted_s"] = st.backward_s
+    last = [r for r in results if r["stage"] == S - 1 and r["replica"] == 0][0]
+    out["losses"] = last["losses"]
+    if return_grads:
+        import torch
+
+        out["grads"] = {k: torch.from_numpy(v) for r in results for k, v in r["grads"].items()}
+    return out
+
+
+def cpu_problem(config: TransformerConfig, *, seq_len: int, global_batch: int, types: dict[str, tuple[int, float]],
+                micro_batches: list[int], threads: int = 1, repeats: int = 5, **fields: Any) -> PoseidonProblem:
+    """Return a Poseidon problem for a CPU run whose costs were measured here: the gpt blocks of
+    `config` are timed with the profiler (gpuplan.profiling.layers) at each micro-batch size on
+    `threads` threads; `types` maps an emulated device type to (device count, slowdown factor), and
+    each type's layer table is the measured one times its factor. One node; local gloo link."""
+    import torch
+
+    from gpuplan.profiling.layers import LayerPlan, layer_table
+
+    torch.set_num_threads(threads)
+    plan = LayerPlan(config, None, f"measured on this CPU with {threads} thread(s)", micro_batches, [seq_len], "fp32")
+    base = layer_table(plan, "cpu", "cpu", repeats=repeats)
+    costs = [c.model_copy(update={"device_type": name, "forward_s": c.forward_s * f, "backward_s": c.backward_s * f})
+             for name, (_, f) in types.items() for c in base.costs]
+    table = base.model_copy(update={"costs": costs})
+    device_types = {name: {"name": name, "memory_bytes": "16 GiB", "memory_bandwidth_GBps": 10.0,
+                           "peak_tflops": {"fp32": 0.1 / f}, "intra_node_GBps": 2.0}
+                    for name, (_, f) in types.items()}
+    doc = {"kind": "poseidon", "cluster": {
+        "device_types": device_types,
+        "nodes": [{"name": "cpu0", "gpus": {name: n for name, (n, _) in types.items()},
+                   "intra_link": {"bandwidth_GBps": 2.0, "latency_s": 1e-4}}]},
+        "model": config.model_dump(mode="json"), "global_batch": global_batch, "seq_len": seq_len, "dtype": "fp32",
+        "optimizer_state_bytes_per_param": 0.0, "layer_costs": table.model_dump(mode="json"), **fields}
+    return PoseidonProblem.model_validate(doc)
