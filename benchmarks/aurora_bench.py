@@ -46,16 +46,6 @@ def rl_step(old: np.ndarray, fraction: float, seed: int = 1) -> np.ndarray:
     return new
 
 
-def best_time(fn, repeat: int = 3) -> float:
-    """Smallest wall time of `repeat` calls (s)."""
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return min(out)
-
-
 def sizes(n: int) -> Table:
     old = bf16_weights(n)
     rows = []
@@ -75,30 +65,39 @@ def sizes(n: int) -> Table:
                   "entropy bound x", "chosen / bound"], rows)
 
 
-def throughput(n: int) -> Table:
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def throughput(n: int, rounds: int = 7) -> Table:
+    """Encode/decode vs memcpy, measured back to back in each round; medians of the per-round ratios
+    (robust to the load of a shared machine changing during the run)."""
     old = bf16_weights(n)
     new = rl_step(old, 0.01)
     dst = np.empty_like(new)
     np.copyto(dst, new)
-    t_copy = best_time(lambda: np.copyto(dst, new), 5)
     rows = []
     for label, kwargs in (("positions + raw values", {"compress": False}),
                           ("+ zlib top byte", {"compress": True}),
                           ("positions + raw values, 2 threads", {"compress": False, "threads": 2})):
-        t_enc = best_time(lambda: D.encode({"w": old}, {"w": new}, {"w": "bf16"}, digests=False, **kwargs))
         blob = D.encode({"w": old}, {"w": new}, {"w": "bf16"}, digests=False, **kwargs)
         target = old.copy()
-
-        def restore() -> None:
-            target[:] = old
-        t_restore = best_time(restore)  # each decode starts from the old weights: time it, subtract it
-        t_dec = best_time(lambda: (restore(), D.apply(blob, {"w": target}))) - t_restore
-        assert np.array_equal(target, new)
+        copy_s, enc_s, dec_s = [], [], []
+        for _ in range(rounds):
+            copy_s.append(_timed(lambda: np.copyto(dst, new)))
+            enc_s.append(_timed(lambda: D.encode({"w": old}, {"w": new}, {"w": "bf16"}, digests=False, **kwargs)))
+            np.copyto(target, old)  # each decode starts from the old weights (not timed)
+            dec_s.append(_timed(lambda: D.apply(blob, {"w": target})))
+            assert np.array_equal(target, new)
         gb = 2 * n / 1e9
-        rows.append([label, gb / t_copy, gb / t_enc, t_copy / t_enc, 2 * t_copy / t_enc, gb / t_dec,
-                     t_copy / t_dec])
-    return Table(f"codec throughput at 1% changed, {2 * n / 1e6:.0f} MB bf16 tensor, dense bytes per second "
-                 "(target >= 0.25 of memcpy; decode is single-threaded)",
+        med = statistics.median
+        rows.append([label, gb / med(copy_s), gb / med(enc_s), med(c / e for c, e in zip(copy_s, enc_s)),
+                     med(2 * c / e for c, e in zip(copy_s, enc_s)), gb / med(dec_s),
+                     med(c / d for c, d in zip(copy_s, dec_s))])
+    return Table(f"codec throughput at 1% changed, {2 * n / 1e6:.0f} MB bf16 tensor, dense bytes per second, "
+                 f"medians of {rounds} rounds (target >= 0.25 of memcpy; decode is single-threaded)",
                  ["values", "memcpy GB/s", "encode GB/s", "encode / memcpy",
                   "encode / memcpy of old+new", "decode GB/s", "decode / memcpy"],
                  rows)

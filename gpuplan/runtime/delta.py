@@ -137,9 +137,9 @@ def _pack(values: np.ndarray, width: int) -> bytes:
     """Pack the low `width` bits of each value as `width` bit planes (most significant first)."""
     if width == 0 or values.size == 0:
         return b""
-    v = values.astype(np.uint32, copy=False)
-    return b"".join(np.packbits(((v >> np.uint32(j)) & np.uint32(1)).astype(np.uint8)).tobytes()
-                    for j in range(width - 1, -1, -1))
+    shifts = np.arange(width - 1, -1, -1, dtype=np.uint32)[:, None]
+    planes = ((values.astype(np.uint32, copy=False)[None, :] >> shifts) & np.uint32(1)).astype(np.uint8)
+    return np.packbits(planes, axis=1).tobytes()
 
 
 def _plane_bytes(count: int, width: int) -> int:
@@ -148,14 +148,12 @@ def _plane_bytes(count: int, width: int) -> int:
 
 def _unpack(buf: np.ndarray, count: int, width: int) -> np.ndarray:
     """Inverse of _pack: return `count` int64 values of `width` bits each."""
-    out = np.zeros(count, dtype=np.int64)
     if width == 0 or count == 0:
-        return out
+        return np.zeros(count, dtype=np.int64)
     step = (count + 7) // 8
-    for i, j in enumerate(range(width - 1, -1, -1)):
-        plane = np.unpackbits(buf[i * step:(i + 1) * step], count=count)
-        out |= plane.astype(np.int64) << j
-    return out
+    planes = np.unpackbits(buf[:width * step].reshape(width, step), axis=1, count=count)
+    weights = np.int64(1) << np.arange(width - 1, -1, -1, dtype=np.int64)
+    return weights @ planes.astype(np.int64)
 
 
 def _ef_encode(pos: np.ndarray, n: int, low: int) -> bytes:
