@@ -472,7 +472,12 @@ def draw(problem: OefProblem, plan: OefPlan, path: Path) -> None:
         ax2 = axes[0][1]
         ax2.imshow(grid, aspect="auto", interpolation="nearest", cmap="tab20")
         ax2.set_xlabel("round")
-        ax2.set_ylabel("GPU id")
+        first: dict[str, list[int]] = {}
+        for d in problem.cluster.devices:
+            first.setdefault(d.type, []).append(d.id)
+        ax2.set_yticks([ids[0] for ids in first.values()],
+                       [f"{t} {ids[0]}-{ids[-1]}" for t, ids in first.items()], fontsize=8)
+        ax2.set_ylabel("GPU ids")
         ax2.set_title("which job runs on which GPU (colour = job; white = idle)")
     fig.tight_layout()
     from io import BytesIO
