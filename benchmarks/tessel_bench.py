@@ -92,12 +92,35 @@ def cpu_runs(quick: bool) -> Table:
                  ["placement", "N", "processes", "measured_s", "predicted_s", "error", "within 15%"], rows)
 
 
+def figures(folder: str) -> None:
+    """Write Gantt charts of Tessel, 1F1B and the zero-bubble schedules on the same placements."""
+    from pathlib import Path
+
+    from gpuplan import registry
+
+    draw = registry.model("tessel").draw
+    assert draw is not None
+    cases = [("1f1b", 4, 8, ["1f1b", "zb-h1", "tessel"]), ("vshape", 4, 8, ["zb-v", "tessel-unrolled", "tessel"]),
+             ("tp_pp", 4, 8, ["tessel-unrolled", "tessel"])]
+    for shape, p, n, solvers in cases:
+        prob = placement(shape, p, n, memory_for(shape, p, n))
+        for name in solvers:
+            plan = api.solve(prob, solver=name)
+            path = Path(folder) / f"tessel-{shape}{p}-n{n}-{name}.png"
+            draw(prob, plan, path)
+            print(f"wrote {path}: makespan {plan.makespan_s:g} s")
+
+
 def main() -> None:
     """Print the benchmark tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer sizes, shorter exact runs, smaller CPU run")
     ap.add_argument("--no-run", action="store_true", help="skip the CPU execution part")
+    ap.add_argument("--figures", metavar="DIR", help="only write the Gantt figures of docs/tessel.md into DIR")
     args = ap.parse_args()
+    if args.figures:
+        figures(args.figures)
+        return
     shapes = ["1f1b", "vshape", "interleaved", "tp_pp"]
     ns = [8, 16] if args.quick else [8, 16, 32, 64]
     devices = [4, 8]

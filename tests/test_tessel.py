@@ -209,3 +209,22 @@ def test_makespan_and_entries_agree() -> None:
     plan = api.solve(prob, solver="gpipe")
     assert makespan_s(plan.schedule) == plan.makespan_s
     assert all(isinstance(e, Entry) for d in plan.schedule for e in d)
+
+
+def test_a_poseidon_plan_becomes_a_1f1b_placement() -> None:
+    from gpuplan.models.tessel_poseidon import problem_from_poseidon
+
+    plan = {"kind": "poseidon", "status": "optimal", "num_microbatches": 6, "stages": [
+        {"index": 0, "forward_s": 0.02, "backward_s": 0.04, "p2p_s": 0.001},
+        {"index": 1, "forward_s": 0.03, "backward_s": 0.06, "p2p_s": 0.001},
+        {"index": 2, "forward_s": 0.02, "backward_s": 0.04, "p2p_s": 0.0}]}
+    prob = problem_from_poseidon(plan)
+    assert prob.devices == 3 and prob.microbatches == 6
+    assert prob.block("F0").duration_s == pytest.approx(0.021) and prob.block("B1").duration_s == pytest.approx(0.061)
+    assert [prob.limit(d) for d in range(3)] == [3.0, 2.0, 1.0]  # 1F1B's in-flight micro-batches
+    one = api.solve(prob, solver="1f1b")
+    assert not check(prob, one)  # Poseidon's own schedule fits the memory it was checked for
+    tessel = api.solve(prob, solver="tessel")
+    assert not check(prob, tessel) and tessel.makespan_s <= one.makespan_s + 1e-9
+    with pytest.raises(InputError, match="feasible Poseidon plan"):
+        problem_from_poseidon({"kind": "poseidon", "status": "infeasible", "stages": []})

@@ -16,6 +16,13 @@ def build(placement: str, microbatches: int | None, memory_limit: str | None, **
     from gpuplan.io import read_document
 
     doc = read_document(placement)
+    if doc.get("kind") == "poseidon":  # a Poseidon plan: its stages become the placement
+        from gpuplan.models.tessel_poseidon import problem_from_poseidon
+
+        prob = problem_from_poseidon(doc, microbatches=microbatches, file=placement)
+        if memory_limit is None:
+            return prob
+        doc = prob.document()
     if microbatches is not None:
         doc["microbatches"] = microbatches
     if memory_limit is not None:
@@ -37,4 +44,5 @@ INPUTS = ProblemInputs(
      click.Option(["--memory-limit"], default=None,
                   help="Per-device memory limit in bytes or with a unit ('8 GiB'); default: the file's.")],
     build,
-    help="PLACEMENT is a YAML/JSON file with the blocks of one micro-batch (or a `shape:` to generate).")
+    help="PLACEMENT is a YAML/JSON file with the blocks of one micro-batch (or a `shape:` to generate), "
+         "or a Poseidon plan (JSON) whose stages become the placement.")

@@ -478,7 +478,7 @@ def describe(problem: TesselProblem, plan: TesselPlan) -> list[Table]:
     return tables
 
 
-KIND_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "backward_input": "#DD8452",
+KIND_COLOURS = {"forward": "#4C72B0", "backward": "#C44E52", "backward_input": "#DD8452",
                 "backward_weight": "#55A868", "other": "#8172B3"}
 
 
@@ -512,7 +512,7 @@ def draw(problem: TesselProblem, plan: TesselPlan, path: Path) -> None:
     handles = [Patch(color=KIND_COLOURS[k], label=k) for k in used]
     if plan.repetend is not None and plan.repetend.window_s is not None:
         handles.append(Patch(color="gold", alpha=0.25, label="repetend"))
-    ax.legend(handles=handles, loc="upper right", fontsize=7)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
     import io
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.tessel import (Entry, Order, Repetend, TesselPlan, TesselProblem, make_plan, makespan_s,
-                                   memory_peaks, simulate, topological_order)
+                                   memory_peaks, simulate, topological_order, lower_bound_s)
 from gpuplan.registry import register_solver
 from gpuplan.solvers.backends import solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
@@ -216,12 +216,46 @@ def unroll(problem: TesselProblem, pat: Pattern) -> Order:
 # ---------------------------------------------------------------- full / completion CP-SAT
 
 
+def holding_pairs(problem: TesselProblem, t: Ticks, device: int) -> list[tuple[str, str, int]] | None:
+    """Return how one micro-batch's memory on `device` is held: (allocating block, freeing block,
+    units), each free matched to allocations among its ancestors, most recent first; None when some
+    free has no allocation before it. Memory at any time is then the sum of the held amounts, so a
+    cumulative constraint replaces the (much heavier) reservoir."""
+    order = topological_order(problem.blocks) or []
+    ancestors: dict[str, set[str]] = {}
+    for n in order:
+        ancestors[n] = set().union(*[ancestors[a] | {a} for a in problem.block(n).after]) if problem.block(n).after \
+            else set()
+    open_: list[list[Any]] = []  # [block, units left], in topological order
+    pairs: list[tuple[str, str, int]] = []
+    for n in order:
+        if device not in problem.block(n).devices or t.mem[n] == 0:
+            continue
+        if t.mem[n] > 0:
+            open_.append([n, t.mem[n]])
+            continue
+        need = -t.mem[n]
+        for item in reversed(open_):
+            if need == 0:
+                break
+            if item[0] in ancestors[n] and item[1] > 0:
+                take = min(need, item[1])
+                pairs.append((item[0], n, take))
+                item[1] -= take
+                need -= take
+        if need:
+            return None
+    return pairs if all(item[1] == 0 for item in open_) else None
+
+
 def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int], int], horizon: int, *,
-                   free: set[int] | None, time_limit_s: float, seed: int, workers: int) -> tuple[Order, Any]:
+                   free: set[int] | None, time_limit_s: float, seed: int, workers: int,
+                   deterministic: bool = False) -> tuple[Order, Any]:
     """Solve the whole N-micro-batch schedule with CP-SAT (intervals, no-overlap, reservoir memory).
 
     `base` gives tick starts: a hint for free micro-batches, and the positions of the others, which
-    move together by one shift (free=None frees all: the exact model). Returns per-device orders and
+    move together by one shift (free=None frees all: the exact model). deterministic=True bounds
+    CP-SAT's deterministic time with one worker instead of the wall clock. Returns per-device orders and
     the CP-SAT result. Raises InfeasibleError when no schedule within `horizon` ticks exists.
     """
     from ortools.sat.python import cp_model
@@ -253,7 +287,22 @@ def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int],
         ivs = [m.new_fixed_size_interval_var(start[(n, i)], t.dur[n], f"iv_{n}_{i}_{d}")
                for n in names for i in range(n_mb)]
         m.add_no_overlap(ivs)
-        if t.limit[d] is not None:
+        if t.limit[d] is None:
+            continue
+        pairs = holding_pairs(problem, t, d)
+        if pairs is not None:  # memory held from an allocation's start to its free's start
+            held = []
+            for a, f, units in pairs:
+                for i in range(n_mb):
+                    if is_free(i):
+                        size: Any = m.new_int_var(0, horizon, f"len_{a}_{f}_{i}_{d}")
+                        m.add(size == start[(f, i)] - start[(a, i)])
+                    else:  # both ends move with the same shift
+                        size = base[(f, i)] - base[(a, i)]
+                    held.append((m.new_interval_var(start[(a, i)], size, start[(f, i)], f"hold_{a}_{f}_{i}_{d}"),
+                                 units))
+            m.add_cumulative([h for h, _ in held], [u for _, u in held], t.limit[d])
+        else:
             keys = [(n, i) for n in names for i in range(n_mb) if t.mem[n] != 0]
             low = -sum(abs(t.mem[n]) for n, _ in keys)
             m.add_reservoir_constraint([start[key] for key in keys], [t.mem[n] for n, _ in keys],
@@ -261,8 +310,15 @@ def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int],
     end = m.new_int_var(0, horizon, "makespan")
     for (n, i), v in start.items():
         m.add(end >= v + t.dur[n])
+    if shift is not None:
+        m.add_hint(shift, 0)
+    if base:  # a complete hint (CP-SAT ignores partial ones too easily)
+        m.add_hint(end, min(horizon, max(base[(n, i)] + t.dur[n] for (n, i) in base)))
     m.minimize(end)
-    res = solve_cpsat(m, time_limit_s=time_limit_s, seed=seed, workers=workers)
+    if deterministic:  # one worker, deterministic time: the same answer on every run
+        res = solve_cpsat(m, time_limit_s=20 * time_limit_s, deterministic_limit=time_limit_s, seed=seed, workers=1)
+    else:
+        res = solve_cpsat(m, time_limit_s=time_limit_s, seed=seed, workers=workers)
     val = res.solver.value
     ticks: list[list[tuple[int, str, int]]] = [[] for _ in range(problem.devices)]
     for (n, i), v in start.items():
@@ -327,9 +383,10 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     """Return Tessel's schedule: the minimum-period repetend, then its completion over N micro-batches.
 
     completion=False keeps the unrolled, left-shifted pattern. latency_search_s > 0 spends that much
-    CP-SAT deterministic time on the pattern's one-micro-batch latency. polish_s > 0 adds a CP-SAT pass
+    CP-SAT deterministic time on the pattern's one-micro-batch latency. The polish is a CP-SAT pass
     that re-solves the first and last in-flight micro-batches jointly with the repeated middle
-    (moved as one piece) for that many seconds. Plan times are seconds; stats hold ticks and timings.
+    (moved as one piece) for polish_s deterministic seconds (off by default: on the benchmark shapes
+    it rarely pays for its time; skipped when the schedule already meets the lower bound). Plan times are seconds; stats hold ticks and timings.
     """
     started = time.perf_counter()
     limit = float(time_limit_s or 20.0)
@@ -347,13 +404,15 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
             raise InfeasibleError("the unrolled repetend exceeds memory during warm-up; "
                                   f"peaks {memory_peaks(problem, schedule)} bytes")
     width = max(pat.lag.values()) - min(pat.lag.values()) + 1
-    if polish_s > 0 and problem.microbatches > 1:
+    bound = lower_bound_s(problem)
+    stats["polish_skipped_at_bound"] = makespan_s(schedule) <= bound * (1 + 1e-9)
+    if polish_s > 0 and problem.microbatches > 1 and not stats["polish_skipped_at_bound"]:
         n = problem.microbatches
         free = set(range(min(n, width))) | set(range(max(0, n - width), n))
         base = _tick_starts(schedule, t.tick_s)
         try:
             orders2, res = schedule_cpsat(problem, t, base, round(makespan_s(schedule) / t.tick_s) + 1, free=free,
-                                          time_limit_s=polish_s, seed=seed, workers=workers)
+                                          time_limit_s=polish_s, seed=seed, workers=workers, deterministic=True)
             sched2 = simulate(problem, orders2)
             if makespan_s(sched2) < makespan_s(schedule) - 1e-9 and _fits(problem, sched2):
                 schedule = sched2
