@@ -185,3 +185,12 @@ def test_bad_input_names_field(change, words) -> None:
     with pytest.raises(InputError) as info:
         api.load_problem(doc)
     assert words in str(info.value) and "tenants[" in str(info.value)
+
+
+def test_placement_keeps_each_job_on_the_fewest_nodes() -> None:
+    problem = api.load_problem(EXAMPLE.parent / "gavel-36.yaml")       # nodes of 4 GPUs, jobs of 1-8
+    plan = api.solve(problem)
+    devices = problem.cluster.devices
+    spans = [(len({devices[g].node for g in ids}), -(-len(ids) // 4)) for rnd in plan.rounds for _, _, ids in rnd]
+    assert spans and all(used == fewest for used, fewest in spans)
+    assert api.check(problem, plan) == []

@@ -91,11 +91,7 @@ class OefProblem(Problem):
     @model_validator(mode="after")
     def _consistent(self) -> "OefProblem":
         cap = self.cluster.capacity()
-        for name, tput in self.job_types.items():
-            for t, x in tput.items():
-                _known_type(self.cluster, t, f"job_types.{name}.{t}")
-                if not (isinstance(x, (int, float)) and x >= 0):
-                    raise ValueError(f"at job_types.{name}.{t}: a non-negative throughput in steps/s, not {x!r}")
+        check_speed_table(self.cluster, self.job_types, "job_types")
         seen: set[str] = set()
         for a, tenant in enumerate(self.tenants):
             if tenant.name in seen:
@@ -128,6 +124,15 @@ class OefProblem(Problem):
                     raise ValueError(f"at {where}.gpus: at most the GPUs of a usable type "
                                      f"({', '.join(f'{t}: {cap[t]}' for t in usable)}), not {job.gpus}")
         return self
+
+
+def check_speed_table(cluster: Cluster, table: dict[str, dict[str, float]], field: str) -> None:
+    """Raise ValueError naming `field.<name>.<type>` for an unknown GPU type or a negative speed."""
+    for name, speeds in table.items():
+        for t, x in speeds.items():
+            _known_type(cluster, t, f"{field}.{name}.{t}")
+            if not (isinstance(x, (int, float)) and x >= 0 and math.isfinite(x)):
+                raise ValueError(f"at {field}.{name}.{t}: a non-negative throughput in steps/s, not {x!r}")
 
 
 def _known_type(cluster: Cluster, name: str, where: str) -> str:

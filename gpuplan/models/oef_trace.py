@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 
 from gpuplan.models.base import Schema, validate
 from gpuplan.models.cluster import Cluster
+from gpuplan.models.oef import check_speed_table
 from gpuplan.io import read_document
 
 
@@ -50,10 +51,7 @@ class Trace(Schema):
     @model_validator(mode="after")
     def _consistent(self) -> "Trace":
         cap = self.cluster.capacity()
-        for name, speeds in self.job_types.items():
-            for t, x in speeds.items():
-                if not (isinstance(x, (int, float)) and x >= 0):
-                    raise ValueError(f"at job_types.{name}.{t}: a non-negative speed in steps/s, not {x!r}")
+        check_speed_table(self.cluster, self.job_types, "job_types")
         for t, w in self.tenants.items():
             if w <= 0:
                 raise ValueError(f"at tenants.{t}: a positive weight, not {w}")

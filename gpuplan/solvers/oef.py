@@ -140,6 +140,9 @@ def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None
     from scipy.sparse import vstack
 
     from gpuplan.errors import InfeasibleError, SolverError
+    from gpuplan.solvers.backends import _silence_highs_banner
+
+    _silence_highs_banner()
 
     k, m = c.V.shape
     n = k * m

@@ -7,8 +7,9 @@ capacity is not binding a job is never more than one round off its share, so ove
 realised fraction is within 1/R of X; binding capacity and packing of multi-GPU jobs add a few
 rounds at most. The problem's `round_tolerance` (default 0.1) is the bound `check` enforces.
 
-Placement (argued greedy): in a round, the jobs on one type are placed largest first; a job keeps
-the GPUs it held in the previous round when they are all free (no migration), else goes to the node
+Placement (argued greedy): in a round, the jobs on one type are placed largest first (so small
+jobs cannot fragment nodes a large job needs); a job keeps the GPUs it held in the previous round
+when they are all still free (no migration), else goes to the node
 with the fewest free GPUs that still fits it whole (best fit), else spans the nodes with the most
 free GPUs. With power-of-two job sizes and node sizes, best-fit-decreasing puts every job that fits
 in a node on one node, the minimum.
@@ -54,15 +55,12 @@ class Placer:
         free = {t: {n: list(ids) for n, ids in nodes.items()} for t, nodes in self.pools.items()}
         free_set = {t: {g for ids in nodes.values() for g in ids} for t, nodes in self.pools.items()}
         out: dict[Any, list[int]] = {}
-        pending = []
         for key, t, g in sorted(jobs, key=lambda x: -x[2]):
             prev = self.previous.get(key)
             if prev and prev[0] == t and len(prev[1]) == g and all(x in free_set[t] for x in prev[1]):
                 self._take(free[t], free_set[t], prev[1])
                 out[key] = prev[1]
-            else:
-                pending.append((key, t, g))
-        for key, t, g in pending:
+                continue
             nodes = free[t]
             fits = [n for n, ids in nodes.items() if len(ids) >= g]
             if fits:
