@@ -47,6 +47,7 @@ def rl_step(old: np.ndarray, fraction: float, seed: int = 1) -> np.ndarray:
 
 
 def sizes(n: int) -> Table:
+    """Delta size ratios vs dense bf16 next to the entropy bound, at several changed fractions."""
     old = bf16_weights(n)
     rows = []
     for fraction in (0.005, 0.0084, 0.01, 0.05):
@@ -104,6 +105,7 @@ def throughput(n: int, rounds: int = 7) -> Table:
 
 
 def scenario(model: str, link_gbps: float) -> dict:
+    """The paper-like problem document with another model and inter-region bandwidth (Gb/s)."""
     doc = copy.deepcopy(read_document(EXAMPLES / "paper-8b-4regions.yaml"))
     doc["model"] = model
     for ln in doc["links"]:
@@ -114,6 +116,7 @@ def scenario(model: str, link_gbps: float) -> dict:
 
 
 def simulate() -> Table:
+    """Step throughput of AuroraRL vs the baselines over models and WAN bandwidths."""
     rows = []
     for model in ("qwen3-4b", "qwen3-8b", "qwen3-14b"):
         for gbps in (0.1, 1.0, 10.0):
@@ -135,6 +138,7 @@ def simulate() -> Table:
 
 
 def heuristic_gap(count: int) -> Table:
+    """Heuristic vs exact step time on `count` random small instances."""
     rng = random.Random(0)
     gaps, exact_times, heur_times = [], [], []
     for i in range(count):
@@ -182,6 +186,7 @@ def large(counts: list[int], time_limit_s: float) -> Table:
 
 
 def localhost(elements: int) -> Table:
+    """Measured vs predicted transfer time of the localhost runtime for two plans."""
     problem = api.load_problem(EXAMPLES / "localhost-3workers.yaml")
     rows = []
     for name in ("aurora", "delta-naive"):
@@ -199,6 +204,7 @@ def localhost(elements: int) -> Table:
 
 
 def main() -> None:
+    """Print every table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller tensors and fewer instances")
     args = parser.parse_args()
