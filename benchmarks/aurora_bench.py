@@ -211,7 +211,7 @@ def main() -> None:
     n = (1 << 23) if args.quick else (1 << 26)
     print("timings on a shared 2-core machine: expect noise of 10-30% between runs\n")
     for make in (lambda: sizes(n), lambda: throughput(n), simulate, lambda: heuristic_gap(6 if args.quick else 20),
-                 lambda: large([2, 4] if args.quick else [2, 4, 8], 5.0 if args.quick else 15.0),
+                 lambda: large([2, 4] if args.quick else [2, 4, 8], 60.0),
                  lambda: localhost((1 << 23) if args.quick else (1 << 25))):
         started = time.perf_counter()
         table = make()

@@ -192,3 +192,10 @@ def test_profile_links_replace_region_links() -> None:
     FakeProfile.links = [ProfileLink(a="x", b="y", bandwidth_GBps=1, latency_s=0)]
     with pytest.raises(InputError, match="no link between"):
         with_profile(problem, FakeProfile())
+
+
+def test_same_input_same_plan() -> None:
+    problem = api.load_problem(EXAMPLES / "paper-8b-4regions.yaml")
+    a, b = api.solve(problem, seed=3), api.solve(problem, seed=3)
+    strip = lambda p: {k: v for k, v in p.document().items() if k != "solver"}  # noqa: E731
+    assert strip(a) == strip(b) and a.solver.stats["candidates"] == b.solver.stats["candidates"]

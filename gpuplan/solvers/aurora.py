@@ -26,6 +26,7 @@ from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
 
 EXACT_MAX_WORKERS = 8
+MAX_CANDIDATES = 20_000  # trees the heuristic's local search evaluates at most
 
 
 def _plan(problem: AuroraProblem, tree: dict[str, str], payload: str, split: dict[str, int] | None = None,
@@ -129,16 +130,22 @@ def region_relay_tree(problem: AuroraProblem) -> dict[str, str]:
     return tree
 
 
-def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, stats: dict[str, Any]) -> dict[str, str]:
+def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, stats: dict[str, Any],
+                 max_candidates: int = MAX_CANDIDATES) -> dict[str, str]:
     """Improve a tree while the score improves: re-parent one worker (with its subtree), drop a leaf,
-    or swap two workers' places (which also promotes a child above its parent)."""
+    or swap two workers' places (which also promotes a child above its parent). Stops after
+    `max_candidates` evaluations in all (deterministic) or at the deadline (a safety net)."""
     best = _score(problem, tree)
     improved = True
-    while improved and time.perf_counter() < deadline:
+
+    def spent() -> bool:
+        return stats["candidates"] >= max_candidates or time.perf_counter() >= deadline
+
+    while improved and not spent():
         improved = False
         names = problem.worker_names()
         for w in names:
-            if time.perf_counter() >= deadline:
+            if spent():
                 break
             below = _subtree(tree, w) if w in tree else {w}
             options: list[dict[str, str]] = []
@@ -149,6 +156,8 @@ def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, 
                 options.append({c: p for c, p in tree.items() if c != w})
             options += [_swap(tree, w, v) for v in names if v > w and v in tree and w in tree]
             for trial in options:
+                if spent():
+                    break
                 stats["candidates"] += 1
                 score = _score(problem, trial)
                 if _better(score, best):
@@ -160,20 +169,23 @@ def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, 
 
 def solve_aurora(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
                  progress: Progress = no_progress, search: bool = True) -> AuroraPlan:
-    """Return the AuroraRL plan: greedy relay tree, water-filled split, local search (bounded in time)."""
+    """Return the AuroraRL plan: relay-tree starts, water-filled split, local search.
+
+    The work is bounded by a count of evaluated candidates (so the same input gives the same plan on
+    any machine); the time limit is only a safety net.
+    """
     started = time.perf_counter()
-    deadline = started + (time_limit_s if time_limit_s is not None else 30.0)
+    deadline = started + (time_limit_s if time_limit_s is not None else 60.0)
     stats: dict[str, Any] = {"candidates": 0, "improvements": 0}
     progress(0.0, "building relay trees")
-    # cheap starts first; the greedy ones only while time remains (they cost O(W^3) evaluations)
-    budget = started + 0.4 * (deadline - started)
+    # cheap starts first; a greedy one only when its ~W^3/6 evaluations fit the budget
     starts = [region_relay_tree(problem), _star(problem)]
-    for by_objective in (False, True):
-        if by_objective and len(problem.worker_names()) > 24:
-            break
-        tree = greedy_tree(problem, by_objective, deadline=budget)
-        if tree is not None:
-            starts.append(tree)
+    n = len(problem.worker_names())
+    for by_objective, share in ((False, 0.5), (True, 0.1)):
+        if n ** 3 / 6 <= share * MAX_CANDIDATES:
+            tree = greedy_tree(problem, by_objective, deadline=deadline)
+            if tree is not None:
+                starts.append(tree)
     stats["starts"] = len(starts)
     stats["start_objectives"] = [_score(problem, t)[0] for t in starts]
     best_tree, best = starts[0], (math.inf, math.inf)
