@@ -217,12 +217,19 @@ class NashWelfare:
 
 
 def partial_allocation(c: Classes, progress: Callable[[float | None, str], None] | None = None,
-                       nw: NashWelfare | None = None) -> tuple[np.ndarray, np.ndarray]:
+                       nw: NashWelfare | None = None, time_limit_s: float | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
     """Return (class rows, discount factors) of the Partial Allocation mechanism (Cole, Gkatzelis,
     Goel): the Nash-welfare allocation, each job keeping the fraction
     f_i = prod_{k != i} (U_k(X*) / U_k(X*_{-i}))^{w_k / w_i} of its bundle, X*_{-i} the Nash-welfare
     allocation without job i. Truthful for these (degree-1 homogeneous) utilities. `nw` reuses a
-    compiled NashWelfare of the same shape (the strategy-proofness probe re-runs it many times)."""
+    compiled NashWelfare of the same shape (the strategy-proofness probe re-runs it many times).
+    Raises SolverError when `time_limit_s` runs out (a partial result would not be strategy-proof)."""
+    import time
+
+    from gpuplan.errors import SolverError
+
+    started = time.perf_counter()
     if nw is None:
         nw = NashWelfare(c)
     else:                                  # a compiled program of the same shape: new speeds only
@@ -233,6 +240,9 @@ def partial_allocation(c: Classes, progress: Callable[[float | None, str], None]
     for q in range(len(c.count)):
         if progress:
             progress(q / len(c.count), f"partial allocation: class {q + 1} of {len(c.count)}")
+        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+            raise SolverError(f"partial allocation: time limit of {time_limit_s} s reached after "
+                              f"{q} of {len(c.count)} classes (it needs one Nash-welfare solve per class)")
         others = c.count.copy()
         others[q] -= 1
         Yq = nw.solve(others)
@@ -287,7 +297,7 @@ def solve_partial_allocation(problem: OefProblem, *, time_limit_s: float | None 
     """Return the non-cooperative OEF plan: Partial Allocation over Nash welfare (strategy-proof)."""
     a = arrays(problem)
     c = classes(a)
-    Y, f = partial_allocation(c, progress)
+    Y, f = partial_allocation(c, progress, time_limit_s=time_limit_s)
     return _plan(problem, a, c, Y, policy="non-cooperative OEF (partial allocation)", guarantees=[],
                  status=Status.OPTIMAL, name="oef-noncoop",
                  stats={"min_discount": float(f.min()), "mean_discount": float(f.mean())}, progress=progress)
