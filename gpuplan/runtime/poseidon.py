@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from gpuplan.errors import InputError
-from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem
+from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem, iteration_time_fast
 from gpuplan.models.workload import TransformerConfig, scaled
 
 
@@ -97,6 +97,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     schedule_cls = ScheduleGPipe if spec["schedule"] == "gpipe" else Schedule1F1B
     schedule = schedule_cls(stage, m, loss_fn=gpt.lm_loss)
     opt = torch.optim.SGD(module.parameters(), lr=spec["lr"])
+    calibrated = _calibrate(module, cfg, s, S, mb, seq, spec["factors"][s], spec["calibrate"])
     iters, losses_out, grads = [], [], {}
     for step in range(spec["warmup"] + spec["steps"]):
         tokens, targets = gpt.synthetic_batch(cfg, m * mb * dp, seq, seed=spec["seed"] + step)
@@ -125,16 +126,54 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             bw = [d for k, kind, d in sink if kind == "B"]
             losses_out.append(float(sum(float(x.detach()) for x in losses) / len(losses)) if losses else None)
             iters[-1] = (wall, statistics.median(fw) if fw else 0.0, statistics.median(bw) if bw else 0.0)
-    return {"rank": rank, "stage": s, "replica": replica, "iters": iters, "losses": losses_out, "grads": grads}
+    return {"rank": rank, "stage": s, "replica": replica, "iters": iters, "losses": losses_out, "grads": grads,
+            "calibrated": calibrated}
+
+
+def _calibrate(module: Any, cfg: TransformerConfig, s: int, S: int, mb: int, seq: int, factor: float,
+               repeats: int) -> tuple[float, float]:
+    """Return (forward_s, backward_s) of this stage on one micro-batch, timed standalone in the
+    worker (all ranks at once, so under the run's own CPU contention) and scaled by its slowdown."""
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.runtime import gpt
+
+    if repeats <= 0:
+        return 0.0, 0.0
+    tokens, targets = gpt.synthetic_batch(cfg, mb, seq, seed=12345)
+    g = torch.Generator().manual_seed(7)
+    act = torch.randn(mb, seq, cfg.hidden, generator=g)
+    fwd, bwd = [], []
+    dist.barrier()
+    for i in range(repeats + 1):
+        x = tokens if s == 0 else act.clone().requires_grad_(True)
+        t0 = time.perf_counter()
+        y = module(x)
+        t1 = time.perf_counter()
+        if s == S - 1:
+            gpt.lm_loss(y, targets).backward()
+        else:
+            y.backward(torch.ones_like(y))
+        t2 = time.perf_counter()
+        if i:
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    module.zero_grad(set_to_none=True)
+    return statistics.median(fwd) * factor, statistics.median(bwd) * factor
 
 
 def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str] | None = None, steps: int = 3,
              warmup: int = 1, threads: int = 1, seed: int = 0, lr: float = 1e-3, timeout_s: float = 600.0,
-             return_grads: bool = False, factors: list[float] | None = None) -> dict[str, Any]:
+             return_grads: bool = False, factors: list[float] | None = None, calibrate: int = 3) -> dict[str, Any]:
     """Run `steps` training iterations of the plan (after `warmup`) and return measured figures:
     iteration time (s, median), per-stage forward/backward time per micro-batch (s, median), each
     next to the plan's prediction, the losses, the slowdown factors and the scaling applied.
-    With return_grads, also "grads": the first step's gradients by whole-model parameter name."""
+
+    With calibrate > 0 the workers first time their stage standalone (`calibrate` repeats, all at
+    once) and "calibrated_iteration_s" is the DAG model's longest path fed with those stage times
+    (the plan's sends, all-reduce and optimizer terms unchanged): the prediction under the run's
+    own CPU load. With return_grads, also "grads": the first step's gradients by parameter name."""
     if command:
         raise InputError("poseidon plans run their own training step; a command after -- is not supported")
     stages = plan.stages
@@ -148,7 +187,8 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     spec = {"config": cfg.model_dump(mode="json"), "ranges": [(s.first_layer, s.last_layer) for s in stages],
             "dp": dp, "m": plan.num_microbatches, "micro_batch": stages[0].micro_batch_size, "seq": seq,
             "schedule": plan.schedule, "factors": factors or stage_slowdowns(problem, plan), "seed": seed,
-            "steps": steps, "warmup": warmup, "lr": lr, "grads": return_grads}
+            "steps": steps, "warmup": warmup, "lr": lr, "grads": return_grads,
+            "calibrate": calibrate}
     from gpuplan.runtime.launch import run_workers
 
     results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
@@ -156,6 +196,14 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     out: dict[str, Any] = {"world_size": S * dp, "steps": steps, "scaling": note or "none",
                            "measured_iteration_s": iteration, "predicted_iteration_s": plan.iteration_time_s,
                            "predicted_over_measured": plan.iteration_time_s / iteration}
+    if calibrate > 0:
+        cal = [max(r["calibrated"] for r in results if r["stage"] == k) for k in range(S)]
+        out["calibrated_iteration_s"] = iteration_time_fast(
+            [c[0] for c in cal], [c[1] for c in cal], [st.p2p_s for st in stages],
+            [st.allreduce_s + st.optimizer_s for st in stages], plan.num_microbatches, plan.schedule)
+        out["calibrated_over_measured"] = out["calibrated_iteration_s"] / iteration
+        for k, c in enumerate(cal):
+            out[f"stage{k}_forward_calibrated_s"], out[f"stage{k}_backward_calibrated_s"] = c
     for k, st in enumerate(stages):
         mine = [r for r in results if r["stage"] == k]
         out[f"stage{k}_slowdown"] = spec["factors"][k]

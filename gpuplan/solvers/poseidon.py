@@ -326,14 +326,16 @@ def all_cuts_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[
 Combo = tuple[int, tuple[TypeOption, ...]]
 
 
-def combos(problem: PoseidonProblem) -> Iterator[Combo]:
-    """Yield every (m, options of the types used) of the space, before the types are ordered."""
+def combos(problem: PoseidonProblem, num_stages: int | None = None) -> Iterator[Combo]:
+    """Yield every (m, options of the types used) of the space, before the types are ordered
+    (only those with exactly `num_stages` stages when given)."""
     opts = type_options(problem)
     limit = min(problem.max_stages, problem.model.num_layers)
     for m in microbatch_counts(problem):
         for combo in itertools.product(*[[None] + o for o in opts.values()]):
             used = tuple(o for o in combo if o is not None)
-            if used and sum(o.stages for o in used) <= limit and not any(
+            S = sum(o.stages for o in used)
+            if used and S <= limit and (num_stages is None or S == num_stages) and not any(
                     problem.global_batch % (m * o.dp) for o in used):
                 yield m, used
 
@@ -428,7 +430,8 @@ def _why_infeasible(problem: PoseidonProblem) -> str:
 
 
 def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
-                   progress: Progress, cuts: str = "ridge", prune: bool = True, **_: Any) -> PoseidonPlan:
+                   progress: Progress, cuts: str = "ridge", prune: bool = True, num_stages: int | None = None,
+                   **_: Any) -> PoseidonPlan:
     """Return the best plan of the space by best-first branch and bound.
 
     Combos (m and the per-type stage splits) are visited in order of `combo_bound`; the structures
@@ -436,12 +439,13 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     bound reaches the best time found is pruned, and the search stops at the first combo whose bound
     does. Both bounds are lower bounds on every layer mapping, so pruning never loses a structure
     that could beat the incumbent. With prune=False every structure is evaluated (the exhaustive
-    reference); cuts="all" maps layers by trying every cut set instead of the ridge walk.
+    reference); cuts="all" maps layers by trying every cut set instead of the ridge walk;
+    num_stages fixes the pipeline depth.
     """
     cm = CostModel(problem)
     stats = Stats()
     started = time.perf_counter()
-    all_combos = list(combos(problem))
+    all_combos = list(combos(problem, num_stages))
     ranked = sorted(((combo_bound(cm, c) if prune else 0.0, i) for i, c in enumerate(all_combos)))
     progress(0.0, f"{len(all_combos)} combos")
     best: tuple[float, Structure | None, list[int]] = (INF, None, [])
@@ -478,10 +482,11 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
 
 
 def solve_exhaustive(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
-                     progress: Progress, cuts: str = "ridge", **_: Any) -> PoseidonPlan:
+                     progress: Progress, cuts: str = "ridge", num_stages: int | None = None, **_: Any) -> PoseidonPlan:
     """Return the best plan after evaluating EVERY structure of the space (no pruning); with
     cuts="all", every contiguous layer mapping of every structure too."""
-    return solve_poseidon(problem, time_limit_s=time_limit_s, seed=seed, progress=progress, cuts=cuts, prune=False)
+    return solve_poseidon(problem, time_limit_s=time_limit_s, seed=seed, progress=progress, cuts=cuts, prune=False,
+                          num_stages=num_stages)
 
 
 EXHAUSTIVE_LIMIT = 20000
@@ -575,7 +580,11 @@ def solve_metis(problem: PoseidonProblem, *, time_limit_s: float | None = None, 
     stats = Stats()
     best_cost, best = INF, None
     seen: set[tuple[int, tuple[tuple[str, int], ...]]] = set()
+    started, status = time.perf_counter(), Status.FEASIBLE
     for st in structures(problem, cm):
+        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+            status = Status.TIME_LIMIT
+            break
         stats.structures += 1
         key = (st.m, tuple((sh.device_type, len(sh.gpu_ids)) for sh in st.shapes))
         if key in seen or not st.feasible():
@@ -591,7 +600,7 @@ def solve_metis(problem: PoseidonProblem, *, time_limit_s: float | None = None, 
     if best is None:
         raise InfeasibleError(_why_infeasible(problem))
     st, layers = best
-    return _finish(problem, (st.time(layers), st, layers), stats, "metis", Status.FEASIBLE)
+    return _finish(problem, (st.time(layers), st, layers), stats, "metis", status)
 
 
 def solve_3d(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,

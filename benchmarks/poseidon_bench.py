@@ -1,0 +1,144 @@
+"""Poseidon benchmark: search time and pruning, optimality gap against exhaustive search, throughput
+against the baselines, the ridge layer mapping against every cut set, and predicted vs measured
+iteration time of CPU pipeline runs. Run: .venv/bin/python benchmarks/poseidon_bench.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+from gpuplan import api
+from gpuplan.models.base import Table
+from gpuplan.models.poseidon import CostModel, PoseidonProblem
+from gpuplan.models.workload import TransformerConfig, model_config, scaled
+from gpuplan.registry import no_progress
+from gpuplan.render import table_text
+from gpuplan.solvers import poseidon as SP
+
+
+def problem(gpus: dict[str, int], model: str | TransformerConfig, batch: int, **extra: object) -> PoseidonProblem:
+    cfg = model if isinstance(model, TransformerConfig) else model_config(model)
+    doc = {"kind": "poseidon", "cluster": {"gpus": gpus, "gpus_per_node": 8,
+                                           "inter_node": {"bandwidth_GBps": "100 Gbps", "latency_s": "10 us"}},
+           "model": cfg.model_dump(), "global_batch": batch, "seq_len": 2048, **extra}
+    return api.load_problem(doc)  # type: ignore[return-value]
+
+
+def timed(prob: PoseidonProblem, solver: str, **kw: object):
+    t0 = time.perf_counter()
+    plan = api.solve(prob, solver=solver, **kw)
+    return plan, time.perf_counter() - t0
+
+
+def search_section(quick: bool) -> None:
+    big = scaled(model_config("gpt3-175b"), hidden=6144)  # 96 layers, 43.8 B parameters
+    cases = [
+        ("16 GPUs, 2 types", {"A100-80GB": 8, "V100": 8}, "gpt3-1.3b", 64, {"max_stages": 8}, True, 10.0),
+        ("16 GPUs, 3 types", {"A100-80GB": 8, "V100": 4, "T4": 4}, "gpt3-2.7b", 64, {"max_stages": 8}, True, 10.0),
+        ("64 GPUs, 3 types", {"A100-80GB": 24, "V100": 24, "T4": 16}, "gpt3-2.7b", 128, {}, False, 10.0),
+    ]
+    if not quick:
+        cases += [("64 GPUs, 4 types", {"H100": 16, "A100-80GB": 16, "V100": 16, "T4": 16}, "llama2-13b", 128,
+                   {"max_stages": 8}, False, 10.0),
+                  ("256 GPUs, 4 types", {"H100": 64, "A100-80GB": 64, "V100-32GB": 64, "L4": 64}, big, 512,
+                   {"max_stages": 8}, False, 60.0)]
+    rows = []
+    for name, gpus, model, batch, extra, exhaustive, target in cases:
+        prob = problem(gpus, model, batch, **extra)
+        plan, secs = timed(prob, "poseidon")
+        st = plan.solver.stats
+        row = [name, prob.model.num_layers, st["structures"], st["evaluated"], st["pruned"], secs,
+               "yes" if secs <= target else f"NO (> {target:g} s)"]
+        if exhaustive:
+            full, fsecs = timed(prob, "exhaustive")
+            row += [full.solver.stats["evaluated"], fsecs, plan.iteration_time_s / full.iteration_time_s - 1]
+        else:
+            row += ["-", "-", "-"]
+        mega, _ = timed(prob, "megatron")
+        metis, msecs = timed(prob, "metis", time_limit_s=120.0)
+        row += [mega.iteration_time_s / plan.iteration_time_s if mega.ok else math.nan,
+                metis.iteration_time_s / plan.iteration_time_s if metis.ok else math.nan,
+                f"{msecs:.1f}" + (" (stopped)" if metis.status.value == "time_limit" else "")]
+        if len(gpus) == 1:
+            d3, _ = timed(prob, "3d")
+            row.append(d3.iteration_time_s / plan.iteration_time_s)
+        rows.append(row)
+        print(f"  {name}: poseidon {plan.iteration_time_s:.4g} s/iteration, "
+              f"{' | '.join(f'{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L' for s in plan.stages)}, "
+              f"m={plan.num_microbatches}", flush=True)
+    print(table_text(Table("search: Poseidon vs exhaustive (same space) and baselines (throughput ratios = "
+                           "baseline iteration time / Poseidon's)",
+                           ["instance", "layers", "structures", "evaluated", "pruned", "search_s", "target met",
+                            "exh_evaluated", "exh_s", "gap", "x megatron", "x metis", "metis_s"], rows)))
+    homog = problem({"A100-80GB": 32}, "gpt3-6.7b", 128, max_stages=8)
+    plan, secs = timed(homog, "poseidon")
+    d3, _ = timed(homog, "3d")
+    print(table_text(Table("homogeneous 32 x A100: Poseidon vs classic 3D config",
+                           ["poseidon_s_per_iter", "3d_s_per_iter", "x 3d", "search_s"],
+                           [[plan.iteration_time_s, d3.iteration_time_s, d3.iteration_time_s / plan.iteration_time_s,
+                             secs]])))
+
+
+def ridge_section(quick: bool) -> None:
+    cases = [({"A100-80GB": 8, "V100": 8}, "gpt3-1.3b", 64), ({"A100-80GB": 8, "V100": 4, "T4": 4}, "gpt3-2.7b", 64)]
+    rows = []
+    for gpus, model, batch in cases[:1] if quick else cases:
+        prob = problem(gpus, model, batch, max_stages=4)
+        cm = CostModel(prob)
+        gaps, ridge_evals, all_evals = [], 0, 0
+        structs = [s for s in SP.structures(prob, cm) if s.feasible() and s.S >= 2]
+        for s in structs[:: max(1, len(structs) // (60 if quick else 200))]:
+            a, b = SP.Stats(), SP.Stats()
+            ridge, _ = SP.ridge_map(s, math.inf, a)
+            best, _ = SP.all_cuts_map(s, math.inf, b)
+            gaps.append(ridge / best - 1)
+            ridge_evals += a.dag_evaluations
+            all_evals += b.dag_evaluations
+        gaps.sort()
+        rows.append([f"{sum(gpus.values())} GPUs {'/'.join(gpus)}, {prob.model.num_layers} layers", len(gaps),
+                     statistics.median(gaps), gaps[int(0.9 * (len(gaps) - 1))], gaps[-1], ridge_evals / len(gaps),
+                     all_evals / len(gaps)])
+    print(table_text(Table("ridge layer mapping vs every cut set (gap = ridge time / best cut set - 1; targets: "
+                           "median <= 0.1 %, worst <= 2 %)",
+                           ["instance", "structures", "median gap", "p90 gap", "worst gap", "DAG evals (ridge)",
+                            "DAG evals (all cuts)"], rows)))
+
+
+def cpu_section(quick: bool) -> None:
+    from gpuplan.runtime.poseidon import cpu_problem, run_plan
+
+    cfg = TransformerConfig(name="gpt-cpu", num_layers=8, hidden=256, heads=4, ffn_hidden=1024, vocab=2048,
+                            gated_mlp=False)
+    rows = []
+    for S in ([2] if quick else [2, 3, 4]):
+        types = {"cpu": ((S + 1) // 2, 1.0), "cpu-slow2x": (S // 2, 2.0)}
+        prob = cpu_problem(cfg, seq_len=128, global_batch=16, types=types, micro_batches=[1, 2, 4], max_stages=S)
+        plan = api.solve(prob, num_stages=S)
+        out = run_plan(prob, plan, steps=5, warmup=1, calibrate=5)
+        rows.append([S, " | ".join(f"{s.device_type}:{s.num_layers}L" for s in plan.stages), plan.num_microbatches,
+                     out["predicted_iteration_s"], out["calibrated_iteration_s"], out["measured_iteration_s"],
+                     out["predicted_iteration_s"] / out["measured_iteration_s"] - 1,
+                     out["calibrated_iteration_s"] / out["measured_iteration_s"] - 1])
+        print(f"  {S} stages done", flush=True)
+    print(table_text(Table("CPU pipeline runs (gloo, 1 thread per process, torch Schedule1F1B; 'cpu-slow2x' "
+                           "emulated by a 2x calibrated slowdown; target |error| <= 15 %)",
+                           ["stages", "plan", "m", "predicted_s (profile)", "predicted_s (in-run calibration)",
+                            "measured_s", "error (profile)", "error (calibrated)"], rows)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller instances, fewer runs")
+    args = ap.parse_args()
+    print("note: timings on a shared 2-core machine; other jobs were running, so times are noisy\n")
+    for section in (search_section, ridge_section, cpu_section):
+        t0 = time.perf_counter()
+        section(args.quick)
+        print(f"({section.__name__}: {time.perf_counter() - t0:.1f} s)\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
