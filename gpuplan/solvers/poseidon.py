@@ -389,8 +389,8 @@ def combo_bound(cm: CostModel, combo: Combo) -> float:
     rest, rate = float(L), sum(k / w for w, _, k in stages)
     w1 = INF
     for w, cap, k in sorted(stages, key=lambda x: x[0] * x[1]):
-        if rest / rate <= cap * w:
-            w1 = rest / rate
+        if rest / rate <= cap * w or rest <= k * cap:
+            w1 = min(rest / rate, cap * w)
             break
         rest -= k * cap
         rate -= k / w
