@@ -194,3 +194,20 @@ def test_placement_keeps_each_job_on_the_fewest_nodes() -> None:
     spans = [(len({devices[g].node for g in ids}), -(-len(ids) // 4)) for rnd in plan.rounds for _, _, ids in rnd]
     assert spans and all(used == fewest for used, fewest in spans)
     assert api.check(problem, plan) == []
+
+
+def test_draw_without_rounds_and_unpackable_shares_are_reported(tmp_path) -> None:
+    from gpuplan.models.oef import draw
+
+    # a 4-GPU and a 1-GPU job that only run on the 4 V100s: EF keeps the small job's time at least
+    # the large one's, capacity gives 4 x + y <= 4, so max efficiency gives both 80% of the time,
+    # which whole-GPU rounds cannot realise (the two cannot overlap). The plan says so, check too.
+    doc = problem_doc([[2, 0, 0], [2, 0, 0]], [4, 1], [4, 1, 1], rounds=10)
+    problem = api.load_problem(doc)
+    plan = api.solve(problem)
+    assert plan.matrix()[:, 0] == pytest.approx([0.8, 0.8])
+    assert "cannot be packed" in plan.message
+    assert {v.code for v in api.check(problem, plan)} == {"round_share"}
+    flat_problem = api.load_problem({**doc, "rounds": 0})
+    draw(flat_problem, api.solve(flat_problem), tmp_path / "a.png")
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"

@@ -6,7 +6,8 @@ fraction X[i, j] on each type j (Gavel's form): job i then holds gpus_i * X[i, j
 average, and its throughput is sum_j T[i, j] X[i, j].
 
 Normalisation (one for every policy): a job's *normalised throughput* is its throughput divided by
-its throughput on its slowest usable type (its speedup vector V[i] = T[i] / min_j T[i, j] > 0), so
+its throughput on its slowest type of the cluster (its speedup vector V[i] = T[i] / min_j T[i, j],
+the minimum over the cluster's types with a positive throughput, whether the job fits there or not), so
 U_i(X) = sum_j V[i, j] X[i, j]; *efficiency* is sum_i gpus_i * U_i(X), in slowest-GPU-equivalents
 (a cluster of K80s fully busy with jobs whose slowest type is K80 scores its GPU count).
 
@@ -149,8 +150,8 @@ def _known_type(cluster: Cluster, name: str, where: str) -> str:
 class Arrays:
     """The problem as arrays, jobs in file order (tenant by tenant), types in cluster order.
 
-    T: throughput (steps/s) with usable-only entries (n x m); V: speedup vs the slowest usable
-    type; gpus, weight: per job; capacity: GPUs per type.
+    T: throughput (steps/s) with usable-only entries (n x m); V: speedup vs the job's slowest type
+    in the cluster; gpus, weight: per job; capacity: GPUs per type.
     """
 
     types: list[str]
@@ -173,22 +174,26 @@ def arrays(problem: OefProblem) -> Arrays:
     cap = problem.cluster.capacity()
     types = list(cap)
     index = {t: j for j, t in enumerate(types)}
-    rows, names, tenants, gpus, weight = [], [], [], [], []
+    rows, refs, names, tenants, gpus, weight = [], [], [], [], [], []
     for tenant in problem.tenants:
         for job in tenant.jobs:
             tput = job.throughput if job.throughput is not None else problem.job_types[job.type or ""]
             row = np.zeros(len(types))
+            slowest = np.inf                     # over the cluster's types, whether the job fits or not
             for t, x in tput.items():
                 key = problem.cluster.type_key(t) if t in problem.cluster.device_types else canonical_name(t)
-                if key in index and cap[key] >= job.gpus:
-                    row[index[key]] = float(x)
+                if key in index and x > 0:
+                    slowest = min(slowest, float(x))
+                    if cap[key] >= job.gpus:
+                        row[index[key]] = float(x)
             rows.append(row)
+            refs.append(slowest)
             names.append(f"{tenant.name}/{job.name}")
             tenants.append(tenant.name)
             gpus.append(job.gpus)
             weight.append(tenant.weight / len(tenant.jobs))
     T = np.array(rows)
-    ref = np.where(T > 0, T, np.inf).min(axis=1)
+    ref = np.array(refs)
     return Arrays(types, np.array([cap[t] for t in types], dtype=float), names, tenants, T,
                   T / ref[:, None], np.array(gpus, dtype=float), np.array(weight))
 

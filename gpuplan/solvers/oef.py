@@ -267,7 +267,11 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
         progress(0.9, f"laying out {problem.rounds} rounds on GPU ids")
         rounds = schedule(problem, a, X, problem.rounds)
         predicted["round_gap"] = round_gap(a, X, rounds)
-    return OefPlan(kind="oef", status=status, objective=efficiency(a, X),
+    message = ""
+    if predicted.get("round_gap", 0.0) > problem.round_tolerance + 1e-9:
+        message = (f"the rounds realise the shares only within {predicted['round_gap']:.3f} of the time "
+                   f"(tolerance {problem.round_tolerance}): some shares cannot be packed into whole-GPU rounds")
+    return OefPlan(kind="oef", status=status, objective=efficiency(a, X), message=message,
                    objective_name="efficiency (sum of GPUs x speedup over slowest type)",
                    predicted=predicted,
                    policy=policy, guarantees=guarantees, types=a.types, jobs=a.names,
