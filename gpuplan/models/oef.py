@@ -323,19 +323,19 @@ def assess(problem: OefProblem, plan: OefPlan, *, pareto: bool = True) -> dict[s
     if pareto:
         out["pareto_gain"] = pareto_gain(a, X)
     if plan.rounds:
-        out["round_gap"] = float(np.abs(realised_shares(a, plan) - X).max())
+        out["round_gap"] = float(np.abs(realised_fractions(a, plan.rounds) - X).max())
     return out
 
 
-def realised_shares(a: Arrays, plan: OefPlan) -> np.ndarray:
-    """Return the time fraction each job ran on each type over the plan's rounds (n x m)."""
+def realised_fractions(a: Arrays, rounds: list[Round]) -> np.ndarray:
+    """Return the time fraction each job ran on each type over `rounds` (n x m)."""
     R = np.zeros((len(a.names), len(a.types)))
     col = {t: j for j, t in enumerate(a.types)}
-    for rnd in plan.rounds:
+    for rnd in rounds:
         for i, t, _ in rnd:
             if 0 <= i < len(a.names) and t in col:
                 R[i, col[t]] += 1
-    return R / max(len(plan.rounds), 1)
+    return R / max(len(rounds), 1)
 
 
 def check(problem: OefProblem, plan: OefPlan) -> list[Violation]:
@@ -402,7 +402,7 @@ def _check_rounds(problem: OefProblem, a: Arrays, plan: OefPlan, X: np.ndarray) 
                 out.append(Violation("round", f"round {r}: {a.names[i]} on {t} GPUs {ids}: needs {a.gpus[i]:.0f} "
                                      f"distinct {t} GPUs (bad ids {bad})", {"round": r, "job": a.names[i]}))
             used.update(ids)
-    gap = np.abs(realised_shares(a, plan) - X)
+    gap = np.abs(realised_fractions(a, plan.rounds) - X)
     if gap.max() > problem.round_tolerance + 1e-9:
         i, j = np.unravel_index(int(gap.argmax()), gap.shape)
         out.append(Violation("round_share", f"{a.names[i]} runs {gap[i, j]:.3f} off its {a.types[j]} share over "

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from gpuplan.models.oef import (EF, PE, SI, Arrays, OefPlan, OefProblem, arrays, efficiency, envy_factor,
-                                equal_share)
+                                equal_share, realised_fractions)
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import register_solver
 from gpuplan.solvers.backends import solve_cvxpy
@@ -65,8 +65,7 @@ def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
 
     k, m = c.V.shape
     theta = envy_factor(c.gpus, c.weight)
-    best = np.array([[(c.V[i] * c.usable[q]).max() for q in range(k)] for i in range(k)]) if k <= 64 else \
-        np.max(c.V[:, None, :] * c.usable[None, :, :], axis=2)
+    best = np.max(c.V[:, None, :] * c.usable[None, :, :], axis=2)       # best[i, q]
     I, K = np.nonzero((theta * best > si_ref[:, None] * (1 - 1e-9)) & ~np.eye(k, dtype=bool))
     p = np.arange(len(I))
     j = np.arange(m)
@@ -257,7 +256,7 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
           guarantees: list[str], status: Status, name: str, stats: dict[str, Any],
           progress: Callable[[float | None, str], None]) -> OefPlan:
     """Return the OefPlan of class rows Y: job rows, rounds on GPU ids, efficiency as objective."""
-    from gpuplan.solvers.oef_rounds import round_gap, schedule
+    from gpuplan.solvers.oef_rounds import schedule
 
     X = np.clip(Y[c.of_job], 0.0, 1.0) * a.usable
     X = X / np.maximum(X.sum(axis=1), 1.0)[:, None]
@@ -266,7 +265,7 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
     if problem.rounds:
         progress(0.9, f"laying out {problem.rounds} rounds on GPU ids")
         rounds = schedule(problem, a, X, problem.rounds)
-        predicted["round_gap"] = round_gap(a, X, rounds)
+        predicted["round_gap"] = float(np.abs(realised_fractions(a, rounds) - X).max())
     message = ""
     if predicted.get("round_gap", 0.0) > problem.round_tolerance + 1e-9:
         message = (f"the rounds realise the shares only within {predicted['round_gap']:.3f} of the time "
@@ -316,10 +315,6 @@ def solve_equal_share(problem: OefProblem, *, time_limit_s: float | None = None,
     return _plan(problem, a, c, Y, policy="equal share", guarantees=[SI], status=Status.OPTIMAL,
                  name="equal-share", stats={}, progress=progress)
 
-
-POLICIES: dict[str, str] = {
-    "oef": "ef", "oef-si": "si", "max-throughput": "none", "gavel-maxmin": "maxmin", "maxmin-agnostic": "agnostic",
-}
 
 register_solver("oef", "oef", _lp_solver("ef", "cooperative OEF (EF + SI)", [SI, EF], "oef"), role="paper",
                 default=True, description="max efficiency s.t. sharing incentive and envy-freeness (LP)")

@@ -98,12 +98,3 @@ def schedule(problem: OefProblem, a: Arrays, X: np.ndarray, rounds: int) -> list
         out.append([(i, a.types[j], ids[i]) for i, j in sorted(pairs)])
     return out
 
-
-def round_gap(a: Arrays, X: np.ndarray, rounds: list[list[tuple[int, str, list[int]]]]) -> float:
-    """Return the largest |realised time fraction - X[i, j]| over the rounds."""
-    R = np.zeros_like(X)
-    col = {t: j for j, t in enumerate(a.types)}
-    for rnd in rounds:
-        for i, t, _ in rnd:
-            R[i, col[t]] += 1
-    return float(np.abs(R / max(len(rounds), 1) - X).max())
