@@ -46,8 +46,10 @@ class Placer:
 
     def __init__(self, problem: OefProblem) -> None:
         self.pools: dict[str, dict[str, list[int]]] = {}
+        self.node_of: dict[int, str] = {}
         for d in problem.cluster.devices:
             self.pools.setdefault(d.type, {}).setdefault(d.node, []).append(d.id)
+            self.node_of[d.id] = d.node
         self.previous: dict[Any, tuple[str, list[int]]] = {}
 
     def place(self, jobs: list[tuple[Any, str, int]]) -> dict[Any, list[int]]:
@@ -62,7 +64,7 @@ class Placer:
                 out[key] = prev[1]
                 continue
             nodes = free[t]
-            fits = [n for n, ids in nodes.items() if len(ids) >= g]
+            fits = [n for n, free_ids in nodes.items() if len(free_ids) >= g]
             if fits:
                 n = min(fits, key=lambda n: (len(nodes[n]), n))
                 ids = nodes[n][:g]
@@ -77,11 +79,11 @@ class Placer:
         self.previous = {k: (t, out[k]) for k, t, _ in jobs}
         return out
 
-    @staticmethod
-    def _take(nodes: dict[str, list[int]], free_set: set[int], ids: list[int]) -> None:
-        for n in nodes:
-            nodes[n] = [x for x in nodes[n] if x not in ids]
-        free_set.difference_update(ids)
+    def _take(self, nodes: dict[str, list[int]], free_set: set[int], ids: list[int]) -> None:
+        taken = set(ids)
+        for n in {self.node_of[x] for x in ids}:
+            nodes[n] = [x for x in nodes[n] if x not in taken]
+        free_set.difference_update(taken)
 
 
 def schedule(problem: OefProblem, a: Arrays, X: np.ndarray, rounds: int) -> list[list[tuple[int, str, list[int]]]]:
