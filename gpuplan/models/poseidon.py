@@ -436,6 +436,24 @@ def dag_longest_path_s(g: Any) -> float:
     return finish["end"]
 
 
+@lru_cache(maxsize=256)
+def _flat_ops(schedule: str, num_stages: int, m: int) -> tuple[tuple[int, bool, int, int, int], ...]:
+    """Return the topological ops as (stage, is_forward, micro-batch, dependency op index or -1,
+    index of the send on that dependency edge or -1), indices into the same tuple."""
+    ops = topological_ops(schedule, num_stages, m)
+    where = {op: i for i, op in enumerate(ops)}
+    out = []
+    for s, kind, j in ops:
+        if kind == "F":
+            dep, send = (where[(s - 1, "F", j)], s - 1) if s else (-1, -1)
+        elif s < num_stages - 1:
+            dep, send = where[(s + 1, "B", j)], s
+        else:
+            dep, send = where[(s, "F", j)], -1
+        out.append((s, kind == "F", j, dep, send))
+    return tuple(out)
+
+
 def iteration_time_fast(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
                         schedule: str = "1f1b", record: list[tuple[int, str, int, float, float]] | None = None
                         ) -> float:
@@ -447,20 +465,16 @@ def iteration_time_fast(fwd: list[float], bwd: list[float], p2p: list[float], ta
     """
     S = len(fwd)
     free = [0.0] * S
-    fend = [[0.0] * m for _ in range(S)]
-    bend = [[0.0] * m for _ in range(S)]
-    for s, kind, j in topological_ops(schedule, S, m):
-        if kind == "F":
-            ready = fend[s - 1][j] + p2p[s - 1] if s else 0.0
-            begin = free[s] if free[s] > ready else ready
-            t = fend[s][j] = begin + fwd[s]
-        else:
-            ready = bend[s + 1][j] + p2p[s] if s < S - 1 else fend[s][j]
-            begin = free[s] if free[s] > ready else ready
-            t = bend[s][j] = begin + bwd[s]
-        free[s] = t
+    ops = _flat_ops(schedule, S, m)
+    end = [0.0] * len(ops)
+    sends = list(p2p) + [0.0]  # index -1: no send
+    for i, (s, is_f, j, dep, send) in enumerate(ops):
+        ready = end[dep] + sends[send] if dep >= 0 else 0.0
+        begin = free[s] if free[s] > ready else ready
+        t = begin + (fwd[s] if is_f else bwd[s])
+        end[i] = free[s] = t
         if record is not None:
-            record.append((s, kind, j, begin, t))
+            record.append((s, "F" if is_f else "B", j, begin, t))
     if record is not None:
         record += [(s, "AR", -1, free[s], free[s] + tail[s]) for s in range(S)]
     return max(free[s] + tail[s] for s in range(S))

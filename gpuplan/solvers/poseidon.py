@@ -188,11 +188,14 @@ class Structure:
         sched = self.cm.p.schedule
         out = []
         fwd_p2p = sum(self.p2p)
+        self._own: list[float] = []
         for q in range(S):
             w = min(S - 1 - q, m)
             kf = 0 if sched == "gpipe" else max(0, m - w - 1)
             coef = [self.f[s] + (self.g[s] if s > q else 0.0) for s in range(S)]
-            coef[q] += kf * self.f[q] + m * self.g[q] + self.a[q]
+            own = kf * self.f[q] + m * self.g[q] + self.a[q]
+            coef[q] += own
+            self._own.append(own)
             const = (sum(self.ef) + sum(self.eg[q + 1:]) + kf * self.ef[q] + m * self.eg[q] + self.a0[q]
                      + fwd_p2p + sum(self.p2p[q:]))
             out.append((coef, const))
@@ -243,7 +246,12 @@ class Structure:
         E = [n * c + e for n, c, e in zip(layers, self.c, self.e)]
         b1 = max(m * E[s] + layers[s] * self.a[s] + self.a0[s] for s in range(self.S))
         b2 = sum(E[:last]) + 2 * sum(self.p2p) + m * E[last]
-        b3 = max(sum(c * n for c, n in zip(coef, layers)) + const for coef, const in self._rt)
+        # round trips in O(S): sum_s f_s n_s + sum_{s>q} g_s n_s + own_q n_q + const_q
+        fsum = sum(f * n for f, n in zip(self.f, layers))
+        gsuf, b3 = 0.0, 0.0
+        for q in range(last, -1, -1):
+            b3 = max(b3, fsum + gsuf + self._own[q] * layers[q] + self._rt[q][1])
+            gsuf += self.g[q] * layers[q]
         return max(b1, b2, b3)
 
     def time(self, layers: list[int]) -> float:
@@ -284,15 +292,19 @@ def ridge_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int
     moves = adjacent
     while True:
         step_t, step = cur_t, None
+        cands = []
         for a, b in moves:
             if cur[a] <= 1 or cur[b] >= st.nmax[b]:
                 continue
             n = list(cur)
             n[a] -= 1
             n[b] += 1
-            if st.cut_bound(n) >= step_t:
-                stats.cuts_pruned += 1
-                continue
+            cands.append((st.cut_bound(n), n))
+        cands.sort(key=lambda x: x[0])
+        for k, (bound, n) in enumerate(cands):
+            if bound >= step_t:  # every later move's bound is larger still
+                stats.cuts_pruned += len(cands) - k
+                break
             t = st.time(n)
             stats.dag_evaluations += 1
             if t < step_t - 1e-12 * step_t:
