@@ -267,13 +267,14 @@ class DeadlockError(ValueError):
     """A per-device order that cannot run: the devices wait on each other (message: who waits on what)."""
 
 
-def simulate(problem: TesselProblem, orders: Order,
-             durations: dict[str, float] | None = None) -> list[list[Entry]]:
+def simulate(problem: TesselProblem, orders: Order, durations: dict[str, float] | None = None,
+             link_s: float = 0.0) -> list[list[Entry]]:
     """Time a per-device order as soon as possible; return each device's timed entries (s).
 
     A block instance starts when its device(s) finished the previous entry in their order and its
     dependencies of the same micro-batch ended. A block on several devices must appear in each
-    device's order. `durations` overrides block durations (s), e.g. measured ones. Raises
+    device's order. `durations` overrides block durations (s), e.g. measured ones; `link_s` delays a
+    dependency between blocks on different devices (a point-to-point transfer, s). Raises
     DeadlockError when the orders wait on each other.
     """
     dur = {b.name: (durations or {}).get(b.name, b.duration_s) for b in problem.blocks}
@@ -297,7 +298,8 @@ def simulate(problem: TesselProblem, orders: Order,
                     break
                 if any(pos[e] >= len(orders[e]) or orders[e][pos[e]] != (b, i) for e in devs[b]):
                     break
-                start = max([free[e] for e in devs[b]] + [end[(a, i)] for a in deps[b]])
+                start = max([free[e] for e in devs[b]] + [end[(a, i)] + (link_s if devs[a] != devs[b] else 0.0)
+                                                          for a in deps[b]])
                 end[(b, i)] = start + dur[b]
                 for e in devs[b]:
                     free[e] = start + dur[b]

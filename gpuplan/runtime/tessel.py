@@ -59,6 +59,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         else:
             step_s.append(time.perf_counter() - t0)
         losses = [float(x) for x in found]
+    comm_s = _ping_pong(rank, world, (spec["mbs"], spec["seq"], cfg.hidden)) if world > 1 else 0.0
     durations: dict[int, dict[str, float]] = {}
     for s in mine:
         for op in ("F", "B", "I", "W"):
@@ -67,7 +68,28 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                 durations.setdefault(s, {})[op] = statistics.fmean(got)
     grads = {s: [p.grad.detach().clone().numpy() if p.grad is not None else None for p in modules[s].parameters()]
              for s in mine} if spec["grads"] else {}
-    return {"rank": rank, "step_s": step_s, "durations": durations, "losses": losses, "grads": grads}
+    return {"rank": rank, "step_s": step_s, "durations": durations, "losses": losses, "grads": grads,
+            "comm_s": comm_s}
+
+
+def _ping_pong(rank: int, world: int, shape: tuple[int, ...], repeats: int = 7) -> float:
+    """Return the one-way time (s) of an activation-sized tensor between ranks 0 and 1 (0 elsewhere)."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.zeros(*shape)
+    samples = []
+    for _ in range(repeats):
+        if rank == 0:
+            t0 = time.perf_counter()
+            dist.send(x, 1)
+            dist.recv(x, 1)
+            samples.append((time.perf_counter() - t0) / 2)
+        elif rank == 1:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+    dist.barrier()
+    return statistics.median(samples) if samples else 0.0
 
 
 def reference_grads(cfg_doc: dict[str, Any], num_stages: int, per_stage: int, microbatches: int, mbs: int,
@@ -98,8 +120,8 @@ def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | N
     """Run the plan's schedule on `problem.devices` CPU processes (gloo); return measured figures.
 
     Returns measured_step_s (median wall time of a training step, s), predicted_step_s (the plan's
-    per-device order timed by the mean block durations measured inside the same steps, s;
-    communication not modelled), their ratio and error (%), the loss, and max_grad_diff against a one-process run when
+    per-device order timed by the mean block durations measured inside the same steps, plus a
+    measured point-to-point transfer on every dependency between devices, s), their ratio and error (%), the loss, and max_grad_diff against a one-process run when
     check_grads is set. Refuses placements whose blocks span devices, naming them.
     """
     if command:
@@ -130,10 +152,12 @@ def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | N
     for b in problem.blocks:
         # the first stage's input gradient has nothing to compute; torch may skip the call
         durations[b.name] = stage_times[b.stage].get(acts.KIND_CODE[b.kind], 0.0)  # type: ignore[index]
-    predicted = makespan_s(simulate(problem, orders_of(plan.schedule), durations))
+    comm = results[0]["comm_s"]
+    predicted = makespan_s(simulate(problem, orders_of(plan.schedule), durations, link_s=comm))
     out: dict[str, Any] = {
         "world_size": problem.devices, "stages": n_stages, "microbatches": problem.microbatches,
         "format": format, "steps": steps, "measured_step_s": measured, "predicted_step_s": predicted,
+        "p2p_s": comm,
         "measured_over_predicted": measured / predicted if predicted else float("nan"),
         "error_pct": 100.0 * abs(measured - predicted) / predicted if predicted else float("nan"),
         "loss": statistics.fmean(x for r in results for x in r["losses"]) if any(r["losses"] for r in results)
