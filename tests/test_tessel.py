@@ -228,3 +228,15 @@ def test_a_poseidon_plan_becomes_a_1f1b_placement() -> None:
     assert not check(prob, tessel) and tessel.makespan_s <= one.makespan_s + 1e-9
     with pytest.raises(InputError, match="feasible Poseidon plan"):
         problem_from_poseidon({"kind": "poseidon", "status": "infeasible", "stages": []})
+
+
+def test_inference_placements_report_latency_and_stream_throughput() -> None:
+    prob = api.load_problem({"kind": "tessel", "microbatches": 6,
+                             "shape": {"name": "vshape", "devices": 2, "forward_s": 1.0, "inference": True}})
+    assert prob.mode == "inference" and {b.kind for b in prob.blocks} == {"forward"}
+    plan = api.solve(prob, solver="tessel")
+    assert not check(prob, plan)
+    assert plan.repetend is not None and plan.repetend.period_s == pytest.approx(2.0)
+    assert plan.predicted["batch_latency_s"] == pytest.approx(plan.makespan_s)
+    assert plan.predicted["stream_throughput_mb_per_s"] == pytest.approx(0.5)
+    assert plan.makespan_s == pytest.approx(plan.predicted["lower_bound_s"])

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from gpuplan.errors import InputError
-from gpuplan.models.tessel import TesselPlan, TesselProblem, makespan_s, orders_of, simulate
+from gpuplan.models.tessel import TesselPlan, TesselProblem, orders_of, simulate
 from gpuplan.runtime import tessel_actions as acts
 
 
@@ -56,16 +56,19 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         if step == 0:  # the first step warms up (shape inference, allocations); then time the blocks
             for st in stages:
                 tp.time_stage_calls(st, calls)
+            tp.time_loss_calls(sched, calls)
         else:
             step_s.append(time.perf_counter() - t0)
         losses = [float(x) for x in found]
     comm_s = _ping_pong(rank, world, (spec["mbs"], spec["seq"], cfg.hidden)) if world > 1 else 0.0
     durations: dict[int, dict[str, float]] = {}
     for s in mine:
-        for op in ("F", "B", "I", "W"):
+        for op in ("F", "B", "I", "W", "L"):
             got = [x for st, o, x in calls if st == s and o == op]
             if got:
                 durations.setdefault(s, {})[op] = statistics.fmean(got)
+        # per step: the gradient reduction at its end
+        durations.setdefault(s, {})["R"] = sum(x for st, o, x in calls if st == s and o == "R") / max(1, spec["steps"])
     grads = {s: [p.grad.detach().clone().numpy() if p.grad is not None else None for p in modules[s].parameters()]
              for s in mine} if spec["grads"] else {}
     return {"rank": rank, "step_s": step_s, "durations": durations, "losses": losses, "grads": grads,
@@ -120,7 +123,8 @@ def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | N
     """Run the plan's schedule on `problem.devices` CPU processes (gloo); return measured figures.
 
     Returns measured_step_s (median wall time of a training step, s), predicted_step_s (the plan's
-    per-device order timed by the mean block durations measured inside the same steps, plus a
+    per-device order timed by the mean block durations measured inside the same steps (the loss
+    counted in the last forward, the gradient reduction after each rank's last block), plus a
     measured point-to-point transfer on every dependency between devices, s), their ratio and error (%), the loss, and max_grad_diff against a one-process run when
     check_grads is set. Refuses placements whose blocks span devices, naming them.
     """
@@ -150,10 +154,16 @@ def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | N
     durations: dict[str, float] = {}
     stage_times = {s: t for r in results for s, t in r["durations"].items()}
     for b in problem.blocks:
-        # the first stage's input gradient has nothing to compute; torch may skip the call
-        durations[b.name] = stage_times[b.stage].get(acts.KIND_CODE[b.kind], 0.0)  # type: ignore[index]
+        # the first stage's input gradient has nothing to compute; torch may skip the call.
+        # The loss is computed right after the last stage's forward: it belongs to that block.
+        times = stage_times[b.stage]  # type: ignore[index]
+        durations[b.name] = times.get(acts.KIND_CODE[b.kind], 0.0) + (times.get("L", 0.0) if b.kind == "forward" else 0.0)
     comm = results[0]["comm_s"]
-    predicted = makespan_s(simulate(problem, orders_of(plan.schedule), durations, link_s=comm))
+    timed = simulate(problem, orders_of(plan.schedule), durations, link_s=comm)
+    # each rank reduces its stages' gradients after its last block
+    predicted = max(max((e.end_s for e in dev), default=0.0) + sum(stage_times[s].get("R", 0.0)
+                                                                   for s, r in ranks.items() if r == d)
+                    for d, dev in enumerate(timed)) - min(e.start_s for dev in timed for e in dev)
     out: dict[str, Any] = {
         "world_size": problem.devices, "stages": n_stages, "microbatches": problem.microbatches,
         "format": format, "steps": steps, "measured_step_s": measured, "predicted_step_s": predicted,

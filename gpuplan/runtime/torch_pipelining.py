@@ -58,7 +58,8 @@ def runtime_schedule(stages: list[Any], n_microbatches: int, loss_fn: Callable[.
 
 
 def time_stage_calls(stage: Any, sink: list[tuple[int, str, float]]) -> None:
-    """Wrap a PipelineStage's compute calls so each appends (stage index, F|B|I|W, seconds) to `sink`.
+    """Wrap a PipelineStage's compute calls so each appends (stage index, F|B|I|W|R, seconds) to
+    `sink` (R: the gradient reduction at the end of a step).
 
     The runtime waits for received tensors before these calls, so the times are pure compute as
     executed inside the pipeline (with whatever the machine's load was at that moment).
@@ -85,6 +86,31 @@ def time_stage_calls(stage: Any, sink: list[tuple[int, str, float]]) -> None:
         sink.append((stage.stage_index, "W", time.perf_counter() - t0))
         return out
 
+    red = stage.perform_reduce_grad
+
+    def perform_reduce_grad(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = red(*args, **kwargs)
+        sink.append((stage.stage_index, "R", time.perf_counter() - t0))
+        return out
+
+    stage.perform_reduce_grad = perform_reduce_grad
     stage.forward_one_chunk = forward_one_chunk
     stage.backward_one_chunk = backward_one_chunk
     stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def time_loss_calls(schedule: Any, sink: list[tuple[int, str, float]]) -> None:
+    """Wrap the schedule's loss computation (run after the last stage's forward) so each call appends
+    (stage index, "L", seconds) to `sink`."""
+    import time
+
+    loss = schedule._maybe_compute_loss
+
+    def maybe_compute_loss(stage: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = loss(stage, *args, **kwargs)
+        sink.append((stage.stage_index, "L", time.perf_counter() - t0))
+        return out
+
+    schedule._maybe_compute_loss = maybe_compute_loss
