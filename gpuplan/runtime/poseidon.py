@@ -173,7 +173,9 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     With calibrate > 0 the workers first time their stage standalone (`calibrate` repeats, all at
     once) and "calibrated_iteration_s" is the DAG model's longest path fed with those stage times
     (the plan's sends, all-reduce and optimizer terms unchanged): the prediction under the run's
-    own CPU load. With return_grads, also "grads": the first step's gradients by parameter name."""
+    own CPU load. "replayed_iteration_s" is the DAG fed with the per-stage times measured inside the
+    run itself: it checks the DAG structure (order, dependencies) apart from the per-op costs.
+    With return_grads, also "grads": the first step's gradients by parameter name."""
     if command:
         raise InputError("poseidon plans run their own training step; a command after -- is not supported")
     stages = plan.stages
@@ -211,6 +213,10 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
         out[f"stage{k}_forward_predicted_s"] = st.forward_s
         out[f"stage{k}_backward_measured_s"] = statistics.median(x[2] for r in mine for x in r["iters"])
         out[f"stage{k}_backward_predicted_s"] = st.backward_s
+    out["replayed_iteration_s"] = iteration_time_fast(
+        [out[f"stage{k}_forward_measured_s"] for k in range(S)], [out[f"stage{k}_backward_measured_s"] for k in range(S)],
+        [st.p2p_s for st in stages], [st.allreduce_s + st.optimizer_s for st in stages], plan.num_microbatches,
+        plan.schedule)
     last = [r for r in results if r["stage"] == S - 1 and r["replica"] == 0][0]
     out["losses"] = last["losses"]
     if return_grads:
