@@ -227,3 +227,29 @@ def test_cli_solve_check_show_compare(tmp_path) -> None:
     r = CliRunner().invoke(main, ["compare", "poseidon", str(cluster), "gpt3-350m", "--batch", "16", "--seq",
                                   "1024", "--max-stages", "3", "-q", "--solvers", "poseidon,metis,megatron"])
     assert r.exit_code == 0 and "metis" in r.output
+
+
+def test_profile_replaces_cluster_and_costs(tmp_path) -> None:
+    from gpuplan.models.profile import LayerCost, LayerTable, MeasuredDeviceType, Profile, ProfileNode
+
+    small = scaled(model_config("gpt3-350m"), hidden=256, vocab=2048)
+    costs = [LayerCost(device_type="cpu", part=part, micro_batch=mb, seq_len=128, forward_s=f * mb,
+                       backward_s=2 * f * mb, activation_bytes=1e6)
+             for mb in (1, 2) for part, f in (("layer", 0.004), ("embedding", 1e-5), ("head", 0.002))]
+    prof = Profile(device_types=[MeasuredDeviceType(name="cpu", backend="cpu", memory_bytes=8 * 2**30,
+                                                    matmul_tflops={"fp32": 0.1})],
+                   nodes=[ProfileNode(name="h", devices={"cpu": 2})],
+                   layers=[LayerTable(model=small.name, config=small.model_dump(mode="json"), scaled_from="gpt3-350m",
+                                      costs=costs)])
+    path = prof.save(tmp_path / "p.json")
+    doc = {"kind": "poseidon", "cluster": {"profile": str(path)}, "model": "gpt3-350m", "global_batch": 4,
+           "seq_len": 128, "dtype": "fp32"}
+    from gpuplan.models.profile import load_profile
+
+    prob = P.with_profile(api.load_problem(doc), load_profile(path))
+    assert prob.layer_costs is not None
+    cm = P.CostModel(prob)
+    ratio = prob.model.layer_forward_flops(1, 1024) / small.layer_forward_flops(1, 1024)
+    assert cm.layer("cpu", 1, 2)[0] == pytest.approx(0.008 * ratio)  # measured, scaled to the full model
+    plan = api.solve(prob)
+    assert plan.ok and api.check(prob, plan) == []

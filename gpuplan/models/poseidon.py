@@ -168,18 +168,29 @@ class CostModel:
         self._link: dict[tuple[str, str], Any] = {}
         self._dp_link: dict[StageShape, tuple[float, float]] = {}
         self._table: dict[tuple[str, str], list[LayerCost]] = {}
+        self._scale = {"layer": 1.0, "embedding": 1.0, "head": 1.0}
         if problem.layer_costs is not None:
             for c in problem.layer_costs.costs:
                 self._table.setdefault((c.device_type, c.part), []).append(c)
+            # a table measured on another (e.g. scaled-down) configuration: scale by the FLOP ratio
+            try:
+                measured = TransformerConfig.model_validate(problem.layer_costs.config)
+            except ValueError:
+                measured = self.cfg
+            if measured.model_dump(exclude={"name"}) != self.cfg.model_dump(exclude={"name"}):
+                self._scale = {"layer": self.cfg.layer_forward_flops(1, 1024) / measured.layer_forward_flops(1, 1024),
+                               "embedding": self.cfg.hidden / measured.hidden,
+                               "head": self.cfg.head_forward_flops(1, 1) / measured.head_forward_flops(1, 1)}
 
     # --- measured table lookup: exact (b, tp) when profiled, else scaled linearly from the nearest
+    # (and by the FLOP ratio when the table was measured on another configuration of the model)
     def _measured(self, dtype: str, part: str, tp: int, b: int) -> tuple[float, float] | None:
         rows = self._table.get((dtype, part))
         if not rows:
             return None
         rows = [r for r in rows if r.seq_len == self.p.seq_len] or rows
         best = min(rows, key=lambda r: (r.tp != tp, abs(math.log(r.micro_batch / b)), r.tp))
-        scale = (b / best.micro_batch) * (best.tp / tp) * (self.p.seq_len / best.seq_len)
+        scale = (b / best.micro_batch) * (best.tp / tp) * (self.p.seq_len / best.seq_len) * self._scale[part]
         return best.forward_s * scale, best.backward_s * scale
 
     def _tp_comm(self, dtype: str, tp: int, b: int, nodes_link: tuple[float, float]) -> float:
