@@ -83,7 +83,7 @@ class Pattern:
 
 
 def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: float, seed: int,
-                 workers: int, optimise: bool, unknown: list[int] | None = None) -> Pattern | None:
+                 optimise: bool, unknown: list[int] | None = None) -> Pattern | None:
     """Solve the cyclic model at a fixed period; return the pattern or None when none is found
     (the period is appended to `unknown` when the time limit ran out without a proof)."""
     from ortools.sat.python import cp_model
@@ -151,7 +151,7 @@ def _critical_path(problem: TesselProblem, t: Ticks) -> int:
     return max(end.values())
 
 
-def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int, workers: int,
+def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int,
                   progress: Callable[..., None], latency_search_s: float = 0.0) -> tuple[Pattern, dict[str, Any]]:
     """Return a repetend of smallest period (ticks) and stats; with latency_search_s > 0, the one of
     shortest one-micro-batch latency found in that much deterministic time (the completion that
@@ -171,7 +171,7 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     def feasible(period: int) -> Pattern | None:
         tried.append(period)
         progress(None, f"repetend: trying period {period} ticks")
-        return _repetend_at(problem, t, period, per_call, seed, workers, optimise=False, unknown=unknown)
+        return _repetend_at(problem, t, period, per_call, seed, optimise=False, unknown=unknown)
 
     found, bad, step, period = None, lower - 1, 1, lower
     while period <= upper:
@@ -197,7 +197,7 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
         else:
             lo = mid + 1
     if latency_search_s > 0:  # optionally, the shortest one-micro-batch latency at that period
-        found = _repetend_at(problem, t, found.period, latency_search_s, seed, workers, optimise=True) or found
+        found = _repetend_at(problem, t, found.period, latency_search_s, seed, optimise=True) or found
     return found, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
                   "periods_undecided": unknown, "period_proven_minimal": not unknown}
 
@@ -342,7 +342,7 @@ def _fits(problem: TesselProblem, schedule: list[list[Entry]]) -> bool:
 RANK = {"backward_input": 0, "backward": 0, "forward": 1, "backward_weight": 2, "other": 1}
 
 
-def complete(problem: TesselProblem, pat: Pattern, tick_s: float) -> tuple[list[list[Entry]], dict[str, Any]]:
+def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], dict[str, Any]]:
     """Return the best full schedule (s) built around the repetend, and what each candidate gave.
 
     Candidates: the pattern unrolled and left-shifted; and list schedules of all N micro-batches at
@@ -391,12 +391,12 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     started = time.perf_counter()
     limit = float(time_limit_s or 20.0)
     t = integerize(problem)
-    pat, stats = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, workers=workers,
-                               progress=progress, latency_search_s=latency_search_s)
+    pat, stats = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, progress=progress,
+                               latency_search_s=latency_search_s)
     stats["repetend_search_s"] = time.perf_counter() - started
     if completion:
         progress(0.6, "completing warm-up and cool-down")
-        schedule, more = complete(problem, pat, t.tick_s)
+        schedule, more = complete(problem, pat)
         stats.update(more)
     else:
         schedule = simulate(problem, unroll(problem, pat))
