@@ -20,7 +20,7 @@ from typing import Any, Callable
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.tessel import (Entry, Order, Repetend, TesselPlan, TesselProblem, make_plan, makespan_s,
-                                   memory_peaks, simulate, topological_order, lower_bound_s)
+                                   memory_peaks, simulate, topological_order, lower_bound_s, DeadlockError)
 from gpuplan.registry import register_solver
 from gpuplan.solvers.backends import solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
@@ -349,7 +349,8 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
     once (warm-up, steady state and cool-down together) whose priorities come from the pattern:
     an instance's unrolled start time, optionally after its kind (input gradients before forwards
     before weight gradients), with at most `window` micro-batches admitted ahead of the oldest
-    unfinished one (window = the pattern's micro-batches in flight, + 0..3, or unbounded).
+    unfinished one (window = the pattern's micro-batches in flight, + 0..3, or unbounded); and the
+    same list schedules of the reversed problem, read backwards (see reversed_problem).
     """
     base = {(b.name, i): pat.start[b.name] + (i + pat.lag[b.name]) * pat.period
             for b in problem.blocks for i in range(problem.microbatches)}
@@ -374,7 +375,37 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
             found[f"{pname}/{window}"] = makespan_s(cand)
             if makespan_s(cand) < makespan_s(best) - 1e-9 and _fits(problem, cand):
                 best = cand
+    # the same in reverse: schedule the reversed problem (dependencies flipped, memory negated) from
+    # the end, with the reversed pattern's priorities, then run its per-device orders forwards. This
+    # packs the cool-down as tightly as the forward pass packs the warm-up.
+    rev = reversed_problem(problem)
+    n, dur = problem.microbatches, {b.name: t_dur for b, t_dur in ((b, b.duration_s) for b in problem.blocks)}
+    rbase = {(b.name, i): (i - pat.lag[b.name]) * pat.period - pat.start[b.name] - dur[b.name] / 1e6
+             for b in problem.blocks for i in range(n)}
+    for window in (None, width, width + 1, width + 2, width + 3):
+        key = f"reverse/{window}"
+        try:
+            back = classic.list_schedule(rev, lambda a, i: (rbase[(a, i)], a), window=window)
+            orders = [[(e.block, n - 1 - e.microbatch) for e in sorted(dev, key=lambda e: -e.end_s)] for dev in back]
+            cand = simulate(problem, orders)
+        except (InfeasibleError, DeadlockError):
+            found[key] = float("nan")
+            continue
+        found[key] = makespan_s(cand)
+        if makespan_s(cand) < makespan_s(best) - 1e-9 and _fits(problem, cand):
+            best = cand
     return best, {"completion_candidates_s": found}
+
+
+def reversed_problem(problem: TesselProblem) -> TesselProblem:
+    """Return the problem with every dependency flipped and every memory delta negated (same limits):
+    a schedule of it, read backwards in time, is a schedule of the original."""
+    succ: dict[str, list[str]] = {b.name: [] for b in problem.blocks}
+    for b in problem.blocks:
+        for a in b.after:
+            succ[a].append(b.name)
+    blocks = [b.model_copy(update={"after": succ[b.name], "memory_bytes": -b.memory_bytes}) for b in problem.blocks]
+    return problem.model_copy(update={"blocks": blocks})
 
 
 def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
