@@ -151,6 +151,7 @@ def test_bounds_never_exceed_the_dag_time(types, layers, data) -> None:
     if t < math.inf:
         assert st_.cut_bound(n) <= t * (1 + 1e-12)
         assert st_.lower_bound() <= t * (1 + 1e-12)
+        assert st_.lp_bound() <= t * (1 + 1e-12)
         assert SP.combo_bound(cm, combo) <= t * (1 + 1e-12)
 
 

@@ -239,6 +239,33 @@ class Structure:
             best = max(best, self._min_linear(coef, const))
         return best
 
+    def lp_bound(self) -> float:
+        """Return the tightest of the path bounds together: min over REAL layer counts in [1, nmax_s]
+        summing to L of the max of bound (1) for every q, bound (2) and every round trip (an LP,
+        HiGHS). A relaxation of the minimum over integer cuts of the same maximum, hence a lower
+        bound on the iteration time of every cut set; shaved by 1e-7 for the solver's tolerance."""
+        import numpy as np
+        from scipy.optimize import linprog
+
+        S, m, last = self.S, self.m, self.S - 1
+        rows, rhs = [], []
+        for q in range(S):
+            row = np.zeros(S + 1)
+            row[q], row[S] = m * self.c[q] + self.a[q], -1.0
+            rows.append(row)
+            rhs.append(-(m * self.e[q] + self.a0[q]))
+        for coef, const in self._rt:
+            rows.append(np.append(np.asarray(coef), -1.0))
+            rhs.append(-const)
+        rows.append(np.append(np.asarray([self.c[s] if s < last else m * self.c[s] for s in range(S)]), -1.0))
+        rhs.append(-(sum(self.e[:last]) + m * self.e[last] + 2 * sum(self.p2p)))
+        cost = np.zeros(S + 1)
+        cost[S] = 1.0
+        res = linprog(cost, A_ub=np.array(rows), b_ub=np.array(rhs), A_eq=np.array([[1.0] * S + [0.0]]),
+                      b_eq=[float(self.cm.p.model.num_layers)], bounds=[(1, k) for k in self.nmax] + [(0, None)],
+                      method="highs")
+        return float(res.fun) * (1 - 1e-7) if res.status == 0 else 0.0
+
     def cut_bound(self, layers: list[int]) -> float:
         """Return the path bounds (1), (2) and every round trip for one layer mapping (seconds;
         cheaper than the DAG walk)."""
@@ -448,7 +475,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
 
     Combos (m and the per-type stage splits) are visited in order of `combo_bound`; the structures
     of a combo (its type orders) in order of `Structure.lower_bound`; a combo or structure whose
-    bound reaches the best time found is pruned, and the search stops at the first combo whose bound
+    bound (for structures also `Structure.lp_bound`) reaches the best time found is pruned, and the search stops at the first combo whose bound
     does. Both bounds are lower bounds on every layer mapping, so pruning never loses a structure
     that could beat the incumbent. With prune=False every structure is evaluated (the exhaustive
     reference); cuts="all" maps layers by trying every cut set instead of the ridge walk;
@@ -481,7 +508,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             else:
                 cands.append((st.lower_bound() if prune else 0.0, len(cands), st))
         for lb, _, st in sorted(cands, key=lambda x: x[:2]):
-            if prune and lb >= best[0]:
+            if prune and (lb >= best[0] or (best[0] < INF and st.lp_bound() >= best[0])):
                 stats.pruned += 1
                 continue
             t, layers = mapper(st, best[0], stats)
