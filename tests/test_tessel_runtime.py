@@ -10,6 +10,9 @@ from gpuplan.models.tessel import TesselProblem
 from gpuplan.runtime import tessel_actions as acts
 
 
+SMALL = {"hidden": 64, "seq": 32, "microbatch_size": 2}  # a small GPT keeps the runs fast
+
+
 def problem(shape: str, p: int, m: int) -> TesselProblem:
     return api.load_problem({"kind": "tessel", "microbatches": m,  # type: ignore[return-value]
                              "shape": {"name": shape, "devices": p, "backward_s": 1.0, "backward_weight_s": 1.0}})
@@ -76,7 +79,7 @@ def test_torch_version_gate() -> None:
 def test_exported_schedule_runs_and_gradients_match_one_process(shape: str, p: int, fmt: str) -> None:
     prob = problem(shape, p, 4)
     plan = api.solve(prob, solver="tessel")
-    out = api.run(plan, prob, steps=1, format=fmt, check_grads=True, timeout_s=120)
+    out = api.run(plan, prob, steps=1, format=fmt, check_grads=True, timeout_s=120, **SMALL)
     assert out["max_grad_diff"] <= 1e-6
     assert out["measured_step_s"] > 0 and out["predicted_step_s"] > 0
     assert 4.0 < out["loss"] < 7.0  # cross-entropy near ln(256) for an untrained model
@@ -86,5 +89,5 @@ def test_exported_schedule_runs_and_gradients_match_one_process(shape: str, p: i
 def test_zero_bubble_schedule_runs_on_four_processes() -> None:
     prob = problem("1f1b", 4, 4)
     plan = api.solve(prob, solver="zb-h1")
-    out = api.run(plan, prob, steps=1, check_grads=True, timeout_s=120)
+    out = api.run(plan, prob, steps=1, check_grads=True, timeout_s=120, **SMALL)
     assert out["max_grad_diff"] <= 1e-6

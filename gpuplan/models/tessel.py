@@ -467,7 +467,8 @@ def describe(problem: TesselProblem, plan: TesselPlan) -> list[Table]:
     """Return tables for `gpuplan show`: per-device figures, the repetend, and the first entries."""
     busy = problem.busy_s()
     rows = [[d, len(dev), busy[d] * problem.microbatches, plan.peak_memory_bytes[d] if plan.peak_memory_bytes else 0,
-             problem.limit(d), " ".join(f"{e.block}#{e.microbatch}" for e in dev[:8]) + (" ..." if len(dev) > 8 else "")]
+             problem.limit(d),
+             " ".join(f"{e.block}#{e.microbatch}" for e in dev[:8]) + (" ..." if len(dev) > 8 else "")]
             for d, dev in enumerate(plan.schedule)]
     tables = [Table(f"tessel schedule '{plan.schedule_name}': makespan {plan.makespan_s:g} s, "
                     f"bubble ratio {plan.bubble_ratio:.3f}",

@@ -117,7 +117,7 @@ def reference_grads(cfg_doc: dict[str, Any], num_stages: int, per_stage: int, mi
 
 
 def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | None = None, steps: int = 3,
-             hidden: int = 64, layers_per_stage: int = 1, microbatch_size: int = 2, seq: int = 32, vocab: int = 256,
+             hidden: int = 256, layers_per_stage: int = 1, microbatch_size: int = 4, seq: int = 128, vocab: int = 256,
              format: str = "compute_comms", seed: int = 0, threads: int = 1, timeout_s: float = 300.0,
              check_grads: bool = False) -> dict[str, Any]:
     """Run the plan's schedule on `problem.devices` CPU processes (gloo); return measured figures.
@@ -125,8 +125,10 @@ def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | N
     Returns measured_step_s (median wall time of a training step, s), predicted_step_s (the plan's
     per-device order timed by the mean block durations measured inside the same steps (the loss
     counted in the last forward, the gradient reduction after each rank's last block), plus a
-    measured point-to-point transfer on every dependency between devices, s), their ratio and error (%), the loss, and max_grad_diff against a one-process run when
-    check_grads is set. Refuses placements whose blocks span devices, naming them.
+    measured point-to-point transfer on every dependency between devices, s), their ratio and
+    error (%), the loss, and max_grad_diff against a one-process run when check_grads is set. The
+    default model (hidden 256, sequence 128, micro-batch 4, one layer per stage) keeps each block well
+    above the runtime's per-action overhead on CPU. Refuses placements whose blocks span devices.
     """
     if command:
         raise InputError("tessel plans run their own model; `gpuplan run PLAN -- COMMAND` takes no command")
@@ -157,7 +159,8 @@ def run_plan(problem: TesselProblem, plan: TesselPlan, *, command: list[str] | N
         # the first stage's input gradient has nothing to compute; torch may skip the call.
         # The loss is computed right after the last stage's forward: it belongs to that block.
         times = stage_times[b.stage]  # type: ignore[index]
-        durations[b.name] = times.get(acts.KIND_CODE[b.kind], 0.0) + (times.get("L", 0.0) if b.kind == "forward" else 0.0)
+        loss = times.get("L", 0.0) if b.kind == "forward" else 0.0
+        durations[b.name] = times.get(acts.KIND_CODE[b.kind], 0.0) + loss
     comm = results[0]["comm_s"]
     timed = simulate(problem, orders_of(plan.schedule), durations, link_s=comm)
     # each rank reduces its stages' gradients after its last block

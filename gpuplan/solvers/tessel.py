@@ -417,7 +417,8 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     CP-SAT deterministic time on the pattern's one-micro-batch latency. The polish is a CP-SAT pass
     that re-solves the first and last in-flight micro-batches jointly with the repeated middle
     (moved as one piece) for polish_s deterministic seconds (off by default: on the benchmark shapes
-    it rarely pays for its time; skipped when the schedule already meets the lower bound). Plan times are seconds; stats hold ticks and timings.
+    it rarely pays for its time; skipped when the schedule already meets the lower bound). Plan
+    times are seconds; stats hold ticks and timings.
     """
     started = time.perf_counter()
     limit = float(time_limit_s or 20.0)
