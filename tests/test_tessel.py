@@ -240,3 +240,32 @@ def test_inference_placements_report_latency_and_stream_throughput() -> None:
     assert plan.predicted["batch_latency_s"] == pytest.approx(plan.makespan_s)
     assert plan.predicted["stream_throughput_mb_per_s"] == pytest.approx(0.5)
     assert plan.makespan_s == pytest.approx(plan.predicted["lower_bound_s"])
+
+
+def test_cli_solve_compare_check_show(tmp_path) -> None:
+    import json
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from gpuplan.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "tessel" / "1f1b-4.yaml"
+    runner = CliRunner()
+    out = tmp_path / "plan.json"
+    res = runner.invoke(main, ["solve", "tessel", str(example), "--microbatches", "4", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    plan = api.load_plan(out)
+    assert plan.problem["microbatches"] == 4 and plan.schedule_name == "tessel"  # type: ignore[attr-defined]
+    assert runner.invoke(main, ["check", str(out)]).exit_code == 0
+    res = runner.invoke(main, ["show", str(out), "--png", str(tmp_path / "g.png")])
+    assert res.exit_code == 0 and (tmp_path / "g.png").exists()
+    table = tmp_path / "cmp.json"
+    res = runner.invoke(main, ["compare", "tessel", str(example), "-n", "4", "-q", "--solvers", "tessel,1f1b,zb-v",
+                               "--json", str(table)])
+    assert res.exit_code == 0, res.output
+    rows = {r["solver"]: r for r in json.loads(table.read_text())}
+    assert rows["tessel"]["makespan_s"] <= rows["1f1b"]["makespan_s"]
+    assert str(rows["zb-v"]["status"]).startswith("skipped")
+    res = runner.invoke(main, ["solve", "tessel", str(example), "--memory-limit", "-1", "-q", "-o", str(out)])
+    assert res.exit_code == 2 and "memory_limit_bytes" in res.output
