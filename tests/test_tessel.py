@@ -105,7 +105,7 @@ def small_problems(draw: st.DrawFn) -> TesselProblem:
     return api.load_problem(doc)  # type: ignore[return-value]
 
 
-GAP_SMALL = 0.10  # stated gap to the exact optimum on tiny instances (N <= 5: warm-up dominates)
+GAP_SMALL = 0.20  # stated gap to the exact optimum on tiny instances (N <= 5: one tick in 8 is 12.5%)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
