@@ -455,7 +455,8 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     rep = Repetend(period_s=pat.period * t.tick_s, offset_s={n: v * t.tick_s for n, v in pat.start.items()},
                    lag=dict(pat.lag), window_s=_window(problem, schedule, pat.period * t.tick_s),
                    copies=max(0, problem.microbatches - width + 1))
-    plan = make_plan(problem, schedule, "tessel", Status.FEASIBLE, rep)
+    at_bound = makespan_s(schedule) <= bound * (1 + 1e-9)  # then proven optimal
+    plan = make_plan(problem, schedule, "tessel", Status.OPTIMAL if at_bound else Status.FEASIBLE, rep)
     plan.predicted["search_s"] = stats["search_s"]
     plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period,
                                                    "microbatches_in_flight": width})
@@ -490,7 +491,8 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
     schedule = simulate(problem, orders)
     if makespan_s(schedule) > hint.makespan_s + 1e-9:
         schedule = hint.schedule
-    plan = make_plan(problem, schedule, "exact", res.status)
+    status = Status.OPTIMAL if makespan_s(schedule) <= lower_bound_s(problem) * (1 + 1e-9) else res.status
+    plan = make_plan(problem, schedule, "exact", status)
     plan.predicted["lower_bound_s"] = max(plan.predicted["lower_bound_s"], (res.bound or 0) * t.tick_s)
     plan.solver = SolverInfo(name="exact", stats={"bound_s": (res.bound or 0) * t.tick_s,
                                                   "cpsat_wall_s": res.wall_time_s, **res.stats})
