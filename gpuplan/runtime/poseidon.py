@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuplan.errors import InputError
 from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem, iteration_time_fast
+from gpuplan.models.profile import LayerCost, LayerTable
 from gpuplan.models.workload import TransformerConfig, scaled
 
 
@@ -226,19 +227,43 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     return out
 
 
+def _profile_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batches: list[int], seq_len: int,
+                    repeats: int) -> list[dict[str, Any]]:
+    from gpuplan.profiling.layers import LayerPlan, layer_table
+
+    plan = LayerPlan(TransformerConfig.model_validate(config_doc), None, "", micro_batches, [seq_len], "fp32")
+    return [c.model_dump(mode="json") for c in layer_table(plan, "cpu", "cpu", repeats=repeats).costs]
+
+
+def measure_layer_costs(config: TransformerConfig, *, seq_len: int, micro_batches: list[int], processes: int = 1,
+                        threads: int = 1, repeats: int = 5) -> LayerTable:
+    """Return the LayerTable of `config`'s gpt blocks, embedding and head measured on this CPU by the
+    profiler (gpuplan.profiling.layers) in `processes` processes at once, each on `threads` threads,
+    so the costs carry the contention of a run with that many workers; times are the median over
+    the processes (seconds)."""
+    from gpuplan.runtime.launch import run_workers
+
+    per = run_workers(_profile_worker, processes, args=(config.model_dump(mode="json"), micro_batches, seq_len,
+                                                        repeats), threads=threads, timeout_s=600)
+    costs = []
+    for rows in zip(*per):
+        row = dict(rows[0])
+        row["forward_s"] = statistics.median(r["forward_s"] for r in rows)
+        row["backward_s"] = statistics.median(r["backward_s"] for r in rows)
+        costs.append(LayerCost.model_validate(row))
+    return LayerTable(model=config.name, config=config.model_dump(mode="json"), dtype="fp32", costs=costs,
+                      scaling_note=f"measured on this CPU: {processes} process(es) at once, {threads} thread(s) each")
+
+
 def cpu_problem(config: TransformerConfig, *, seq_len: int, global_batch: int, types: dict[str, tuple[int, float]],
                 micro_batches: list[int], threads: int = 1, repeats: int = 5, **fields: Any) -> PoseidonProblem:
     """Return a Poseidon problem for a CPU run whose costs were measured here: the gpt blocks of
-    `config` are timed with the profiler (gpuplan.profiling.layers) at each micro-batch size on
-    `threads` threads; `types` maps an emulated device type to (device count, slowdown factor), and
-    each type's layer table is the measured one times its factor. One node; local gloo link."""
-    import torch
-
-    from gpuplan.profiling.layers import LayerPlan, layer_table
-
-    torch.set_num_threads(threads)
-    plan = LayerPlan(config, None, f"measured on this CPU with {threads} thread(s)", micro_batches, [seq_len], "fp32")
-    base = layer_table(plan, "cpu", "cpu", repeats=repeats)
+    `config` are timed with the profiler at each micro-batch size, in as many processes at once as
+    the cluster has devices (`measure_layer_costs`); `types` maps an emulated device type to
+    (device count, slowdown factor), and each type's layer table is the measured one times its
+    factor. One node; local gloo link."""
+    base = measure_layer_costs(config, seq_len=seq_len, micro_batches=micro_batches,
+                               processes=sum(n for n, _ in types.values()), threads=threads, repeats=repeats)
     costs = [c.model_copy(update={"device_type": name, "forward_s": c.forward_s * f, "backward_s": c.backward_s * f})
              for name, (_, f) in types.items() for c in base.costs]
     table = base.model_copy(update={"costs": costs})
