@@ -135,8 +135,9 @@ def cpu_section(quick: bool) -> None:
                            ["stages", "plan", "m", "predicted_s (profile)", "predicted_s (calibrated)",
                             "DAG replay_s", "measured_s", "error (profile)", "error (calibrated)", "error (replay)"],
                            rows)))
-    print("profile: layer table measured before the run, one process; calibrated: each stage timed standalone in\n"
-          "its worker, all workers at once; replay: the DAG fed with the per-stage times measured inside the run.")
+    print("profile: layer table measured before the run by the profiler, in as many processes at once as the run\n"
+          "has workers; calibrated: each stage timed standalone in its worker, all workers at once; replay: the DAG\n"
+          "fed with the per-stage times measured inside the run.")
 
 
 def main() -> None:
