@@ -137,17 +137,25 @@ def _interference_worker(rank: int, world: int, matmul_n: int, iters: int, size_
     dist.barrier()
     stop = threading.Event()
     done = [0]
+    flag = torch.zeros(1, device=dev)
 
     def comm() -> None:
+        # After each all_reduce the ranks agree (MAX of a flag) whether any wants to stop, so all
+        # leave the loop after the same number of collectives and none is left waiting for a peer.
         stream = torch.cuda.Stream(device=dev) if dev != "cpu" else None
-        while not stop.is_set():
+        while True:
+            flag.fill_(1.0 if stop.is_set() else 0.0)
             if stream is not None:
                 with torch.cuda.stream(stream):
                     dist.all_reduce(buf)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 stream.synchronize()
             else:
                 dist.all_reduce(buf)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             done[0] += 1
+            if flag.item() > 0:
+                break
 
     th = threading.Thread(target=comm)
     th.start()
@@ -155,11 +163,6 @@ def _interference_worker(rank: int, world: int, matmul_n: int, iters: int, size_
     overlapped = min(loop() for _ in range(3))
     stop.set()
     th.join()
-    # Every rank must issue the same number of all_reduces: pad up to the largest count.
-    count = torch.tensor([float(done[0])], device=dev)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    for _ in range(int(count.item()) - done[0]):
-        dist.all_reduce(buf)
     return {"alone_s": alone, "overlapped_s": overlapped, "slowdown": overlapped / alone,
             "collectives": float(done[0])}
 
