@@ -47,7 +47,11 @@ def print_tables(tables: list[Table], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    console = console or Console()
+    if console is None:
+        import sys
+
+        # Piped or captured output keeps whole cells instead of rich's 80-column guess.
+        console = Console() if sys.stdout.isatty() else Console(width=200)
     for t in tables:
         rt = RichTable(title=t.title, title_justify="left")
         for c in t.columns:
