@@ -145,3 +145,36 @@ def test_records_apply_in_any_order_and_twice() -> None:
     for r in order:
         D.apply_record(r, views[r.tensor], header.chunk_elems)
     assert all(np.array_equal(D.bits(target[k]), D.bits(new[k])) for k in new)
+
+
+@settings(max_examples=40, deadline=None)
+@given(width=st.sampled_from([1, 2, 4, 8]), n=st.integers(0, 6000), density=st.sampled_from([0.0, 0.002, 0.02, 0.3, 1.0]),
+       seed=st.integers(0, 2**16))
+def test_changed_positions_match_elementwise_compare(width: int, n: int, density: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    kind = D.UINT[width]
+    old = rng.integers(0, np.iinfo(kind).max, n, dtype=kind, endpoint=True)
+    new = old.copy()
+    idx = np.flatnonzero(rng.random(n) < density)
+    new[idx] ^= kind(1) << kind(rng.integers(0, 8 * width))
+    start = int(rng.integers(0, 3)) if n > 3 else 0  # unaligned views too
+    assert np.array_equal(D.changed_positions(old[start:], new[start:]), np.flatnonzero(old[start:] != new[start:]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 20000), k=st.integers(1, 3000), run=st.integers(1, 64), seed=st.integers(0, 2**16))
+def test_fast_encoding_choice_is_the_smallest(n: int, k: int, run: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, n, max(1, k // run))
+    pos = np.unique(np.clip(starts[:, None] + np.arange(run), 0, n - 1))  # clustered runs: varint can win
+    sizes = D.index_sizes(pos, n)
+    assert D.encode_positions(pos, n)[0] == min(sizes, key=lambda e: (sizes[e], e))
+
+
+def test_top_byte_compression_only_where_it_pays() -> None:
+    rng = np.random.default_rng(4)
+    weights = ((rng.standard_normal(4096, dtype=np.float32) * 0.02).view(np.uint32) >> 16).astype(np.uint16)
+    noise = rng.integers(0, 1 << 16, 4096, dtype=np.uint16)
+    for values, expected in ((weights, D.VZLIB), (noise, D.VRAW)):
+        enc, data = D._encode_values(values, True)
+        assert enc == expected and np.array_equal(D._decode_values(enc, data, values.size, 2), values)
