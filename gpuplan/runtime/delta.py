@@ -73,7 +73,12 @@ _scratch = threading.local()  # a reusable comparison mask per thread (no page f
 
 
 def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """Return the sorted positions (int64) where the bit patterns of `old` and `new` differ.
+    """Return the sorted positions (int64) where the bit patterns of `old` and `new` differ."""
+    return changes(old, new)[0]
+
+
+def changes(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (sorted int64 positions, old bits there, new bits there) where `old` and `new` differ.
 
     One pass compares 8-byte words into a reused bool mask; only the changed words are then
     compared lane by lane. When few words changed, the mask is searched in two levels (groups of
@@ -84,7 +89,8 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     nwords = old.size // per
     body = nwords * per
     if per == 1 or nwords < 64:
-        return np.flatnonzero(old != new)
+        pos = np.flatnonzero(old != new)
+        return pos, old[pos], new[pos]
     ow, nw = old[:body].view(np.uint64), new[:body].view(np.uint64)
     ngroups = (nwords + 7) // 8
     scratch = getattr(_scratch, "mask", None)
@@ -101,12 +107,16 @@ def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
         words = (groups[inner >> 3] << 3) | (inner & 7)
     else:  # dense: flatnonzero's branch-free loop is faster
         words = np.flatnonzero(mask)
-    lanes = np.flatnonzero(ow[words].view(old.dtype) != nw[words].view(old.dtype))
+    ov, nv = ow[words].view(old.dtype), nw[words].view(old.dtype)
+    lanes = np.flatnonzero(ov != nv)
     shift = per.bit_length() - 1
     pos = (words[lanes >> shift] << shift) | (lanes & (per - 1))
+    ov, nv = ov[lanes], nv[lanes]  # gathered from the small in-cache copies, not the chunk
     if body < old.size:
-        pos = np.concatenate([pos, np.flatnonzero(old[body:] != new[body:]) + body])
-    return pos
+        tail = np.flatnonzero(old[body:] != new[body:]) + body
+        pos, ov, nv = (np.concatenate([pos, tail]), np.concatenate([ov, old[tail]]),
+                       np.concatenate([nv, new[tail]]))
+    return pos, ov, nv
 
 
 # ---------------------------------------------------------------- position codes
@@ -355,14 +365,14 @@ def _crc(a: np.ndarray) -> int:
 def encode_chunk(tensor: int, chunk: int, old: np.ndarray, new: np.ndarray, *, compress: bool = True,
                  index_encoding: int | None = None) -> bytes | None:
     """Return the record for one chunk (flat bit views of equal length), or None when unchanged."""
-    pos = changed_positions(old, new)
+    pos, old_values, new_values = changes(old, new)
     if pos.size == 0:
         return None
     n, width = old.size, old.dtype.itemsize
     ienc, low, idata = encode_positions(pos, n, index_encoding)
-    venc, vdata = _encode_values(new[pos], compress)
+    venc, vdata = _encode_values(new_values, compress)
     fields = (tensor, chunk, n, pos.size, ienc, venc, width, low, len(idata), len(vdata))
-    base_crc = _crc(old[pos])
+    base_crc = _crc(old_values)
     crc = _record_crc(_REC.pack(_REC_MAGIC, *fields, 0, base_crc), idata, vdata)
     return _REC.pack(_REC_MAGIC, *fields, crc, base_crc) + idata + vdata
 
