@@ -175,8 +175,12 @@ def _unpack(buf: np.ndarray, count: int, width: int) -> np.ndarray:
         return np.zeros(count, dtype=np.int64)
     step = (count + 7) // 8
     planes = np.unpackbits(buf[:width * step].reshape(width, step), axis=1, count=count)
-    weights = np.int64(1) << np.arange(width - 1, -1, -1, dtype=np.int64)
-    return weights @ planes.astype(np.int64)
+    kind = np.uint8 if width <= 8 else np.uint32
+    out = planes[0].astype(kind)
+    for plane in planes[1:]:  # most significant first: shift in one bit plane at a time
+        out <<= kind(1)
+        out |= plane
+    return out.astype(np.int64)
 
 
 def _ef_encode(pos: np.ndarray, n: int, low: int) -> bytes:
@@ -194,7 +198,7 @@ def _ef_decode(buf: bytes, n: int, k: int, low: int) -> np.ndarray:
     nhigh = k + (n >> low) + 1
     if b.size != nlow + (nhigh + 7) // 8:
         raise DeltaError(f"elias-fano positions: {b.size} bytes, expected {nlow + (nhigh + 7) // 8}")
-    ones = np.flatnonzero(np.unpackbits(b[nlow:], count=nhigh))
+    ones = np.flatnonzero(np.unpackbits(b[nlow:], count=nhigh).view(bool))  # bool: numpy's fast path
     if ones.size != k:
         raise DeltaError(f"elias-fano positions: expected {k} values, found {ones.size}")
     return ((ones - np.arange(k)) << low) | _unpack(b[:nlow], k, low)
@@ -274,7 +278,7 @@ def decode_positions(encoding: int, data: bytes, n: int, k: int, low: int) -> np
     elif encoding == BITMAP:
         if len(data) != (n + 7) // 8:
             raise DeltaError(f"bitmap positions: {len(data)} bytes, expected {(n + 7) // 8}")
-        pos = np.flatnonzero(np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n))
+        pos = np.flatnonzero(np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n).view(bool))
         if pos.size != k:
             raise DeltaError(f"bitmap positions: expected {k} values, found {pos.size}")
     else:
