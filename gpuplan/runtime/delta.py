@@ -152,7 +152,7 @@ def _varint_decode(buf: bytes, k: int) -> np.ndarray:
 
 
 def _ef_low_bits(n: int, k: int) -> int:
-    return int(np.floor(np.log2(n / k))) if k and n > k else 0
+    return (n // k).bit_length() - 1 if k and n > k else 0  # floor(log2(n/k)) in integers
 
 
 def _pack(values: np.ndarray, width: int) -> bytes:
@@ -186,9 +186,10 @@ def _unpack(buf: np.ndarray, count: int, width: int) -> np.ndarray:
 def _ef_encode(pos: np.ndarray, n: int, low: int) -> bytes:
     k = pos.size
     lowpart = _pack(pos & ((1 << low) - 1), low)
-    high = (pos >> low) + np.arange(k)
-    hbits = np.zeros(k + (n >> low) + 1, dtype=np.uint8)
-    hbits[high] = 1
+    high = pos >> low
+    high += np.arange(k)
+    hbits = np.zeros(k + (n >> low) + 1, dtype=bool)
+    hbits[high] = True
     return lowpart + np.packbits(hbits).tobytes()
 
 
