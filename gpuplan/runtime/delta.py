@@ -97,7 +97,8 @@ def changes(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     if scratch is None or scratch.size < 8 * ngroups:
         scratch = _scratch.mask = np.empty(8 * max(ngroups, CHUNK_ELEMS // 32), dtype=bool)
     mask = scratch[:8 * ngroups]
-    mask[nwords:] = False
+    if nwords < mask.size:
+        mask[nwords:] = False
     np.not_equal(ow, nw, out=mask[:nwords])
     groups8 = mask.view(np.uint64)
     hit = groups8 != 0
@@ -156,7 +157,8 @@ def _ef_low_bits(n: int, k: int) -> int:
 
 
 def _pack(values: np.ndarray, width: int) -> bytes:
-    """Pack the low `width` bits of each value as `width` bit planes (most significant first)."""
+    """Pack the low `width` bits of each value as `width` bit planes (most significant first);
+    higher bits are ignored."""
     if width == 0 or values.size == 0:
         return b""
     kind = np.uint8 if width <= 8 else np.uint32  # narrow lanes: 4x less memory traffic
@@ -185,7 +187,7 @@ def _unpack(buf: np.ndarray, count: int, width: int) -> np.ndarray:
 
 def _ef_encode(pos: np.ndarray, n: int, low: int) -> bytes:
     k = pos.size
-    lowpart = _pack(pos & ((1 << low) - 1), low)
+    lowpart = _pack(pos, low)  # _pack reads only the low `low` bits
     high = pos >> low
     high += np.arange(k)
     hbits = np.zeros(k + (n >> low) + 1, dtype=bool)
@@ -235,7 +237,7 @@ def _smallest_encoding(pos: np.ndarray, n: int) -> int:
     if k == n:
         sizes[ALL] = 0
     best = min(sizes.values())
-    if k < best and k + int(pos[0] >= 128) + int(np.count_nonzero(np.diff(pos) > 128)) <= best:
+    if k and k + int(pos[0] >= 128) + int(np.count_nonzero(np.diff(pos) > 128)) <= best:
         sizes = index_sizes(pos, n)
     return min(sizes, key=lambda e: (sizes[e], e))
 
@@ -295,8 +297,8 @@ def _top_byte_pays(top: np.ndarray) -> bool:
     """Return True when the byte entropy of `top` (estimated on a sample) promises a 10% saving."""
     sample = top[::max(1, top.size // 512)]  # ~512 bytes estimate it well enough (the caller
     counts = np.bincount(sample, minlength=256)  # still keeps the zlib plane only when it is smaller)
-    p = counts[counts > 0] / sample.size
-    return float(-(p * np.log2(p)).sum()) < 0.9 * 8
+    collision = float(counts @ counts) / float(sample.size) ** 2
+    return -np.log2(collision) < 0.9 * 8  # Renyi-2 entropy <= Shannon entropy: skip only sure losers
 
 
 def _huffman(data: np.ndarray) -> bytes:
@@ -316,12 +318,15 @@ def _encode_values(values: np.ndarray, compress: bool) -> tuple[int, bytes]:
     width = values.dtype.itemsize
     le = values.astype(values.dtype.newbyteorder("<"), copy=False)
     if compress and width > 1 and values.size * width >= 512:
-        planes = le.view(np.uint8).reshape(-1, width)
-        top = np.ascontiguousarray(planes[:, -1])
+        if width == 2:  # bf16/fp16: the two planes by shifts, no strided copies
+            top, rest = (le >> 8).astype(np.uint8), le.astype(np.uint8)
+        else:
+            planes = le.view(np.uint8).reshape(-1, width)
+            top, rest = np.ascontiguousarray(planes[:, -1]), planes[:, :-1].T
         if _top_byte_pays(top):
             packed = _huffman(top)
             if len(packed) < 0.9 * top.size:
-                return VZLIB, struct.pack("<I", len(packed)) + packed + planes[:, :-1].T.tobytes()
+                return VZLIB, struct.pack("<I", len(packed)) + packed + rest.tobytes()
     return VRAW, le.tobytes()
 
 
