@@ -123,28 +123,36 @@ def cpu_section(quick: bool) -> None:
         types = {"cpu": ((S + 1) // 2, 1.0), "cpu-slow2x": (S // 2, 2.0)}
         prob = cpu_problem(cfg, seq_len=128, global_batch=16, types=types, micro_batches=[1, 2, 4], max_stages=S)
         plan = api.solve(prob, num_stages=S)
-        out = run_plan(prob, plan, steps=5, warmup=1, calibrate=5)
-        meas = out["measured_iteration_s"]
+        out = run_plan(prob, plan, steps=7, warmup=1, calibrate=5)
+        meas, fast = out["measured_iteration_s"], out["measured_fastest_iteration_s"]
+        pred = out["predicted_cpu_iteration_s"]
         rows.append([S, " | ".join(f"{s.device_type}:{s.num_layers}L" for s in plan.stages), plan.num_microbatches,
-                     out["predicted_iteration_s"], out["calibrated_iteration_s"], out["replayed_iteration_s"], meas,
-                     out["predicted_iteration_s"] / meas - 1, out["calibrated_iteration_s"] / meas - 1,
-                     out["replayed_iteration_s"] / meas - 1])
+                     out["predicted_iteration_s"], pred, out["calibrated_iteration_s"], out["replayed_iteration_s"],
+                     meas, fast, pred / meas - 1, pred / fast - 1, out["predicted_iteration_s"] / meas - 1,
+                     out["calibrated_iteration_s"] / meas - 1, out["replayed_iteration_s"] / meas - 1])
         print(f"  {S} stages done", flush=True)
-    print(table_text(Table("CPU pipeline runs (gloo, 1 thread per process, torch Schedule1F1B; 'cpu-slow2x' "
-                           "emulated by a 2x calibrated slowdown; target |error| <= 15 %)",
-                           ["stages", "plan", "m", "predicted_s (profile)", "predicted_s (calibrated)",
-                            "DAG replay_s", "measured_s", "error (profile)", "error (calibrated)", "error (replay)"],
-                           rows)))
-    print("profile: layer table measured before the run by the profiler, in as many processes at once as the run\n"
-          "has workers; calibrated: each stage timed standalone in its worker, all workers at once; replay: the DAG\n"
-          "fed with the per-stage times measured inside the run.")
+    print(table_text(Table(f"CPU pipeline runs (gloo, 1 thread per process, {rows and out['cores']} cores, core sharing "
+                           f"rates {rows and [round(r, 2) for r in out['core_sharing_rates']]}, torch "
+                           "Schedule1F1B; 'cpu-slow2x' emulated by a 2x calibrated slowdown; target |error| <= 15 % "
+                           "for the prediction)",
+                           ["stages", "plan", "m", "DAG_s (profile)", "predicted_s (profile + cores)",
+                            "calibrated_s", "replay_s", "measured_s (median)", "measured_s (fastest)",
+                            "error (prediction)", "error (prediction vs fastest)", "error (DAG)",
+                            "error (calibrated)", "error (replay)"], rows)))
+    print("prediction: the plan's stage costs from the per-layer profile (one process, measured before the run),\n"
+          "the DAG's op order, the workers sharing the cores at the speeds measured just before the run with k\n"
+          "workers computing at once (processor sharing; sleeps of the slowdown\n"
+          "emulation use no core); DAG: the same without core sharing (the plan's iteration time); calibrated:\n"
+          "the DAG fed with each stage timed standalone in its worker, all workers at once; replay: the DAG fed\n"
+          "with the per-stage times measured inside the run. Measured: median and fastest of 7 steps (the fastest is\n"
+          "the step least disturbed by other jobs on this shared machine); errors against the median unless said.")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller instances, fewer runs")
     args = ap.parse_args()
-    print("note: timings on a shared 2-core machine; other jobs were running, so times are noisy\n")
+    print("note: timings on a 2-core machine shared with one other engineer's jobs; times are noisy\n")
     for section in (search_section, ridge_section, cpu_section):
         t0 = time.perf_counter()
         section(args.quick)

@@ -254,3 +254,29 @@ def test_profile_replaces_cluster_and_costs(tmp_path) -> None:
     assert cm.layer("cpu", 1, 2)[0] == pytest.approx(0.008 * ratio)  # measured, scaled to the full model
     plan = api.solve(prob)
     assert plan.ok and api.check(prob, plan) == []
+
+
+def test_core_sharing_simulation_matches_the_dag_and_respects_the_cores() -> None:
+    """With every rate 1 the processor-sharing replay is the DAG longest path; on one core
+    (rate 1/k with k ops computing) it is at least the CPU work and at least the DAG time."""
+    import random
+
+    from gpuplan.runtime.poseidon import contended_iteration_s
+
+    rng = random.Random(3)
+    for _ in range(60):
+        S, m, sched = rng.randint(1, 4), rng.randint(1, 5), rng.choice(["1f1b", "gpipe"])
+        fwd = [rng.uniform(0.1, 1.0) for _ in range(S)]
+        bwd = [rng.uniform(0.1, 2.0) for _ in range(S)]
+        p2p = [rng.uniform(0.0, 0.1) for _ in range(S - 1)]
+        tail = [rng.uniform(0.0, 0.3) for _ in range(S)]
+        fac = [rng.choice([1.0, 1.5, 2.0]) for _ in range(S)]
+        dag = P.iteration_time_fast(fwd, bwd, p2p, tail, m, sched)
+        assert contended_iteration_s(fwd, bwd, p2p, tail, m, sched, fac, [1.0] * S) == pytest.approx(dag, rel=1e-9)
+        one = contended_iteration_s(fwd, bwd, p2p, tail, m, sched, fac, [1.0 / k for k in range(1, S + 1)])
+        work = sum(m * (f + b) / x + t for f, b, x, t in zip(fwd, bwd, fac, tail))
+        assert one >= dag * (1 - 1e-9) and one >= work * (1 - 1e-9)
+    # one stage, 2x slowdown: 1 s of compute then 1 s asleep per op, whatever the cores
+    assert contended_iteration_s([2.0], [4.0], [], [0.0], 1, "1f1b", [2.0], [1.0, 0.5]) == pytest.approx(6.0)
+    # the same op at half speed (another job on the core): 2 s of compute, then 2 s asleep, per op
+    assert contended_iteration_s([2.0], [4.0], [], [0.0], 1, "1f1b", [2.0], [0.5]) == pytest.approx(12.0)

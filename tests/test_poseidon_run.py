@@ -44,6 +44,8 @@ def test_two_stage_pipeline_gradients_match_one_process(schedule: str) -> None:
         torch.testing.assert_close(g, ref[name], rtol=1e-4, atol=1e-6)
     assert len(out["losses"]) == 2 and out["losses"][1] < out["losses"][0] + 1e-3
     assert out["measured_iteration_s"] > 0
+    assert out["predicted_cpu_iteration_s"] >= out["predicted_iteration_s"] * 0.5 > 0
+    assert len(out["core_sharing_rates"]) == 2 and all(r > 0 for r in out["core_sharing_rates"])
 
 
 def test_runner_refuses_tensor_parallel_stages() -> None:

@@ -12,6 +12,7 @@ iteration and per-stage times next to the plan's predictions.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -45,6 +46,70 @@ def runnable_config(problem: PoseidonProblem, max_hidden: int = 256, max_vocab: 
         note += f"{'; ' if note else 'scaled: '}sequence {max_seq} (of {seq})"
         seq = max_seq
     return cfg, seq, note
+
+
+def cpu_cores() -> int:
+    """Return the number of CPU cores this process may run on."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
+                          schedule: str, factors: list[float], rates: list[float]) -> float:
+    """Return the iteration time (s) of the DAG's op order when the S stage processes share the CPU
+    cores: while k ops compute, each runs at rates[k-1] of its uncontended speed (processor sharing;
+    min(1, cores / k) for ideal cores, or `measure_core_sharing`'s measured rates).
+
+    fwd/bwd are the stages' per-micro-batch times including the emulated slowdown (uncontended
+    seconds x factor): an op computes for time/factor of CPU work, then sleeps (factor - 1) x the
+    time its compute took, as `_slow_down` does; sleeping and sends (p2p, seconds) use no core.
+    Each stage's tail (all-reduce + optimizer) is CPU work after its last op. This
+    equals the DAG longest path (`iteration_time_fast`) when every rate is 1."""
+    from gpuplan.models.poseidon import _flat_ops
+
+    S = len(fwd)
+    ops = _flat_ops(schedule, S, m)
+    queue: list[list[int]] = [[] for _ in range(S)]  # per stage: op indices in execution order
+    for i, (s, *_rest) in enumerate(ops):
+        queue[s].append(i)
+    end = [math.inf] * len(ops)
+    sends = list(p2p) + [0.0]
+    pos = [0] * S
+    # per stage: phase "idle" | "cpu" | "sleep" | "tail" | "done", remaining work or wake-up time
+    phase, left, began, t = ["idle"] * S, [0.0] * S, [0.0] * S, 0.0
+    while True:
+        for s in range(S):  # start every op whose dependency has arrived
+            if phase[s] != "idle":
+                continue
+            if pos[s] == len(queue[s]):
+                phase[s], left[s] = "tail", tail[s]
+                continue
+            _, is_f, _, dep, send = ops[queue[s][pos[s]]]
+            if dep < 0 or end[dep] + sends[send] <= t + 1e-15:
+                phase[s], began[s] = "cpu", t
+                left[s] = (fwd[s] if is_f else bwd[s]) / factors[s]
+        busy = [s for s in range(S) if phase[s] in ("cpu", "tail")]
+        if not busy and all(p == "done" for p in phase):
+            return t
+        rate = rates[min(len(busy), len(rates)) - 1] if busy else 1.0
+        step = min([left[s] / rate for s in busy] + [left[s] - t for s in range(S) if phase[s] == "sleep"]
+                   + [end[ops[queue[s][pos[s]]][3]] + sends[ops[queue[s][pos[s]]][4]] - t for s in range(S)
+                      if phase[s] == "idle" and pos[s] < len(queue[s])])
+        step = max(step, 0.0)
+        t += step
+        for s in busy:
+            left[s] -= step * rate
+        for s in range(S):
+            if phase[s] in ("cpu", "tail") and left[s] <= 1e-12:
+                if phase[s] == "tail":
+                    phase[s] = "done"
+                else:
+                    phase[s], left[s] = "sleep", t + (factors[s] - 1.0) * (t - began[s])
+            if phase[s] == "sleep" and left[s] <= t + 1e-12:
+                end[queue[s][pos[s]]] = t
+                pos[s] += 1
+                phase[s] = "idle"
 
 
 def _slow_down(stage: Any, factor: float) -> None:
@@ -166,10 +231,18 @@ def _calibrate(module: Any, cfg: TransformerConfig, s: int, S: int, mb: int, seq
 
 def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str] | None = None, steps: int = 3,
              warmup: int = 1, threads: int = 1, seed: int = 0, lr: float = 1e-3, timeout_s: float = 600.0,
-             return_grads: bool = False, factors: list[float] | None = None, calibrate: int = 3) -> dict[str, Any]:
+             return_grads: bool = False, factors: list[float] | None = None, calibrate: int = 3,
+             sharing: list[float] | None = None) -> dict[str, Any]:
     """Run `steps` training iterations of the plan (after `warmup`) and return measured figures:
     iteration time (s, median), per-stage forward/backward time per micro-batch (s, median), each
     next to the plan's prediction, the losses, the slowdown factors and the scaling applied.
+
+    "predicted_cpu_iteration_s" is the plan's prediction for this machine: the same stage costs
+    and op order with the workers sharing `cores` CPU cores (default: the cores this process may
+    use: `sharing`, the speed of a worker while k workers compute, given or measured just before
+    the launch by `measure_core_sharing`), by `contended_iteration_s`: figures known before the
+    run. "measured_fastest_iteration_s" is the fastest step, the one
+    least disturbed by other jobs on a shared machine.
 
     With calibrate > 0 the workers first time their stage standalone (`calibrate` repeats, all at
     once) and "calibrated_iteration_s" is the DAG model's longest path fed with those stage times
@@ -194,11 +267,22 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
             "calibrate": calibrate}
     from gpuplan.runtime.launch import run_workers
 
+    rates = sharing or measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
+                                            processes=S * dp, threads=threads)
     results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
     iteration = statistics.median(max(r["iters"][i][0] for r in results) for i in range(steps))
     out: dict[str, Any] = {"world_size": S * dp, "steps": steps, "scaling": note or "none",
-                           "measured_iteration_s": iteration, "predicted_iteration_s": plan.iteration_time_s,
+                           "measured_iteration_s": iteration,
+                           "measured_fastest_iteration_s": min(max(r["iters"][i][0] for r in results)
+                                                               for i in range(steps)), "predicted_iteration_s": plan.iteration_time_s,
                            "predicted_over_measured": plan.iteration_time_s / iteration}
+    out["cores"] = cpu_cores()
+    out["core_sharing_rates"] = rates
+    out["predicted_cpu_iteration_s"] = contended_iteration_s(
+        [st.forward_s for st in stages], [st.backward_s for st in stages], [st.p2p_s for st in stages],
+        [st.allreduce_s + st.optimizer_s for st in stages], plan.num_microbatches, plan.schedule, spec["factors"],
+        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)])
+    out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
     if calibrate > 0:
         cal = [max(r["calibrated"] for r in results if r["stage"] == k) for k in range(S)]
         out["calibrated_iteration_s"] = iteration_time_fast(
@@ -225,6 +309,50 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
 
         out["grads"] = {k: torch.from_numpy(v) for r in results for k, v in r["grads"].items()}
     return out
+
+
+def _sharing_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,
+                    window_s: float) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.runtime import gpt
+
+    cfg = TransformerConfig.model_validate({**config_doc, "num_layers": 3})
+    block = gpt.stage(cfg, 1, 2, seed=rank)  # one middle block: no embedding, no head
+    x = torch.randn(micro_batch, seq_len, cfg.hidden, generator=torch.Generator().manual_seed(rank))
+
+    def op() -> None:
+        y = block(x.clone().requires_grad_(True))
+        y.backward(torch.ones_like(y))
+
+    for _ in range(3):
+        op()
+    per_op = []
+    for k in range(1, world + 1):  # k ranks compute at once, the others wait in gloo like idle stages
+        dist.barrier()
+        n, t0 = 0, time.perf_counter()
+        while rank < k and (n < 2 or time.perf_counter() - t0 < window_s):
+            op()
+            n += 1
+        per_op.append((time.perf_counter() - t0) / n if n else 0.0)
+        dist.barrier()
+    return per_op
+
+
+def measure_core_sharing(config: TransformerConfig, *, seq_len: int, micro_batch: int, processes: int,
+                         threads: int = 1, window_s: float = 0.5) -> list[float]:
+    """Return rates[k-1] for k = 1..processes: the speed of one process (1.0 = alone) while k
+    processes of a run with `processes` workers compute at once on this machine, the others waiting
+    in gloo. Measured with one gpt block's forward+backward looped for `window_s` seconds by the k
+    processes together (median over them), so it carries the cores, their caches and any other
+    jobs running at the time."""
+    from gpuplan.runtime.launch import run_workers
+
+    per = run_workers(_sharing_worker, processes, args=(config.model_dump(mode="json"), micro_batch, seq_len,
+                                                        window_s), threads=threads, timeout_s=600)
+    alone = per[0][0]
+    return [alone / statistics.median(per[r][k - 1] for r in range(k)) for k in range(1, processes + 1)]
 
 
 def _profile_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batches: list[int], seq_len: int,
@@ -258,12 +386,13 @@ def measure_layer_costs(config: TransformerConfig, *, seq_len: int, micro_batche
 def cpu_problem(config: TransformerConfig, *, seq_len: int, global_batch: int, types: dict[str, tuple[int, float]],
                 micro_batches: list[int], threads: int = 1, repeats: int = 5, **fields: Any) -> PoseidonProblem:
     """Return a Poseidon problem for a CPU run whose costs were measured here: the gpt blocks of
-    `config` are timed with the profiler at each micro-batch size, in as many processes at once as
-    the cluster has devices (`measure_layer_costs`); `types` maps an emulated device type to
-    (device count, slowdown factor), and each type's layer table is the measured one times its
-    factor. One node; local gloo link."""
-    base = measure_layer_costs(config, seq_len=seq_len, micro_batches=micro_batches,
-                               processes=sum(n for n, _ in types.values()), threads=threads, repeats=repeats)
+    `config` are timed with the profiler at each micro-batch size in one process, uncontended
+    (`measure_layer_costs`; the sharing of the cores by the run's workers is modelled by
+    `contended_iteration_s`); `types` maps an emulated device type to (device count, slowdown
+    factor), and each type's layer table is the measured one times its factor. One node; local
+    gloo link."""
+    base = measure_layer_costs(config, seq_len=seq_len, micro_batches=micro_batches, processes=1, threads=threads,
+                               repeats=repeats)
     costs = [c.model_copy(update={"device_type": name, "forward_s": c.forward_s * f, "backward_s": c.backward_s * f})
              for name, (_, f) in types.items() for c in base.costs]
     table = base.model_copy(update={"costs": costs})

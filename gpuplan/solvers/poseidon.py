@@ -244,6 +244,15 @@ class Structure:
         summing to L of the max of bound (1) for every q, bound (2) and every round trip (an LP,
         HiGHS). A relaxation of the minimum over integer cuts of the same maximum, hence a lower
         bound on the iteration time of every cut set; shaved by 1e-7 for the solver's tolerance."""
+        return self.lp_solution()[0]
+
+    def lp_solution(self) -> tuple[float, list[float]]:
+        """Return (`lp_bound`, the real layer counts that reach it; [] when the LP fails); cached."""
+        if getattr(self, "_lp", None) is None:
+            self._lp = self._solve_lp()
+        return self._lp
+
+    def _solve_lp(self) -> tuple[float, list[float]]:
         import numpy as np
         from scipy.optimize import linprog
 
@@ -264,7 +273,7 @@ class Structure:
         res = linprog(cost, A_ub=np.array(rows), b_ub=np.array(rhs), A_eq=np.array([[1.0] * S + [0.0]]),
                       b_eq=[float(self.cm.p.model.num_layers)], bounds=[(1, k) for k in self.nmax] + [(0, None)],
                       method="highs")
-        return float(res.fun) * (1 - 1e-7) if res.status == 0 else 0.0
+        return (float(res.fun) * (1 - 1e-7), [float(v) for v in res.x[:S]]) if res.status == 0 else (0.0, [])
 
     def cut_bound(self, layers: list[int]) -> float:
         """Return the path bounds (1), (2) and every round trip for one layer mapping (seconds;
@@ -300,34 +309,50 @@ class Structure:
 # Layer mapping
 # ------------------------------------------------------------------------------------------------
 
-def ridge_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int]]:
-    """Return (iteration time, layers per stage) found by walking the ridge of the time surface.
+def _round_counts(x: list[float], cap: list[int], total: int) -> list[int] | None:
+    """Return integer counts in [1, cap_s] summing to `total` closest to the real counts x (floors,
+    then one more to the largest remainders with room); None when x is empty or they cannot sum."""
+    if not x:
+        return None
+    n = [min(k, max(1, math.floor(v + 1e-9))) for v, k in zip(x, cap)]
+    order = sorted(range(len(x)), key=lambda s: n[s] - x[s])
+    while sum(n) > total and any(v > 1 for v in n):
+        s = max((s for s in order if n[s] > 1), key=lambda s: n[s] - x[s])
+        n[s] -= 1
+    for s in itertools.cycle(order):
+        if sum(n) >= total or all(v >= k for v, k in zip(n, cap)):
+            break
+        if n[s] < cap[s]:
+            n[s] += 1
+    return n if sum(n) == total else None
 
-    Start at the time-balanced split (integer min-max of each stage's m micro-batches plus its
-    all-reduce, under the memory caps), then move one layer at a time while the DAG time improves:
-    steepest descent over the 2(S-1) moves of one boundary by one layer; where none improves, over
-    the moves of one layer from any stage to any other (which shift the boundaries between them).
-    A move whose path bound (`Structure.cut_bound`) already reaches the best move so far is skipped
-    without walking the DAG (it cannot be the step taken), so the walk does not depend on `best`.
-    """
-    _, cur = st.minmax_partition([st.m * c + a for c, a in zip(st.c, st.a)],
-                                 [st.m * e + a0 for e, a0 in zip(st.e, st.a0)])
+
+def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[int]]:
+    """Return (time, layers) where steepest descent from `cur` stops. Neighbourhoods, each tried
+    when the one before has no improving move (after a step, from the first again): one layer
+    across one boundary (steepest step); one layer between any two stages; two of those single
+    moves at once, paired from the 2S single moves with the lowest path bounds
+    (`Structure.cut_bound`), of which the 2S with the lowest bounds are walked. In the two wide ones, moves are tried in order of their path bound and
+    the first that improves is taken. A move whose path bound already reaches the best time so far
+    is skipped without walking the DAG (it cannot improve)."""
+    S = st.S
+    adjacent = [(i, i + 1) for i in range(S - 1)] + [(i + 1, i) for i in range(S - 1)]
+    singles = [(a, b) for a in range(S) for b in range(S) if a != b]
     cur_t = st.time(cur)
     stats.dag_evaluations += 1
-    adjacent = [(i, i + 1) for i in range(st.S - 1)] + [(i + 1, i) for i in range(st.S - 1)]
-    every = [(a, b) for a in range(st.S) for b in range(st.S) if abs(a - b) > 1]
-    moves = adjacent
+    level = 0
     while True:
-        step_t, step = cur_t, None
-        cands = []
-        for a, b in moves:
-            if cur[a] <= 1 or cur[b] >= st.nmax[b]:
-                continue
-            n = list(cur)
-            n[a] -= 1
-            n[b] += 1
-            cands.append((st.cut_bound(n), n))
+        if level < 2:
+            moves = [(mv,) for mv in (adjacent if level == 0 else singles)]
+        else:  # pairs of the most promising single moves
+            ranked = sorted(singles, key=lambda mv: st.cut_bound(_moved(cur, (mv,), st.nmax) or st.nmax))[:2 * S]
+            moves = [(x, y) for i, x in enumerate(ranked) for y in ranked[i:] if x[0] != y[1] and x[1] != y[0]]
+        cands = [(st.cut_bound(n), n) for n in (_moved(cur, mv, st.nmax) for mv in moves) if n is not None]
         cands.sort(key=lambda x: x[0])
+        step_t, step = cur_t, None
+        if level == 2:  # a budget of 2S DAG walks, the pairs with the lowest bounds first
+            stats.cuts_pruned += max(0, len(cands) - 2 * S)
+            cands = cands[:2 * S]
         for k, (bound, n) in enumerate(cands):
             if bound >= step_t:  # every later move's bound is larger still
                 stats.cuts_pruned += len(cands) - k
@@ -336,12 +361,45 @@ def ridge_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int
             stats.dag_evaluations += 1
             if t < step_t - 1e-12 * step_t:
                 step_t, step = t, n
+                if level:  # first improvement in the wide neighbourhoods
+                    stats.cuts_pruned += len(cands) - k - 1
+                    break
         if step is not None:
-            cur_t, cur, moves = step_t, step, adjacent
-        elif moves is adjacent and every:
-            moves = every
+            cur_t, cur, level = step_t, step, 0
+        elif level < 2 and S > 2:
+            level += 1
         else:
             return cur_t, cur
+
+
+def _moved(cur: list[int], moves: tuple[tuple[int, int], ...], cap: list[int]) -> list[int] | None:
+    """Return the layer counts after moving one layer per (from, to) pair; None when a count
+    leaves [1, cap]."""
+    n = list(cur)
+    for a, b in moves:
+        n[a] -= 1
+        n[b] += 1
+    return n if all(1 <= v <= k for v, k in zip(n, cap)) else None
+
+
+def ridge_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int]]:
+    """Return (iteration time, layers per stage) found by walking the ridge of the time surface.
+
+    It starts from the faster of two splits: the time-balanced one (integer min-max of each stage's
+    m micro-batches plus its all-reduce, under the memory caps) and the rounded minimiser of the LP
+    over all path bounds (`Structure.lp_solution`, which weighs the pipeline fill and drain that
+    dominate at few micro-batches), then follows `_descend`. Nothing depends on `best`, so the
+    mapping of a structure is the same whether or not the search prunes.
+    """
+    L = st.cm.p.model.num_layers
+    _, balanced = st.minmax_partition([st.m * c + a for c, a in zip(st.c, st.a)],
+                                      [st.m * e + a0 for e, a0 in zip(st.e, st.a0)])
+    start = balanced
+    lp = _round_counts(st.lp_solution()[1], st.nmax, L)
+    if lp is not None and lp != balanced:
+        stats.dag_evaluations += 2
+        start = min((balanced, lp), key=st.time)
+    return _descend(st, start, stats)
 
 
 def all_cuts_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int]]:
