@@ -241,8 +241,8 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     and op order with the workers sharing `cores` CPU cores (default: the cores this process may
     use: `sharing`, the speed of a worker while k workers compute, given or measured just before
     the launch by `measure_core_sharing`), by `contended_iteration_s`: figures known before the
-    run. "measured_fastest_iteration_s" is the fastest step, the one
-    least disturbed by other jobs on a shared machine.
+    run. "measured_fastest_iteration_s" is the fastest step, the one least disturbed by other jobs
+    on a shared machine.
 
     With calibrate > 0 the workers first time their stage standalone (`calibrate` repeats, all at
     once) and "calibrated_iteration_s" is the DAG model's longest path fed with those stage times
@@ -274,7 +274,8 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     out: dict[str, Any] = {"world_size": S * dp, "steps": steps, "scaling": note or "none",
                            "measured_iteration_s": iteration,
                            "measured_fastest_iteration_s": min(max(r["iters"][i][0] for r in results)
-                                                               for i in range(steps)), "predicted_iteration_s": plan.iteration_time_s,
+                                                               for i in range(steps)),
+                           "predicted_iteration_s": plan.iteration_time_s,
                            "predicted_over_measured": plan.iteration_time_s / iteration}
     out["cores"] = cpu_cores()
     out["core_sharing_rates"] = rates

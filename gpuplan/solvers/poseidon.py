@@ -332,8 +332,8 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
     when the one before has no improving move (after a step, from the first again): one layer
     across one boundary (steepest step); one layer between any two stages; two of those single
     moves at once, paired from the 2S single moves with the lowest path bounds
-    (`Structure.cut_bound`), of which the 2S with the lowest bounds are walked. In the two wide ones, moves are tried in order of their path bound and
-    the first that improves is taken. A move whose path bound already reaches the best time so far
+    (`Structure.cut_bound`), of which the 2S with the lowest bounds are walked. In the two wide
+    ones, moves are tried in order of their path bound and the first that improves is taken. A move whose path bound already reaches the best time so far
     is skipped without walking the DAG (it cannot improve)."""
     S = st.S
     adjacent = [(i, i + 1) for i in range(S - 1)] + [(i + 1, i) for i in range(S - 1)]
