@@ -108,7 +108,7 @@ def small_problems(draw: st.DrawFn) -> TesselProblem:
 GAP_SMALL = 0.20  # stated gap to the exact optimum on tiny instances (N <= 5: one tick in 8 is 12.5%)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_problems())
 def test_tessel_is_valid_and_near_exact_on_small_placements(prob: TesselProblem) -> None:
     plan = api.solve(prob, solver="tessel")
@@ -119,6 +119,40 @@ def test_tessel_is_valid_and_near_exact_on_small_placements(prob: TesselProblem)
     assert plan.makespan_s <= (1 + GAP_SMALL) * exact.makespan_s + 1e-9
     # the makespan can never beat the busiest device
     assert exact.makespan_s >= max(prob.busy_s()) * prob.microbatches - 1e-9
+
+
+def regression_spanning_blocks() -> TesselProblem:
+    """Blocks on two devices each whose minimal period is the sum of all durations (found by hypothesis)."""
+    blocks = [{"name": "b0", "devices": [0, 2], "duration_s": 1, "memory_bytes": 1.0},
+              {"name": "b1", "devices": [1, 2], "duration_s": 2, "after": ["b0"]},
+              {"name": "b2", "devices": [0, 1], "duration_s": 2, "after": ["b1"]},
+              {"name": "b3", "devices": [0, 2], "duration_s": 1, "memory_bytes": -1.0, "after": ["b2"]}]
+    return api.load_problem({"kind": "tessel", "devices": 3, "microbatches": 2, "blocks": blocks})  # type: ignore
+
+
+def test_repetend_search_reaches_the_one_at_a_time_period() -> None:
+    # periods 4 and 5 have no repetend; the search used to stop before trying 6 (= one micro-batch at a time)
+    prob = regression_spanning_blocks()
+    plan = api.solve(prob, solver="tessel")
+    assert plan.ok and not check(prob, plan)
+    assert plan.repetend is not None and plan.repetend.period_s == pytest.approx(6.0)
+    exact = api.solve(prob, solver="exact", time_limit_s=10)
+    assert exact.ok and not check(prob, exact)
+    assert max(prob.busy_s()) * prob.microbatches - 1e-9 <= exact.makespan_s <= plan.makespan_s + 1e-9
+
+
+def test_exact_does_not_need_the_tessel_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuplan.errors import SolverError
+    from gpuplan.solvers import tessel as solvers
+
+    def no_hint(*_: object, **__: object) -> TesselPlan:
+        raise SolverError("no repetend in the limit")
+    prob = problem("1f1b", 2, 3, memory=2.0)
+    expected = api.solve(prob, solver="exact", time_limit_s=10).makespan_s
+    monkeypatch.setattr(solvers, "solve_tessel", no_hint)
+    plan = api.solve(prob, solver="exact", time_limit_s=10)
+    assert plan.ok and not check(prob, plan) and not plan.solver.stats["tessel_hint"]
+    assert plan.makespan_s == pytest.approx(expected)
 
 
 def test_check_rejects_hand_made_violations() -> None:

@@ -151,6 +151,25 @@ def _critical_path(problem: TesselProblem, t: Ticks) -> int:
     return max(end.values())
 
 
+def sequential_pattern(problem: TesselProblem, t: Ticks) -> Pattern | None:
+    """Return the trivial repetend: one micro-batch after the other in topological order (period = the
+    sum of all durations, every lag 0), or None when that order exceeds a device's memory limit."""
+    start: dict[str, int] = {}
+    at = 0
+    for n in topological_order(problem.blocks) or []:
+        start[n] = at
+        at += t.dur[n]
+    for d, names in enumerate(_on_device(problem)):
+        if t.limit[d] is None:
+            continue
+        level = 0
+        for n in sorted(names, key=start.__getitem__):
+            level += t.mem[n]
+            if level > t.limit[d]:
+                return None
+    return Pattern(at, start, {n: 0 for n in start}, at)
+
+
 def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int,
                   progress: Callable[..., None], latency_search_s: float = 0.0) -> tuple[Pattern, dict[str, Any]]:
     """Return a repetend of smallest period (ticks) and stats; with latency_search_s > 0, the one of
@@ -158,8 +177,11 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     follows usually makes this unnecessary).
 
     The period starts at the busy-time bound max_d sum of durations on d and grows (doubling, then
-    bisection) until the cyclic model is feasible. Raises InfeasibleError with numbers when even one
-    micro-batch at a time does not fit the memory.
+    bisection) until the cyclic model is feasible. The largest period, the sum of all durations, always
+    has a solution when the problem is feasible: one micro-batch at a time (built directly when the
+    topological order fits the memory, else asked of CP-SAT). Raises InfeasibleError with numbers only
+    when CP-SAT proves that no order of one micro-batch at a time fits the memory, and SolverError when
+    it cannot decide that in the time limit.
     """
     busy = [sum(t.dur[n] for n in names) for names in _on_device(problem)]
     lower = max(busy)
@@ -174,20 +196,13 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
         return _repetend_at(problem, t, period, per_call, seed, optimise=False, unknown=unknown)
 
     found, bad, step, period = None, lower - 1, 1, lower
-    while period <= upper:
+    while period < upper:  # `upper` itself is settled below
         found = feasible(period)
         if found:
             break
-        bad, period, step = period, min(upper + 1, period + step), step * 2
+        bad, period, step = period, min(upper, period + step), step * 2
     if found is None:
-        need = [0.0] * problem.devices
-        for b in problem.blocks:
-            for d in b.devices:
-                need[d] += max(0.0, b.memory_bytes)
-        worst = max(range(problem.devices), key=lambda d: need[d] - problem.limit(d))
-        raise InfeasibleError(f"no repeating schedule fits the memory: one micro-batch allocates up to "
-                              f"{need[worst]:g} bytes on device {worst}, whose limit is "
-                              f"{problem.limit(worst):g} bytes (periods up to {upper} ticks tried)")
+        found = sequential_pattern(problem, t) or _one_at_a_time(problem, t, upper, time_limit_s, seed, tried)
     lo, hi = bad + 1, found.period
     while lo < hi:
         mid = (lo + hi) // 2
@@ -200,6 +215,28 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
         found = _repetend_at(problem, t, found.period, latency_search_s, seed, optimise=True) or found
     return found, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
                   "periods_undecided": unknown, "period_proven_minimal": not unknown}
+
+
+def _one_at_a_time(problem: TesselProblem, t: Ticks, upper: int, time_limit_s: float, seed: int,
+                   tried: list[int]) -> Pattern:
+    """Return a repetend at period `upper` (one micro-batch at a time in any order) from CP-SAT; raise
+    InfeasibleError when it proves there is none, SolverError when it cannot decide in time."""
+    tried.append(upper)
+    undecided: list[int] = []
+    found = _repetend_at(problem, t, upper, max(1.0, time_limit_s), seed, optimise=False, unknown=undecided)
+    if found:
+        return found
+    if undecided:
+        raise SolverError(f"CP-SAT could not decide within {time_limit_s:g} s whether one micro-batch at a "
+                          f"time fits the memory (period {upper} ticks); try a longer time limit")
+    need = [0.0] * problem.devices
+    for b in problem.blocks:
+        for d in b.devices:
+            need[d] += max(0.0, b.memory_bytes)
+    worst = max(range(problem.devices), key=lambda d: need[d] - problem.limit(d))
+    raise InfeasibleError(f"no repeating schedule fits the memory: one micro-batch allocates up to "
+                          f"{need[worst]:g} bytes on device {worst}, whose limit is "
+                          f"{problem.limit(worst):g} bytes (no order of one micro-batch at a time fits)")
 
 
 def unroll(problem: TesselProblem, pat: Pattern) -> Order:
@@ -475,27 +512,43 @@ def _window(problem: TesselProblem, schedule: list[list[Entry]], period_s: float
 def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Callable[..., None], workers: int = 2) -> TesselPlan:
     """Return the exact CP-SAT schedule of all N micro-batches (optimal, or the best found in the limit),
-    started from Tessel's schedule as a hint and upper bound."""
+    started from Tessel's schedule as a hint and upper bound when Tessel finds one; otherwise CP-SAT
+    searches alone within the sequential horizon (N times the sum of all durations)."""
     limit = float(time_limit_s or 30.0)
-    hint = solve_tessel(problem, seed=seed, progress=progress, workers=workers)
     t = integerize(problem)
-    base = _tick_starts(hint.schedule, t.tick_s)
-    horizon = int(hint.makespan_s / t.tick_s * 1.02) + max(t.dur.values())
+    try:
+        hint: TesselPlan | None = solve_tessel(problem, seed=seed, progress=progress, workers=workers)
+    except (InfeasibleError, SolverError):  # the exact model decides on its own
+        hint = None
+    if hint is not None:
+        base = _tick_starts(hint.schedule, t.tick_s)
+        horizon = int(hint.makespan_s / t.tick_s * 1.02) + max(t.dur.values())
+    else:
+        base, horizon = {}, problem.microbatches * sum(t.dur.values())
     progress(0.3, "exact CP-SAT schedule")
     try:
         orders, res = schedule_cpsat(problem, t, base, horizon, free=None, time_limit_s=limit, seed=seed,
                                      workers=workers)
     except SolverError:  # nothing better found in time: the hint stands, unproven
+        if hint is None:
+            raise
         return make_plan(problem, hint.schedule, "exact", Status.TIME_LIMIT,
                          message="CP-SAT found no schedule in the limit; Tessel's schedule is shown")
+    except InfeasibleError as exc:
+        if hint is not None:  # only the horizon is infeasible: the hint is already the best schedule
+            return make_plan(problem, hint.schedule, "exact", Status.FEASIBLE)
+        raise InfeasibleError(f"no schedule of {problem.microbatches} micro-batches fits the memory limits "
+                              f"{[problem.limit(d) for d in range(problem.devices)]} bytes within "
+                              f"{horizon * t.tick_s:g} s (one micro-batch after the other)") from exc
     schedule = simulate(problem, orders)
-    if makespan_s(schedule) > hint.makespan_s + 1e-9:
+    if hint is not None and makespan_s(schedule) > hint.makespan_s + 1e-9:
         schedule = hint.schedule
     status = Status.OPTIMAL if makespan_s(schedule) <= lower_bound_s(problem) * (1 + 1e-9) else res.status
     plan = make_plan(problem, schedule, "exact", status)
     plan.predicted["lower_bound_s"] = max(plan.predicted["lower_bound_s"], (res.bound or 0) * t.tick_s)
     plan.solver = SolverInfo(name="exact", stats={"bound_s": (res.bound or 0) * t.tick_s,
-                                                  "cpsat_wall_s": res.wall_time_s, **res.stats})
+                                                  "cpsat_wall_s": res.wall_time_s, "tessel_hint": hint is not None,
+                                                  **res.stats})
     return plan
 
 
