@@ -83,9 +83,10 @@ class Pattern:
 
 
 def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: float, seed: int,
-                 optimise: bool, unknown: list[int] | None = None) -> Pattern | None:
+                 optimise: bool, unknown: list[int] | None = None, hint: Pattern | None = None) -> Pattern | None:
     """Solve the cyclic model at a fixed period; return the pattern or None when none is found
-    (the period is appended to `unknown` when the time limit ran out without a proof)."""
+    (the period is appended to `unknown` when the time limit ran out without a proof). `hint`, a
+    pattern at the same period, seeds the search."""
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
@@ -129,6 +130,10 @@ def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: fl
         m.add(span >= off[n] + t.dur[n])
     if optimise:
         m.minimize(span)
+    if hint is not None:
+        for n in s:
+            m.add_hint(s[n], hint.start[n])
+            m.add_hint(k[n], hint.lag[n])
     try:
         # one worker and a deterministic-time limit: the same input and seed give the same pattern
         res = solve_cpsat(m, time_limit_s=20 * time_limit_s, deterministic_limit=time_limit_s, seed=seed,
@@ -172,9 +177,9 @@ def sequential_pattern(problem: TesselProblem, t: Ticks) -> Pattern | None:
 
 def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int,
                   progress: Callable[..., None], latency_search_s: float = 0.0) -> tuple[Pattern, dict[str, Any]]:
-    """Return a repetend of smallest period (ticks) and stats; with latency_search_s > 0, the one of
-    shortest one-micro-batch latency found in that much deterministic time (the completion that
-    follows usually makes this unnecessary).
+    """Return a repetend of smallest period (ticks) and stats; at that period, the one of shortest
+    one-micro-batch latency found in latency_search_s deterministic time (default: a tenth of one
+    search step's).
 
     The period starts at the busy-time bound max_d sum of durations on d and grows (doubling, then
     bisection) until the cyclic model is feasible. The largest period, the sum of all durations, always
@@ -211,8 +216,11 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
             found, hi = p, mid
         else:
             lo = mid + 1
-    if latency_search_s > 0:  # optionally, the shortest one-micro-batch latency at that period
-        found = _repetend_at(problem, t, found.period, latency_search_s, seed, optimise=True) or found
+    # the feasibility answers leave the lags arbitrary (micro-batches kept in flight for nothing, which
+    # the completion cannot undo): shorten one micro-batch's latency at that period, from the pattern
+    short = _repetend_at(problem, t, found.period, latency_search_s or per_call / 10, seed, optimise=True, hint=found)
+    if short is not None and short.span < found.span:
+        found = short
     return found, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
                   "periods_undecided": unknown, "period_proven_minimal": not unknown}
 
@@ -450,12 +458,12 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
                  polish_s: float = 0.0, latency_search_s: float = 0.0) -> TesselPlan:
     """Return Tessel's schedule: the minimum-period repetend, then its completion over N micro-batches.
 
-    completion=False keeps the unrolled, left-shifted pattern. latency_search_s > 0 spends that much
-    CP-SAT deterministic time on the pattern's one-micro-batch latency. The polish is a CP-SAT pass
-    that re-solves the first and last in-flight micro-batches jointly with the repeated middle
-    (moved as one piece) for polish_s deterministic seconds (off by default: on the benchmark shapes
-    it rarely pays for its time; skipped when the schedule already meets the lower bound). Plan
-    times are seconds; stats hold ticks and timings.
+    completion=False keeps the unrolled, left-shifted pattern. latency_search_s sets the CP-SAT
+    deterministic time spent on the pattern's one-micro-batch latency (0: a tenth of one search
+    step's). The polish is a CP-SAT pass that re-solves the first and last in-flight micro-batches
+    jointly with the repeated middle (moved as one piece) for polish_s deterministic seconds (off by
+    default: on the benchmark shapes it rarely pays for its time; skipped when the schedule already
+    meets the lower bound). Plan times are seconds; stats hold ticks and timings.
     """
     started = time.perf_counter()
     limit = float(time_limit_s or 20.0)
