@@ -141,6 +141,18 @@ def test_repetend_search_reaches_the_one_at_a_time_period() -> None:
     assert max(prob.busy_s()) * prob.microbatches - 1e-9 <= exact.makespan_s <= plan.makespan_s + 1e-9
 
 
+def test_repetend_lags_are_not_left_arbitrary() -> None:
+    # period 3 is feasible with any lags; lags (0, 2, 3, 4) made Tessel 10 s against the exact 8 s
+    blocks = [{"name": "b0", "devices": [1], "duration_s": 2},
+              {"name": "b1", "devices": [0, 1], "duration_s": 1, "after": ["b0"]},
+              {"name": "b2", "devices": [0], "duration_s": 1, "after": ["b1"]},
+              {"name": "b3", "devices": [0], "duration_s": 1, "after": ["b2"]}]
+    prob = api.load_problem({"kind": "tessel", "devices": 2, "microbatches": 2, "blocks": blocks})
+    plan = api.solve(prob, solver="tessel")
+    assert not check(prob, plan) and plan.makespan_s == pytest.approx(8.0)
+    assert api.solve(prob, solver="exact", time_limit_s=10).makespan_s == pytest.approx(8.0)
+
+
 def test_exact_does_not_need_the_tessel_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpuplan.errors import SolverError
     from gpuplan.solvers import tessel as solvers
