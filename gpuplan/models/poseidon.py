@@ -26,8 +26,8 @@ from pydantic import BaseModel, Field, model_validator
 
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
-from gpuplan.models.plan import Plan
-from gpuplan.models.profile import LayerCost, LayerTable, Profile, cluster_document
+from gpuplan.models.plan import Plan, Status
+from gpuplan.models.profile import LayerCost, LayerTable, Profile, bus_factor, cluster_document
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_config
 from gpuplan.registry import ModelSpec, register_model
 
@@ -137,7 +137,7 @@ def allreduce_s(size_bytes: float, ranks: int, bandwidth_GBps: float, latency_s:
     """Return the seconds of a ring all-reduce of `size_bytes` over `ranks` ranks (0 for one rank)."""
     if ranks <= 1:
         return 0.0
-    return 2.0 * (ranks - 1) / ranks * size_bytes / (bandwidth_GBps * 1e9) + 2.0 * (ranks - 1) * latency_s
+    return bus_factor("all_reduce", ranks) * size_bytes / (bandwidth_GBps * 1e9) + 2.0 * (ranks - 1) * latency_s
 
 
 @dataclass(frozen=True)
@@ -531,7 +531,7 @@ def evaluate(cm: CostModel, shapes: list[StageShape], layers: list[int], m: int,
     return Evaluation(t, costs, p2p)
 
 
-def shapes_of(plan: PoseidonPlan, cluster: Cluster) -> list[StageShape]:
+def shapes_of(plan: PoseidonPlan) -> list[StageShape]:
     """Return the StageShapes of a plan's stages."""
     return [StageShape(s.device_type, s.tp, s.dp, tuple(s.gpu_ids), tuple(s.nodes)) for s in plan.stages]
 
@@ -539,8 +539,6 @@ def shapes_of(plan: PoseidonPlan, cluster: Cluster) -> list[StageShape]:
 def make_plan(problem: PoseidonProblem, shapes: list[StageShape], layers: list[int], m: int,
               ev: Evaluation | None = None, **fields: Any) -> PoseidonPlan:
     """Return a PoseidonPlan with every predicted figure filled from the DAG model."""
-    from gpuplan.models.plan import Status
-
     cm = CostModel(problem)
     ev = ev or evaluate(cm, shapes, layers, m)
     stages, start = [], 0
@@ -580,7 +578,10 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
         return [Violation("no_stages", "the plan has no stages")]
     m, G = plan.num_microbatches, problem.global_batch
     expect = 0
-    for s in plan.stages:
+    for pos, s in enumerate(plan.stages):
+        if s.index != pos:
+            out.append(Violation("stage_index", f"stage at position {pos} says index {s.index}",
+                                 {"stage": pos, "index": s.index}))
         for g in s.gpu_ids:
             if g not in devices:
                 out.append(Violation("unknown_device", f"stage {s.index}: device {g} is not in the cluster "
@@ -616,18 +617,17 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
     if out:
         return out
     cm = CostModel(problem)
-    S = len(plan.stages)
-    for s in plan.stages:
+    S, shapes = len(plan.stages), shapes_of(plan)
+    for s, shape in zip(plan.stages, shapes):
         cap = cl.type_of(s.device_type).memory_bytes * problem.memory_fraction
-        need = stage_memory(cm, shapes_of(plan, cl)[s.index], s.num_layers, s.micro_batch_size, s.index, S, m,
-                            s.recompute)
+        need = stage_memory(cm, shape, s.num_layers, s.micro_batch_size, s.index, S, m, s.recompute)
         if need > cap:
             out.append(Violation("memory", f"stage {s.index} ({s.device_type}): needs {need / 2**30:.2f} GiB per "
                                  f"device, capacity {cap / 2**30:.2f} GiB", {"stage": s.index, "need_bytes": need,
                                                                               "capacity_bytes": cap}))
     if out:
         return out
-    ev = evaluate(cm, shapes_of(plan, cl), [s.num_layers for s in plan.stages], m, fast=False)
+    ev = evaluate(cm, shapes, [s.num_layers for s in plan.stages], m, fast=False)
     if not math.isclose(ev.iteration_time_s, plan.iteration_time_s, rel_tol=1e-6):
         out.append(Violation("predicted_time", f"the plan says {plan.iteration_time_s:.6g} s per iteration; the DAG "
                              f"model gives {ev.iteration_time_s:.6g} s",
