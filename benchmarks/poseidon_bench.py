@@ -92,8 +92,8 @@ def ridge_section(quick: bool) -> None:
         structs = [s for s in SP.structures(prob, cm) if s.feasible() and s.S >= 2]
         for s in structs[:: max(1, len(structs) // (60 if quick else 200))]:
             a, b = SP.Stats(), SP.Stats()
-            ridge, _ = SP.ridge_map(s, math.inf, a)
-            best, _ = SP.all_cuts_map(s, math.inf, b)
+            ridge, _ = SP.ridge_map(s, a)
+            best, _ = SP.all_cuts_map(s, b)
             gaps.append(ridge / best - 1)
             ridge_evals += a.dag_evaluations
             all_evals += b.dag_evaluations

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from gpuplan.errors import InfeasibleError
 from gpuplan.models.plan import SolverInfo, Status
-from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, evaluate,
+from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape,
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
                                      stage_memory)
 from gpuplan.registry import Progress, register_solver
@@ -133,7 +133,7 @@ class Structure:
 
     def __init__(self, cm: CostModel, shapes: list[StageShape], m: int) -> None:
         self.cm, self.shapes, self.m = cm, shapes, m
-        S, G, L = len(shapes), cm.p.global_batch, cm.p.model.num_layers
+        S, G = len(shapes), cm.p.global_batch
         self.S = S
         self.b = [G // (m * sh.dp) for sh in shapes]
         terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m), s, S, m)
@@ -382,14 +382,14 @@ def _moved(cur: list[int], moves: tuple[tuple[int, int], ...], cap: list[int]) -
     return n if all(1 <= v <= k for v, k in zip(n, cap)) else None
 
 
-def ridge_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int]]:
+def ridge_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     """Return (iteration time, layers per stage) found by walking the ridge of the time surface.
 
     It starts from the faster of two splits: the time-balanced one (integer min-max of each stage's
     m micro-batches plus its all-reduce, under the memory caps) and the rounded minimiser of the LP
     over all path bounds (`Structure.lp_solution`, which weighs the pipeline fill and drain that
-    dominate at few micro-batches), then follows `_descend`. Nothing depends on `best`, so the
-    mapping of a structure is the same whether or not the search prunes.
+    dominate at few micro-batches), then follows `_descend`. Nothing depends on the incumbent, so
+    the mapping of a structure is the same whether or not the search prunes.
     """
     L = st.cm.p.model.num_layers
     _, balanced = st.minmax_partition([st.m * c + a for c, a in zip(st.c, st.a)],
@@ -402,7 +402,7 @@ def ridge_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int
     return _descend(st, start, stats)
 
 
-def all_cuts_map(st: Structure, best: float, stats: Stats) -> tuple[float, list[int]]:
+def all_cuts_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     """Return (iteration time, layers per stage): the best of EVERY contiguous layer mapping."""
     L = st.cm.p.model.num_layers
     best_t, best_n = INF, list(st.nmax)
@@ -569,7 +569,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             if prune and (lb >= best[0] or (best[0] < INF and st.lp_bound() >= best[0])):
                 stats.pruned += 1
                 continue
-            t, layers = mapper(st, best[0], stats)
+            t, layers = mapper(st, stats)
             stats.evaluated += 1
             if t < best[0] - 1e-12 * t:
                 best = (t, st, layers)
