@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import click
 
@@ -41,8 +40,9 @@ def simulate_oef(trace_file: str, policies: tuple[str, ...], json_out: str | Non
                                                    "ftf_mean", "ftf_max", "reallocations")])
             out.append({"policy": name, **fig, "jct_s": res.jct_s})
     except GpuplanError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        from gpuplan.cli import _fail
+
+        _fail(exc)
     print_tables([Table(f"oef: simulated {len(trace.jobs)} jobs of {trace_file}",
                         ["policy", "avg JCT (h)", "p95 JCT (h)", "makespan (h)", "utilisation",
                          "FTF mean", "FTF max", "re-allocations"], rows)])

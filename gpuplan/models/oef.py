@@ -181,7 +181,7 @@ def arrays(problem: OefProblem) -> Arrays:
             row = np.zeros(len(types))
             slowest = np.inf                     # over the cluster's types, whether the job fits or not
             for t, x in tput.items():
-                key = problem.cluster.type_key(t) if t in problem.cluster.device_types else canonical_name(t)
+                key = problem.cluster.type_key(t)
                 if key in index and x > 0:
                     slowest = min(slowest, float(x))
                     if cap[key] >= job.gpus:

@@ -18,13 +18,9 @@ from gpuplan.profiling import collectives as coll
 from gpuplan.profiling import compute, layers, memory
 from gpuplan.profiling.merge import merge_same_types
 from gpuplan.profiling.timing import DEFAULT_MAX_REL_SPREAD
+from gpuplan.registry import Progress, no_progress
 
-Progress = Callable[[float | None, str], None]
 CPU_TYPE = "cpu"
-
-
-def _no_progress(fraction: float | None, message: str = "") -> None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -144,7 +140,7 @@ def unreliable_notes(profile: Profile) -> list[str]:
     return notes
 
 
-def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress = _no_progress) -> Profile:
+def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress = no_progress) -> Profile:
     """Measure this machine and return its Profile (nothing is written; call `.save(path)`)."""
     import torch
 

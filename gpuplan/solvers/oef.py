@@ -24,9 +24,11 @@ from gpuplan.solvers.backends import solve_cvxpy
 
 @dataclass(frozen=True)
 class Classes:
-    """Jobs grouped by (speedup vector, GPUs-at-once, weight): one representative row per class."""
+    """Jobs grouped by (speedup vector, GPUs-at-once, weight): one representative row per class
+    (`first`: the index of each class's first job)."""
 
     of_job: np.ndarray
+    first: np.ndarray
     count: np.ndarray
     V: np.ndarray
     gpus: np.ndarray
@@ -40,7 +42,7 @@ def classes(a: Arrays) -> Classes:
     key = np.column_stack([np.round(a.V, 9), a.gpus, np.round(a.weight, 12), a.usable])
     _, first, inverse, count = np.unique(key, axis=0, return_index=True, return_inverse=True,
                                          return_counts=True)
-    return Classes(inverse.ravel(), count.astype(float), a.V[first], a.gpus[first], a.weight[first],
+    return Classes(inverse.ravel(), first, count.astype(float), a.V[first], a.gpus[first], a.weight[first],
                    a.usable[first], a.capacity)
 
 
@@ -86,9 +88,11 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
     The EF LP is solved by cutting planes (ef_cutting_planes) unless method='cvxpy', which hands
     all EF rows to cvxpy + HiGHS at once (same optimum; 3-6x slower at 200 classes).
     """
+    k, m = c.V.shape
+    if fairness == "ef" and k > 1 and method == "cuts":
+        return ef_cutting_planes(c, si_ref, time_limit_s)
     import cvxpy as cp
 
-    k, m = c.V.shape
     M = _matrices(c)
     y = cp.Variable(k * m, name="Y")
     cons = [y >= 0, y <= c.usable.ravel().astype(float), M["rows"] @ y <= 1, M["cap"] @ y <= c.capacity]
@@ -98,8 +102,6 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
         objective = cp.Maximize((c.count * c.gpus) @ own)
         if fairness in ("ef", "si"):
             cons.append(own >= si_ref)
-        if fairness == "ef" and k > 1 and method == "cuts":
-            return ef_cutting_planes(c, si_ref, time_limit_s)
         if fairness == "ef" and k > 1:
             E, _ = envy_rows(c, si_ref)
             stats = {"ef_rows": int(E.shape[0]), "ef_rows_implied_by_si": k * (k - 1) - int(E.shape[0])}
@@ -270,7 +272,7 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
     if predicted.get("round_gap", 0.0) > problem.round_tolerance + 1e-9:
         message = (f"the rounds realise the shares only within {predicted['round_gap']:.3f} of the time "
                    f"(tolerance {problem.round_tolerance}): some shares cannot be packed into whole-GPU rounds")
-    return OefPlan(kind="oef", status=status, objective=efficiency(a, X), message=message,
+    return OefPlan(kind="oef", status=status, objective=predicted["efficiency"], message=message,
                    objective_name="efficiency (sum of GPUs x speedup over slowest type)",
                    predicted=predicted,
                    policy=policy, guarantees=guarantees, types=a.types, jobs=a.names,
@@ -285,7 +287,7 @@ def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> 
         a = arrays(problem)
         c = classes(a)
         progress(0.1, f"{policy}: {len(a.names)} jobs in {len(c.count)} classes")
-        ref = (c.V * equal_share(a)[np.unique(c.of_job, return_index=True)[1]]).sum(axis=1)
+        ref = (c.V * equal_share(a)[c.first]).sum(axis=1)
         Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=time_limit_s,
                                          method=method)
         return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,
@@ -311,7 +313,7 @@ def solve_equal_share(problem: OefProblem, *, time_limit_s: float | None = None,
     """Return the equal-share plan: every job gets its weighted 1/n of each usable type."""
     a = arrays(problem)
     c = classes(a)
-    Y = equal_share(a)[np.unique(c.of_job, return_index=True)[1]]
+    Y = equal_share(a)[c.first]
     return _plan(problem, a, c, Y, policy="equal share", guarantees=[SI], status=Status.OPTIMAL,
                  name="equal-share", stats={}, progress=progress)
 

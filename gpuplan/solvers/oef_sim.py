@@ -50,7 +50,6 @@ class SimResult:
 def simulate(trace: Trace, policy: str = "oef", *, max_rounds: int = 100_000,
              progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
     """Return the SimResult of running `trace` under the registered oef solver `policy`."""
-    from gpuplan import api
     from gpuplan.solvers.oef_rounds import choose
 
     cap = trace.cluster.capacity()
@@ -75,7 +74,7 @@ def simulate(trace: Trace, policy: str = "oef", *, max_rounds: int = 100_000,
             t = math.ceil(pending[0].arrival_s / trace.round_s) * trace.round_s
             continue
         if changed:
-            share = _allocate(api, trace, active, policy)
+            share = _allocate(trace, active, policy)
             result.reallocations += 1
             changed = False
         for j in active:
@@ -118,8 +117,10 @@ def simulate(trace: Trace, policy: str = "oef", *, max_rounds: int = 100_000,
     return result
 
 
-def _allocate(api: Any, trace: Trace, active: list[Any], policy: str) -> dict[str, np.ndarray]:
+def _allocate(trace: Trace, active: list[Any], policy: str) -> dict[str, np.ndarray]:
     """Return each active job's time fractions per type under `policy` (a registered oef solver)."""
+    from gpuplan import api
+
     by_tenant: dict[str, list[Any]] = {}
     for j in active:
         by_tenant.setdefault(j.tenant or j.name, []).append(j)
