@@ -429,22 +429,19 @@ def check(problem: TesselProblem, plan: TesselPlan) -> list[Violation]:
                         out.append(Violation("dependency", f"{b.name}#{i} starts at {seen[(b.name, i)][0]:g} s "
                                              f"before {a}#{i} ends at {seen[(a, i)][1]:g} s",
                                              {"block": b.name, "microbatch": i}))
+    peaks = memory_peaks(problem, plan.schedule)
     for d, dev in enumerate(plan.schedule):
         ordered = sorted(dev, key=lambda e: (e.start_s, e.end_s))
         for x, y in zip(ordered, ordered[1:]):
             if y.start_s < x.end_s - EPS:
                 out.append(Violation("overlap", f"device {d}: {y.block}#{y.microbatch} starts at {y.start_s:g} s "
                                      f"while {x.block}#{x.microbatch} runs until {x.end_s:g} s", {"device": d}))
-        level, peak = 0.0, 0.0
-        for e in ordered:
-            level += blocks[e.block].memory_bytes if e.block in blocks else 0.0
-            peak = max(peak, level)
+        peak = peaks[d]
         if peak > problem.limit(d) * (1 + 1e-9) + EPS:
             out.append(Violation("memory", f"device {d} peaks at {peak:g} bytes, its limit is "
                                  f"{problem.limit(d):g} bytes", {"device": d, "peak": peak}))
-    entries = [e for dev in plan.schedule for e in dev]
-    if entries:
-        span = max(e.end_s for e in entries) - min(e.start_s for e in entries)
+    if any(plan.schedule):
+        span = makespan_s(plan.schedule)
         if abs(span - plan.makespan_s) > 1e-6 * max(1.0, span):
             out.append(Violation("makespan", f"the plan states a makespan of {plan.makespan_s:g} s, "
                                  f"its entries span {span:g} s"))
