@@ -24,8 +24,10 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_va
 
 from gpuplan.models import lagom_cost as cost
 from gpuplan.models.base import Problem, Schema, Violation, field_path
+from gpuplan.models.catalog import canonical_name, catalog_entry
 from gpuplan.models.lagom_cost import Consts
 from gpuplan.models.plan import Plan, Status
+from gpuplan.models.workload import DTYPE_BYTES, model_config
 from gpuplan.units import GBps, Bytes, Seconds
 
 # SM count, L2 bytes, architecture, per GPU type (vendor datasheets); the rest comes from the catalog.
@@ -50,8 +52,6 @@ class Hardware(Schema):
 
     @model_validator(mode="after")
     def _known(self) -> "Hardware":
-        from gpuplan.models.catalog import canonical_name
-
         key = canonical_name(self.gpu)
         if key is None and None in (self.sms, self.l2_bytes, self.memory_bandwidth_GBps, self.intra_node_GBps):
             raise ValueError(f"at gpu: a GPU type of the catalog ({', '.join(GPU_EXTRA)}), or sms, l2_bytes, "
@@ -59,15 +59,11 @@ class Hardware(Schema):
         return self
 
     def _entry(self) -> dict[str, Any]:
-        from gpuplan.models.catalog import canonical_name, catalog_entry
-
         key = canonical_name(self.gpu)
         return (catalog_entry(key) or {}) if key else {}
 
     def device(self) -> cost.Device:
         """Return SMs, HBM GB/s and L2 bytes (overrides first, then the catalog)."""
-        from gpuplan.models.catalog import canonical_name
-
         extra = GPU_EXTRA.get(canonical_name(self.gpu) or "", (100, 40 * 2**20, "ampere"))
         bw = self.memory_bandwidth_GBps or float(self._entry().get("memory_bandwidth_GBps", 1000.0))
         return cost.Device(self.sms or extra[0], bw, self.l2_bytes or extra[1])
@@ -83,8 +79,6 @@ class Hardware(Schema):
 
     def architecture(self) -> str:
         """Return the GPU architecture name (volta ... blackwell)."""
-        from gpuplan.models.catalog import canonical_name
-
         return self.arch or GPU_EXTRA.get(canonical_name(self.gpu) or "", (0, 0, "ampere"))[2]
 
 
@@ -204,8 +198,6 @@ class FromModel(Schema):
 
     @model_validator(mode="after")
     def _fits(self) -> "FromModel":
-        from gpuplan.models.workload import model_config
-
         model_config(self.model)
         if self.tp > self.gpus_per_node:
             raise ValueError(f"at tp: at most gpus_per_node={self.gpus_per_node} (TP stays in a node), not {self.tp}")
@@ -334,8 +326,6 @@ def workload_from_model(fm: FromModel, hw: Hardware) -> dict[str, Any]:
     gradients during the next layer's backward (reduce_scatter with fsdp, which also all-gathers the
     next layer's weights during the current forward); the first layer's are exposed.
     """
-    from gpuplan.models.workload import DTYPE_BYTES, model_config
-
     cfg = model_config(fm.model)
     width = DTYPE_BYTES.get(fm.dtype, 2)
     rate = hw.peak_tflops(fm.dtype) * 1e12 * fm.mfu

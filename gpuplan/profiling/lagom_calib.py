@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -76,13 +76,6 @@ def _device(backend: str) -> str:
     return f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
 
 
-def _collective_worker(rank: int, world: int, sizes: list[int], repeats: int, backend: str) -> list[tuple[int, float]]:
-    from gpuplan.profiling.collectives import sweep
-
-    raw = sweep(["all_reduce"], sizes, device=_device(backend), warmup=1, repeats=repeats)
-    return [(size, spread["median_s"]) for size, spread in raw["all_reduce"]]
-
-
 def measure_collectives(world_size: int, sizes: list[int], channels: list[int] | None = None, *,
                         backend: str | None = None, repeats: int = 5,
                         timeout_s: float = 300.0) -> list[tuple[float, int, float]]:
@@ -91,15 +84,16 @@ def measure_collectives(world_size: int, sizes: list[int], channels: list[int] |
     With NCCL each channel count runs in a fresh group with NCCL_MIN_CTAS = NCCL_MAX_CTAS = nc;
     gloo has no channels, so it is measured once and reported as 1 channel.
     """
+    from gpuplan.profiling.collectives import _local_worker
     from gpuplan.runtime.launch import run_workers
 
     backend = backend or default_backend()
     out: list[tuple[float, int, float]] = []
     for nc in (channels or [1]) if backend == "nccl" else [1]:
         env = {"NCCL_MIN_CTAS": str(nc), "NCCL_MAX_CTAS": str(nc)} if backend == "nccl" else {}
-        rows = run_workers(_collective_worker, world_size, args=(sizes, repeats, backend), backend=backend,
-                           env=env, timeout_s=timeout_s)[0]
-        out += [(float(s), nc, float(t)) for s, t in rows]
+        raw = run_workers(_local_worker, world_size, args=(["all_reduce"], sizes, 1, repeats, backend),
+                          backend=backend, env=env, timeout_s=timeout_s)[0]
+        out += [(float(s), nc, float(spread["median_s"])) for s, spread in raw["all_reduce"]]
     return out
 
 
@@ -187,13 +181,3 @@ def measure_interference(world_size: int = 2, *, matmul_n: int = 256, iters: int
                       backend=backend, threads=torch_threads, env=env, timeout_s=timeout_s)
     return {**res[0], "backend": backend, "channels": float(channels or 0), "threads": float(threads or 0)}
 
-
-def calibrate_cpu(world_size: int = 2, sizes: list[int] | None = None, repeats: int = 3) -> dict[str, Any]:
-    """Run both experiments with gloo among local processes; return the fitted group figures and the
-    measured slowdown (the machinery of the GPU calibration, not GPU figures)."""
-    sizes = sizes or [2**k for k in range(12, 23, 2)]
-    points = measure_collectives(world_size, sizes, backend="gloo", repeats=repeats)
-    link = cost.Link(ranks=world_size, nodes=1, intra="pcie", channel_GBps=1.0, cap_GBps=1.0, channels=1)
-    fit = fit_collective(points, "all_reduce", link, cost.Consts())
-    inter = measure_interference(world_size, backend="gloo")
-    return {"points": points, "fit": fit, "interference": inter}
