@@ -133,6 +133,9 @@ def test_check_finds_broken_plans() -> None:
     bad = plan.model_copy(deep=True)
     bad.staleness = 5
     assert "staleness" in codes(bad)
+    bad = plan.model_copy(deep=True)
+    bad.edges[0].child = "ghost"
+    assert "unknown_node" in codes(bad)
 
 
 @pytest.mark.parametrize("change, words", [

@@ -472,6 +472,7 @@ def check(problem: AuroraProblem, plan: AuroraPlan) -> list[Violation]:
     names = set(problem.worker_names())
     tol = 1e-6
     seen: dict[str, str] = {}
+    known: list[Edge] = []  # edges whose ends are both trainer or workers
     for e in plan.edges:
         if e.child not in names:
             out.append(Violation("unknown_node", f"edge to {e.child!r}, which is not a worker", {"child": e.child}))
@@ -480,6 +481,7 @@ def check(problem: AuroraProblem, plan: AuroraPlan) -> list[Violation]:
             out.append(Violation("unknown_node", f"edge from {e.parent!r}, neither trainer nor worker",
                                  {"parent": e.parent}))
             continue
+        known.append(e)
         if e.child in seen:
             out.append(Violation("two_parents", f"{e.child} receives from {seen[e.child]} and {e.parent}"))
         seen[e.child] = e.parent
@@ -490,19 +492,19 @@ def check(problem: AuroraProblem, plan: AuroraPlan) -> list[Violation]:
         if e.rate_GBps > cap * (1 + tol) or e.rate_GBps <= 0:
             out.append(Violation("edge_rate", f"{e.parent}->{e.child} at {e.rate_GBps:.4g} GB/s; its link and "
                                  f"{e.streams} streams carry at most {cap:.4g} GB/s", {"cap": cap}))
-    for pair in {frozenset((problem.region_of(e.parent), problem.region_of(e.child))) for e in plan.edges
-                 if (e.parent in names or e.parent == TRAINER)}:
+    crossing: dict[frozenset[str], float] = {}
+    sent: dict[str, float] = {}
+    for e in known:
+        pair = frozenset((problem.region_of(e.parent), problem.region_of(e.child)))
         if len(pair) == 2:
-            total = sum(e.rate_GBps for e in plan.edges if (e.parent in names or e.parent == TRAINER)
-                        and frozenset((problem.region_of(e.parent), problem.region_of(e.child))) == pair)
-            cap = problem.link(*sorted(pair)).bandwidth_GBps
-            if total > cap * (1 + tol):
-                out.append(Violation("region_link", f"edges between {' and '.join(sorted(pair))} carry "
-                                     f"{total:.4g} GB/s in all; the link between them carries {cap:.4g} GB/s"))
-    for node in {e.parent for e in plan.edges}:
-        if node not in names and node != TRAINER:
-            continue
-        total = sum(e.rate_GBps for e in plan.edges if e.parent == node)
+            crossing[pair] = crossing.get(pair, 0.0) + e.rate_GBps
+        sent[e.parent] = sent.get(e.parent, 0.0) + e.rate_GBps
+    for pair, total in crossing.items():
+        cap = problem.link(*sorted(pair)).bandwidth_GBps
+        if total > cap * (1 + tol):
+            out.append(Violation("region_link", f"edges between {' and '.join(sorted(pair))} carry "
+                                 f"{total:.4g} GB/s in all; the link between them carries {cap:.4g} GB/s"))
+    for node, total in sent.items():
         if total > problem.uplink(node) * (1 + tol):
             out.append(Violation("uplink", f"{node} sends {total:.4g} GB/s in all; its uplink is "
                                  f"{problem.uplink(node):.4g} GB/s", {"node": node}))
