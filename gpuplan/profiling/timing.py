@@ -51,7 +51,7 @@ def timer_for(device: Any, clock: str = "wall") -> Callable[[Callable[[], Any]],
     time.perf_counter, or time.process_time when `clock` is "cpu".
     """
     if not str(device).startswith("cuda"):
-        return _process_timer if clock == "cpu" else _cpu_timer
+        return _process_timer if clock == "cpu" else _wall_timer
     import torch
 
     def timed(fn: Callable[[], Any]) -> float:
@@ -66,7 +66,7 @@ def timer_for(device: Any, clock: str = "wall") -> Callable[[Callable[[], Any]],
     return timed
 
 
-def _cpu_timer(fn: Callable[[], Any]) -> float:
+def _wall_timer(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
