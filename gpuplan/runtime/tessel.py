@@ -99,8 +99,6 @@ def reference_grads(cfg_doc: dict[str, Any], num_stages: int, per_stage: int, mi
                     seq: int, seed: int) -> dict[int, list[Any]]:
     """Return per-stage gradients (numpy) of the same model run in one process, micro-batch by
     micro-batch, with the loss averaged over micro-batches as the pipeline schedule does."""
-    import torch
-
     from gpuplan.models.workload import TransformerConfig
     from gpuplan.runtime import gpt
 
@@ -112,7 +110,6 @@ def reference_grads(cfg_doc: dict[str, Any], num_stages: int, per_stage: int, mi
         for m in mods:
             x = m(x)
         (gpt.lm_loss(x, targets[i * mbs:(i + 1) * mbs]) / microbatches).backward()
-    del torch
     return {s: [p.grad.detach().numpy() for p in m.parameters()] for s, m in enumerate(mods)}
 
 

@@ -57,6 +57,20 @@ def runtime_schedule(stages: list[Any], n_microbatches: int, loss_fn: Callable[.
     return sched
 
 
+def _timed(fn: Callable[..., Any], record: Callable[[float, tuple[Any, ...], dict[str, Any]], None]
+           ) -> Callable[..., Any]:
+    """Return `fn` wrapped so each call passes (seconds, args, kwargs) to `record`."""
+    import time
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        record(time.perf_counter() - t0, args, kwargs)
+        return out
+
+    return wrapper
+
+
 def time_stage_calls(stage: Any, sink: list[tuple[int, str, float]]) -> None:
     """Wrap a PipelineStage's compute calls so each appends (stage index, F|B|I|W|R, seconds) to
     `sink` (R: the gradient reduction at the end of a step).
@@ -64,53 +78,17 @@ def time_stage_calls(stage: Any, sink: list[tuple[int, str, float]]) -> None:
     The runtime waits for received tensors before these calls, so the times are pure compute as
     executed inside the pipeline (with whatever the machine's load was at that moment).
     """
-    import time
-
-    fwd, bwd, wgt = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
-
-    def forward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = fwd(*args, **kwargs)
-        sink.append((stage.stage_index, "F", time.perf_counter() - t0))
-        return out
-
-    def backward_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = bwd(*args, **kwargs)
-        sink.append((stage.stage_index, "B" if kwargs.get("full_backward", True) else "I", time.perf_counter() - t0))
-        return out
-
-    def backward_weight_one_chunk(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = wgt(*args, **kwargs)
-        sink.append((stage.stage_index, "W", time.perf_counter() - t0))
-        return out
-
-    red = stage.perform_reduce_grad
-
-    def perform_reduce_grad(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = red(*args, **kwargs)
-        sink.append((stage.stage_index, "R", time.perf_counter() - t0))
-        return out
-
-    stage.perform_reduce_grad = perform_reduce_grad
-    stage.forward_one_chunk = forward_one_chunk
-    stage.backward_one_chunk = backward_one_chunk
-    stage.backward_weight_one_chunk = backward_weight_one_chunk
+    i = stage.stage_index
+    stage.forward_one_chunk = _timed(stage.forward_one_chunk, lambda t, a, k: sink.append((i, "F", t)))
+    stage.backward_one_chunk = _timed(
+        stage.backward_one_chunk, lambda t, a, k: sink.append((i, "B" if k.get("full_backward", True) else "I", t)))
+    stage.backward_weight_one_chunk = _timed(stage.backward_weight_one_chunk,
+                                             lambda t, a, k: sink.append((i, "W", t)))
+    stage.perform_reduce_grad = _timed(stage.perform_reduce_grad, lambda t, a, k: sink.append((i, "R", t)))
 
 
 def time_loss_calls(schedule: Any, sink: list[tuple[int, str, float]]) -> None:
     """Wrap the schedule's loss computation (run after the last stage's forward) so each call appends
     (stage index, "L", seconds) to `sink`."""
-    import time
-
-    loss = schedule._maybe_compute_loss
-
-    def maybe_compute_loss(stage: Any, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        out = loss(stage, *args, **kwargs)
-        sink.append((stage.stage_index, "L", time.perf_counter() - t0))
-        return out
-
-    schedule._maybe_compute_loss = maybe_compute_loss
+    schedule._maybe_compute_loss = _timed(schedule._maybe_compute_loss,
+                                          lambda t, a, k: sink.append((a[0].stage_index, "L", t)))

@@ -373,6 +373,16 @@ def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int],
     return [[(n, i) for _, n, i in sorted(dev)] for dev in ticks], res
 
 
+def _unrolled(problem: TesselProblem, pat: Pattern) -> list[list[Entry]]:
+    """Return the pattern unrolled over N micro-batches and left-shifted (s); raise InfeasibleError
+    when its warm-up exceeds a device's memory."""
+    schedule = simulate(problem, unroll(problem, pat))
+    if not _fits(problem, schedule):
+        raise InfeasibleError("the unrolled repetend exceeds memory during warm-up; "
+                              f"peaks {memory_peaks(problem, schedule)} bytes")
+    return schedule
+
+
 def _tick_starts(schedule: list[list[Entry]], tick_s: float) -> dict[tuple[str, int], int]:
     return {(e.block, e.microbatch): round(e.start_s / tick_s) for dev in schedule for e in dev}
 
@@ -402,11 +412,8 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
     kinds = {b.name: b.kind for b in problem.blocks}
     width = max(pat.lag.values()) - min(pat.lag.values()) + 1
     found: dict[str, float] = {}
-    best = simulate(problem, unroll(problem, pat))
+    best = _unrolled(problem, pat)
     found["unrolled"] = makespan_s(best)
-    if not _fits(problem, best):
-        raise InfeasibleError("the unrolled repetend exceeds memory during warm-up; "
-                              f"peaks {memory_peaks(problem, best)} bytes")
     priorities: dict[str, Callable[[str, int], tuple]] = {
         "time": lambda n, i: (base[(n, i)], n),
         "kind": lambda n, i: (RANK[kinds[n]], base[(n, i)], n)}
@@ -424,7 +431,7 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
     # the end, with the reversed pattern's priorities, then run its per-device orders forwards. This
     # packs the cool-down as tightly as the forward pass packs the warm-up.
     rev = reversed_problem(problem)
-    n, dur = problem.microbatches, {b.name: t_dur for b, t_dur in ((b, b.duration_s) for b in problem.blocks)}
+    n, dur = problem.microbatches, {b.name: b.duration_s for b in problem.blocks}
     rbase = {(b.name, i): (i - pat.lag[b.name]) * pat.period - pat.start[b.name] - dur[b.name] / 1e6
              for b in problem.blocks for i in range(n)}
     for window in (None, width, width + 1, width + 2, width + 3):
@@ -476,10 +483,7 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
         schedule, more = complete(problem, pat)
         stats.update(more)
     else:
-        schedule = simulate(problem, unroll(problem, pat))
-        if not _fits(problem, schedule):
-            raise InfeasibleError("the unrolled repetend exceeds memory during warm-up; "
-                                  f"peaks {memory_peaks(problem, schedule)} bytes")
+        schedule = _unrolled(problem, pat)
     width = max(pat.lag.values()) - min(pat.lag.values()) + 1
     bound = lower_bound_s(problem)
     stats["polish_skipped_at_bound"] = makespan_s(schedule) <= bound * (1 + 1e-9)
