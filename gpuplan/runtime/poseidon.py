@@ -187,11 +187,10 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         dist.barrier()
         wall = time.perf_counter() - t0
         if step >= spec["warmup"]:
-            iters.append(wall)
             fw = [d for k, kind, d in sink if kind == "F"]
             bw = [d for k, kind, d in sink if kind == "B"]
             losses_out.append(float(sum(float(x.detach()) for x in losses) / len(losses)) if losses else None)
-            iters[-1] = (wall, statistics.median(fw) if fw else 0.0, statistics.median(bw) if bw else 0.0)
+            iters.append((wall, statistics.median(fw) if fw else 0.0, statistics.median(bw) if bw else 0.0))
     return {"rank": rank, "stage": s, "replica": replica, "iters": iters, "losses": losses_out, "grads": grads,
             "calibrated": calibrated}
 
@@ -279,16 +278,16 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
                            "predicted_over_measured": plan.iteration_time_s / iteration}
     out["cores"] = cpu_cores()
     out["core_sharing_rates"] = rates
+    p2p, tails = [st.p2p_s for st in stages], [st.allreduce_s + st.optimizer_s for st in stages]
     out["predicted_cpu_iteration_s"] = contended_iteration_s(
-        [st.forward_s for st in stages], [st.backward_s for st in stages], [st.p2p_s for st in stages],
-        [st.allreduce_s + st.optimizer_s for st in stages], plan.num_microbatches, plan.schedule, spec["factors"],
+        [st.forward_s for st in stages], [st.backward_s for st in stages], p2p, tails,
+        plan.num_microbatches, plan.schedule, spec["factors"],
         [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)])
     out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
     if calibrate > 0:
         cal = [max(r["calibrated"] for r in results if r["stage"] == k) for k in range(S)]
         out["calibrated_iteration_s"] = iteration_time_fast(
-            [c[0] for c in cal], [c[1] for c in cal], [st.p2p_s for st in stages],
-            [st.allreduce_s + st.optimizer_s for st in stages], plan.num_microbatches, plan.schedule)
+            [c[0] for c in cal], [c[1] for c in cal], p2p, tails, plan.num_microbatches, plan.schedule)
         out["calibrated_over_measured"] = out["calibrated_iteration_s"] / iteration
         for k, c in enumerate(cal):
             out[f"stage{k}_forward_calibrated_s"], out[f"stage{k}_backward_calibrated_s"] = c
@@ -301,8 +300,7 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
         out[f"stage{k}_backward_predicted_s"] = st.backward_s
     out["replayed_iteration_s"] = iteration_time_fast(
         [out[f"stage{k}_forward_measured_s"] for k in range(S)], [out[f"stage{k}_backward_measured_s"] for k in range(S)],
-        [st.p2p_s for st in stages], [st.allreduce_s + st.optimizer_s for st in stages], plan.num_microbatches,
-        plan.schedule)
+        p2p, tails, plan.num_microbatches, plan.schedule)
     last = [r for r in results if r["stage"] == S - 1 and r["replica"] == 0][0]
     out["losses"] = last["losses"]
     if return_grads:
