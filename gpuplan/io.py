@@ -46,6 +46,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        # mkstemp creates 0600; give the file the mode a plain open() would (0666 less the umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -73,3 +77,15 @@ def canonical_json(data: Any) -> str:
 def digest(data: Any) -> str:
     """Return 'sha256:<hex>' of the canonical JSON of `data`."""
     return "sha256:" + hashlib.sha256(canonical_json(data).encode("utf-8")).hexdigest()
+
+
+def atomic_write_figure(fig: Any, path: str | os.PathLike[str], dpi: int = 110) -> Path:
+    """Render a matplotlib figure to PNG, write it atomically, close the figure; return the path."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())

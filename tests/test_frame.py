@@ -187,3 +187,12 @@ def test_plan_file_errors(tmp_path) -> None:
     f.write_text('{"kind": "toy", "sche')
     with pytest.raises(InputError, match="not a JSON plan"):
         read_plan_document(f)
+
+
+def test_atomic_write_gives_the_usual_file_mode(tmp_path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "plan.json", "{}")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

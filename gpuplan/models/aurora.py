@@ -589,8 +589,9 @@ def draw(problem: AuroraProblem, plan: AuroraPlan, path: Any) -> None:
     ax.set_xlabel("seconds")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    from gpuplan.io import atomic_write_figure
+
+    atomic_write_figure(fig, path, dpi=100)
 
 
 def with_profile(problem: AuroraProblem, profile: Any) -> AuroraProblem:

@@ -84,7 +84,7 @@ def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpuplan.io import atomic_write_bytes
+    from gpuplan.io import atomic_write_figure
 
     comp = problem.compiled
     thetas = plan.thetas()
@@ -108,12 +108,7 @@ def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
     ax.set_title(f"{problem.name or 'lagom'}: iteration {plan.iteration_s * 1e3:.3f} ms "
                  f"(red: exposed communication, pale: window bound by communication)")
     fig.tight_layout()
-    from io import BytesIO
-
-    buf = BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(fig, path, dpi=110)
 
 
 def with_profile(problem: LagomProblem, profile: Any) -> LagomProblem:

@@ -490,14 +490,9 @@ def draw(problem: OefProblem, plan: OefPlan, path: Path) -> None:
         ax2.set_ylabel("GPU ids")
         ax2.set_title("which job runs on which GPU (colour = job; white = idle)")
     fig.tight_layout()
-    from io import BytesIO
+    from gpuplan.io import atomic_write_figure
 
-    from gpuplan.io import atomic_write_bytes
-
-    buf = BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(fig, path, dpi=110)
 
 
 register_model(ModelSpec("oef", OefProblem, OefPlan, check, summarize=summarize, describe=describe, draw=draw,
