@@ -677,7 +677,7 @@ def draw(problem: PoseidonProblem, plan: PoseidonPlan, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpuplan.io import atomic_write_bytes
+    from gpuplan.io import atomic_write_figure
 
     colors = {"F": "#4c72b0", "B": "#dd8452", "AR": "#55a868"}
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.5 * len(plan.stages)))
@@ -691,12 +691,7 @@ def draw(problem: PoseidonProblem, plan: PoseidonPlan, path: Path) -> None:
     ax.set_title(f"{plan.schedule}, {plan.num_microbatches} micro-batches, iteration {plan.iteration_time_s * 1e3:.1f} ms"
                  " (blue forward, orange backward, green all-reduce + optimizer)")
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(fig, path, dpi=120)
 
 
 def with_profile(problem: PoseidonProblem, profile: Profile) -> PoseidonProblem:

@@ -490,7 +490,7 @@ def draw(problem: TesselProblem, plan: TesselPlan, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from gpuplan.io import atomic_write_bytes
+    from gpuplan.io import atomic_write_figure
 
     kinds = {b.name: b.kind for b in problem.blocks}
     fig, ax = plt.subplots(figsize=(max(8.0, min(16.0, plan.makespan_s / max(1e-9, min(
@@ -514,12 +514,7 @@ def draw(problem: TesselProblem, plan: TesselPlan, path: Path) -> None:
         handles.append(Patch(color="gold", alpha=0.25, label="repetend"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7)
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_figure(fig, path, dpi=120)
 
 
 register_model(ModelSpec(kind="tessel", problem_type=TesselProblem, plan_type=TesselPlan, check=check,
