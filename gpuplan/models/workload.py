@@ -118,6 +118,9 @@ CATALOG: dict[str, TransformerConfig] = {c.name: c for c in [
     _cfg("gpt3-6.7b", 32, 4096, 32, 16384, _GPT3_VOCAB, gated=False, tied=True, seq=2048),
     _cfg("gpt3-13b", 40, 5120, 40, 20480, _GPT3_VOCAB, gated=False, tied=True, seq=2048),
     _cfg("gpt3-175b", 96, 12288, 96, 49152, _GPT3_VOCAB, gated=False, tied=True, seq=2048),
+    # Narayanan et al. 2021 (Megatron-LM PTD-P), Table 1: 529.6 B and 1008 B GPT models, vocabulary 51,200
+    _cfg("gpt-530b", 105, 20480, 128, 81920, 51200, gated=False, tied=True, seq=2048),
+    _cfg("gpt-1t", 128, 25600, 160, 102400, 51200, gated=False, tied=True, seq=2048),
     _cfg("llama2-7b", 32, 4096, 32, 11008, 32000),
     _cfg("llama2-13b", 40, 5120, 40, 13824, 32000),
     _cfg("llama2-70b", 80, 8192, 64, 28672, 32000, kv=8),
