@@ -2,37 +2,72 @@
 
 Figures are the vendors' datasheet numbers for dense math (no 2:4 sparsity), per GPU (a K80
 board holds two GK210 GPUs; a catalog K80 is one of them, as cluster schedulers count it).
-`intra_node_GBps` is the per-GPU unidirectional bandwidth to peers in the same node (NVLink
-where the usual server has it, PCIe otherwise).
+A dtype a GPU has no tensor cores (or no native arithmetic) for is listed at the rate it really
+runs at: bf16 on Kepler, Pascal, Volta and Turing is computed in fp32 units, so it gets the fp32
+rate; fp16 on Kepler likewise.
+`intra_node_GBps` is the per-GPU unidirectional line rate to peers in the same node (NVLink
+links x 25 GB/s where the usual server has NVLink, PCIe otherwise); `nvlinks` is the number of
+NVLink links per GPU (0: PCIe only); `arch` is the GPU architecture (NCCL tunes per architecture).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from gpuplan.units import GiB
 
-# name: (memory GiB, memory GB/s, {dtype: dense TFLOP/s}, intra-node GB/s per direction, $/h)
-_SPECS: dict[str, tuple[float, float, dict[str, float], float, float | None]] = {
-    "K80": (12, 240, {"fp32": 4.37 / 2, "fp16": 4.37 / 2}, 8, 0.45),
-    "P100": (16, 732, {"fp32": 10.6, "fp16": 21.2}, 80, 1.46),
-    "V100": (16, 900, {"fp32": 15.7, "fp16": 125.0}, 150, 2.48),
-    "V100-32GB": (32, 900, {"fp32": 15.7, "fp16": 125.0}, 150, 2.48),
-    "T4": (16, 320, {"fp32": 8.1, "fp16": 65.0}, 16, 0.35),
-    "A10": (24, 600, {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}, 32, 0.75),
-    "L4": (24, 300, {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0, "fp8": 242.0}, 32, 0.70),
-    "RTX4090": (24, 1008, {"fp32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3}, 32, 0.40),
-    "L40S": (48, 864, {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0, "fp8": 733.0}, 32, 1.20),
-    "A100-40GB": (40, 1555, {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}, 300, 1.80),
-    "A100-80GB": (80, 2039, {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}, 300, 2.20),
-    "H100": (80, 3350, {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 450, 3.50),
-    "H100-PCIe": (80, 2000, {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0}, 64, 2.80),
-    "H200": (141, 4800, {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 450, 4.00),
+# name: (memory GiB, memory GB/s, {dtype: dense TFLOP/s}, intra-node GB/s per direction, $/h, arch, NVLinks)
+_SPECS: dict[str, tuple[float, float, dict[str, float], float, float | None, str, int]] = {
+    # Tesla K80 datasheet: 8.73 TFLOP/s fp32 at boost, 24 GB, 480 GB/s per board of two GK210 dies;
+    # one die: 4.37 TFLOP/s, 12 GB, 240 GB/s. No fp16/bf16 arithmetic: they run at the fp32 rate. PCIe 3.0 x16.
+    "K80": (12, 240, {"fp32": 4.37, "fp16": 4.37, "bf16": 4.37}, 8, 0.45, "kepler", 0),
+    # Tesla P100 SXM2 datasheet: 10.6 fp32, 21.2 fp16 (packed half2, no tensor cores), 16 GB HBM2
+    # 732 GB/s, NVLink 1.0 4 links x 20 GB/s per direction. No bf16 support: fp32 rate.
+    "P100": (16, 732, {"fp32": 10.6, "fp16": 21.2, "bf16": 10.6}, 80, 1.46, "pascal", 4),
+    # Tesla V100 SXM2 datasheet: 15.7 fp32, 125 fp16 tensor, 900 GB/s, NVLink 2.0 6 links x 25 GB/s.
+    # Volta tensor cores have no bf16 mode: bf16 runs at the fp32 rate.
+    "V100": (16, 900, {"fp32": 15.7, "fp16": 125.0, "bf16": 15.7}, 150, 2.48, "volta", 6),
+    "V100-32GB": (32, 900, {"fp32": 15.7, "fp16": 125.0, "bf16": 15.7}, 150, 2.48, "volta", 6),
+    # Tesla T4 datasheet: 8.1 fp32, 65 fp16 tensor, 320 GB/s, PCIe 3.0 x16. Turing has no bf16: fp32 rate.
+    "T4": (16, 320, {"fp32": 8.1, "fp16": 65.0, "bf16": 8.1}, 16, 0.35, "turing", 0),
+    # A10 datasheet: 31.2 fp32, 62.5 tf32, 125 fp16/bf16 tensor, 600 GB/s, PCIe 4.0 x16.
+    "A10": (24, 600, {"fp32": 31.2, "tf32": 62.5, "fp16": 125.0, "bf16": 125.0}, 32, 0.75, "ampere", 0),
+    # L4 datasheet (dense = half the sparse figures): 30.3 fp32, 60 tf32, 121 fp16/bf16, 242 fp8, 300 GB/s.
+    "L4": (24, 300, {"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0, "fp8": 242.0}, 32, 0.70, "ada", 0),
+    # RTX 4090 (Ada whitepaper, dense): 82.6 fp32; fp16/bf16 tensor with fp32 accumulate (as training
+    # runs) 165.2, fp8 with fp32 accumulate 330.3; 1008 GB/s, PCIe 4.0.
+    "RTX4090": (24, 1008, {"fp32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3}, 32, 0.40, "ada", 0),
+    # L40S datasheet (dense): 91.6 fp32, 183 tf32, 362 fp16/bf16, 733 fp8, 864 GB/s, PCIe 4.0.
+    "L40S": (48, 864, {"fp32": 91.6, "tf32": 183.0, "fp16": 362.0, "bf16": 362.0, "fp8": 733.0}, 32, 1.20,
+             "ada", 0),
+    # A100 SXM datasheet: 19.5 fp32, 156 tf32, 312 fp16/bf16; 40 GB 1555 GB/s, 80 GB 2039 GB/s;
+    # NVLink 3.0 12 links x 25 GB/s = 300 GB/s per direction.
+    "A100-40GB": (40, 1555, {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}, 300, 1.80, "ampere", 12),
+    "A100-80GB": (80, 2039, {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}, 300, 2.20, "ampere", 12),
+    # H100 SXM5 datasheet (dense): 67 fp32, 494.7 tf32, 989.4 fp16/bf16, 1978.9 fp8, 3.35 TB/s;
+    # NVLink 4.0 18 links x 25 GB/s = 450 GB/s per direction.
+    "H100": (80, 3350, {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 450, 3.50,
+             "hopper", 18),
+    # H100 PCIe datasheet (dense): 51.2 fp32, 378 tf32, 756 fp16/bf16, 1513 fp8, 2.0 TB/s, PCIe 5.0 x16.
+    "H100-PCIe": (80, 2000, {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0}, 64, 2.80,
+                  "hopper", 0),
+    # H200 SXM datasheet: H100's compute, 141 GB HBM3e at 4.8 TB/s, NVLink 450 GB/s per direction.
+    "H200": (141, 4800, {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 450, 4.00,
+             "hopper", 18),
+    # GH200 Grace Hopper datasheet (96 GB HBM3 version): H100's compute, 4.0 TB/s; NVLink 900 GB/s
+    # bidirectional to other GPUs (450 per direction).
+    "GH200": (96, 4000, {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 450, None,
+              "hopper", 18),
 }
 
 ALIASES: dict[str, str] = {
     "A100": "A100-80GB", "A100-40G": "A100-40GB", "A100-80G": "A100-80GB", "A100_40GB": "A100-40GB",
     "A100_80GB": "A100-80GB", "V100-16GB": "V100", "V100_32GB": "V100-32GB", "RTX-4090": "RTX4090",
-    "4090": "RTX4090", "H100-SXM": "H100", "H100-80GB": "H100", "H200-SXM": "H200", "GH200": "H200",
+    "4090": "RTX4090", "H100-SXM": "H100", "H100-80GB": "H100", "H200-SXM": "H200", "GH200-96GB": "GH200",
 }
+
+_UPPER: dict[str, str] = {k.upper(): k for k in _SPECS}
+_ALIAS_UPPER: dict[str, str] = {k.upper(): v for k, v in ALIASES.items()}
 
 
 def catalog_entry(name: str) -> dict[str, object] | None:
@@ -40,17 +75,17 @@ def catalog_entry(name: str) -> dict[str, object] | None:
     key = canonical_name(name)
     if key is None:
         return None
-    mem, bw, peak, link, price = _SPECS[key]
+    mem, bw, peak, link, price, arch, nvlinks = _SPECS[key]
     return {"name": key, "memory_bytes": mem * GiB, "memory_bandwidth_GBps": float(bw),
-            "peak_tflops": dict(peak), "intra_node_GBps": float(link), "price_per_hour": price}
+            "peak_tflops": dict(peak), "intra_node_GBps": float(link), "price_per_hour": price,
+            "arch": arch, "nvlinks": nvlinks}
 
 
+@lru_cache(maxsize=4096)
 def canonical_name(name: str) -> str | None:
     """Return the catalog's spelling of a GPU type name, or None when it is not in the catalog."""
-    upper = {k.upper(): k for k in _SPECS}
-    alias = {k.upper(): v for k, v in ALIASES.items()}
     n = name.strip().upper()
-    return upper.get(n) or alias.get(n)
+    return _UPPER.get(n) or _ALIAS_UPPER.get(n)
 
 
 def catalog_names() -> list[str]:

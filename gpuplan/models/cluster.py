@@ -33,6 +33,8 @@ class DeviceType(Schema):
     intra_node_GBps: GBps = Field(default=16.0, gt=0)
     price_per_hour: float | None = Field(default=None, ge=0)
     measured: bool = False
+    arch: str = "unknown"
+    nvlinks: int = Field(default=0, ge=0)
 
     @field_validator("peak_tflops")
     @classmethod
@@ -45,11 +47,17 @@ class DeviceType(Schema):
         return v
 
     def peak(self, dtype: str = "bf16") -> float:
-        """Return the dense peak in TFLOP/s for `dtype`, falling back to fp16 then fp32."""
-        for d in (dtype, "fp16", "bf16", "fp32"):
-            if d in self.peak_tflops:
-                return self.peak_tflops[d]
-        return max(self.peak_tflops.values())
+        """Return the dense peak in TFLOP/s for `dtype`.
+
+        A dtype the type does not list runs at its fp32 rate (no tensor cores for it); a type that
+        lists neither raises ValueError naming both.
+        """
+        if dtype in self.peak_tflops:
+            return self.peak_tflops[dtype]
+        if "fp32" in self.peak_tflops:
+            return self.peak_tflops["fp32"]
+        raise ValueError(f"device type {self.name!r} lists no {dtype} or fp32 peak "
+                         f"(has {sorted(self.peak_tflops)}): add one under peak_tflops")
 
 
 def device_type(name: str, overrides: dict[str, DeviceType] | None = None) -> DeviceType:
@@ -68,10 +76,15 @@ def device_type(name: str, overrides: dict[str, DeviceType] | None = None) -> De
 
 
 class Link(Schema):
-    """A link: bandwidth per direction (GB/s) and latency (s)."""
+    """A link: bandwidth per direction (GB/s) and latency (s).
+
+    For the cluster's `inter_node` network, `bandwidth_GBps` is one NIC's and `nics_per_node` the
+    number of NICs (rails) each node has on it; a node may override its count (`Node.nics`).
+    """
 
     bandwidth_GBps: GBps = Field(gt=0)
     latency_s: Seconds = Field(default=5e-6, ge=0)
+    nics_per_node: int = Field(default=1, ge=1, le=64)
 
     def transfer_s(self, size_bytes: float) -> float:
         """Return the time in seconds to move `size_bytes` over this link (alpha + size/beta)."""
@@ -84,6 +97,7 @@ class Node(Schema):
     name: str
     gpus: dict[str, int]
     intra_link: Link | None = None
+    nics: int | None = Field(default=None, ge=1, le=64)
 
     @field_validator("gpus")
     @classmethod
@@ -116,10 +130,12 @@ class Device:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
+    # DGX A100: eight ConnectX-6 200 Gb/s compute NICs per node (DGX A100 user guide).
     "dgx-a100x4": {"nodes": [{"name": f"dgx{i}", "gpus": {"A100-80GB": 8}} for i in range(4)],
-                   "inter_node": {"bandwidth_GBps": "200 Gbps", "latency_s": "5 us"}},
+                   "inter_node": {"bandwidth_GBps": "200 Gbps", "latency_s": "5 us", "nics_per_node": 8}},
+    # DGX H100: eight ConnectX-7 400 Gb/s compute NICs per node (DGX H100 user guide).
     "dgx-h100x2": {"nodes": [{"name": f"h{i}", "gpus": {"H100": 8}} for i in range(2)],
-                   "inter_node": {"bandwidth_GBps": "400 Gbps", "latency_s": "5 us"}},
+                   "inter_node": {"bandwidth_GBps": "400 Gbps", "latency_s": "5 us", "nics_per_node": 8}},
     "gavel-36": {"gpus": {"V100": 36, "P100": 36, "K80": 36}, "gpus_per_node": 4},
     "mixed-a100-v100-t4": {"nodes": [{"name": "a0", "gpus": {"A100-80GB": 8}},
                                      {"name": "v0", "gpus": {"V100": 8}},
@@ -224,12 +240,13 @@ class Cluster(Schema):
             cap[d.type] = cap.get(d.type, 0) + 1
         return cap
 
+    @cached_property
+    def _nodes_by_name(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
     def node(self, name: str) -> Node:
-        """Return the node called `name`."""
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        """Return the node called `name` (KeyError when there is none)."""
+        return self._nodes_by_name[name]
 
     def intra_link(self, node: str) -> Link:
         """Return the link between two devices of `node` (declared, or the slowest type's default)."""
@@ -238,6 +255,11 @@ class Cluster(Schema):
             return n.intra_link
         bw = min(self.type_of(t).intra_node_GBps for t in n.gpus)
         return Link(bandwidth_GBps=bw, latency_s=2e-6)
+
+    def nics(self, node: str) -> int:
+        """Return the number of NICs (rails) node `node` has on the inter-node network."""
+        n = self.node(node)
+        return n.nics if n.nics is not None else self.inter_node.nics_per_node
 
     def link(self, node_a: str, node_b: str) -> Link:
         """Return the link between nodes a and b (intra-node link when a == b)."""
