@@ -7,11 +7,21 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan import registry
-from gpuplan.errors import InfeasibleError, InputError
+from gpuplan.errors import GpuplanError, InfeasibleError, InputError
 from gpuplan.io import digest, read_document
 from gpuplan.models.base import Problem, Violation, validate
-from gpuplan.models.plan import Plan, SolverInfo, Status, plan_from_document, read_plan_document
+from gpuplan.models.plan import (Plan, SolverInfo, Status, infeasible_contradictions, non_finite_violations,
+                                 plan_from_document, read_plan_document)
 from gpuplan.registry import Progress, no_progress
+
+
+class PlanRejected(GpuplanError):
+    """`run` refused a plan that fails `check`; `violations` lists why (nothing was started)."""
+
+    def __init__(self, violations: list[Violation]) -> None:
+        self.violations = violations
+        super().__init__(f"the plan fails check with {len(violations)} violation(s), so it is not run:\n  "
+                         + "\n  ".join(str(v) for v in violations))
 
 
 def load_problem(source: str | Path | dict[str, Any] | Problem, kind: str | None = None) -> Problem:
@@ -93,15 +103,49 @@ def solve(kind_or_problem: str | Problem | Path | dict[str, Any], problem: Any =
 
 
 def check(problem: Problem | str | Path | dict[str, Any] | None, plan: Plan) -> list[Violation]:
-    """Return the violations the model's own `check` finds in `plan` ([] when the plan is valid).
+    """Return every violation found in `plan` ([] when the plan is valid); trusts nothing the plan states.
 
-    When `problem` is None the problem document embedded in the plan is used.
+    Frame-wide checks first: no NaN or infinite number anywhere in the plan; the problem embedded in
+    the plan matches its `input_digest` (else the plan was edited after solving and is not checked
+    further against it); when `problem` is given its digest matches the plan's too (else the plan was
+    solved for another input); the plan's solver is a registered one (its contract, the guarantees a
+    model's check enforces, comes from the registry); an `infeasible` plan holds no solution. Then the
+    model's own `check`, which recomputes every figure the plan states. When `problem` is None the
+    problem embedded in the plan is used. Raises InputError when there is no problem to check against.
     """
-    prob = plan_problem(plan, problem)
-    if plan.input_digest and problem is not None and digest(prob.document()) != plan.input_digest:
-        return [Violation("input_mismatch", "the plan was solved for a different input "
-                          f"(digest {plan.input_digest[:19]}..., this input {digest(prob.document())[:19]}...)")]
-    return registry.model(prob.kind).check(prob, plan)
+    out = non_finite_violations(plan)
+    embedded_ok = True
+    if plan.problem:
+        if not plan.input_digest:
+            embedded_ok = False
+            out.append(Violation("digest", "the plan embeds a problem but states no input_digest to verify it by"))
+        elif digest(plan.problem) != plan.input_digest:
+            embedded_ok = False
+            out.append(Violation("problem_digest", "the problem embedded in the plan does not match the plan's "
+                                 f"input_digest {plan.input_digest[:19]}... (digest {digest(plan.problem)[:19]}...): "
+                                 "it was edited after solving", {"input_digest": plan.input_digest}))
+    if problem is not None:
+        prob = load_problem(problem, plan.kind)
+        if plan.input_digest and digest(prob.document()) != plan.input_digest:
+            return out + [Violation("input_mismatch", "the plan was solved for a different input "
+                                    f"(digest {plan.input_digest[:19]}..., this input "
+                                    f"{digest(prob.document())[:19]}...)")]
+    elif not embedded_ok:
+        return out
+    else:
+        prob = plan_problem(plan)
+    if plan.solver is not None and registry.contract(prob.kind, plan.solver.name) is None:
+        out.append(Violation("unknown_solver", f"the plan names solver {plan.solver.name!r}, which is not a "
+                             f"registered {prob.kind} solver, so what it promises cannot be known",
+                             {"solver": plan.solver.name}))
+    if plan.status is Status.INFEASIBLE:
+        return out + infeasible_contradictions(plan)
+    try:
+        out += registry.model(prob.kind).check(prob, plan)
+    except (ArithmeticError, LookupError, TypeError, ValueError) as exc:
+        out.append(Violation("unreadable", f"the {prob.kind} check could not evaluate the plan: "
+                             f"{type(exc).__name__}: {exc}"))
+    return out
 
 
 def compare(problem: Problem | str | Path | dict[str, Any], *, solvers: list[str] | None = None,
@@ -131,9 +175,19 @@ def compare(problem: Problem | str | Path | dict[str, Any], *, solvers: list[str
 
 
 def run(plan: Plan, problem: Problem | None = None, **options: Any) -> dict[str, Any]:
-    """Execute a plan with the model's runtime (torch.distributed); return measured figures."""
+    """Execute a plan with the model's runtime (torch.distributed); return measured figures.
+
+    The plan is checked first (see `check`): a plan with violations, or an infeasible one, is refused
+    with PlanRejected before any process starts.
+    """
     import importlib
 
+    if not plan.ok:
+        raise PlanRejected([Violation("status", f"the plan's status is {plan.status.value!r}: "
+                                                "it holds no solution to run")])
+    violations = check(problem, plan)
+    if violations:
+        raise PlanRejected(violations)
     prob = plan_problem(plan, problem)
     spec = registry.model(prob.kind)
     if spec.runner is None:

@@ -225,7 +225,11 @@ def show_cmd(plan_file: str, png: str | None) -> None:
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(args: tuple[str, ...]) -> None:
-    """Execute a plan with torch.distributed: gpuplan run [KIND] PLAN [-- COMMAND...]."""
+    """Execute a plan with torch.distributed: gpuplan run [KIND] PLAN [-- COMMAND...].
+
+    The plan is checked first (as `gpuplan check PLAN` does); a plan with violations is refused with
+    exit code 1 before any process starts.
+    """
     items = list(args)
     kind = items.pop(0) if len(items) >= 2 and items[0] in registry.kinds() else None
     if not items:
@@ -238,6 +242,8 @@ def run_cmd(args: tuple[str, ...]) -> None:
         if kind and plan.kind != kind:
             raise GpuplanError(f"{plan_file} is a {plan.kind} plan, not {kind}")
         result = api.run(plan, command=rest) if rest else api.run(plan)
+    except api.PlanRejected as exc:  # the plan fails check: exit as check does, nothing was started
+        _fail(exc, EXIT_VIOLATIONS)
     except GpuplanError as exc:
         _fail(exc)
     rows = [[k, v] for k, v in result.items() if not isinstance(v, (list, dict))]

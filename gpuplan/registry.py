@@ -58,7 +58,9 @@ class SolverSpec:
 
     fn(problem, *, time_limit_s, seed, progress, **options) -> Plan (the frame fills solver info,
     digest and problem document). applicable(problem) returns None when the solver applies, else
-    the reason it does not (e.g. an exact solver on an instance too large for it).
+    the reason it does not (e.g. an exact solver on an instance too large for it). guarantees: the
+    properties every plan of this solver promises (its contract, e.g. OEF's sharing incentive); a
+    model's check enforces them from here, never from a list in the plan.
     """
 
     kind: str
@@ -69,6 +71,7 @@ class SolverSpec:
     description: str = ""
     applicable: Callable[[Any], str | None] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    guarantees: tuple[str, ...] = ()
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -86,9 +89,10 @@ def register_model(spec: ModelSpec) -> ModelSpec:
 def register_solver(kind: str, name: str, fn: Callable[..., Plan], *, role: SolverRole = "paper",
                     default: bool = False, description: str = "",
                     applicable: Callable[[Any], str | None] | None = None,
-                    options: dict[str, Any] | None = None) -> SolverSpec:
-    """Add a solver for `kind` under `name`; return its spec."""
-    spec = SolverSpec(kind, name, fn, role, default, description, applicable, dict(options or {}))
+                    options: dict[str, Any] | None = None, guarantees: tuple[str, ...] = ()) -> SolverSpec:
+    """Add a solver for `kind` under `name`; return its spec. `guarantees` is the solver's contract."""
+    spec = SolverSpec(kind, name, fn, role, default, description, applicable, dict(options or {}),
+                      tuple(guarantees))
     _SOLVERS.setdefault(kind, {})[name] = spec
     return spec
 
@@ -145,3 +149,11 @@ def solver(kind: str, name: str | None = None) -> SolverSpec:
     names = ", ".join(s.name for s in specs)
     raise InputError(f"unknown solver {name!r} for {kind}; expected one of {names}",
                      field="solver", value=name, expected=names)
+
+
+def contract(kind: str, solver_name: str) -> tuple[str, ...] | None:
+    """Return the guarantees the registered solver `solver_name` of `kind` promises, or None when no
+    solver of that name is registered (so nothing it promised can be known)."""
+    discover()
+    spec = _SOLVERS.get(kind, {}).get(solver_name)
+    return None if spec is None else spec.guarantees

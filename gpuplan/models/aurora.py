@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpuplan.models.base import Problem, Schema, Table, Violation
-from gpuplan.models.plan import Plan
+from gpuplan.models.plan import Plan, figure_violations, same_figure, stated_figures_violations
 from gpuplan.models.workload import DTYPE_BYTES, model_config
 from gpuplan.registry import ModelSpec, register_model
 from gpuplan.units import Bytes, GBps, Seconds
@@ -533,10 +533,31 @@ def check(problem: AuroraProblem, plan: AuroraPlan) -> list[Violation]:
         return out
     m = metrics(problem, plan)
     claimed = plan.predicted.get("step_time_s")
-    if claimed is not None and abs(claimed - m["step_time_s"]) > 1e-6 * max(1.0, m["step_time_s"]):
+    if claimed is not None and not same_figure(claimed, m["step_time_s"]):
         out.append(Violation("prediction", f"plan predicts a step of {claimed:.6g} s; the cost model gives "
                              f"{m['step_time_s']:.6g} s"))
-    return out
+    return out + _check_figures(problem, plan, m)
+
+
+def _check_figures(problem: AuroraProblem, plan: AuroraPlan, m: dict[str, float]) -> list[Violation]:
+    """Return violations of the figures the plan states besides the step time: each worker's arrival
+    time (s) through the tree, every other predicted metric and the objective, recomputed from the
+    cost model; and a rollout entry for a worker outside the problem."""
+    out: list[Violation] = []
+    arrival = arrival_times(problem, plan.edges, plan.payload_bytes)
+    expected = {w: arrival[w] for w in problem.worker_names() if w in arrival}
+    if set(plan.arrival_s) != set(expected):
+        out.append(Violation("figure", f"the plan states arrival times for {sorted(plan.arrival_s)}; the tree "
+                             f"delivers to {sorted(expected)}", {"field": "arrival_s"}))
+    else:
+        out += figure_violations("arrival_s", plan.arrival_s, expected)
+    unknown = sorted(set(plan.rollout) - set(problem.worker_names()))
+    if unknown:
+        out.append(Violation("rollout_worker", f"rollout on {unknown}, which are not workers of the problem",
+                             {"workers": unknown}))
+    rest = {k: v for k, v in m.items() if k != "step_time_s"}   # the step time is reported above
+    objective = objective_value(problem, m) if plan.objective is not None or plan.solver is not None else None
+    return out + stated_figures_violations(plan, objective, rest)
 
 
 # ---------------------------------------------------------------- summaries

@@ -20,8 +20,9 @@ weight w with k jobs behaves as k users of weight w/k, OEF's replication trick i
   truncated to the g_i GPUs i can use at once: U_i(X_i) >= min(1, w_i g_k / (w_k g_i)) U_i(X_k);
 - Pareto efficiency (PE): no allocation raises one job's U without lowering another's (an LP).
 
-`check` verifies capacity and row limits always, and the fairness properties the plan claims in
-`guarantees`; `assess` returns every figure (efficiency, SI ratios, envy pairs, Pareto gain).
+`check` verifies capacity and row limits always, the fairness properties the plan's solver promises
+(its contract in the registry) and any the plan claims besides, and every figure the plan states
+(recomputed); `assess` returns every figure (efficiency, SI ratios, envy pairs, Pareto gain).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuplan.models.base import Problem, Schema, Table, Violation
 from gpuplan.models.catalog import canonical_name
 from gpuplan.models.cluster import Cluster
-from gpuplan.models.plan import Plan
+from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
 from gpuplan.registry import ModelSpec, register_model
 
 SI, EF, PE = "sharing_incentive", "envy_free", "pareto_efficient"
@@ -361,25 +362,71 @@ def check(problem: OefProblem, plan: OefPlan) -> list[Violation]:
     for j in np.nonzero(used > a.capacity * (1 + REL_TOL) + ABS_TOL)[0]:
         out.append(Violation("capacity", f"{a.types[j]}: {used[j]:.6g} GPUs allocated, {a.capacity[j]:.0f} exist",
                              {"type": a.types[j], "used": float(used[j]), "capacity": float(a.capacity[j])}))
-    if SI in plan.guarantees:
+    promised, contract_out = promised_guarantees(plan)
+    out += contract_out
+    if SI in promised:
         U, ref = utilities(a, X), utilities(a, equal_share(a))
         for i in np.nonzero(U < ref * (1 - REL_TOL) - ABS_TOL)[0]:
             out.append(Violation("sharing_incentive", f"{a.names[i]} gets {U[i]:.6g}, below its equal "
                                  f"share's {ref[i]:.6g} (ratio {U[i] / ref[i]:.4f})",
                                  {"job": a.names[i], "ratio": float(U[i] / ref[i])}))
-    if EF in plan.guarantees:
+    if EF in promised:
         count, worst, top = envy_pairs(a, X)
         if count:
             i, k, size = top[0]
             out.append(Violation("envy", f"{count} envy pair(s); largest: {a.names[i]} envies {a.names[k]} "
                                  f"by {size:.3%}", {"pairs": count, "max_envy": worst,
                                                     "top": [(a.names[p], a.names[q], e) for p, q, e in top]}))
-    if PE in plan.guarantees:
+    if PE in promised:
         gain = pareto_gain(a, X)
         if gain > 1e-5:
             out.append(Violation("pareto", f"a Pareto improvement raises efficiency by {gain:.3%} "
                                  "without lowering any job", {"gain": gain}))
     out += _check_rounds(problem, a, plan, X)
+    out += _check_figures(problem, a, plan, X)
+    return out
+
+
+def promised_guarantees(plan: OefPlan) -> tuple[set[str], list[Violation]]:
+    """Return (the fairness properties to enforce, violations of the plan's statement of them).
+
+    What a plan must satisfy is its solver's contract in the registry (solver name -> guarantees),
+    plus anything the plan claims besides; a plan whose `guarantees` list differs from its solver's
+    contract misstates it. A plan without solver info (made by hand) is held to what it claims.
+    """
+    from gpuplan.registry import contract
+
+    claimed = set(plan.guarantees)
+    if plan.solver is None:
+        return claimed, []
+    promised = contract("oef", plan.solver.name)
+    if promised is None:   # an unknown solver: the frame's check reports it
+        return claimed, []
+    out = []
+    if claimed != set(promised):
+        out.append(Violation("guarantees", f"the plan states guarantees {sorted(claimed)}; its solver "
+                             f"{plan.solver.name!r} promises {sorted(promised)}",
+                             {"stated": sorted(claimed), "contract": sorted(promised)}))
+    return claimed | set(promised), out
+
+
+def _check_figures(problem: OefProblem, a: Arrays, plan: OefPlan, X: np.ndarray) -> list[Violation]:
+    """Return violations of the figures the plan states: objective (efficiency, slowest-GPU
+    equivalents), predicted efficiency, throughput (steps/s) and round gap, the round length (s) and
+    the number of rounds, each recomputed from the problem and the shares."""
+    predicted = {"efficiency": efficiency(a, X), "throughput_steps_per_s": float((a.T * X).sum())}
+    if plan.rounds:
+        predicted["round_gap"] = float(np.abs(realised_fractions(a, plan.rounds) - X).max())
+    objective = predicted["efficiency"] if plan.objective is not None or plan.solver is not None else None
+    out = stated_figures_violations(plan, objective, predicted)
+    if not plan.rounds and "round_gap" in plan.predicted:
+        out.append(Violation("figure", "the plan states predicted.round_gap but lays out no rounds",
+                             {"field": "predicted.round_gap"}))
+    if plan.solver is not None and len(plan.rounds) != problem.rounds:
+        out.append(Violation("rounds", f"the plan lays out {len(plan.rounds)} rounds; the problem asks for "
+                             f"{problem.rounds}", {"rounds": len(plan.rounds), "expected": problem.rounds}))
+    if plan.rounds and (plan.solver is not None or plan.round_s) and plan.round_s != problem.round_s:
+        out += figure_violations("round_s", plan.round_s, problem.round_s)
     return out
 
 

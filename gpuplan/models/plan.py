@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuplan.errors import InputError
+from gpuplan.models.base import Violation
 from gpuplan.io import atomic_write_text
 
 SCHEMA_VERSION = 1
@@ -103,3 +105,94 @@ def plan_from_document(plan_type: type[Plan], data: dict[str, Any], file: str | 
         return plan_type.model_validate(data)
     except ValidationError as exc:
         raise input_error_from(exc, file) from None
+
+
+# ---------------------------------------------------------------- what every check verifies
+
+FIGURE_REL_TOL = 1e-6
+FIGURE_ABS_TOL = 1e-9
+
+
+def non_finite_paths(value: Any, path: str = "") -> list[str]:
+    """Return the dotted paths ([i] for list items) of every NaN or infinite number inside `value`."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [path or "(top level)"]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in non_finite_paths(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in non_finite_paths(v, f"{path}[{i}]")]
+    return []
+
+
+def non_finite_violations(plan: Plan) -> list[Violation]:
+    """Return one `non_finite` violation per NaN or infinite number anywhere in the plan document."""
+    return [Violation("non_finite", f"{p} is not a finite number", {"field": p})
+            for p in non_finite_paths(plan.document())]
+
+
+def same_figure(stated: float, recomputed: float, rel_tol: float = FIGURE_REL_TOL,
+                abs_tol: float = FIGURE_ABS_TOL) -> bool:
+    """Return True when a stated figure equals the recomputed one within the tolerances (NaN never does)."""
+    return math.isclose(float(stated), float(recomputed), rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+def figure_violations(field: str, stated: Any, recomputed: Any, rel_tol: float = FIGURE_REL_TOL,
+                      abs_tol: float = FIGURE_ABS_TOL) -> list[Violation]:
+    """Return a `figure` violation when the plan's `field` (a number, or a list / mapping of numbers)
+    differs from what the check recomputed; [] when they agree. Units are the field's own."""
+    if isinstance(recomputed, dict):
+        if not isinstance(stated, dict) or set(stated) != set(recomputed):
+            keys = sorted(stated) if isinstance(stated, dict) else stated
+            return [Violation("figure", f"the plan states {field} for {keys!r}; the model has it for "
+                              f"{sorted(recomputed)}", {"field": field})]
+        return [v for k in recomputed for v in figure_violations(f"{field}.{k}", stated[k], recomputed[k],
+                                                                  rel_tol, abs_tol)]
+    if isinstance(recomputed, (list, tuple)):
+        if not isinstance(stated, (list, tuple)) or len(stated) != len(recomputed):
+            count = len(stated) if isinstance(stated, (list, tuple)) else "no"
+            return [Violation("figure", f"the plan states {count} value(s) of {field}; the model has "
+                              f"{len(recomputed)}", {"field": field})]
+        return [v for i, (s, r) in enumerate(zip(stated, recomputed))
+                for v in figure_violations(f"{field}[{i}]", s, r, rel_tol, abs_tol)]
+    if stated is None or isinstance(stated, bool) or not isinstance(stated, (int, float)):
+        return [Violation("figure", f"the plan states no number for {field}; the model gives {recomputed:.6g}",
+                          {"field": field, "stated": stated, "recomputed": recomputed})]
+    if same_figure(stated, recomputed, rel_tol, abs_tol):
+        return []
+    return [Violation("figure", f"the plan states {field} = {stated:.6g}; recomputed from the problem it is "
+                      f"{recomputed:.6g}", {"field": field, "stated": stated, "recomputed": recomputed})]
+
+
+def stated_figures_violations(plan: Plan, objective: float | None, predicted: dict[str, float],
+                              rel_tol: float = FIGURE_REL_TOL, abs_tol: float = FIGURE_ABS_TOL) -> list[Violation]:
+    """Return violations where the plan's `objective` or a `predicted` metric differs from the recomputed
+    one. Every recomputed metric the plan states is compared; one it leaves out is not required, but
+    an objective is (when the model gives one)."""
+    out: list[Violation] = []
+    if objective is not None:
+        out += figure_violations("objective", plan.objective, objective, rel_tol, abs_tol)
+    for key, value in predicted.items():
+        if key in plan.predicted:
+            out += figure_violations(f"predicted.{key}", plan.predicted[key], value, rel_tol, abs_tol)
+    return out
+
+
+def infeasible_contradictions(plan: Plan) -> list[Violation]:
+    """Return a `status` violation for each figure or schedule field an `infeasible` plan holds: such a
+    plan records that no solution exists, so objective, predicted metrics and the model's own fields
+    (allocations, stages, schedules...) must all be empty; [] for other statuses."""
+    if plan.status is not Status.INFEASIBLE:
+        return []
+    held = []
+    if plan.objective is not None:
+        held.append("objective")
+    if plan.predicted:
+        held.append("predicted")
+    for name, info in type(plan).model_fields.items():
+        if name in Plan.model_fields:
+            continue
+        default = info.get_default(call_default_factory=True)
+        if getattr(plan, name) != default:
+            held.append(name)
+    return [Violation("status", f"the plan's status is 'infeasible' but it holds {name!r}; an infeasible plan "
+                      "holds no solution", {"field": name}) for name in held]

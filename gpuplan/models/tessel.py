@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from gpuplan.models.base import Problem, Schema, Table, Violation
-from gpuplan.models.plan import Plan
+from gpuplan.models.plan import Plan, figure_violations, infeasible_contradictions, stated_figures_violations
 from gpuplan.registry import ModelSpec, register_model
 from gpuplan.units import Bytes, Seconds
 
@@ -388,9 +388,11 @@ def orders_of(schedule: list[list[Entry]]) -> Order:
 
 
 def check(problem: TesselProblem, plan: TesselPlan) -> list[Violation]:
-    """Return the violations of a schedule: coverage, devices, dependencies, overlap, memory, makespan."""
+    """Return the violations of a schedule: coverage, devices, dependencies, overlap, memory, and every
+    figure the plan states (makespan, bubble ratio, peak memory per device, predicted metrics,
+    objective), recomputed from the problem and the entries. An infeasible plan must hold nothing."""
     if not plan.ok:
-        return []
+        return infeasible_contradictions(plan)
     out: list[Violation] = []
     if len(plan.schedule) != problem.devices:
         return [Violation("devices", f"the schedule has {len(plan.schedule)} device lists, "
@@ -445,6 +447,33 @@ def check(problem: TesselProblem, plan: TesselPlan) -> list[Violation]:
         if abs(span - plan.makespan_s) > 1e-6 * max(1.0, span):
             out.append(Violation("makespan", f"the plan states a makespan of {plan.makespan_s:g} s, "
                                  f"its entries span {span:g} s"))
+    return out + _check_figures(problem, plan, peaks)
+
+
+def _check_figures(problem: TesselProblem, plan: TesselPlan, peaks: list[float]) -> list[Violation]:
+    """Return violations of the figures the plan states besides its makespan field: bubble ratio, peak
+    memory per device (bytes), the objective and predicted makespan (s), bubble ratio, peak memory,
+    batch latency (s), period (s) and stream throughput (micro-batches/s), and a lower bound (s) that
+    is at least the model's and at most the plan's own makespan (1% slack for CP-SAT's tick rounding)."""
+    span = makespan_s(plan.schedule)
+    out = figure_violations("bubble_ratio", plan.bubble_ratio, bubble_ratio(problem, plan.schedule))
+    out += figure_violations("peak_memory_bytes", plan.peak_memory_bytes, peaks)
+    predicted = {"makespan_s": span, "bubble_ratio": bubble_ratio(problem, plan.schedule),
+                 "peak_memory_bytes": max(peaks, default=0.0), "batch_latency_s": span}
+    if plan.repetend is not None and plan.repetend.period_s > 0:
+        predicted["period_s"] = plan.repetend.period_s
+        predicted["stream_throughput_mb_per_s"] = 1.0 / plan.repetend.period_s
+    elif {"period_s", "stream_throughput_mb_per_s"} & set(plan.predicted):
+        out.append(Violation("figure", "the plan states a period but holds no repetend (or a period <= 0)",
+                             {"field": "predicted.period_s"}))
+    out += stated_figures_violations(plan, span if plan.objective is not None or plan.solver else None, predicted)
+    bound = plan.predicted.get("lower_bound_s")
+    if bound is not None:
+        floor = lower_bound_s(problem)
+        if not bound >= floor * (1 - 1e-6) - EPS or not bound <= span * 1.01 + EPS:
+            out.append(Violation("figure", f"the plan states predicted.lower_bound_s = {bound:.6g} s; it must lie "
+                                 f"between the model's bound {floor:.6g} s and the plan's makespan {span:.6g} s",
+                                 {"field": "predicted.lower_bound_s", "stated": bound, "recomputed": floor}))
     return out
 
 

@@ -319,9 +319,11 @@ def solve_equal_share(problem: OefProblem, *, time_limit_s: float | None = None,
 
 
 register_solver("oef", "oef", _lp_solver("ef", "cooperative OEF (EF + SI)", [SI, EF], "oef"), role="paper",
-                default=True, description="max efficiency s.t. sharing incentive and envy-freeness (LP)")
+                default=True, description="max efficiency s.t. sharing incentive and envy-freeness (LP)",
+                guarantees=(SI, EF))
 register_solver("oef", "oef-si", _lp_solver("si", "cooperative OEF, SI only", [SI, PE], "oef-si"),
-                role="variant", description="max efficiency s.t. sharing incentive (accepts envy; Pareto efficient)")
+                role="variant", description="max efficiency s.t. sharing incentive (accepts envy; Pareto efficient)",
+                guarantees=(SI, PE))
 register_solver("oef", "oef-noncoop", solve_partial_allocation, role="variant",
                 description="strategy-proof: partial allocation over Nash welfare (Cole-Gkatzelis-Goel)")
 register_solver("oef", "gavel-maxmin", _lp_solver("maxmin", "Gavel max-min (heterogeneity-aware)", [],
@@ -331,6 +333,6 @@ register_solver("oef", "maxmin-agnostic", _lp_solver("agnostic", "max-min, heter
                                                      "maxmin-agnostic"), role="baseline",
                 description="max-min of weighted GPU time, blind to GPU types")
 register_solver("oef", "max-throughput", _lp_solver("none", "max total throughput", [PE], "max-throughput"),
-                role="baseline", description="max efficiency, no fairness")
+                role="baseline", description="max efficiency, no fairness", guarantees=(PE,))
 register_solver("oef", "equal-share", solve_equal_share, role="baseline",
-                description="weighted equal split of every GPU type")
+                description="weighted equal split of every GPU type", guarantees=(SI,))
