@@ -9,6 +9,9 @@ exact              CP-SAT over tree, shared rates (uplink fan-out, inter-region 
                    integer split (small instances)
 dense-broadcast    full checkpoint from the trainer to every worker, one stream each, split by throughput
 dense-multistream  the same with the most streams per link
+dense-relay        the strongest deployed dense design: one copy per region, fan-out inside it,
+                   streams to each share, overlapped under the staleness bound, water-filled split
+dense-tree         the full checkpoint down the relay tree AuroraRL's own search picks for it
 delta-naive        sparse delta from the trainer to every worker, most streams, split by throughput
                    (delta transfer without bandwidth-aware assignment)
 """
@@ -44,12 +47,13 @@ def _plan(problem: AuroraProblem, tree: dict[str, str], payload: str, split: dic
     return finish_plan(problem, plan)
 
 
-def _score(problem: AuroraProblem, tree: dict[str, str]) -> tuple[float, float]:
-    """Return (objective, latest arrival) of a tree with the water-filled split; (inf, inf) when it
-    cannot take the batch. The arrival breaks ties: among equal step times, ship the weights sooner."""
+def _score(problem: AuroraProblem, tree: dict[str, str], payload: str = "delta") -> tuple[float, float]:
+    """Return (objective, latest arrival in s) of a tree shipping `payload` ("delta" or "dense") with the
+    water-filled split; (inf, inf) when it cannot take the batch. The arrival breaks ties: among equal
+    step times, ship the weights sooner."""
     if not tree:
         return math.inf, math.inf
-    D = problem.delta_bytes()
+    D = problem.payload_bytes(payload)
     edges = tree_edges(problem, tree)
     arrival = arrival_times(problem, edges, D)
     try:
@@ -88,12 +92,12 @@ def _subtree(tree: dict[str, str], root: str) -> set[str]:
 
 
 def greedy_tree(problem: AuroraProblem, by_objective: bool = False,
-                deadline: float = math.inf) -> dict[str, str] | None:
+                deadline: float = math.inf, payload: str = "delta") -> dict[str, str] | None:
     """Return a relay tree (child -> parent) built greedily: repeatedly attach the worker (at the
     parent) that keeps the latest arrival among attached workers smallest, or with `by_objective`
     the one that keeps the step objective (water-filled split over attached workers) smallest.
     Returns None when the deadline (perf_counter seconds) passes first."""
-    D = problem.delta_bytes()
+    D = problem.payload_bytes(payload)
     tree: dict[str, str] = {}
     left = list(problem.worker_names())
     while left:
@@ -104,7 +108,7 @@ def greedy_tree(problem: AuroraProblem, by_objective: bool = False,
             for p in [TRAINER] + list(tree):
                 trial = {**tree, w: p}
                 arr = arrival_times(problem, tree_edges(problem, trial), D)
-                first = _score(problem, trial)[0] if by_objective else max(arr.values())
+                first = _score(problem, trial, payload)[0] if by_objective else max(arr.values())
                 key = (first, arr[w], left.index(w), p, w)
                 if best is None or key < best:
                     best = key
@@ -131,11 +135,11 @@ def region_relay_tree(problem: AuroraProblem) -> dict[str, str]:
 
 
 def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, stats: dict[str, Any],
-                 max_candidates: int = MAX_CANDIDATES) -> dict[str, str]:
+                 max_candidates: int = MAX_CANDIDATES, payload: str = "delta") -> dict[str, str]:
     """Improve a tree while the score improves: re-parent one worker (with its subtree), drop a leaf,
     or swap two workers' places (which also promotes a child above its parent). Stops after
     `max_candidates` evaluations in all (deterministic) or at the deadline (a safety net)."""
-    best = _score(problem, tree)
+    best = _score(problem, tree, payload)
     improved = True
 
     def spent() -> bool:
@@ -159,7 +163,7 @@ def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, 
                 if spent():
                     break
                 stats["candidates"] += 1
-                score = _score(problem, trial)
+                score = _score(problem, trial, payload)
                 if _better(score, best):
                     tree, best, improved = trial, score, True
                     stats["improvements"] += 1
@@ -168,11 +172,13 @@ def local_search(problem: AuroraProblem, tree: dict[str, str], deadline: float, 
 
 
 def solve_aurora(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
-                 progress: Progress = no_progress, search: bool = True) -> AuroraPlan:
+                 progress: Progress = no_progress, search: bool = True, payload: str = "delta",
+                 name: str = "aurora") -> AuroraPlan:
     """Return the AuroraRL plan: relay-tree starts, water-filled split, local search.
 
-    The work is bounded by a count of evaluated candidates (so the same input gives the same plan on
-    any machine); the time limit is only a safety net.
+    `payload` "dense" runs the same bandwidth-aware search for the full checkpoint (the dense-tree
+    baseline). The work is bounded by a count of evaluated candidates (so the same input gives the
+    same plan on any machine); the time limit is only a safety net.
     """
     started = time.perf_counter()
     deadline = started + (time_limit_s if time_limit_s is not None else 60.0)
@@ -183,21 +189,21 @@ def solve_aurora(problem: AuroraProblem, *, time_limit_s: float | None = None, s
     n = len(problem.worker_names())
     for by_objective, share in ((False, 0.5), (True, 0.1)):
         if n ** 3 / 6 <= share * MAX_CANDIDATES:
-            tree = greedy_tree(problem, by_objective, deadline=deadline)
+            tree = greedy_tree(problem, by_objective, deadline=deadline, payload=payload)
             if tree is not None:
                 starts.append(tree)
     stats["starts"] = len(starts)
-    stats["start_objectives"] = [_score(problem, t)[0] for t in starts]
+    stats["start_objectives"] = [_score(problem, t, payload)[0] for t in starts]
     best_tree, best = starts[0], (math.inf, math.inf)
     for i, tree in enumerate(starts):
         if search:
             progress(0.1 + 0.9 * i / len(starts), "local search")
-            tree = local_search(problem, tree, deadline, stats)
-        score = _score(problem, tree)
+            tree = local_search(problem, tree, deadline, stats, payload=payload)
+        score = _score(problem, tree, payload)
         if _better(score, best):
             best_tree, best = tree, score
-    plan = _plan(problem, best_tree, "delta")
-    plan.solver = SolverInfo(name="aurora", stats=stats)
+    plan = _plan(problem, best_tree, payload)
+    plan.solver = SolverInfo(name=name, stats=stats)
     progress(1.0, "done")
     return plan
 
@@ -216,6 +222,29 @@ def _proportional_split(problem: AuroraProblem) -> dict[str, int]:
     for n in sorted(exact, key=lambda n: (-(exact[n] - split[n]), n))[:rest]:
         split[n] += 1
     return {n: v for n, v in split.items() if v}
+
+
+def solve_dense_relay(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                      progress: Progress = no_progress) -> AuroraPlan:
+    """Return the strongest dense design a team deploys (PrimeRL-Full with its async and multi-stream
+    variants): the full checkpoint crosses once into each region, to the relay with the widest uplink,
+    which fans it out inside the region; each edge gets the streams that reach its share of the
+    bandwidth; transfer overlaps rollout under the problem's staleness bound; the batch is
+    water-filled over the arrival times (s)."""
+    plan = _plan(problem, region_relay_tree(problem), "dense")
+    plan.solver = SolverInfo(name="dense-relay")
+    return plan
+
+
+def solve_dense_tree(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                     progress: Progress = no_progress) -> AuroraPlan:
+    """Return the full checkpoint shipped down the relay tree that AuroraRL's own bandwidth-aware search
+    (same starts, local search and water-filled split) picks for the dense payload."""
+    return solve_aurora(problem, time_limit_s=time_limit_s, seed=seed, progress=progress, payload="dense",
+                        name="dense-tree")
+
+
+DENSE_BASELINES = ("dense-broadcast", "dense-multistream", "dense-relay", "dense-tree")
 
 
 def _baseline(payload: str, multistream: bool):
@@ -356,6 +385,11 @@ register_solver("aurora", "dense-broadcast", _baseline("dense", False), role="ba
                 description="full checkpoint from the trainer, one stream per worker, split by throughput")
 register_solver("aurora", "dense-multistream", _baseline("dense", True), role="baseline",
                 description="full checkpoint from the trainer, most streams per link, split by throughput")
+register_solver("aurora", "dense-relay", solve_dense_relay, role="baseline",
+                description="full checkpoint once per region, relay fan-out inside it, streams to each share, "
+                            "overlapped under the staleness bound, water-filled split (PrimeRL-Full at its best)")
+register_solver("aurora", "dense-tree", solve_dense_tree, role="baseline",
+                description="full checkpoint down the relay tree chosen by AuroraRL's bandwidth-aware search")
 register_solver("aurora", "delta-naive", _baseline("delta", True), role="baseline",
                 description="sparse delta from the trainer to all, split by throughput (no bandwidth awareness)")
 
