@@ -1,0 +1,236 @@
+"""Collective time of NCCL's default choice over a group of a gpuplan Cluster: the one entry point
+other models (Poseidon's data- and tensor-parallel all-reduces, Lagom's groups) call.
+
+Contract:
+
+    collective_time_s(cluster, op, size_bytes, device_ids, dtype_bytes=2) -> float seconds
+    bus_bandwidth_GBps(cluster, op, size_bytes, device_ids, dtype_bytes=2) -> float GB/s
+
+- `op`: all_reduce, all_gather, reduce_scatter, broadcast, reduce (NCCL's tuned collectives), or
+  send_recv / all_to_all (point-to-point: latency + bytes over the slowest path).
+- `size_bytes`: the buffer as nccl-tests counts it (all_reduce: the whole vector; all_gather: the
+  gathered output; reduce_scatter: the input), in bytes; `dtype_bytes` the element width, used to
+  round the size to whole elements (NCCL's model depends on bytes only).
+- `device_ids`: global ids of `cluster.devices`; one device (or none) costs 0 s.
+- GPUs of a known architecture get NCCL 2.30.7's own model (gpuplan.models.nccl_tuning): the
+  graphs NCCL's search would build for the group (ranks, nodes spanned, ranks per node, NVLink or
+  PCIe, NVSwitch, NICs per node and their bandwidth: a ring across nodes runs on every rail) and the
+  (algorithm, protocol) NCCL picks at that size, with its latency and bandwidth.
+- Devices of an "unknown" architecture (measured or declared types, CPUs) fall back to an
+  alpha-beta ring over the cluster's own links (slowest link crossed, its latency per step).
+- `calibration`: a Profile's fitted collectives (`calibration_from_profile`), keyed by (op, group
+  size, intra/inter node); when one matches it replaces the model (alpha + size / bandwidth).
+- Results are cached per group shape (topology), so thousands of calls cost microseconds each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from gpuplan.models import nccl_tuning as nt
+from gpuplan.models.profile import bus_factor
+
+TUNED_OPS = nt.COLLECTIVES
+P2P_OPS = ("send_recv", "all_to_all")
+OPS = TUNED_OPS + P2P_OPS
+# Meaning of "NVSwitch": GPUs with 12 NVLinks or more (A100/H100/H200 SXM) sit on an HGX board
+# whose NVLinks all go to NVSwitches; fewer (P100/V100 SXM2, DGX-1) form a direct hybrid cube-mesh.
+NVSWITCH_MIN_NVLINKS = 12
+_CACHE_LIMIT = 8192
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A measured alpha-beta fit of one collective: seconds = alpha_s + bytes / (GBps * 1e9)."""
+
+    alpha_s: float
+    bandwidth_GBps: float
+
+    def time_s(self, size_bytes: float) -> float:
+        """Return the fitted time in seconds for `size_bytes`."""
+        return self.alpha_s + size_bytes / (self.bandwidth_GBps * 1e9)
+
+
+Calibration = dict[tuple[str, int, str], Fit]
+
+
+def calibration_from_profile(profile: Any) -> Calibration:
+    """Return the profile's fitted collectives as {(op, group_size, 'intra_node' | 'inter_node'): Fit}.
+
+    `profile` is a gpuplan Profile (its `collectives`, each with an alpha-beta `fit`); collectives
+    without a fit are skipped.
+    """
+    out: Calibration = {}
+    for c in getattr(profile, "collectives", []) or []:
+        if c.fit is None:
+            continue
+        out[(c.op, int(c.group_size), c.scope)] = Fit(float(c.fit.alpha_s), float(c.fit.bandwidth_GBps))
+    return out
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A group as the collective model sees it: NCCL's topology, or (for unknown devices) the slowest
+    link's (GB/s, latency s) with the rank and node counts."""
+
+    ranks: int
+    nodes: int
+    topology: nt.Topology | None
+    link_GBps: float
+    link_latency_s: float
+
+
+_shapes: dict[tuple[int, tuple[int, ...]], tuple[Any, Shape]] = {}
+
+
+def _nvswitch(nvlinks: int) -> bool:
+    return nvlinks >= NVSWITCH_MIN_NVLINKS
+
+
+def group_shape(cluster: Any, device_ids: Iterable[int]) -> Shape:
+    """Return the Shape of the group `device_ids` of `cluster` (cached per cluster object and ids).
+
+    Raises ValueError naming the id when a device id is not in the cluster or repeats.
+    """
+    ids = tuple(sorted(int(i) for i in device_ids))
+    key = (id(cluster), ids)
+    hit = _shapes.get(key)
+    if hit is not None and hit[0] is cluster:
+        return hit[1]
+    shape = _build_shape(cluster, ids)
+    if len(_shapes) >= _CACHE_LIMIT:
+        _shapes.clear()
+    _shapes[key] = (cluster, shape)
+    return shape
+
+
+def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
+    devices = cluster.devices
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"device_ids: distinct device ids, but {dup} repeat")
+    for i in ids:
+        if not 0 <= i < len(devices):
+            raise ValueError(f"device_ids: ids of the cluster's devices (0..{len(devices) - 1}), not {i}")
+    per_node: dict[str, int] = {}
+    types: set[str] = set()
+    for i in ids:
+        d = devices[i]
+        per_node[d.node] = per_node.get(d.node, 0) + 1
+        types.add(d.type)
+    n, N = len(ids), len(per_node)
+    names = sorted(per_node)
+    # the slowest link the group crosses (the fallback's ring, and the NIC bandwidth across nodes)
+    if N > 1:
+        pairs = [(a, b) for ai, a in enumerate(names) for b in names[ai + 1:]]
+        slow = min((cluster.link(a, b) for a, b in pairs), key=lambda l: l.bandwidth_GBps)
+    else:
+        slow = cluster.intra_link(names[0]) if names else None
+    if n <= 1 or slow is None:
+        return Shape(n, N, None, math.inf, 0.0)
+    if N > 1 and any(per_node[x] > 1 for x in names):
+        intra_slow = min((cluster.intra_link(x) for x in names if per_node[x] > 1), key=lambda l: l.bandwidth_GBps)
+        if intra_slow.bandwidth_GBps < slow.bandwidth_GBps:
+            slow = type(slow)(bandwidth_GBps=intra_slow.bandwidth_GBps,
+                              latency_s=max(slow.latency_s, intra_slow.latency_s))
+    dts = [cluster.type_of(t) for t in types]
+    archs = {getattr(dt, "arch", "unknown") for dt in dts}
+    topo = None
+    if "unknown" not in archs and all(a in nt.COMPUTE_CAPABILITY for a in archs) and not any(
+            getattr(dt, "measured", False) for dt in dts):
+        ccs = [nt.COMPUTE_CAPABILITY[a] for a in archs]
+        nvlinks = min(int(getattr(dt, "nvlinks", 0)) for dt in dts)
+        # a node that declares its own intra link is taken as NCCL's PCIe class unless NVLink-fast
+        pcie = min(_pcie_GBps(dt) for dt in dts)
+        nics = min(_usable_nics(cluster, x, per_node[x]) for x in names) if N > 1 else 1
+        nic_GBps = (cluster.inter_node.bandwidth_GBps if N > 1 else 12.5)
+        if N > 1:
+            nic_GBps = min(cluster.link(a, b).bandwidth_GBps for ai, a in enumerate(names) for b in names[ai + 1:])
+        topo = nt.Topology(ranks=n, nodes=N, ppn_min=min(per_node.values()), cc=min(ccs), cc_max=max(ccs),
+                           nvlinks=nvlinks, nvswitch=_nvswitch(nvlinks), pcie_GBps=pcie, nics=nics,
+                           nic_GBps=float(nic_GBps))
+    return Shape(n, N, topo, float(slow.bandwidth_GBps), float(slow.latency_s))
+
+
+def _pcie_GBps(dt: Any) -> float:
+    """NCCL's PCIe bandwidth (GB/s) of one GPU of type `dt`: 0.75 x the PCIe line rate the catalog
+    lists for a PCIe-only GPU (topo.cc kvDictPciGen), by architecture for NVLink GPUs."""
+    if getattr(dt, "nvlinks", 0):
+        return nt.PCIE_GBPS_BY_ARCH.get(getattr(dt, "arch", ""), 12.0)
+    return nt.PCIE_NCCL_PER_LINE * float(dt.intra_node_GBps)
+
+
+def _usable_nics(cluster: Any, node: str, ranks_here: int) -> int:
+    """NICs of `node` a group with `ranks_here` GPUs there can drive: each GPU reaches the NICs on its
+    own PCIe switch (node NICs / node GPUs of them, at least one), as NCCL's search prefers."""
+    fn = getattr(cluster, "nics", None)
+    nics = int(fn(node)) if fn else 1
+    gpus = max(1, sum(cluster.node(node).gpus.values()))
+    return max(1, min(nics, ranks_here * max(1, -(-nics // gpus))))
+
+
+def _elements(size_bytes: float, dtype_bytes: int) -> float:
+    if size_bytes < 0 or not math.isfinite(size_bytes):
+        raise ValueError(f"size_bytes: a finite size >= 0, not {size_bytes!r}")
+    if dtype_bytes <= 0:
+        raise ValueError(f"dtype_bytes: a positive element width, not {dtype_bytes!r}")
+    return math.ceil(size_bytes / dtype_bytes) * dtype_bytes
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ValueError(f"op: one of {', '.join(OPS)}, not {op!r}")
+
+
+def fallback_time_s(op: str, size_bytes: float, ranks: int, bandwidth_GBps: float, latency_s: float) -> float:
+    """Return the alpha-beta ring time (s) of `op` over `ranks` ranks on a link of `bandwidth_GBps`
+    (per direction) and `latency_s` per step: bus factor x bytes / bandwidth + steps x latency."""
+    if ranks <= 1:
+        return 0.0
+    steps = {"all_reduce": 2 * (ranks - 1), "all_gather": ranks - 1, "reduce_scatter": ranks - 1,
+             "all_to_all": ranks - 1, "send_recv": 1}.get(op, ranks - 1)
+    factor = 1.0 if op == "send_recv" else bus_factor(op, ranks)
+    return factor * size_bytes / (bandwidth_GBps * 1e9) + steps * latency_s
+
+
+def nccl_choice(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int],
+                dtype_bytes: int = 2) -> nt.Choice | None:
+    """Return NCCL's default (algorithm, protocol, time us, channels, threads) for `op` over the group,
+    or None when the group falls back to alpha-beta (unknown devices, point-to-point ops, one rank)."""
+    _check_op(op)
+    shape = group_shape(cluster, device_ids)
+    if shape.topology is None or op not in TUNED_OPS or shape.ranks <= 1:
+        return None
+    return nt.choose(shape.topology, op, float(_elements(size_bytes, dtype_bytes)))
+
+
+def collective_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
+                      calibration: Calibration | None = None) -> float:
+    """Return the seconds of `op` on `size_bytes` over `device_ids` of `cluster` with NCCL's default
+    choice (see the module docstring for the contract); 0 for one device."""
+    _check_op(op)
+    shape = group_shape(cluster, device_ids)
+    if shape.ranks <= 1:
+        return 0.0
+    size = _elements(size_bytes, dtype_bytes)
+    if calibration:
+        fit = calibration.get((op, shape.ranks, "inter_node" if shape.nodes > 1 else "intra_node"))
+        if fit is not None:
+            return fit.time_s(size)
+    if shape.topology is None or op not in TUNED_OPS:
+        return fallback_time_s(op, size, shape.ranks, shape.link_GBps, shape.link_latency_s)
+    return nt.choose(shape.topology, op, float(size)).time_us * 1e-6
+
+
+def bus_bandwidth_GBps(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
+                       calibration: Calibration | None = None) -> float:
+    """Return nccl-tests' bus bandwidth (GB/s) of `op` over the group: bus factor x size / time
+    (all_reduce 2(n-1)/n, all_gather / reduce_scatter (n-1)/n, others 1); 0 for one device."""
+    ids = tuple(device_ids)
+    t = collective_time_s(cluster, op, size_bytes, ids, dtype_bytes, calibration)
+    n = len(ids)
+    if n <= 1 or t <= 0:
+        return 0.0
+    return bus_factor(op, n) * _elements(size_bytes, dtype_bytes) / t / 1e9

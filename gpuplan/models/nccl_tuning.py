@@ -1,0 +1,520 @@
+"""NCCL's own tuning model, restated from NCCL 2.30.7 (NVIDIA/nccl, master 5067397c).
+
+Three steps, all as NCCL does them when a communicator is created and an op is enqueued:
+
+1. `graphs(topo)`: what NCCL's topology search (`src/graph/search.cc` ncclTopoCompute,
+   ncclTopoDupChannels; `src/init.cc` sets the tree to the ring's channel count) finds for a
+   group: channels and per-channel bandwidth (GB/s) of the ring, tree and NVLS graphs. The search
+   is replayed on a closed-form view of the hardware: each channel of a ring or tree takes its
+   speed from every GPU's NVLink (or PCIe) budget and, across nodes, from one NIC; each NVLS
+   channel takes it (ppn + 1) times from every GPU's NVLink budget (search.cc
+   ncclTopoSearchTryNvls: the head pulls twice). Speeds come from NCCL's speed arrays.
+2. `tuning(topo)`: `src/graph/tuning.cc` ncclTopoTuneModel: per (collective, algorithm, protocol)
+   the latency (us) and algorithm bandwidth (GB/s), with NCCL's per-architecture tables (base and
+   hardware latencies, llMaxBws, per-channel caps for ring LL128 / tree / tree LL128 / NVLS tree,
+   NVLS efficiency), the protocol refinements and the enable rules (LL128, NVLS, NVLS tree, PAT).
+3. `algo_time_us` / `choose`: tuning.cc ncclTopoGetAlgoTime (tree correction factors, the
+   multi-node ring Simple plateau) and enqueue.cc topoGetAlgoInfo (smallest time wins, then the
+   channel and thread reduction for small messages).
+
+Units: bandwidths GB/s (NCCL's own unit, 1e9 B/s), latencies and times microseconds, sizes bytes.
+Nothing here is fitted: every constant is NCCL's, cited by file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+NCCL_VERSION = "2.30.7"
+ALGOS = ("tree", "ring", "nvls", "nvls_tree", "pat")
+PROTOS = ("LL", "LL128", "Simple")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+MAX_CHANNELS = 64            # device.h MAXCHANNELS
+RING_MAX_CHANNELS = MAX_CHANNELS // 2   # init.cc ringGraph->maxChannels
+NVLS_MAX_ARITY = 32          # device.h NCCL_MAX_NVLS_ARITY
+
+# CUDA compute capability per architecture name (the catalog's `arch`); ada is sm89, an sm80-class
+# part for NCCL's tables (tuning.cc compCapIndex: >= 90 Hopper, >= 80 Ampere, else Volta).
+COMPUTE_CAPABILITY = {"kepler": 37, "maxwell": 52, "pascal": 60, "volta": 70, "turing": 75, "ampere": 80,
+                      "ada": 89, "hopper": 90, "blackwell": 100}
+
+# ---- tuning.cc: ncclTunerConstantsDefaults --------------------------------------------------------
+# baseLatencies (us) per algorithm, (LL, LL128, Simple). CollNet is not modelled (needs SHARP).
+BASE_LAT_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
+               "nvls_tree": (0.0, 0.0, 0.0), "pat": (8.0, 8.0, 8.0)}
+# hwLatencies (us) per hardware (NVLINK, PCI, NET) and algorithm, (LL, LL128, Simple).
+HW_LAT_US = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0),
+               "nvls_tree": (0.0, 0.0, 25.0), "pat": (0.0, 0.0, 4.0)},
+    "pcie": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0.0, 0.0, 0.0),
+             "nvls_tree": (0.0, 0.0, 0.0), "pat": (0.0, 0.0, 4.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0),
+            "nvls_tree": (0.0, 0.0, 20.9), "pat": (0.0, 0.0, 14.0)},
+}
+# Rows: compCapIndex 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell; columns: nodes 1, 2, >= 4 (index2).
+# llMaxBws rows are GPU architectures on one node and CPU vendors across nodes (0 Intel, 1 AMD).
+LL_MAX_BWS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+PER_CH_MAX_RING_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (40.0, 40.0, 40.0))
+PER_CH_MAX_TREE_LL128_BWS = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE_BWS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+PER_CH_MAX_NVLS_TREE_BWS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 80.0))
+NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)     # tuning.cc nvlsEfficiency, per compCapIndex
+# tuning.cc treeCorrectionFactor[proto][log2(bytes/64)], applied to Tree all_reduce for 64 B..256 MiB.
+TREE_CORRECTION = {
+    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+# comm.h NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD; ring LL is multiplied by nRanks (tuning.cc).
+THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+# tuning.cc getNetOverhead: per-step network post overhead (us), x3 for Simple.
+NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0}
+
+# ---- topo.h: link bandwidths NCCL assigns (GB/s) --------------------------------------------------
+# ncclTopoNVLinkBw: per NVLink link, by compute capability (SM60 18, SM70/SM80 20, SM86 12, SM90 20.6,
+# SM100 40.1): NCCL's achievable figure, not the 25 GB/s (50 on SM100) line rate.
+def nvlink_GBps(cc: int) -> float:
+    """Return NCCL's bandwidth (GB/s) of one NVLink link on a GPU of compute capability `cc`."""
+    if cc >= 100:
+        return 40.1
+    if cc >= 90:
+        return 20.6
+    if cc == 86:
+        return 12.0
+    if cc >= 70:
+        return 20.0
+    return 18.0
+
+
+# topo.cc kvDictPciGen: x100 Mb/s per lane (Gen3 60, Gen4 120, Gen5 240); x16 -> 12 / 24 / 48 GB/s,
+# i.e. 0.75 of the 16 / 32 / 64 GB/s line rate. NVLink GPUs' host link by architecture:
+PCIE_GBPS_BY_ARCH = {"kepler": 12.0, "maxwell": 12.0, "pascal": 12.0, "volta": 12.0, "turing": 12.0,
+                     "ampere": 24.0, "ada": 24.0, "hopper": 48.0, "blackwell": 48.0}
+PCIE_NCCL_PER_LINE = 0.75
+
+# ---- search.cc: speed arrays (GB/s per channel) tried by the search -------------------------------
+SPEEDS_INTRA = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+SPEEDS_INTER = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2,
+                0.24, 0.12)
+SM90_SPEEDS_INTRA = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
+SM90_SPEEDS_INTER = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2,
+                     0.24, 0.12)
+SM100_SPEEDS_INTRA = (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)
+SM100_SPEEDS_INTER = (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
+                      3.0, 2.4, 1.2, 0.24, 0.12)
+_EPS = 1e-6
+
+
+def compcap_index(cc: int) -> int:
+    """Return NCCL's architecture row (0 Volta and older, 1 Ampere, 2 Hopper, 3 Blackwell)."""
+    return 3 if cc >= 100 else 2 if cc >= 90 else 1 if cc >= 80 else 0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A communicator as NCCL's search sees it (hashable: the cache key of everything below).
+
+    ranks over `nodes` nodes, at least `ppn_min` of them per node; `cc` the lowest compute capability
+    (and `cc_max` the highest); per GPU `nvlinks` NVLink links (0: peers over PCIe) through an NVSwitch
+    (`nvswitch`) or a direct mesh; `pcie_GBps` NCCL's bandwidth of one GPU's PCIe link; per node
+    `nics` NICs of `nic_GBps` each; the CPU vendor (NCCL's net overhead and LL cap across nodes).
+    """
+
+    ranks: int
+    nodes: int
+    ppn_min: int
+    cc: int
+    nvlinks: int
+    nvswitch: bool
+    pcie_GBps: float
+    nics: int = 1
+    nic_GBps: float = 12.5
+    cpu_vendor: str = "intel"
+    cc_max: int = 0
+    nvls_enable: bool = True
+
+    @property
+    def ppn(self) -> float:
+        """Return ranks per node as NCCL's tuning uses it (nRanks / nNodes, a float)."""
+        return self.ranks / self.nodes
+
+    @property
+    def intra(self) -> str:
+        """Return NCCL's intra-node hardware class: 'nvlink' or 'pcie'."""
+        return "nvlink" if self.nvlinks > 0 and self.ppn_min > 1 else "pcie"
+
+    def gpu_total_GBps(self) -> float:
+        """Return search.cc getTotalBw: the larger of a GPU's NVLink total and its PCIe bandwidth."""
+        nvl = self.nvlinks * nvlink_GBps(self.cc)
+        return max(nvl, self.pcie_GBps)
+
+    def intra_max_GBps(self) -> float:
+        """Return the best GPU-to-GPU path bandwidth in a node (search.cc getMaxBw without a network)."""
+        if self.nvlinks and self.ppn_min > 1:
+            if self.nvswitch:
+                return self.nvlinks * nvlink_GBps(self.cc)
+            # a direct mesh (DGX-1 hybrid cube mesh): at most two links to one peer
+            return min(self.nvlinks, 2) * nvlink_GBps(self.cc)
+        return self.pcie_GBps
+
+    def nic_path_GBps(self) -> float:
+        """Return the bandwidth of a GPU-to-NIC path: the NIC, or the GPU's PCIe link if slower."""
+        return min(self.nic_GBps, self.pcie_GBps)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """One searched graph: channels, per-channel intra- and inter-node bandwidth (GB/s)."""
+
+    channels: int
+    bw_intra_GBps: float
+    bw_inter_GBps: float
+    tree_pattern: bool = False   # NCCL_TOPO_PATTERN_TREE (one GPU per node): tree busBw x 0.85
+
+
+@dataclass(frozen=True)
+class Graphs:
+    """The ring, tree and NVLS graphs of a communicator, and comm->nChannels after connect.cc."""
+
+    ring: Graph
+    tree: Graph
+    nvls: Graph | None
+    comm_channels: int
+
+
+def _speeds(cc: int, inter: bool) -> tuple[float, ...]:
+    if cc >= 100:
+        return SM100_SPEEDS_INTER if inter else SM100_SPEEDS_INTRA
+    if cc >= 90:
+        return SM90_SPEEDS_INTER if inter else SM90_SPEEDS_INTRA
+    return SPEEDS_INTER if inter else SPEEDS_INTRA
+
+
+def _ring_channels(t: Topology, s: float) -> int:
+    """Channels a ring search fits at speed `s`: each takes s from every GPU's link budget (in and
+    out) and, across nodes, s from one NIC in each direction."""
+    inter = t.nodes > 1
+    cap = RING_MAX_CHANNELS
+    if t.ppn_min > 1 or not inter:
+        cap = min(cap, int(t.gpu_total_GBps() / s + _EPS) if t.intra == "nvlink" else int(t.pcie_GBps / s + _EPS))
+    if inter:
+        cap = min(cap, t.nics * int(t.nic_path_GBps() / s + _EPS))
+        if t.ppn_min == 1:   # every channel enters and leaves the only GPU through its PCIe link
+            cap = min(cap, int(t.pcie_GBps / s + _EPS))
+    return max(cap, 0)
+
+
+def ring_graph(t: Topology) -> Graph:
+    """Return the ring graph NCCL's search finds (search.cc ncclTopoCompute, two passes, then
+    ncclTopoDupChannels between them)."""
+    inter = t.nodes > 1
+    speeds = _speeds(t.cc, inter)
+    max_bw = t.nic_path_GBps() if inter else t.intra_max_GBps()
+    total = t.gpu_total_GBps()
+    i = 0
+    while (speeds[i] > max_bw + _EPS or speeds[i] > total + _EPS) and i < len(speeds) - 1:
+        i += 1
+    best_c, best_s = 0, 0.0
+    # pass 1: the first speed that fits, then lower speeds while they stay above 0.49x the best
+    for s in speeds[i:]:
+        if best_c and s / best_s <= 0.49:
+            break
+        c = _ring_channels(t, s)
+        if c >= 1 and c * s > best_c * best_s + _EPS:
+            best_c, best_s = c, s
+        if best_c and (best_c == RING_MAX_CHANNELS or best_c * best_s >= total - _EPS):
+            break
+    if not best_c:
+        return Graph(1, 0.1, 0.1)   # search.cc: "falling back to simple order", bwIntra 0.1
+    # ncclTopoDupChannels
+    if best_s >= 25.0 and not (t.cc > 80 and best_s < 50.0 and best_c > 4):
+        dup = min(2 * best_c, RING_MAX_CHANNELS)
+        best_s /= -(-dup // best_c)
+        best_c = dup
+    # pass 2: raise the speed while at least as many channels still fit
+    for s in sorted(x for x in speeds if x > best_s + _EPS):
+        c = _ring_channels(t, s)
+        if c >= best_c and c * s > best_c * best_s + _EPS:
+            best_c, best_s = c, s
+    return Graph(best_c, best_s, best_s)
+
+
+def tree_graph(t: Topology, ring: Graph) -> Graph:
+    """Return the tree graph: as many channels as the ring (init.cc), at the highest speed that fits
+    the GPUs' budget (raised by n/(n-1): a tree need not close the loop) and, across nodes, the NICs
+    (a balanced tree splits a channel's network traffic over two GPUs' NICs); with two nodes or fewer
+    pass 2 raises the intra-node speed up to about twice the inter-node one."""
+    inter = t.nodes > 1
+    c = ring.channels
+    speeds = _speeds(t.cc, inter)
+    n = t.ppn_min
+    total = t.gpu_total_GBps() if t.intra == "nvlink" else t.pcie_GBps
+    total_t = total * n / (n - 1) if n > 1 else total
+    max_bw = t.nic_path_GBps() if inter else t.intra_max_GBps()
+    pattern_tree = inter and t.ppn_min == 1
+
+    def fits_intra(s: float) -> bool:
+        return t.ppn_min == 1 or c * s <= total_t + _EPS
+
+    def fits_net(s: float) -> bool:
+        return not inter or c * s <= t.nics * t.nic_path_GBps() + _EPS
+
+    start = [s for s in speeds if s <= max_bw + _EPS and fits_intra(s) and fits_net(s)]
+    if not start:
+        return Graph(c, ring.bw_intra_GBps, ring.bw_inter_GBps, pattern_tree)
+    s_inter = s_intra = start[0]
+    if inter:
+        for s in sorted(x for x in speeds if x > s_intra + _EPS):
+            if s_intra >= 2 * s_inter - _EPS or not fits_intra(s):
+                break
+            s_intra = s
+    return Graph(c, s_intra, s_inter, pattern_tree)
+
+
+def nvls_graph(t: Topology) -> Graph | None:
+    """Return the NVLS graph (Hopper and later, NVSwitch, two GPUs or more per node; else None): one
+    channel per GPU of the node (one per NIC across nodes), each taking its speed (ppn + 1) times from
+    every GPU's NVLink budget; pass 2 raises bwInter while it stays below twice bwIntra (across
+    nodes as far as the NIC allows; on one node nothing bounds it but the speed array) (search.cc)."""
+    if not (t.nvls_enable and t.cc >= 90 and t.nvswitch and t.nvlinks and t.ppn_min > 1):
+        return None
+    inter = t.nodes > 1
+    c = min(NVLS_MAX_ARITY, t.ppn_min, t.nics if inter else NVLS_MAX_ARITY)
+    if c < 2:
+        return None
+    speeds = _speeds(t.cc, inter)
+    total = t.gpu_total_GBps()
+    max_bw = t.nic_path_GBps() if inter else t.intra_max_GBps()
+    fit = [s for s in speeds if s <= max_bw + _EPS and (c + 1) * s <= total + _EPS]
+    if not fit:
+        return None
+    s_intra = s_inter = fit[0]
+    for s in sorted(x for x in speeds if x > s_inter + _EPS):
+        if (inter and s > t.nic_path_GBps() + _EPS) or s_inter >= 2 * s_intra - _EPS:
+            break
+        s_inter = s
+    return Graph(c, s_intra, s_inter)
+
+
+@lru_cache(maxsize=4096)
+def graphs(t: Topology) -> Graphs:
+    """Return the ring, tree and NVLS graphs of `t` and comm->nChannels (cached per topology).
+
+    comm->nChannels = 2 x min(ring, tree) channels (connect.cc ncclTopoPostset duplicates them), doubled
+    again on Hopper across nodes when the ring's speed is above 45 GB/s and channels are below 16.
+    """
+    ring = ring_graph(t)
+    tree = tree_graph(t, ring)
+    nvls = nvls_graph(t)
+    comm = min(MAX_CHANNELS, 2 * min(ring.channels, tree.channels))
+    if t.cc >= 90 and t.nodes > 1 and ring.bw_intra_GBps > 45.0 and comm < 16:
+        comm = min(MAX_CHANNELS, 2 * comm)
+    return Graphs(ring, tree, nvls, comm)
+
+
+def _nsteps(coll: str, n: int) -> int:
+    if coll == "all_reduce":
+        return 2 * (n - 1)
+    if coll in ("all_gather", "reduce_scatter"):
+        return n - 1
+    return n
+
+
+def _log2i(x: int) -> int:
+    return max(0, int(x).bit_length() - 1)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One (collective, algorithm, protocol) of NCCL's tables: latency (us) and algorithm
+    bandwidth (GB/s; 0 when NCCL does not use it)."""
+
+    latency_us: float
+    algbw_GBps: float
+
+
+def _graph_of(g: Graphs, algo: str) -> Graph | None:
+    return {"ring": g.ring, "tree": g.tree, "pat": g.tree, "nvls": g.nvls, "nvls_tree": g.nvls}[algo]
+
+
+def ll128_enabled(t: Topology) -> bool:
+    """Return whether NCCL enables LL128 by default (tuning.cc): NVLink inside the node (or one GPU
+    per node), NIC next to the GPU, SM70 or newer, same compute capability (or all SM90+)."""
+    same = t.cc == (t.cc_max or t.cc) or t.cc >= 90
+    intra_ok = t.intra == "nvlink" or t.ppn_min == 1
+    return t.cc >= 70 and same and intra_ok
+
+
+@lru_cache(maxsize=4096)
+def tuning(t: Topology) -> dict[tuple[str, str, str], Entry]:
+    """Return NCCL's latency / bandwidth table for `t` (tuning.cc ncclTopoTuneModel), cached.
+
+    Keys (collective, algorithm, protocol) for every pair NCCL considers; disabled pairs have
+    algbw_GBps = 0.
+    """
+    g = graphs(t)
+    n, N = t.ranks, t.nodes
+    ppn = t.ppn
+    cci = compcap_index(t.cc)
+    index2 = min(N, 3) - 1
+    index1 = cci if N == 1 else (1 if t.cpu_vendor == "amd" else 0)
+    ll_max = LL_MAX_BWS[index1][index2]
+    per_tree = PER_CH_MAX_TREE_BWS[cci][index2]
+    per_ring_ll128 = PER_CH_MAX_RING_LL128_BWS[cci][index2]
+    per_tree_ll128 = PER_CH_MAX_TREE_LL128_BWS[cci][index2]
+    per_nvls_tree = PER_CH_MAX_NVLS_TREE_BWS[cci][index2]
+    ll128 = ll128_enabled(t)
+    intra_hw = t.intra
+    out: dict[tuple[str, str, str], Entry] = {}
+    for coll in COLLECTIVES:
+        nsteps = _nsteps(coll, n)
+        for a in ALGOS:
+            if coll in ("broadcast", "reduce") and a != "ring":
+                continue
+            if coll in ("all_gather", "reduce_scatter") and a not in ("pat", "ring", "nvls"):
+                continue
+            if coll == "all_reduce" and a == "pat":
+                continue
+            graph = _graph_of(g, a)
+            for pi, p in enumerate(PROTOS):
+                if a in ("nvls", "nvls_tree") and p != "Simple":
+                    continue
+                if a == "pat" and (p != "Simple" or not (t.ppn_min == 1 and N == n and t.cc >= 60)):
+                    continue
+                if graph is None or graph.channels < (2 if a in ("nvls", "nvls_tree") else 1):
+                    out[(coll, a, p)] = Entry(0.0, 0.0)
+                    continue
+                nc = graph.channels
+                bw = graph.bw_intra_GBps if N <= 2 else graph.bw_inter_GBps
+                if a in ("nvls", "nvls_tree"):
+                    intra_bw = graph.bw_intra_GBps * NVLS_EFFICIENCY[cci] * (nc - 1) / nc
+                    intra_bw *= 2.0 if coll == "all_reduce" else (ppn - 1) / ppn
+                    inter_bw = graph.bw_inter_GBps * (2 if (N <= 2 and a == "nvls_tree") else 1)
+                    bw = min(intra_bw, inter_bw, per_nvls_tree if a == "nvls_tree" else math.inf)
+                bus = nc * bw
+                if a == "ring" and p == "LL":
+                    bus = min(ll_max, bus * 0.5)
+                if a == "ring" and p == "LL128":
+                    bus = min(bus * 0.92, nc * per_ring_ll128)
+                if a == "tree" and coll == "all_reduce":
+                    bus = min(bus * 0.92, nc * per_tree)
+                if a == "tree" and p == "LL":
+                    bus = min(bus / 3.8, ll_max)
+                if a == "tree" and p == "LL128":
+                    bus = min(bus * (7.0 / 9.0 if N == 1 else 120.0 / 128.0), nc * per_tree_ll128)
+                if a == "tree" and graph.tree_pattern:
+                    bus *= 0.85
+                if a == "pat":
+                    bus *= 0.75
+                if a == "nvls" and coll in ("all_gather", "reduce_scatter") and N > 1:
+                    bus = 0.0     # needs CollNet
+                if not (a != "ring" and coll in ("all_gather", "reduce_scatter")):
+                    bus *= (n / nsteps) if a in ("ring", "nvls", "nvls_tree") else 0.5
+                # enable rules: LL128 only where safe, NVLS only on one node (multi-node needs CollNet),
+                # NVLS tree only across nodes
+                if (p == "LL128" and not ll128) or (a == "nvls" and N > 1) or (a == "nvls_tree" and N == 1):
+                    bus = 0.0
+                lat = _latency_us(t, g, coll, a, pi, nsteps, intra_hw)
+                out[(coll, a, p)] = Entry(lat, bus)
+    return out
+
+
+def _latency_us(t: Topology, g: Graphs, coll: str, a: str, pi: int, nsteps: int, intra_hw: str) -> float:
+    """tuning.cc latency of (coll, algo, proto index) on `t` (us); graphs' latencyInter is 0 for IB."""
+    n, N = t.ranks, t.nodes
+    base = BASE_LAT_US[a][pi]
+    intra_lat = HW_LAT_US[intra_hw][a][pi]
+    inter_lat = HW_LAT_US["net"]["tree" if t.ppn == 1 else a][pi]
+    if a == "ring":
+        hw = "net" if N > 1 else intra_hw
+        if coll in ("broadcast", "reduce"):
+            return base + HW_LAT_US[hw]["ring"][pi]      # sameChannels
+        overhead = 0.0
+        if N > 1:
+            overhead = NET_OVERHEAD_US.get(t.cpu_vendor, 1.0) * (3 if PROTOS[pi] == "Simple" else 1)
+        intra_lat = max(intra_lat, overhead)
+        n_inter = 0 if N == 1 else (2 * (N - 1) if coll == "all_reduce" else N - 1)
+        return base + (nsteps - n_inter) * intra_lat + n_inter * inter_lat
+    if a == "tree":
+        return base + 2 * ((n // N - 1) * intra_lat + _log2i(N) * inter_lat) if coll == "all_reduce" else base
+    if a == "nvls":
+        return intra_lat + (inter_lat if N > 1 else 0.0)
+    if a == "nvls_tree":
+        return base + intra_lat + 2 * _log2i(N) * inter_lat
+    # pat
+    return base + _log2i(N) * (inter_lat / 3.5) + n * 2.8
+
+
+def algo_time_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float) -> float:
+    """Return NCCL's estimated time (us) of one op, or -1 when NCCL would not use (algo, proto)
+    (tuning.cc ncclTopoGetAlgoTime: tree correction, ring Simple plateau across nodes)."""
+    e = tuning(t).get((coll, algo, proto))
+    if e is None or e.algbw_GBps <= 0:
+        return -1.0
+    bw, lat = e.algbw_GBps, e.latency_us
+    log_size = _log2i(int(size_bytes) >> 6) if int(size_bytes) >> 6 else -1
+    if algo == "tree" and coll == "all_reduce" and 0 <= log_size < 23:
+        bw *= TREE_CORRECTION[proto][log_size]
+    if (algo == "ring" and proto == "Simple" and t.nodes > 1 and coll == "all_reduce"
+            and size_bytes / (graphs(t).comm_channels * t.ranks) >= 64):
+        lat *= 1.9 if t.cc < 80 else 1.4
+    return lat + size_bytes / (1000.0 * bw)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """NCCL's default for one op: algorithm, protocol, estimated time (us), channels, threads."""
+
+    algo: str
+    proto: str
+    time_us: float
+    channels: int
+    threads: int
+
+
+@lru_cache(maxsize=65536)
+def choose(t: Topology, coll: str, size_bytes: float) -> Choice:
+    """Return NCCL's default (algorithm, protocol) for `coll` of `size_bytes` on `t` and its time (us):
+    the smallest algo_time_us (enqueue.cc topoGetAlgoInfo, first minimum in NCCL's algorithm order
+    tree, ring, ..., nvls, nvls_tree, pat and protocol order LL, LL128, Simple), then the channel /
+    thread reduction for small messages."""
+    if coll not in COLLECTIVES:
+        raise ValueError(f"collective: one of {', '.join(COLLECTIVES)}, not {coll!r}")
+    best: tuple[float, str, str] | None = None
+    for a in ("tree", "ring", "nvls", "nvls_tree", "pat"):
+        for p in PROTOS:
+            tm = algo_time_us(t, coll, a, p, size_bytes)
+            if tm >= 0 and (best is None or tm < best[0]):
+                best = (tm, a, p)
+    if best is None:
+        raise ValueError(f"NCCL has no algorithm for {coll} on {t}")
+    tm, a, p = best
+    g = graphs(t)
+    if a in ("nvls", "nvls_tree"):
+        return Choice(a, p, tm, g.nvls.channels if g.nvls else 0, 640)
+    nc = g.comm_channels
+    nt = max_threads(t, a, p)
+    thr = THREAD_THRESHOLD[p] * (t.ranks if (a == "ring" and p == "LL") else 1)
+    while size_bytes < nc * nt * thr and nc >= 2:
+        nc -= 1
+    while size_bytes < nc * nt * thr and nt % 128 == 0:
+        nt //= 2
+    if p == "Simple":
+        nt += 32 if a == "ring" else 128 if a == "tree" else 0
+    nt = max(nt, 96)
+    if a in ("tree", "pat"):
+        nt = 640
+    return Choice(a, p, tm, nc, nt)
+
+
+def max_threads(t: Topology, algo: str, proto: str) -> int:
+    """Return comm->maxThreads[algo][proto] (tuning.cc): 640 for LL128 and NVLS, 512 for LL and
+    Simple, 256 for ring Simple when the ring's total bandwidth is PCIe-class (<= 12 GB/s)."""
+    if proto == "LL128" or algo in ("nvls", "nvls_tree"):
+        return 640
+    if algo == "ring" and proto == "Simple":
+        ring = graphs(t).ring
+        return 256 if ring.bw_intra_GBps * ring.channels <= 12.0 else 512
+    return 512
