@@ -22,13 +22,19 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
-from gpuplan.models.plan import Plan, Status
+from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
+from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, embedding_times, head_times,
+                                          layer_times, model_flops_per_sample)
+from gpuplan.models.poseidon_dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
+                                         peak_chunks_in_flight, stage_order, topological_ops)
 from gpuplan.models.profile import LayerCost, LayerTable, Profile, bus_factor, cluster_document
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_config
+
+__all__ = ["_flat_ops", "build_dag", "dag_longest_path_s", "iteration_time_fast", "stage_order", "topological_ops"]
 from gpuplan.registry import ModelSpec, register_model
 
 Schedule = Literal["1f1b", "gpipe"]
@@ -37,10 +43,15 @@ Schedule = Literal["1f1b", "gpipe"]
 class PoseidonProblem(Problem):
     """Train `model` on `cluster` with `global_batch` sequences of `seq_len` tokens per iteration.
 
-    Costs come from FLOPs / (device peak x `efficiency`) unless `layer_costs` (a profile's per-layer
-    table) gives measured forward/backward seconds per device type. Memory per device = weights +
-    gradients (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32
-    master weights) + in-flight activations, within `memory_fraction` of the device memory.
+    Costs come from the operation model of gpuplan.models.poseidon_cost (GEMMs by shape against the
+    type's measured ceiling, or `matmul_sweep`: per type, measured (n, fraction of peak) of square
+    matmuls; a flat `efficiency` replaces the curve when given) unless `layer_costs` (a profile's
+    per-layer table) gives measured forward/backward seconds per device type. `flash_attention`,
+    `causal_attention` (flash skips masked blocks) and `sequence_parallel` (Megatron SP) are the
+    recorded execution assumptions; `recompute` is "auto" (per stage the fastest mode that fits:
+    none, selective, full) or one mode for every stage. Memory per device = weights + gradients
+    (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
+    weights) + in-flight activations, within `memory_fraction` of the device memory.
     """
 
     kind: Literal["poseidon"] = "poseidon"
@@ -50,7 +61,12 @@ class PoseidonProblem(Problem):
     seq_len: int = Field(gt=0)
     dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
     optimizer_state_bytes_per_param: float = Field(default=12.0, ge=0)
-    efficiency: float = Field(default=0.5, gt=0, le=1)
+    efficiency: float | None = Field(default=None, gt=0, le=1)
+    matmul_sweep: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
+    recompute: Literal["auto", "none", "selective", "full"] = "auto"
+    flash_attention: bool = True
+    causal_attention: bool = True
+    sequence_parallel: bool = True
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=16, ge=1)
@@ -86,8 +102,11 @@ class StagePlan(BaseModel):
     device_type: the type of every device of the stage; gpu_ids: global device ids (cluster order),
     grouped tp-major (ids[r*tp:(r+1)*tp] is data-parallel replica r); nodes: the nodes they sit on.
     Layers [first_layer, last_layer) are transformer blocks; the first stage also holds the
-    embedding, the last the output head. forward_s / backward_s: predicted seconds for one
-    micro-batch (backward includes the recomputed forward when `recompute`); p2p_s: seconds to send
+    embedding, the last the output head (with the plan's `interleave` v > 1 the stage's blocks form v
+    chunks: chunk c holds blocks [c L/v + first_layer/v, c L/v + last_layer/v), L the model's layers).
+    recompute: "none", "selective" (the attention core) or "full" (booleans read as full / none).
+    forward_s / backward_s: predicted seconds for one micro-batch over all the stage's chunks
+    (backward includes what recomputation re-runs); p2p_s: seconds to send
     one micro-batch's activations to the next stage; allreduce_s: the data-parallel gradient
     all-reduce; optimizer_s: the optimizer step; memory_bytes: peak predicted memory per device.
     """
@@ -101,13 +120,20 @@ class StagePlan(BaseModel):
     first_layer: int = 0
     last_layer: int = 0
     micro_batch_size: int = 1
-    recompute: bool = False
+    recompute: Literal["none", "selective", "full"] = "none"
     forward_s: float = 0.0
     backward_s: float = 0.0
     p2p_s: float = 0.0
     allreduce_s: float = 0.0
     optimizer_s: float = 0.0
     memory_bytes: float = 0.0
+
+    @field_validator("recompute", mode="before")
+    @classmethod
+    def _recompute_mode(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            return "full" if v else "none"
+        return v
 
     @property
     def num_layers(self) -> int:
@@ -119,13 +145,16 @@ class PoseidonPlan(Plan):
     """A Poseidon plan: `stages` in pipeline order, `num_microbatches` per iteration, the schedule.
 
     `iteration_time_s` is the DAG longest path (seconds per training iteration); predicted holds
-    iteration_time_s, throughput_samples_per_s, tokens_per_s and bubble_fraction.
+    iteration_time_s, throughput_samples_per_s, tokens_per_s, bubble_fraction, model_tflops_per_gpu
+    and mfu. `interleave` is the number of model chunks per stage (Megatron's interleaved 1F1B, 1 =
+    plain 1F1B / GPipe).
     """
 
     kind: str = "poseidon"
     stages: list[StagePlan] = Field(default_factory=list)
     num_microbatches: int = 1
     schedule: Schedule = "1f1b"
+    interleave: int = Field(default=1, ge=1)
     iteration_time_s: float = 0.0
 
 
@@ -140,6 +169,24 @@ def allreduce_s(size_bytes: float, ranks: int, bandwidth_GBps: float, latency_s:
     return bus_factor("all_reduce", ranks) * size_bytes / (bandwidth_GBps * 1e9) + 2.0 * (ranks - 1) * latency_s
 
 
+def ring_s(op: str, size_bytes: float, ranks: int, bandwidth_GBps: float, latency_s: float) -> float:
+    """Return the seconds of a ring collective `op` ("all_reduce", "all_gather", "reduce_scatter") of
+    `size_bytes` (the full buffer) over `ranks` ranks at `bandwidth_GBps` per rank (0 for one rank)."""
+    if ranks <= 1:
+        return 0.0
+    steps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1
+    return bus_factor(op, ranks) * size_bytes / (bandwidth_GBps * 1e9) + steps * latency_s
+
+
+def _collectives() -> Any:
+    """Return gpuplan.models.collectives when it exists (multi-rail, achieved NVLink), else None."""
+    try:
+        from gpuplan.models import collectives
+    except ImportError:
+        return None
+    return collectives if hasattr(collectives, "collective_time_s") else None
+
+
 @dataclass(frozen=True)
 class StageShape:
     """The devices of one stage before layers are mapped: type, tp x dp, device ids, nodes."""
@@ -151,10 +198,21 @@ class StageShape:
     nodes: tuple[str, ...]
 
 
+def recompute_mode(value: Any) -> str:
+    """Return the recomputation mode ("none", "selective", "full") a plan or config value names; a
+    boolean reads as full (True) / none (False). Raises ValueError on anything else."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if isinstance(value, str) and value.lower() in RECOMPUTE_MODES:
+        return value.lower()
+    raise ValueError(f"a recomputation mode ({', '.join(RECOMPUTE_MODES)}), not {value!r}")
+
+
 class CostModel:
     """Per-layer times (seconds) and sizes (bytes) of a problem, cached by (type, tp, micro-batch).
 
-    layer(type, tp, b) -> (forward_s, backward_s) of one transformer block incl. its TP all-reduces;
+    layer(type, tp, b) -> (forward_s, backward_s) of one transformer block incl. its TP collectives
+    (no recomputation); recompute_s(type, tp, b, mode) -> what recomputation adds to its backward;
     extras(type, tp, b, first, last) -> the embedding/head (forward_s, backward_s) a stage adds.
     """
 
@@ -163,11 +221,15 @@ class CostModel:
         self.cfg = problem.model
         self.wbytes = DTYPE_BYTES[problem.dtype]
         self.state_bytes_per_param = 2 * self.wbytes + problem.optimizer_state_bytes_per_param
+        self.opts = LayerOptions(flash=problem.flash_attention, causal=problem.causal_attention,
+                                 sequence_parallel=problem.sequence_parallel)
+        self._times: dict[tuple[str, int, int], LayerTimes] = {}
         self._layer: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._dev: dict[str, Any] = {}
         self._link: dict[tuple[str, str], Any] = {}
         self._dp_link: dict[StageShape, tuple[float, float]] = {}
         self._table: dict[tuple[str, str], list[LayerCost]] = {}
+        self._coll = _collectives()
         self._scale = {"layer": 1.0, "embedding": 1.0, "head": 1.0}
         if problem.layer_costs is not None:
             for c in problem.layer_costs.costs:
@@ -193,10 +255,40 @@ class CostModel:
         scale = (b / best.micro_batch) * (best.tp / tp) * (self.p.seq_len / best.seq_len) * self._scale[part]
         return best.forward_s * scale, best.backward_s * scale
 
-    def _tp_comm(self, dtype: str, tp: int, b: int, nodes_link: tuple[float, float]) -> float:
-        """Seconds of the two Megatron TP all-reduces of one layer in one direction."""
-        size = b * self.p.seq_len * self.cfg.hidden * self.wbytes
-        return 2.0 * allreduce_s(size, tp, *nodes_link)
+    def sweep(self, dtype: str) -> list[tuple[int, float]] | None:
+        """Return the problem's measured matmul sweep of type `dtype` as (n, fraction of peak), or None."""
+        if self.p.efficiency is not None:
+            return [(1, self.p.efficiency)]
+        pts = self.p.matmul_sweep.get(dtype)
+        return [(int(n), float(f)) for n, f in pts] if pts else None
+
+    def tp_collective_s(self, dtype: str, tp: int, op: str, size_bytes: float) -> float:
+        """Return the seconds of one TP collective `op` of `size_bytes` over `tp` devices of `dtype` in
+        one node (models.collectives when present, else a ring at the intra-node link rate)."""
+        if tp <= 1:
+            return 0.0
+        if self._coll is not None:
+            node = next(n for n in self.p.cluster.nodes
+                        if sum(c for t, c in n.gpus.items() if self.p.cluster.type_key(t) == dtype) >= tp)
+            ids = [d.id for d in self.p.cluster.devices if d.node == node.name and d.type == dtype][:tp]
+            return float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, ids, self.wbytes))
+        return ring_s(op, size_bytes, tp, *self.intra(dtype))
+
+    def layer_times(self, dtype: str, tp: int, b: int) -> LayerTimes:
+        """Return the LayerTimes (compute, TP collectives, attention core) of one block, cached; from the
+        measured table when it has the type (the analytic attention-core share scales with it)."""
+        key = (dtype, tp, b)
+        if key not in self._times:
+            dev = self.dev(dtype)
+            t = layer_times(self.cfg, dev, self.p.dtype, tp, b, self.p.seq_len, self.opts,
+                            lambda op, size: self.tp_collective_s(dtype, tp, op, size), self.sweep(dtype))
+            measured = self._measured(dtype, "layer", tp, b)
+            if measured is not None:
+                f, g = measured
+                share = t.attention_core_s / t.forward_s if t.forward_s > 0 else 0.0
+                t = LayerTimes(f, g, t.tp_comm_s, share * f)
+            self._times[key] = t
+        return self._times[key]
 
     def dev(self, dtype: str) -> Any:
         """Return the DeviceType called `dtype` (cached)."""
@@ -211,20 +303,45 @@ class CostModel:
         return self._link[(a, b)]
 
     def dp_link(self, shape: StageShape) -> tuple[float, float]:
-        """Return (GB/s, latency s) of the slowest link a data-parallel group of the stage crosses."""
+        """Return (GB/s per data-parallel group, latency s) of the stage's gradient ring.
+
+        Inside one node: the intra-node link. Across nodes: the slowest pair's link; on the cluster's
+        multi-rail inter-node network the tp data-parallel groups of the stage share each node's NICs,
+        and a group with k ranks on a node drives at most k of them: min(k, nics / tp) NICs each.
+        """
         if shape not in self._dp_link:
             pairs = [(a, b) for a in shape.nodes for b in shape.nodes if a != b] or [(shape.nodes[0],) * 2]
             link = min((self.link(a, b) for a, b in pairs), key=lambda l: l.bandwidth_GBps)
-            self._dp_link[shape] = (link.bandwidth_GBps, link.latency_s)
+            bw = link.bandwidth_GBps
+            if len(shape.nodes) > 1 and link is self.p.cluster.inter_node:
+                nics = min(self.p.cluster.nics(n) for n in shape.nodes)
+                local = min(sum(1 for d in shape.gpu_ids if self._node_of(d) == n) for n in shape.nodes)
+                rails = max(1.0, min(local / shape.tp, nics / shape.tp))
+                intra = min(self.link(n, n).bandwidth_GBps for n in shape.nodes)
+                bw = min(intra, bw * rails)
+            self._dp_link[shape] = (bw, link.latency_s)
         return self._dp_link[shape]
 
-    def tail_s(self, shape: StageShape, n_layers: int, first: bool, last: bool) -> float:
+    def _node_of(self, device_id: int) -> str:
+        return self.p.cluster.devices[device_id].node
+
+    def tail_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int = 2) -> float:
         """Return the seconds of a stage's gradient all-reduce (ring, over dp) plus optimizer step
         (reading and writing weights, gradients and states once at memory bandwidth)."""
-        params = self.stage_params(n_layers, first, last) / shape.tp
+        params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
         mem_bw = self.dev(shape.device_type).memory_bandwidth_GBps * 1e9
-        return (allreduce_s(params * self.wbytes, shape.dp, *self.dp_link(shape))
-                + params * self.state_bytes_per_param * 2 / mem_bw)
+        return self.dp_allreduce_s(shape, params * self.wbytes) + params * self.state_bytes_per_param * 2 / mem_bw
+
+    def dp_allreduce_s(self, shape: StageShape, size_bytes: float) -> float:
+        """Return the seconds of the stage's data-parallel gradient all-reduce of `size_bytes` per
+        device: NCCL's model over one data-parallel group (models.collectives: rings on every rail,
+        achieved NVLink bandwidth) when present, else a ring over `dp_link`."""
+        if shape.dp <= 1:
+            return 0.0
+        if self._coll is not None:
+            group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+            return float(self._coll.collective_time_s(self.p.cluster, "all_reduce", size_bytes, group, self.wbytes))
+        return allreduce_s(size_bytes, shape.dp, *self.dp_link(shape))
 
     def intra(self, dtype: str) -> tuple[float, float]:
         """Return (GB/s, latency s) of the slowest intra-node link among nodes holding `dtype`."""
@@ -234,50 +351,67 @@ class CostModel:
         return link.bandwidth_GBps, link.latency_s
 
     def layer(self, dtype: str, tp: int, b: int) -> tuple[float, float]:
-        """Return (forward_s, backward_s) of one transformer block at micro-batch `b`, TP `tp`."""
+        """Return (forward_s, backward_s) of one transformer block at micro-batch `b`, TP `tp`, including
+        its TP collectives, without recomputation."""
         key = (dtype, tp, b)
         if key not in self._layer:
-            measured = self._measured(dtype, "layer", tp, b)
-            if measured is not None:
-                f, g = measured
-            else:
-                rate = self.dev(dtype).peak(self.p.dtype) * 1e12 * self.p.efficiency
-                f = self.cfg.layer_forward_flops(b, self.p.seq_len) / tp / rate
-                g = 2.0 * f
-            comm = self._tp_comm(dtype, tp, b, self.intra(dtype))
-            self._layer[key] = (f + comm, g + comm)
+            t = self.layer_times(dtype, tp, b)
+            self._layer[key] = (t.forward_s + t.tp_comm_s, t.backward_s + t.tp_comm_s)
         return self._layer[key]
+
+    def recompute_s(self, dtype: str, tp: int, b: int, mode: str) -> float:
+        """Return the seconds recomputation `mode` adds to one block's backward (0 for "none")."""
+        return self.layer_times(dtype, tp, b).recompute_s(mode)
 
     def extras(self, dtype: str, tp: int, b: int, first: bool, last: bool) -> tuple[float, float]:
         """Return (forward_s, backward_s) the embedding (first stage) and head + loss (last) add."""
         f = g = 0.0
+        dev = self.dev(dtype)
         if first:
             m = self._measured(dtype, "embedding", tp, b)
-            if m is not None:
-                f, g = f + m[0], g + m[1]
+            if m is None:
+                m = embedding_times(self.cfg, dev, self.p.dtype, b, self.p.seq_len)
+            f, g = f + m[0], g + m[1]
         if last:
             m = self._measured(dtype, "head", tp, b)
             if m is None:
-                rate = self.dev(dtype).peak(self.p.dtype) * 1e12 * self.p.efficiency
-                hf = self.cfg.head_forward_flops(b, self.p.seq_len) / tp / rate
-                m = (hf, 2.0 * hf)
+                m = head_times(self.cfg, dev, self.p.dtype, tp, b, self.p.seq_len, self.sweep(dtype))
             f, g = f + m[0], g + m[1]
         return f, g
 
-    def stage_params(self, n_layers: int, first: bool, last: bool) -> float:
-        """Return the parameter count of a stage with `n_layers` blocks (+ embedding / head)."""
+    def stage_params(self, n_layers: int, first: bool, last: bool, num_stages: int = 2) -> float:
+        """Return the parameter count of a stage with `n_layers` blocks (+ embedding / head).
+
+        Tied embeddings are held once by a single-stage plan; with several stages the first holds the
+        embedding and the last a copy as the head (Megatron), whose gradients are summed (`tied_s`).
+        """
         p = n_layers * self.cfg.layer_params()
         if first:
             p += self.cfg.embedding_params()
         if last:
-            p += self.cfg.vocab * self.cfg.hidden + self.cfg.hidden
+            single = first and num_stages == 1
+            p += self.cfg.head_params() if single else self.cfg.vocab * self.cfg.hidden + self.cfg.hidden
         return float(p)
 
-    def activation_bytes(self, tp: int, b: int, recompute: bool) -> float:
-        """Return the activation bytes one block keeps per in-flight micro-batch (per device)."""
-        if recompute:
-            return b * self.p.seq_len * self.cfg.hidden * self.wbytes / tp
-        return self.cfg.layer_activation_bytes(b, self.p.seq_len, tp)
+    def tied_s(self, shapes: list[StageShape]) -> float:
+        """Return the seconds of the all-reduce of the tied embedding's gradient between the first and
+        the last stage (0 when untied or single-stage): vocab x hidden / tp values over 2 ranks."""
+        if not self.cfg.tied_embeddings or len(shapes) < 2:
+            return 0.0
+        a, z = shapes[0], shapes[-1]
+        link = min((self.link(x, y) for x in a.nodes for y in z.nodes), key=lambda l: l.bandwidth_GBps)
+        size = self.cfg.vocab * self.cfg.hidden / max(a.tp, z.tp) * self.wbytes
+        return allreduce_s(size, 2, link.bandwidth_GBps, link.latency_s)
+
+    def activation_bytes(self, tp: int, b: int, recompute: Any) -> float:
+        """Return the activation bytes one block keeps per in-flight micro-batch (per device) under
+        recomputation mode `recompute` (bools read as full / none)."""
+        mode = recompute_mode(recompute)
+        sp = self.p.sequence_parallel
+        if mode == "full":
+            return b * self.p.seq_len * self.cfg.hidden * self.wbytes / (tp if sp else 1)
+        flash = self.p.flash_attention or mode == "selective"
+        return self.cfg.layer_activation_bytes(b, self.p.seq_len, tp, flash=flash, sequence_parallel=sp)
 
     def boundary_bytes(self, b: int) -> float:
         """Return the bytes of the activations sent between stages for one micro-batch of `b`."""
@@ -288,8 +422,11 @@ class CostModel:
         return 2.0 * b * self.p.seq_len * self.cfg.vocab * 4 / tp
 
 
-def in_flight(schedule: str, stage: int, num_stages: int, m: int) -> int:
-    """Return the most micro-batches whose activations a stage holds at once under the schedule."""
+def in_flight(schedule: str, stage: int, num_stages: int, m: int, interleave: int = 1) -> float:
+    """Return the most micro-batches' worth of a stage's activations held at once under the schedule
+    (with interleave v, chunk-activations / v: each chunk holds 1/v of the stage's layers)."""
+    if interleave > 1:
+        return peak_chunks_in_flight(schedule, stage, num_stages, m, interleave) / interleave
     return m if schedule == "gpipe" else min(m, num_stages - stage)
 
 
@@ -299,50 +436,59 @@ def in_flight(schedule: str, stage: int, num_stages: int, m: int) -> int:
 
 @dataclass(frozen=True)
 class StageCost:
-    """Predicted figures of one stage (seconds, bytes per device); fits is False when over memory."""
+    """Predicted figures of one stage (seconds, bytes per device); fits is False when over memory.
+    forward_s / backward_s are per micro-batch over all the stage's chunks (embedding / head in)."""
 
     forward_s: float
     backward_s: float
     allreduce_s: float
     optimizer_s: float
     memory_bytes: float
-    recompute: bool
+    recompute: str
     fits: bool
 
 
 def stage_memory(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: int, num_stages: int,
-                 m: int, recompute: bool) -> float:
+                 m: int, recompute: Any, interleave: int = 1) -> float:
     """Return the peak bytes per device of a stage: weights, gradients and optimizer states of its
     parameters (split by tp), the last stage's logits, and the activations of its in-flight
-    micro-batches (with recomputation: each block's input, plus one block's full activations)."""
+    micro-batches under recomputation mode `recompute` (full: each block's input, plus one block's
+    activations while it is recomputed)."""
+    mode = recompute_mode(recompute)
     first, last = index == 0, index == num_stages - 1
-    params = cm.stage_params(n_layers, first, last) / shape.tp
+    params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
     mem = params * cm.state_bytes_per_param + (cm.logits_bytes(shape.tp, b) if last else 0.0)
-    mem += in_flight(cm.p.schedule, index, num_stages, m) * n_layers * cm.activation_bytes(shape.tp, b, recompute)
-    if recompute:
-        mem += cm.activation_bytes(shape.tp, b, False)
+    mem += (in_flight(cm.p.schedule, index, num_stages, m, interleave) * n_layers
+            * cm.activation_bytes(shape.tp, b, mode))
+    if mode == "full":
+        mem += cm.activation_bytes(shape.tp, b, "none")
     return mem
 
 
 def stage_cost(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: int, num_stages: int,
-               m: int) -> StageCost:
-    """Return the cost of a stage; recomputation is switched on only when the stage does not fit."""
+               m: int, recompute: str | None = None, interleave: int = 1, tied_s: float = 0.0) -> StageCost:
+    """Return the cost of a stage. `recompute` fixes the mode; None takes the problem's, and "auto"
+    the fastest mode that fits (none, then selective, then full). `tied_s` (the tied-embedding
+    gradient all-reduce) is added to the first and last stages' all-reduce."""
     p = cm.p
     first, last = index == 0, index == num_stages - 1
     f1, g1 = cm.layer(shape.device_type, shape.tp, b)
     ef, eg = cm.extras(shape.device_type, shape.tp, b, first, last)
     cap = cm.dev(shape.device_type).memory_bytes * p.memory_fraction
-    recompute = False
-    mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, False)
-    if mem > cap:
-        mem_r = stage_memory(cm, shape, n_layers, b, index, num_stages, m, True)
-        if mem_r <= cap:
-            recompute, mem = True, mem_r
-    params = cm.stage_params(n_layers, first, last) / shape.tp
+    want = recompute or p.recompute
+    modes = RECOMPUTE_MODES if want == "auto" else (recompute_mode(want),)
+    mode, mem = modes[-1], 0.0
+    for mode in modes:
+        mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, mode, interleave)
+        if mem <= cap:
+            break
+    params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
     fwd = n_layers * f1 + ef
-    bwd = n_layers * (g1 + (f1 if recompute else 0.0)) + eg
-    ar = allreduce_s(params * cm.wbytes, shape.dp, *cm.dp_link(shape))
-    return StageCost(fwd, bwd, ar, cm.tail_s(shape, n_layers, first, last) - ar, mem, recompute, mem <= cap)
+    bwd = n_layers * (g1 + cm.recompute_s(shape.device_type, shape.tp, b, mode)) + eg
+    grad = cm.dp_allreduce_s(shape, params * cm.wbytes)
+    ar = grad + (tied_s if first or last else 0.0)
+    opt = cm.tail_s(shape, n_layers, first, last, num_stages) - grad
+    return StageCost(fwd, bwd, ar, opt, mem, mode, mem <= cap)
 
 
 def p2p_s(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> float:
@@ -355,180 +501,78 @@ def p2p_s(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> floa
 
 
 # ------------------------------------------------------------------------------------------------
-# The DAG and its longest path
-# ------------------------------------------------------------------------------------------------
-
-def stage_order(schedule: str, stage: int, num_stages: int, m: int) -> list[tuple[str, int]]:
-    """Return the execution order of one stage: [("F"|"B", micro-batch), ...].
-
-    1F1B: min(S-1-s, m) warm-up forwards, then alternate one forward / one backward, then drain.
-    GPipe: every forward, then every backward.
-    """
-    if schedule == "gpipe":
-        return [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
-    w = min(num_stages - 1 - stage, m)
-    out = [("F", j) for j in range(w)]
-    for i in range(m - w):
-        out += [("F", w + i), ("B", i)]
-    return out + [("B", j) for j in range(m - w, m)]
-
-
-@lru_cache(maxsize=256)
-def topological_ops(schedule: str, num_stages: int, m: int) -> tuple[tuple[int, str, int], ...]:
-    """Return every (stage, "F"|"B", micro-batch) in an order compatible with the DAG's edges."""
-    orders = [stage_order(schedule, s, num_stages, m) for s in range(num_stages)]
-    pos = [0] * num_stages
-    done: set[tuple[int, str, int]] = set()
-    out: list[tuple[int, str, int]] = []
-    total = 2 * num_stages * m
-    while len(out) < total:
-        progressed = False
-        for s in range(num_stages):
-            while pos[s] < len(orders[s]):
-                kind, j = orders[s][pos[s]]
-                dep = ((s - 1, "F", j) if s > 0 else None) if kind == "F" else \
-                    ((s + 1, "B", j) if s < num_stages - 1 else (s, "F", j))
-                if dep is not None and dep not in done:
-                    break
-                out.append((s, kind, j))
-                done.add((s, kind, j))
-                pos[s] += 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("schedule deadlocks")  # cannot happen for 1F1B / GPipe
-    return tuple(out)
-
-
-def build_dag(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
-              schedule: str = "1f1b") -> Any:
-    """Return the training-iteration DAG as a networkx DiGraph with node attribute `d` (seconds).
-
-    Nodes: ("F", s, j), ("B", s, j) compute; ("SF", s, j) / ("SB", s, j) sends between stages s and
-    s+1; ("AR", s) gradient all-reduce + optimizer step of stage s (duration tail[s]); "end".
-    Edges: data dependencies and each stage's execution order (`stage_order`).
-    """
-    import networkx as nx
-
-    S = len(fwd)
-    g = nx.DiGraph()
-    for s in range(S):
-        for j in range(m):
-            g.add_node(("F", s, j), d=fwd[s])
-            g.add_node(("B", s, j), d=bwd[s])
-            if s < S - 1:
-                g.add_node(("SF", s, j), d=p2p[s])
-                g.add_node(("SB", s, j), d=p2p[s])
-                g.add_edge(("F", s, j), ("SF", s, j))
-                g.add_edge(("SF", s, j), ("F", s + 1, j))
-                g.add_edge(("B", s + 1, j), ("SB", s, j))
-                g.add_edge(("SB", s, j), ("B", s, j))
-        if s == S - 1:
-            for j in range(m):
-                g.add_edge(("F", s, j), ("B", s, j))
-        order = stage_order(schedule, s, S, m)
-        for (k1, j1), (k2, j2) in zip(order, order[1:]):
-            g.add_edge((k1, s, j1), (k2, s, j2))
-        g.add_node(("AR", s), d=tail[s])
-        last_kind, last_mb = order[-1]
-        g.add_edge((last_kind, s, last_mb), ("AR", s))
-        g.add_edge(("AR", s), "end")
-    g.add_node("end", d=0.0)
-    return g
-
-
-def dag_longest_path_s(g: Any) -> float:
-    """Return the longest path of a DAG built by `build_dag` (seconds: the iteration time)."""
-    import networkx as nx
-
-    finish: dict[Any, float] = {}
-    for v in nx.topological_sort(g):
-        start = max((finish[u] for u in g.predecessors(v)), default=0.0)
-        finish[v] = start + g.nodes[v]["d"]
-    return finish["end"]
-
-
-@lru_cache(maxsize=256)
-def _flat_ops(schedule: str, num_stages: int, m: int) -> tuple[tuple[int, bool, int, int, int], ...]:
-    """Return the topological ops as (stage, is_forward, micro-batch, dependency op index or -1,
-    index of the send on that dependency edge or -1), indices into the same tuple."""
-    ops = topological_ops(schedule, num_stages, m)
-    where = {op: i for i, op in enumerate(ops)}
-    out = []
-    for s, kind, j in ops:
-        if kind == "F":
-            dep, send = (where[(s - 1, "F", j)], s - 1) if s else (-1, -1)
-        elif s < num_stages - 1:
-            dep, send = where[(s + 1, "B", j)], s
-        else:
-            dep, send = where[(s, "F", j)], -1
-        out.append((s, kind == "F", j, dep, send))
-    return tuple(out)
-
-
-def iteration_time_fast(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
-                        schedule: str = "1f1b", record: list[tuple[int, str, int, float, float]] | None = None
-                        ) -> float:
-    """Return the same longest path as `dag_longest_path_s(build_dag(...))` without building a graph.
-
-    Walks the DAG's compute nodes in a cached topological order: finish = max(previous op on the
-    stage, dependency + send) + duration. Seconds. When `record` is a list, appends
-    (stage, "F"|"B"|"AR", micro-batch, start_s, end_s) of every op to it.
-    """
-    S = len(fwd)
-    free = [0.0] * S
-    ops = _flat_ops(schedule, S, m)
-    end = [0.0] * len(ops)
-    sends = list(p2p) + [0.0]  # index -1: no send
-    for i, (s, is_f, j, dep, send) in enumerate(ops):
-        ready = end[dep] + sends[send] if dep >= 0 else 0.0
-        begin = free[s] if free[s] > ready else ready
-        t = begin + (fwd[s] if is_f else bwd[s])
-        end[i] = free[s] = t
-        if record is not None:
-            record.append((s, "F" if is_f else "B", j, begin, t))
-    if record is not None:
-        record += [(s, "AR", -1, free[s], free[s] + tail[s]) for s in range(S)]
-    return max(free[s] + tail[s] for s in range(S))
-
-
-# ------------------------------------------------------------------------------------------------
 # Evaluating a whole plan
 # ------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A plan's predicted figures: iteration time (s) and per-stage costs; `why` when infeasible."""
+    """A plan's predicted figures: iteration time (s), per-stage costs, per-virtual-stage sends; `why`
+    when infeasible."""
 
     iteration_time_s: float
     stages: list[StageCost]
     p2p: list[float]
     why: str = ""
+    interleave: int = 1
 
 
-def evaluate(cm: CostModel, shapes: list[StageShape], layers: list[int], m: int, fast: bool = True) -> Evaluation:
+def chunk_lists(cm: CostModel, shapes: list[StageShape], layers: list[int], costs: list[StageCost],
+                b: list[int], interleave: int) -> tuple[list[float], list[float]]:
+    """Return per-virtual-stage (forward_s, backward_s) lists (k = chunk * S + stage): each chunk
+    holds 1/v of its stage's blocks; the embedding sits on the first chunk, the head on the last."""
+    S, v = len(shapes), interleave
+    if v == 1:
+        return [c.forward_s for c in costs], [c.backward_s for c in costs]
+    fwd, bwd = [0.0] * (S * v), [0.0] * (S * v)
+    for s, (sh, c) in enumerate(zip(shapes, costs)):
+        ef, eg = cm.extras(sh.device_type, sh.tp, b[s], s == 0, s == S - 1)  # embedding or head (S > 1)
+        for ch in range(v):
+            fwd[ch * S + s] = (c.forward_s - ef) / v
+            bwd[ch * S + s] = (c.backward_s - eg) / v
+        k = 0 if s == 0 else S * v - 1 if s == S - 1 else -1
+        if k >= 0:
+            fwd[k] += ef
+            bwd[k] += eg
+    return fwd, bwd
+
+
+def evaluate(cm: CostModel, shapes: list[StageShape], layers: list[int], m: int, fast: bool = True,
+             recompute: list[str] | None = None, interleave: int = 1,
+             record: list[tuple[int, str, int, float, float]] | None = None) -> Evaluation:
     """Return the predicted figures of stages `shapes` holding `layers[s]` blocks, `m` micro-batches.
 
-    The iteration time is inf (with `why`) when a stage does not fit in memory or the batch does
-    not split evenly. `fast=False` computes the longest path on the networkx DAG.
+    `recompute[s]` fixes stage s's recomputation mode (default: the problem's setting); `interleave`
+    v > 1 runs Megatron's interleaved 1F1B with v chunks per stage. The iteration time is inf (with
+    `why`) when a stage does not fit in memory or the batch does not split evenly. `fast=False`
+    computes the longest path on the networkx DAG.
     """
-    S, G = len(shapes), cm.p.global_batch
+    S, G, v = len(shapes), cm.p.global_batch, interleave
+    if v > 1 and (S < 2 or m % S or any(n % v for n in layers)):
+        return Evaluation(math.inf, [], [], f"interleave {v} needs at least 2 stages, micro-batches ({m}) a "
+                                            f"multiple of the stages ({S}) and stage layer counts {layers} "
+                                            f"divisible by {v}")
     costs: list[StageCost] = []
+    tied = cm.tied_s(shapes)
     for s, (sh, n) in enumerate(zip(shapes, layers)):
         if G % (m * sh.dp):
             return Evaluation(math.inf, [], [], f"stage {s}: global batch {G} is not divisible by "
                                                  f"{m} micro-batches x dp {sh.dp}")
-        c = stage_cost(cm, sh, n, G // (m * sh.dp), s, S, m)
+        c = stage_cost(cm, sh, n, G // (m * sh.dp), s, S, m, recompute[s] if recompute else None, v, tied)
         if not c.fits:
             cap = cm.dev(sh.device_type).memory_bytes * cm.p.memory_fraction
-            return Evaluation(math.inf, [], [], f"stage {s} ({sh.device_type}, {n} layers, tp {sh.tp}): "
-                                                 f"needs {c.memory_bytes / 2**30:.2f} GiB per device even with "
-                                                 f"recomputation, has {cap / 2**30:.2f} GiB")
+            return Evaluation(math.inf, [], [], f"stage {s} ({sh.device_type}, {n} layers, tp {sh.tp}, recompute "
+                                                 f"{c.recompute}): needs {c.memory_bytes / 2**30:.2f} GiB per "
+                                                 f"device, has {cap / 2**30:.2f} GiB")
         costs.append(c)
-    p2p = [p2p_s(cm, shapes[s], shapes[s + 1], G // (m * shapes[s].dp)) for s in range(S - 1)]
-    args = ([c.forward_s for c in costs], [c.backward_s for c in costs], p2p,
-            [c.allreduce_s + c.optimizer_s for c in costs], m, cm.p.schedule)
-    t = iteration_time_fast(*args) if fast else dag_longest_path_s(build_dag(*args))
-    return Evaluation(t, costs, p2p)
+    b = [G // (m * sh.dp) for sh in shapes]
+    p2p = [p2p_s(cm, shapes[k % S], shapes[(k + 1) % S], b[k % S]) for k in range(S * v - 1)]
+    fwd, bwd = chunk_lists(cm, shapes, layers, costs, b, v)
+    tail = [c.allreduce_s + c.optimizer_s for c in costs]
+    if fast:
+        t = iteration_time_fast(fwd, bwd, p2p, tail, m, cm.p.schedule, record, v)
+    else:
+        t = dag_longest_path_s(build_dag(fwd, bwd, p2p, tail, m, cm.p.schedule, v))
+    return Evaluation(t, costs, p2p, interleave=v)
 
 
 def shapes_of(plan: PoseidonPlan) -> list[StageShape]:
@@ -536,11 +580,31 @@ def shapes_of(plan: PoseidonPlan) -> list[StageShape]:
     return [StageShape(s.device_type, s.tp, s.dp, tuple(s.gpu_ids), tuple(s.nodes)) for s in plan.stages]
 
 
+def predicted_metrics(problem: PoseidonProblem, ev: Evaluation, m: int, shapes: list[StageShape]) -> dict[str, float]:
+    """Return the plan's predicted metrics: iteration_time_s, throughput_samples_per_s, tokens_per_s,
+    bubble_fraction, devices_used, model_tflops_per_gpu (model FLOPs, no recomputation, per device per
+    second, /1e12) and mfu (that over the mean dense peak of the devices used)."""
+    t = ev.iteration_time_s
+    busy = max(m * (c.forward_s + c.backward_s) for c in ev.stages)
+    flops = model_flops_per_sample(problem.model, problem.seq_len) * problem.global_batch
+    devices = sum(len(sh.gpu_ids) for sh in shapes)
+    peak = sum(problem.cluster.type_of(sh.device_type).peak(problem.dtype) * len(sh.gpu_ids) for sh in shapes) / devices
+    tflops = flops / t / devices / 1e12
+    return {"iteration_time_s": t, "throughput_samples_per_s": problem.global_batch / t,
+            "tokens_per_s": problem.global_batch * problem.seq_len / t, "bubble_fraction": 1.0 - busy / t,
+            "devices_used": float(devices), "model_tflops_per_gpu": tflops, "mfu": tflops / peak}
+
+
 def make_plan(problem: PoseidonProblem, shapes: list[StageShape], layers: list[int], m: int,
-              ev: Evaluation | None = None, **fields: Any) -> PoseidonPlan:
-    """Return a PoseidonPlan with every predicted figure filled from the DAG model."""
+              ev: Evaluation | None = None, recompute: list[str] | None = None, interleave: int = 1,
+              **fields: Any) -> PoseidonPlan:
+    """Return a PoseidonPlan with every predicted figure filled from the DAG model (`recompute` and
+    `interleave` as in `evaluate`)."""
     cm = CostModel(problem)
-    ev = ev or evaluate(cm, shapes, layers, m)
+    ev = ev or evaluate(cm, shapes, layers, m, recompute=recompute, interleave=interleave)
+    if not ev.stages:
+        raise ValueError(f"the plan cannot run: {ev.why}")
+    S = len(shapes)
     stages, start = [], 0
     for s, (sh, n) in enumerate(zip(shapes, layers)):
         c = ev.stages[s]
@@ -548,18 +612,15 @@ def make_plan(problem: PoseidonProblem, shapes: list[StageShape], layers: list[i
                                 tp=sh.tp, dp=sh.dp, first_layer=start, last_layer=start + n,
                                 micro_batch_size=problem.global_batch // (m * sh.dp), recompute=c.recompute,
                                 forward_s=c.forward_s, backward_s=c.backward_s,
-                                p2p_s=ev.p2p[s] if s < len(ev.p2p) else 0.0, allreduce_s=c.allreduce_s,
+                                p2p_s=ev.p2p[s] if s < S - 1 else 0.0, allreduce_s=c.allreduce_s,
                                 optimizer_s=c.optimizer_s, memory_bytes=c.memory_bytes))
         start += n
     t = ev.iteration_time_s
-    busy = max(m * (c.forward_s + c.backward_s) for c in ev.stages)
-    predicted = {"iteration_time_s": t, "throughput_samples_per_s": problem.global_batch / t,
-                 "tokens_per_s": problem.global_batch * problem.seq_len / t,
-                 "bubble_fraction": 1.0 - busy / t,
-                 "devices_used": float(sum(len(sh.gpu_ids) for sh in shapes))}
+    predicted = predicted_metrics(problem, ev, m, shapes)
     fields.setdefault("status", Status.FEASIBLE)
-    return PoseidonPlan(stages=stages, num_microbatches=m, schedule=problem.schedule, iteration_time_s=t,
-                        objective=t, objective_name="iteration_time_s", predicted=predicted, **fields)
+    return PoseidonPlan(stages=stages, num_microbatches=m, schedule=problem.schedule, interleave=ev.interleave,
+                        iteration_time_s=t, objective=t, objective_name="iteration_time_s", predicted=predicted,
+                        **fields)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -568,8 +629,10 @@ def make_plan(problem: PoseidonProblem, shapes: list[StageShape], layers: list[i
 
 def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
     """Return the broken constraints of `plan`: devices used once and of the stated type, layers
-    covered once in order, degrees that divide, batch that splits, memory within capacity, and the
-    predicted iteration time recomputed on the networkx DAG (1e-6 relative)."""
+    covered once in order, degrees that divide, batch that splits, interleave that fits, memory within
+    capacity under each stage's stated recomputation mode, and every stated figure (per-stage
+    forward/backward/p2p/all-reduce/optimizer/memory, the iteration time on the networkx DAG, the
+    objective and the predicted metrics) recomputed from the problem."""
     out: list[Violation] = []
     cl = problem.cluster
     devices = {d.id: d for d in cl.devices}
@@ -616,22 +679,47 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
                              f"{problem.model.num_layers}"))
     if out:
         return out
-    cm = CostModel(problem)
-    S, shapes = len(plan.stages), shapes_of(plan)
-    for s, shape in zip(plan.stages, shapes):
-        cap = cl.type_of(s.device_type).memory_bytes * problem.memory_fraction
-        need = stage_memory(cm, shape, s.num_layers, s.micro_batch_size, s.index, S, m, s.recompute)
-        if need > cap:
-            out.append(Violation("memory", f"stage {s.index} ({s.device_type}): needs {need / 2**30:.2f} GiB per "
-                                 f"device, capacity {cap / 2**30:.2f} GiB", {"stage": s.index, "need_bytes": need,
-                                                                              "capacity_bytes": cap}))
+    if problem.schedule != plan.schedule:
+        out.append(Violation("schedule", f"the plan says schedule {plan.schedule}, the problem {problem.schedule}"))
+    v, S = plan.interleave, len(plan.stages)
+    if v > 1 and (S < 2 or m % S or any(s.num_layers % v for s in plan.stages)):
+        out.append(Violation("interleave", f"interleave {v} needs at least 2 stages, micro-batches ({m}) a multiple "
+                             f"of the stages ({S}) and every stage's layer count divisible by {v}",
+                             {"interleave": v}))
     if out:
         return out
-    ev = evaluate(cm, shapes, [s.num_layers for s in plan.stages], m, fast=False)
+    cm = CostModel(problem)
+    shapes = shapes_of(plan)
+    modes = [s.recompute for s in plan.stages]
+    for s, shape in zip(plan.stages, shapes):
+        cap = cl.type_of(s.device_type).memory_bytes * problem.memory_fraction
+        need = stage_memory(cm, shape, s.num_layers, s.micro_batch_size, s.index, S, m, s.recompute, v)
+        if need > cap:
+            out.append(Violation("memory", f"stage {s.index} ({s.device_type}, recompute {s.recompute}): needs "
+                                 f"{need / 2**30:.2f} GiB per device, capacity {cap / 2**30:.2f} GiB",
+                                 {"stage": s.index, "need_bytes": need, "capacity_bytes": cap}))
+        if problem.recompute != "auto" and s.recompute != problem.recompute:
+            out.append(Violation("recompute", f"stage {s.index}: recompute {s.recompute}, the problem fixes "
+                                 f"{problem.recompute}", {"stage": s.index}))
+    if out:
+        return out
+    ev = evaluate(cm, shapes, [s.num_layers for s in plan.stages], m, fast=False, recompute=modes, interleave=v)
+    if not ev.stages:
+        return [Violation("evaluate", ev.why)]
+    for s, c in zip(plan.stages, ev.stages):
+        stated = {"forward_s": s.forward_s, "backward_s": s.backward_s, "allreduce_s": s.allreduce_s,
+                  "optimizer_s": s.optimizer_s, "memory_bytes": s.memory_bytes,
+                  "p2p_s": s.p2p_s}
+        model = {"forward_s": c.forward_s, "backward_s": c.backward_s, "allreduce_s": c.allreduce_s,
+                 "optimizer_s": c.optimizer_s, "memory_bytes": c.memory_bytes,
+                 "p2p_s": ev.p2p[s.index] if s.index < S - 1 else 0.0}
+        for key, value in model.items():
+            out += figure_violations(f"stages[{s.index}].{key}", stated[key], value)
     if not math.isclose(ev.iteration_time_s, plan.iteration_time_s, rel_tol=1e-6):
         out.append(Violation("predicted_time", f"the plan says {plan.iteration_time_s:.6g} s per iteration; the DAG "
                              f"model gives {ev.iteration_time_s:.6g} s",
                              {"plan_s": plan.iteration_time_s, "dag_s": ev.iteration_time_s}))
+    out += stated_figures_violations(plan, ev.iteration_time_s, predicted_metrics(problem, ev, m, shapes))
     return out
 
 
@@ -664,9 +752,9 @@ def describe(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Table]:
 
 def timeline(problem: PoseidonProblem, plan: PoseidonPlan) -> list[tuple[int, str, int, float, float]]:
     """Return (stage, "F"|"B"|"AR", micro-batch, start_s, end_s) of every op of the plan's DAG."""
-    st, out = plan.stages, []
-    iteration_time_fast([s.forward_s for s in st], [s.backward_s for s in st], [s.p2p_s for s in st],
-                        [s.allreduce_s + s.optimizer_s for s in st], plan.num_microbatches, plan.schedule, out)
+    out: list[tuple[int, str, int, float, float]] = []
+    evaluate(CostModel(problem), shapes_of(plan), [s.num_layers for s in plan.stages], plan.num_microbatches,
+             recompute=[s.recompute for s in plan.stages], interleave=plan.interleave, record=out)
     return out
 
 
@@ -695,12 +783,32 @@ def draw(problem: PoseidonProblem, plan: PoseidonPlan, path: Path) -> None:
 
 
 def with_profile(problem: PoseidonProblem, profile: Profile) -> PoseidonProblem:
-    """Return the problem on the profiled cluster, with the profile's layer table when it has one."""
-    table = profile.layer_table(problem.model.name) or profile.layer_table()
+    """Return the problem with its declared devices and model on the profile's measured figures.
+
+    The problem's nodes and device types stay; each type's figures come from the profile, which
+    must measure or emulate it (gpuplan.models.profile_map.declared_cluster). The layer table
+    must be the solved model's; each declared type gets its rows times its emulated slowdown
+    (declared_layer_table). Raises InputError otherwise, with the command that profiles it.
+    """
+    from gpuplan.models.profile_map import declared_cluster, declared_layer_table, matching_layer_table
+
+    table = matching_layer_table(profile, problem.model, seq_len=problem.seq_len, global_batch=problem.global_batch)
+    cluster, backing = declared_cluster(problem.cluster, profile)
     doc = problem.model_dump()
-    doc["cluster"] = cluster_document(profile)
+    doc["cluster"] = cluster
     if table is not None:
-        doc["layer_costs"] = table.model_dump()
+        bases = {base for base, _ in backing.values()}
+        threads = next((d.threads for d in profile.device_types if d.name in bases and d.threads), None)
+        doc["layer_costs"] = declared_layer_table(table, backing, threads).model_dump()
+    sweep = {}
+    for d in profile.device_types:
+        peak = d.matmul_tflops.get(problem.dtype) or max(d.matmul_tflops.values(), default=0.0)
+        pts = [(p.n, p.tflops / peak) for p in d.matmul if p.dtype == problem.dtype and peak > 0]
+        if pts:
+            sweep[d.name] = pts
+    for declared, (base, slow) in backing.items():
+        if base in sweep:
+            doc.setdefault("matmul_sweep", {})[declared] = sweep[base]
     return PoseidonProblem.model_validate(doc)
 
 

@@ -1,0 +1,196 @@
+"""The training-iteration DAG of a pipeline schedule and its longest path (seconds).
+
+Ops are every (device stage, forward|backward, model chunk, micro-batch). With `interleave` v = 1 a
+device holds one chunk (1F1B or GPipe); with v > 1 it holds v chunks and runs Megatron's interleaved
+1F1B order: virtual stage k = chunk * S + stage, warm-up of 2 (S - 1 - stage) + (v - 1) S chunk
+forwards, then one forward / one backward, then the drain; forward op i runs chunk (i // S) % v of
+micro-batch (i // (S v)) S + i % S, backward op i chunk v - 1 - (i // S) % v of the same micro-batch
+(m a multiple of S). Lists of durations are per VIRTUAL stage (S v entries, k = chunk * S + stage);
+`p2p[k]` is the send between virtual stages k and k + 1; `tail[s]` runs on device stage s after its
+last op (gradient all-reduce + optimizer step).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+Op = tuple[str, int, int]  # ("F"|"B", chunk, micro-batch)
+
+
+def stage_order(schedule: str, stage: int, num_stages: int, m: int, interleave: int = 1) -> list[Op]:
+    """Return the execution order of one device stage: [("F"|"B", chunk, micro-batch), ...].
+
+    1F1B: min(S-1-s, m) warm-up forwards, then alternate one forward / one backward, then drain.
+    GPipe: every forward, then every backward. interleave > 1: Megatron's interleaved 1F1B.
+    """
+    S, v = num_stages, interleave
+    if v > 1:
+        total = m * v
+        warm = total if m == S else min(total, 2 * (S - 1 - stage) + (v - 1) * S)
+
+        def fwd(i: int) -> Op:
+            return ("F", (i // S) % v, (i // (S * v)) * S + i % S)
+
+        def bwd(i: int) -> Op:
+            return ("B", v - 1 - (i // S) % v, (i // (S * v)) * S + i % S)
+
+        out = [fwd(i) for i in range(warm)]
+        for i in range(total - warm):
+            out += [fwd(warm + i), bwd(i)]
+        return out + [bwd(i) for i in range(total - warm, total)]
+    if schedule == "gpipe":
+        return [("F", 0, j) for j in range(m)] + [("B", 0, j) for j in range(m)]
+    w = min(num_stages - 1 - stage, m)
+    out = [("F", 0, j) for j in range(w)]
+    for i in range(m - w):
+        out += [("F", 0, w + i), ("B", 0, i)]
+    return out + [("B", 0, j) for j in range(m - w, m)]
+
+
+def peak_chunks_in_flight(schedule: str, stage: int, num_stages: int, m: int, interleave: int = 1) -> int:
+    """Return the most chunk-activations a device stage holds at once (forwards run minus backwards
+    run, over its order); with interleave 1 the in-flight micro-batch count."""
+    live = peak = 0
+    for kind, _, _ in stage_order(schedule, stage, num_stages, m, interleave):
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def _dependency(kind: str, k: int, j: int, V: int) -> tuple[tuple[str, int, int] | None, int]:
+    """Return (the op (kind, virtual stage, mb) an op waits for, index of the send on that edge or -1)."""
+    if kind == "F":
+        return (("F", k - 1, j), k - 1) if k else (None, -1)
+    if k < V - 1:
+        return ("B", k + 1, j), k
+    return ("F", k, j), -1
+
+
+@lru_cache(maxsize=256)
+def topological_ops(schedule: str, num_stages: int, m: int, interleave: int = 1
+                    ) -> tuple[tuple[int, str, int, int], ...]:
+    """Return every (device stage, "F"|"B", chunk, micro-batch) in an order compatible with the DAG."""
+    S, v = num_stages, interleave
+    V = S * v
+    orders = [stage_order(schedule, s, S, m, v) for s in range(S)]
+    pos = [0] * S
+    done: set[tuple[str, int, int]] = set()
+    out: list[tuple[int, str, int, int]] = []
+    total = 2 * V * m
+    while len(out) < total:
+        progressed = False
+        for s in range(S):
+            while pos[s] < len(orders[s]):
+                kind, c, j = orders[s][pos[s]]
+                k = c * S + s
+                dep, _ = _dependency(kind, k, j, V)
+                if dep is not None and dep not in done:
+                    break
+                out.append((s, kind, c, j))
+                done.add((kind, k, j))
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"the {schedule} schedule with {S} stages, {m} micro-batches and interleave {v} "
+                               "deadlocks (interleaving needs micro-batches a multiple of the stages)")
+    return tuple(out)
+
+
+def build_dag(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
+              schedule: str = "1f1b", interleave: int = 1) -> Any:
+    """Return the training-iteration DAG as a networkx DiGraph with node attribute `d` (seconds).
+
+    Nodes: ("F", k, j), ("B", k, j) compute of virtual stage k; ("SF", k, j) / ("SB", k, j) sends
+    between virtual stages k and k+1; ("AR", s) gradient all-reduce + optimizer of device stage s;
+    "end". Edges: data dependencies and each device's execution order (`stage_order`).
+    """
+    import networkx as nx
+
+    S = len(tail)
+    v = interleave
+    V = S * v
+    g = nx.DiGraph()
+    for k in range(V):
+        for j in range(m):
+            g.add_node(("F", k, j), d=fwd[k])
+            g.add_node(("B", k, j), d=bwd[k])
+            if k < V - 1:
+                g.add_node(("SF", k, j), d=p2p[k])
+                g.add_node(("SB", k, j), d=p2p[k])
+                g.add_edge(("F", k, j), ("SF", k, j))
+                g.add_edge(("SF", k, j), ("F", k + 1, j))
+                g.add_edge(("B", k + 1, j), ("SB", k, j))
+                g.add_edge(("SB", k, j), ("B", k, j))
+            else:
+                g.add_edge(("F", k, j), ("B", k, j))
+    for s in range(S):
+        order = [(kind, c * S + s, j) for kind, c, j in stage_order(schedule, s, S, m, v)]
+        for a, b in zip(order, order[1:]):
+            g.add_edge(a, b)
+        g.add_node(("AR", s), d=tail[s])
+        g.add_edge(order[-1], ("AR", s))
+        g.add_edge(("AR", s), "end")
+    g.add_node("end", d=0.0)
+    return g
+
+
+def dag_longest_path_s(g: Any) -> float:
+    """Return the longest path of a DAG built by `build_dag` (seconds: the iteration time)."""
+    import networkx as nx
+
+    finish: dict[Any, float] = {}
+    for node in nx.topological_sort(g):
+        start = max((finish[u] for u in g.predecessors(node)), default=0.0)
+        finish[node] = start + g.nodes[node]["d"]
+    return finish["end"]
+
+
+@lru_cache(maxsize=256)
+def _flat_ops(schedule: str, num_stages: int, m: int, interleave: int = 1
+              ) -> tuple[tuple[int, bool, int, int, int], ...]:
+    """Return the topological ops as (device stage, is_forward, micro-batch, dependency op index or -1,
+    index of the send on that edge or -1), indices into the same tuple (`_virtual_stages` gives each
+    op's virtual stage)."""
+    S, v = num_stages, interleave
+    V = S * v
+    ops = topological_ops(schedule, S, m, v)
+    where = {(kind, c * S + s, j): i for i, (s, kind, c, j) in enumerate(ops)}
+    out = []
+    for s, kind, c, j in ops:
+        dep, send = _dependency(kind, c * S + s, j, V)
+        out.append((s, kind == "F", j, where[dep] if dep is not None else -1, send))
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _virtual_stages(schedule: str, num_stages: int, m: int, interleave: int = 1) -> tuple[int, ...]:
+    """Return the virtual stage (chunk * S + stage) of every op of `_flat_ops`, in the same order."""
+    return tuple(c * num_stages + s for s, _, c, _ in topological_ops(schedule, num_stages, m, interleave))
+
+
+def iteration_time_fast(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
+                        schedule: str = "1f1b", record: list[tuple[int, str, int, float, float]] | None = None,
+                        interleave: int = 1) -> float:
+    """Return the same longest path as `dag_longest_path_s(build_dag(...))` without building a graph.
+
+    Walks the compute ops in a cached topological order: finish = max(previous op on the device,
+    dependency + send) + duration. Seconds. When `record` is a list, appends (device stage,
+    "F"|"B"|"AR", micro-batch, start_s, end_s) of every op to it.
+    """
+    S = len(tail)
+    free = [0.0] * S
+    ops = _flat_ops(schedule, S, m, interleave)
+    virtual = _virtual_stages(schedule, S, m, interleave)
+    end = [0.0] * len(ops)
+    sends = list(p2p) + [0.0]  # index -1: no send
+    for i, ((s, is_f, j, dep, send), k) in enumerate(zip(ops, virtual)):
+        ready = end[dep] + sends[send] if dep >= 0 else 0.0
+        begin = free[s] if free[s] > ready else ready
+        t = begin + (fwd[k] if is_f else bwd[k])
+        end[i] = free[s] = t
+        if record is not None:
+            record.append((s, "F" if is_f else "B", j, begin, t))
+    if record is not None:
+        record += [(s, "AR", -1, free[s], free[s] + tail[s]) for s in range(S)]
+    return max(free[s] + tail[s] for s in range(S))
