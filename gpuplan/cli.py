@@ -69,11 +69,32 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for p in pairs:
-        if "=" not in p:
+        if "=" not in p or not p.split("=", 1)[0]:
             raise click.BadParameter(f"expected KEY=VALUE, got {p!r}", param_hint="--option")
         k, v = p.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        try:
+            out[k] = yaml.safe_load(v)
+        except yaml.YAMLError:
+            raise click.BadParameter(f"{k}: {v!r} is not a value (a number, true/false or a word)",
+                                     param_hint="--option") from None
     return out
+
+
+class _Seconds(click.ParamType):
+    """A positive, finite number of seconds (refuses 0, negatives, inf and nan)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        import math
+
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number <= 0:
+            self.fail(f"{value!r}: expected a positive, finite number of seconds", param, ctx)
+        return number
 
 
 def _build_problem(spec: ProblemInputs, values: dict[str, Any], profile: str | None) -> Any:
@@ -89,7 +110,8 @@ def _build_problem(spec: ProblemInputs, values: dict[str, Any], profile: str | N
 
 
 _COMMON_SOLVE = [
-    click.Option(["--time-limit", "time_limit"], type=float, default=None, help="Solver time limit (seconds)."),
+    click.Option(["--time-limit", "time_limit"], type=_Seconds(), default=None,
+                 help="Solver time limit (seconds, positive)."),
     click.Option(["--seed"], type=int, default=0, show_default=True, help="Seed for every random choice."),
     click.Option(["--profile"], type=click.Path(dir_okay=False), default=None,
                  help="Use measured figures from a `gpuplan profile` file in place of the catalog."),
@@ -97,9 +119,16 @@ _COMMON_SOLVE = [
 ]
 
 
+def _common_solve(kind: str) -> list[click.Parameter]:
+    """Return the options every solve/compare command has; --profile only where the kind reads profiles."""
+    reads_profiles = registry.model(kind).with_profile is not None
+    return [o for o in _COMMON_SOLVE if o.name != "profile" or reads_profiles]
+
+
 def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
     def callback(solver: str | None, output: str, time_limit: float | None, seed: int,
-                 profile: str | None, quiet: bool, option: tuple[str, ...], **values: Any) -> None:
+                 profile: str | None = None, quiet: bool = False, option: tuple[str, ...] = (),
+                 **values: Any) -> None:
         try:
             problem = _build_problem(spec, values, profile)
             with _progress(not quiet) as progress:
@@ -123,14 +152,14 @@ def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
         click.Option(["-o", "--output"], default=f"{kind}-plan.json", show_default=True,
                      type=click.Path(dir_okay=False), help="Where to write the plan (JSON)."),
         click.Option(["--option"], multiple=True, help="Solver option KEY=VALUE (repeatable)."),
-    ] + _COMMON_SOLVE
+    ] + _common_solve(kind)
     return click.Command(kind, params=params, callback=callback,
                          help=f"Solve a {kind} problem. {spec.help}")
 
 
 def _compare_command(kind: str, spec: ProblemInputs) -> click.Command:
     def callback(solvers: str | None, json_out: str | None, time_limit: float | None, seed: int,
-                 profile: str | None, quiet: bool, **values: Any) -> None:
+                 profile: str | None = None, quiet: bool = False, **values: Any) -> None:
         try:
             problem = _build_problem(spec, values, profile)
             with _progress(not quiet) as progress:
@@ -157,12 +186,32 @@ def _compare_command(kind: str, spec: ProblemInputs) -> click.Command:
         click.Option(["--solvers"], default=None, help="Comma-separated subset of solvers (default: all)."),
         click.Option(["--json", "json_out"], default=None, type=click.Path(dir_okay=False),
                      help="Also write the table as JSON."),
-    ] + _COMMON_SOLVE
+    ] + _common_solve(kind)
     return click.Command(kind, params=params, callback=callback,
                          help=f"Solve one {kind} input with the paper's method and every baseline. {spec.help}")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  success
+  1  the plan has violations (check; run refuses such a plan)
+  2  bad input, option or output path: one line naming the file, field, value and expectation
+  3  the problem is infeasible (the plan file says why)
+  gpuplan run ... -- COMMAND exits with COMMAND's own exit code."""
+
+
+class _Main(click.Group):
+    """The top-level group: any gpuplan error a command lets through is reported as bad input
+    (one line, exit code 2) instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GpuplanError as exc:
+            _fail(exc)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.version_option(package_name="gpuplan")
 def main() -> None:
     """gpuplan: placement and scheduling plans for measured GPU clusters."""
@@ -246,8 +295,16 @@ def run_cmd(args: tuple[str, ...]) -> None:
         _fail(exc, EXIT_VIOLATIONS)
     except GpuplanError as exc:
         _fail(exc)
-    rows = [[k, v] for k, v in result.items() if not isinstance(v, (list, dict))]
-    print_tables([Table("run", ["measure", "value"], rows)])
+    report = [t for t in result.get("report", []) if isinstance(t, Table)]
+    if report:  # the runner's own tables: predicted next to measured, and the machine
+        print_tables(report)
+        if result.get("verdict"):
+            click.echo(f"machine: {result['verdict']}")
+    else:
+        rows = [[k, v] for k, v in result.items() if not isinstance(v, (list, dict))]
+        print_tables([Table("run", ["measure", "value"], rows)])
+    for warning in result.get("warnings", []):
+        click.echo(f"warning: {warning}")
 
 
 @main.command("list")

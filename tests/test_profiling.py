@@ -193,7 +193,9 @@ def make_profile(host: str, *, gpus: int = 4, type_name: str = "H100", tflops: f
 
 def test_profile_round_trip_and_loads_as_a_cluster(tmp_path) -> None:
     path = make_profile("n0").save(tmp_path / "p.json")
-    assert load_profile(path) == make_profile("n0").model_copy(update={})
+    loaded = load_profile(path)
+    assert loaded.model_dump() == make_profile("n0").model_dump()
+    assert loaded.where == str(path)  # errors name the file a profile came from
     problem_dir = tmp_path / "problems"
     problem_dir.mkdir()
     cluster = validate(Cluster, {"profile": "../p.json"}, file=problem_dir / "x.yaml")
@@ -252,9 +254,9 @@ def test_bad_and_truncated_profile_files(tmp_path) -> None:
     good = make_profile("n0").save(tmp_path / "good.json").read_text()
     truncated = tmp_path / "truncated.json"
     truncated.write_text(good[: len(good) // 2])
-    with pytest.raises(InputError, match=r"truncated.json: not a JSON profile \(truncated or corrupt"):
+    with pytest.raises(InputError, match=r"truncated.json: not (a JSON profile \(truncated or corrupt|valid JSON)"):
         load_profile(truncated)
-    with pytest.raises(InputError, match="no such profile file"):
+    with pytest.raises(InputError, match="no such (profile )?file"):
         load_profile(tmp_path / "missing.json")
     doc = json.loads(good)
     wrong_kind = tmp_path / "plan.json"

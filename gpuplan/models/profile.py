@@ -8,10 +8,11 @@ schema and how a profile becomes a cluster; the measuring lives in gpuplan.profi
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, PrivateAttr, ValidationError
 
 from gpuplan.errors import InputError
 from gpuplan.io import atomic_write_text
@@ -146,6 +147,36 @@ class LayerTable(Schema):
     costs: list[LayerCost]
     clock: Literal["wall", "cpu"] = Field(default="wall", description="cpu: process CPU time (single-threaded "
                                           "CPU profiling, not inflated by other jobs on a shared machine)")
+    threads: int | None = Field(default=None, ge=1, description="torch threads per process the costs were "
+                                "measured with (CPU); runs of the plan use the same")
+    slowdowns: dict[str, float] = Field(default_factory=dict, description="device type -> the factor by which "
+                                        "a run emulates it on the measured device (1 for a measured type); "
+                                        "set when a problem's declared types are mapped onto a profile")
+
+
+class EmulatedType(Schema):
+    """A declared device type the profile emulates on a measured one: the base type's figures with
+    compute `slowdown` times slower (a run sleeps (slowdown - 1) x each op's duration after it)."""
+
+    name: str = Field(min_length=1)
+    base: str = Field(min_length=1)
+    slowdown: float = Field(ge=1.0)
+
+
+def parse_emulation(text: str) -> EmulatedType:
+    """Return the EmulatedType written as NAME=BASE*FACTOR (e.g. cpu-slow2x=cpu*2).
+
+    Raises InputError naming the text and the expected form when it does not parse.
+    """
+    name, eq, rest = text.partition("=")
+    base, star, factor = rest.partition("*")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = math.nan
+    if not (eq and star and name.strip() and base.strip()) or not value >= 1.0:
+        raise InputError.at(None, "--emulate", text, "NAME=BASE*FACTOR with FACTOR >= 1, e.g. cpu-slow2x=cpu*2")
+    return EmulatedType(name=name.strip(), base=base.strip(), slowdown=value)
 
 
 class StackCheck(Schema):
@@ -179,6 +210,14 @@ class Profile(Schema):
     collectives: list[CollectiveProfile] = Field(default_factory=list)
     layers: list[LayerTable] = Field(default_factory=list)
     validation: list[StackCheck] = Field(default_factory=list)
+    emulated: list[EmulatedType] = Field(default_factory=list, description="declared types emulated on a "
+                                         "measured one (`gpuplan profile --emulate`)")
+    _path: str = PrivateAttr(default="")
+
+    @property
+    def where(self) -> str:
+        """Return the file the profile was read from (or 'the profile' when it was built in memory)."""
+        return self._path or "the profile"
 
     def save(self, path: str | Path) -> Path:
         """Write the profile as JSON atomically; return the path."""
@@ -203,7 +242,9 @@ def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file; raise InputError naming the file and field when it is bad."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        from gpuplan.io import read_json
+
+        data = read_json(p, what="profile file")  # bounded: a regular file, size and nesting limits, finite numbers
     except FileNotFoundError:
         raise InputError(f"{p}: no such profile file", file=str(p)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -215,9 +256,11 @@ def load_profile(path: str | Path) -> Profile:
         raise InputError.at(str(p), "schema_version", data.get("schema_version"),
                             f"{PROFILE_SCHEMA_VERSION}")
     try:
-        return Profile.model_validate(data)
+        profile = Profile.model_validate(data)
     except ValidationError as exc:
         raise input_error_from(exc, str(p)) from None
+    profile._path = str(p)
+    return profile
 
 
 def cluster_document(profile: Profile) -> dict[str, Any]:
@@ -286,6 +329,10 @@ def summary_tables(profile: Profile) -> list[Table]:
         tables.append(Table(f"layers of {t.model} ({t.dtype}, {t.clock} clock)", ["part", "micro-batch", "seq", "forward ms",
                                                                  "backward ms", "activations MiB", "fwd spread",
                                                                  "bwd spread"], rows))
+    if profile.emulated:
+        tables.append(Table("emulated device types (a measured type slowed down; runs sleep (factor - 1) x each op)",
+                            ["type", "emulated on", "slowdown"],
+                            [[e.name, e.base, e.slowdown] for e in profile.emulated]))
     if profile.validation:
         rows = [[v.layers, v.micro_batch, v.seq_len, v.predicted_s * 1e3, v.measured_s * 1e3,
                  f"{v.rel_error:+.1%}", v.table_predicted_s * 1e3 if v.table_predicted_s is not None else None]

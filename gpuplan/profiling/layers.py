@@ -54,6 +54,17 @@ def layer_plan(model: str, device: Any, *, quick: bool = False) -> LayerPlan:
     return LayerPlan(small, cfg.name, note, [1, 2] if quick else [1, 2, 4], seqs, "fp32")
 
 
+def exact_layer_plan(config: TransformerConfig, device: Any, *, seq_lens: list[int], micro_batches: list[int]
+                     ) -> LayerPlan:
+    """Return what to profile for an explicitly given model shape: that shape itself, unscaled,
+    at the given sequence lengths and micro-batch sizes (fp32 on CPU, bf16 on CUDA)."""
+    too_long = [s for s in seq_lens if s > config.max_seq_len]
+    if too_long:
+        raise ValueError(f"sequence lengths up to the model's max_seq_len {config.max_seq_len}, not {too_long}")
+    return LayerPlan(config, None, "", sorted(set(micro_batches)), sorted(set(seq_lens)),
+                     "bf16" if str(device).startswith("cuda") else "fp32")
+
+
 def block_saved_bytes(cfg: TransformerConfig, batch: int, seq: int, dtype: str = "fp32") -> float:
     """Return the bytes gpuplan.runtime.gpt.Block saves for backward (what the hooks should count).
 

@@ -13,7 +13,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from gpuplan.models.profile import (CollectiveProfile, MeasuredDeviceType, Profile, ProfileLink, ProfileNode)
+from gpuplan.models.profile import (CollectiveProfile, EmulatedType, MeasuredDeviceType, Profile, ProfileLink,
+                                    ProfileNode)
+from gpuplan.models.workload import TransformerConfig
 from gpuplan.profiling import collectives as coll
 from gpuplan.profiling import compute, layers, memory
 from gpuplan.profiling.merge import merge_same_types
@@ -28,8 +30,10 @@ class ProfileOptions:
     """What `gpuplan profile` measures and how long it may take.
 
     device: "auto" (CUDA when there is a GPU), "cuda" or "cpu". quick: small sweeps (under a
-    minute on a 2-core machine). model: the catalog model whose layers are timed. cpu_ranks: how
-    many devices (processes) the CPU counts as. validate: also predict and measure stacks.
+    minute on a 2-core machine). model: the catalog model whose layers are timed (on CPU a scaled
+    copy), unless `config` gives the exact shape to time, at `seq_lens` and `micro_batches`.
+    cpu_ranks: how many devices (processes) the CPU counts as. validate: also predict and measure
+    stacks. emulate: declared types recorded as a measured type slowed down (`--emulate`).
     """
 
     device: str = "auto"
@@ -40,6 +44,10 @@ class ProfileOptions:
     layers: bool = True
     validate: bool = False
     stacks: tuple[int, ...] = (2, 4, 8)
+    config: TransformerConfig | None = None
+    seq_lens: tuple[int, ...] = ()
+    micro_batches: tuple[int, ...] = ()
+    emulate: tuple[EmulatedType, ...] = ()
 
 
 def resolve_device(device: str) -> str:
@@ -140,6 +148,20 @@ def unreliable_notes(profile: Profile) -> list[str]:
     return notes
 
 
+def check_emulation(emulate: tuple[EmulatedType, ...], measured: list[str]) -> None:
+    """Raise ValueError when an emulated type's base is not measured, or its name is a measured
+    type's or repeats."""
+    seen: set[str] = set()
+    for e in emulate:
+        if e.base not in measured:
+            raise ValueError(f"--emulate {e.name}={e.base}*{e.slowdown:g}: the base must be a measured device "
+                             f"type ({', '.join(measured)}), not {e.base!r}")
+        if e.name in measured or e.name in seen:
+            raise ValueError(f"--emulate {e.name}=...: {e.name!r} is already "
+                             f"{'a measured type' if e.name in measured else 'emulated'}")
+        seen.add(e.name)
+
+
 def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress = no_progress) -> Profile:
     """Measure this machine and return its Profile (nothing is written; call `.save(path)`)."""
     import torch
@@ -156,6 +178,7 @@ def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress =
     measured = local_devices(kind, options, step)
     done += 1
     types = merge_same_types([d for _, d in measured])
+    check_emulation(options.emulate, [t.name for t in types])
     notes: list[str] = []
     if kind == "cpu":
         notes.append(f"no GPU profiled: the CPU counts as {options.cpu_ranks} devices of "
@@ -181,7 +204,11 @@ def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress =
         dev, dev_type = measured[0]
         if kind == "cuda":
             torch.cuda.set_device(dev)
-        plan = layers.layer_plan(options.model, dev, quick=options.quick)
+        if options.config is not None:
+            plan = layers.exact_layer_plan(options.config, dev, seq_lens=list(options.seq_lens) or [128],
+                                           micro_batches=list(options.micro_batches) or [1, 2, 4])
+        else:
+            plan = layers.layer_plan(options.model, dev, quick=options.quick)
         if plan.note:
             notes.append(plan.note)
         with torch_threads(dev_type.threads or torch.get_num_threads()):
@@ -196,6 +223,7 @@ def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress =
     profile = Profile(created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), host=host,
                       torch_version=torch.__version__, quick=options.quick, notes=notes, device_types=types,
                       nodes=[ProfileNode(name=host, devices={t.name: t.count for t in types})],
-                      links=links, collectives=collectives, layers=tables, validation=checks)
+                      links=links, collectives=collectives, layers=tables, validation=checks,
+                      emulated=list(options.emulate))
     progress(1.0, "done")
     return profile.model_copy(update={"notes": notes + unreliable_notes(profile)})

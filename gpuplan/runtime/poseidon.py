@@ -18,14 +18,25 @@ import time
 from typing import Any
 
 from gpuplan.errors import InputError
+from gpuplan.models.base import Table
 from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem, iteration_time_fast
 from gpuplan.models.profile import LayerCost, LayerTable
 from gpuplan.models.workload import TransformerConfig, scaled
+from gpuplan.runtime.report import TOLERANCE, machine_table, off, pct, rel_error
 
 
 def stage_slowdowns(problem: PoseidonProblem, plan: PoseidonPlan) -> list[float]:
-    """Return each stage's slowdown factor (>= 1): its type's one-layer forward+backward time at
-    the plan's micro-batch over the fastest type's."""
+    """Return each stage's slowdown factor (>= 1): the one its device type is emulated by on the
+    measured device when the problem's layer table says so (a profile's `--emulate`, 1 for a
+    measured type), else its type's one-layer forward+backward time at the plan's micro-batch over
+    the fastest type's."""
+    table = problem.layer_costs
+    if table is not None and table.slowdowns:
+        missing = sorted({s.device_type for s in plan.stages} - set(table.slowdowns))
+        if missing:
+            raise InputError(f"layer_costs.slowdowns: no slowdown for device type(s) {missing} of the plan's "
+                             f"stages (have {sorted(table.slowdowns)})")
+        return [table.slowdowns[s.device_type] for s in plan.stages]
     cm = CostModel(problem)
     b = plan.stages[0].micro_batch_size
     per = {t: sum(cm.layer(t, 1, b)) for t in problem.cluster.capacity()}
@@ -56,7 +67,8 @@ def cpu_cores() -> int:
 
 
 def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
-                          schedule: str, factors: list[float], rates: list[float]) -> float:
+                          schedule: str, factors: list[float], rates: list[float],
+                          record: list[tuple[int, str, float, float]] | None = None) -> float:
     """Return the iteration time (s) of the DAG's op order when the S stage processes share the CPU
     cores: while k ops compute, each runs at rates[k-1] of its uncontended speed (processor sharing;
     min(1, cores / k) for ideal cores, or `measure_core_sharing`'s measured rates).
@@ -65,7 +77,8 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
     seconds x factor): an op computes for time/factor of CPU work, then sleeps (factor - 1) x the
     time its compute took, as `_slow_down` does; sleeping and sends (p2p, seconds) use no core.
     Each stage's tail (all-reduce + optimizer) is CPU work after its last op. This
-    equals the DAG longest path (`iteration_time_fast`) when every rate is 1."""
+    equals the DAG longest path (`iteration_time_fast`) when every rate is 1. When `record` is a
+    list, appends (stage, "F"|"B", start_s, end_s) of every op, its emulated sleep included."""
     from gpuplan.models.poseidon import _flat_ops
 
     S = len(fwd)
@@ -108,6 +121,8 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
                     phase[s], left[s] = "sleep", t + (factors[s] - 1.0) * (t - began[s])
             if phase[s] == "sleep" and left[s] <= t + 1e-12:
                 end[queue[s][pos[s]]] = t
+                if record is not None:
+                    record.append((s, "F" if ops[queue[s][pos[s]]][1] else "B", began[s], t))
                 pos[s] += 1
                 phase[s] = "idle"
 
@@ -229,7 +244,7 @@ def _calibrate(module: Any, cfg: TransformerConfig, s: int, S: int, mb: int, seq
 
 
 def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str] | None = None, steps: int = 3,
-             warmup: int = 1, threads: int = 1, seed: int = 0, lr: float = 1e-3, timeout_s: float = 600.0,
+             warmup: int = 1, threads: int | None = None, seed: int = 0, lr: float = 1e-3, timeout_s: float = 600.0,
              return_grads: bool = False, factors: list[float] | None = None, calibrate: int = 3,
              sharing: list[float] | None = None) -> dict[str, Any]:
     """Run `steps` training iterations of the plan (after `warmup`) and return measured figures:
@@ -248,7 +263,13 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     (the plan's sends, all-reduce and optimizer terms unchanged): the prediction under the run's
     own CPU load. "replayed_iteration_s" is the DAG fed with the per-stage times measured inside the
     run itself: it checks the DAG structure (order, dependencies) apart from the per-op costs.
-    With return_grads, also "grads": the first step's gradients by parameter name."""
+    With return_grads, also "grads": the first step's gradients by parameter name.
+
+    `threads` per worker defaults to the threads the problem's layer table was measured with (1).
+    The machine's contention is recorded (gpuplan.runtime.contention.report: load average before
+    and during, other processes' CPU share, step-time spread, "contended", "verdict"); "report"
+    holds the tables `gpuplan run` prints (predicted next to measured, per iteration and per stage,
+    and the machine) and "warnings" each prediction further than 15 % from the measurement."""
     if command:
         raise InputError("poseidon plans run their own training step; a command after -- is not supported")
     stages = plan.stages
@@ -264,25 +285,31 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
             "schedule": plan.schedule, "factors": factors or stage_slowdowns(problem, plan), "seed": seed,
             "steps": steps, "warmup": warmup, "lr": lr, "grads": return_grads,
             "calibrate": calibrate}
+    from gpuplan.runtime import contention
     from gpuplan.runtime.launch import run_workers
 
+    table = problem.layer_costs
+    threads = threads or (table.threads if table is not None and table.threads else 1)
+    before = contention.quiet_window()
     rates = sharing or measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
                                             processes=S * dp, threads=threads)
-    results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
-    iteration = statistics.median(max(r["iters"][i][0] for r in results) for i in range(steps))
-    out: dict[str, Any] = {"world_size": S * dp, "steps": steps, "scaling": note or "none",
-                           "measured_iteration_s": iteration,
-                           "measured_fastest_iteration_s": min(max(r["iters"][i][0] for r in results)
-                                                               for i in range(steps)),
+    with contention.ContentionMonitor() as monitor:
+        results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
+    step_s = [max(r["iters"][i][0] for r in results) for i in range(steps)]
+    iteration = statistics.median(step_s)
+    out: dict[str, Any] = {"world_size": S * dp, "steps": steps, "threads": threads, "scaling": note or "none",
+                           "measured_iteration_s": iteration, "measured_step_s": step_s,
+                           "measured_fastest_iteration_s": min(step_s),
                            "predicted_iteration_s": plan.iteration_time_s,
                            "predicted_over_measured": plan.iteration_time_s / iteration}
     out["cores"] = cpu_cores()
     out["core_sharing_rates"] = rates
     p2p, tails = [st.p2p_s for st in stages], [st.allreduce_s + st.optimizer_s for st in stages]
+    replay: list[tuple[int, str, float, float]] = []
     out["predicted_cpu_iteration_s"] = contended_iteration_s(
         [st.forward_s for st in stages], [st.backward_s for st in stages], p2p, tails,
         plan.num_microbatches, plan.schedule, spec["factors"],
-        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)])
+        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)], record=replay)
     out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
     if calibrate > 0:
         cal = [max(r["calibrated"] for r in results if r["stage"] == k) for k in range(S)]
@@ -296,11 +323,17 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
         out[f"stage{k}_slowdown"] = spec["factors"][k]
         out[f"stage{k}_forward_measured_s"] = statistics.median(x[1] for r in mine for x in r["iters"])
         out[f"stage{k}_forward_predicted_s"] = st.forward_s
+        out[f"stage{k}_forward_predicted_cpu_s"] = statistics.median(
+            b - a for s, kind, a, b in replay if s == k and kind == "F")
         out[f"stage{k}_backward_measured_s"] = statistics.median(x[2] for r in mine for x in r["iters"])
         out[f"stage{k}_backward_predicted_s"] = st.backward_s
+        out[f"stage{k}_backward_predicted_cpu_s"] = statistics.median(
+            b - a for s, kind, a, b in replay if s == k and kind == "B")
     out["replayed_iteration_s"] = iteration_time_fast(
         [out[f"stage{k}_forward_measured_s"] for k in range(S)], [out[f"stage{k}_backward_measured_s"] for k in range(S)],
         p2p, tails, plan.num_microbatches, plan.schedule)
+    out.update(contention.report(before, monitor.window, step_s))
+    out["report"], out["warnings"] = _report(problem, plan, out)
     last = [r for r in results if r["stage"] == S - 1 and r["replica"] == 0][0]
     out["losses"] = last["losses"]
     if return_grads:
@@ -308,6 +341,64 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
 
         out["grads"] = {k: torch.from_numpy(v) for r in results for k, v in r["grads"].items()}
     return out
+
+
+def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -> tuple[list[Table], list[str]]:
+    """Return the tables `gpuplan run` prints for a run's figures `out` and the warnings: the plan's
+    own predictions (and those with this machine's core sharing) next to the measured ones."""
+    stages, S, workers, cores = plan.stages, len(plan.stages), out["world_size"], out["cores"]
+    measured, steps = out["measured_iteration_s"], out["steps"]
+    shared = workers > cores
+    rows = [["plan (DAG; devices share nothing)", plan.iteration_time_s, measured,
+             pct(rel_error(plan.iteration_time_s, measured))],
+            [f"plan with {workers} workers sharing {cores} cores (rates measured before the run)",
+             out["predicted_cpu_iteration_s"], measured, pct(rel_error(out["predicted_cpu_iteration_s"], measured))],
+            ["plan (DAG) vs the fastest step", plan.iteration_time_s, out["measured_fastest_iteration_s"],
+             pct(rel_error(plan.iteration_time_s, out["measured_fastest_iteration_s"]))]]
+    tables = [Table(f"iteration: predicted vs measured (median of {steps} steps; error = (predicted - measured) / "
+                    f"measured)", ["prediction", "predicted_s", "measured_s", "error"], rows)]
+    srows, off_stages = [], []
+    for k, st in enumerate(stages):
+        f_m, b_m = out[f"stage{k}_forward_measured_s"], out[f"stage{k}_backward_measured_s"]
+        f_c, b_c = out[f"stage{k}_forward_predicted_cpu_s"], out[f"stage{k}_backward_predicted_cpu_s"]
+        srows.append([k, st.device_type, out[f"stage{k}_slowdown"], st.num_layers, st.forward_s * 1e3, f_c * 1e3,
+                      f_m * 1e3, pct(rel_error(st.forward_s, f_m)), st.backward_s * 1e3, b_c * 1e3, b_m * 1e3,
+                      pct(rel_error(st.backward_s, b_m))])
+        if off(st.forward_s, f_m) or off(st.backward_s, b_m):
+            off_stages.append(f"stage {k} ({st.device_type}) forward {pct(rel_error(st.forward_s, f_m))}, "
+                              f"backward {pct(rel_error(st.backward_s, b_m))}")
+    tables.append(Table("stages: one micro-batch, predicted by the plan / with core sharing / measured (ms; the "
+                        "emulated slowdown's sleep included)",
+                        ["stage", "type", "slowdown", "layers", "fwd plan", "fwd shared", "fwd measured", "fwd error",
+                         "bwd plan", "bwd shared", "bwd measured", "bwd error"], srows))
+    tables.append(machine_table(out))
+    warnings = []
+    why = []
+    if shared:
+        why.append(f"{workers} workers share {cores} cores, which the plan's figure leaves out (with core sharing it "
+                   f"predicts {out['predicted_cpu_iteration_s']:.4g} s, "
+                   f"{pct(rel_error(out['predicted_cpu_iteration_s'], measured))})")
+    if out["contended"]:
+        why.append("the machine was contended (see 'machine')")
+    if off(plan.iteration_time_s, measured):
+        warnings.append(f"the plan predicts {plan.iteration_time_s:.4g} s per iteration, measured {measured:.4g} s: "
+                        f"{pct(rel_error(plan.iteration_time_s, measured))}, more than {TOLERANCE:.0%} off"
+                        + (f"; {'; '.join(why)}" if why else ""))
+    if off_stages:
+        warnings.append(f"per-stage predictions more than {TOLERANCE:.0%} off: {'; '.join(off_stages)}")
+    if out["scaling"] != "none":
+        warnings.append(f"the run executes a scaled model ({out['scaling']}), not the planned one: predicted and "
+                        f"measured times are not comparable")
+    if problem.layer_costs is None:
+        warnings.append("the plan's costs come from declared peak TFLOP/s, not measured layers: solve with "
+                        "--profile for a prediction of this machine")
+    if out["contended"]:
+        warnings.append(f"measured on a CONTENDED machine: other processes used "
+                        f"{max(x or 0.0 for x in (out['others_cpu_share_before'], out['others_cpu_share_during'])):.0%}"
+                        f" of the {cores} cores; the measured times are not the plan's own (rerun on a quiet machine)")
+    elif out["unsteady"]:
+        warnings.append(f"step times spread {out['step_spread']:.0%}: the measurement is unsteady")
+    return tables, warnings
 
 
 def _sharing_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,
