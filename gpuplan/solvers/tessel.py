@@ -135,9 +135,9 @@ def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: fl
             m.add_hint(s[n], hint.start[n])
             m.add_hint(k[n], hint.lag[n])
     try:
-        # one worker and a deterministic-time limit: the same input and seed give the same pattern
-        res = solve_cpsat(m, time_limit_s=20 * time_limit_s, deterministic_limit=time_limit_s, seed=seed,
-                          workers=1)
+        # one worker and only a deterministic-time limit (no wall clock): the same input and seed give the
+        # same pattern on an idle machine and under load
+        res = solve_cpsat(m, time_limit_s=None, deterministic_limit=time_limit_s, seed=seed, workers=1)
     except InfeasibleError:
         return None
     except SolverError:
@@ -361,7 +361,7 @@ def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int],
         m.add_hint(end, min(horizon, max(base[(n, i)] + t.dur[n] for (n, i) in base)))
     m.minimize(end)
     if deterministic:  # one worker, deterministic time: the same answer on every run
-        res = solve_cpsat(m, time_limit_s=20 * time_limit_s, deterministic_limit=time_limit_s, seed=seed, workers=1)
+        res = solve_cpsat(m, time_limit_s=None, deterministic_limit=time_limit_s, seed=seed, workers=1)
     else:
         res = solve_cpsat(m, time_limit_s=time_limit_s, seed=seed, workers=workers)
     val = res.solver.value
@@ -462,8 +462,13 @@ def reversed_problem(problem: TesselProblem) -> TesselProblem:
 
 def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
                  progress: Callable[..., None], workers: int = 2, completion: bool = True,
-                 polish_s: float = 0.0, latency_search_s: float = 0.0) -> TesselPlan:
+                 polish_s: float = 0.0, latency_search_s: float = 0.0, floor: bool = True) -> TesselPlan:
     """Return Tessel's schedule: the minimum-period repetend, then its completion over N micro-batches.
+
+    floor=True also runs every baseline that applies (cheap list schedules) and returns the best of
+    them when it is shorter, so Tessel is never worse than a baseline on the same input; stats
+    `schedule_from` names where the schedule came from. Every CP-SAT call runs on one worker under a
+    deterministic-time limit only, so the plan does not depend on the machine's load.
 
     completion=False keeps the unrolled, left-shifted pattern. latency_search_s sets the CP-SAT
     deterministic time spent on the pattern's one-micro-batch latency (0: a tenth of one search
@@ -500,10 +505,18 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
             stats["polish_status"] = res.status.value
         except Exception as exc:  # noqa: BLE001 - polishing is optional; keep the completed plan
             stats["polish_error"] = str(exc)[:200]
+    stats["schedule_from"] = "repetend"
+    if floor:  # never worse than a baseline run on the same input: the best one is the floor
+        base_plan = best_baseline(problem)
+        if base_plan is not None:
+            stats["best_baseline"] = {base_plan.schedule_name: base_plan.makespan_s}
+            if base_plan.makespan_s < makespan_s(schedule) - 1e-9:
+                schedule = base_plan.schedule
+                stats["schedule_from"] = base_plan.schedule_name
     stats["search_s"] = time.perf_counter() - started
+    window = _window(problem, schedule, pat.period * t.tick_s) if stats["schedule_from"] == "repetend" else None
     rep = Repetend(period_s=pat.period * t.tick_s, offset_s={n: v * t.tick_s for n, v in pat.start.items()},
-                   lag=dict(pat.lag), window_s=_window(problem, schedule, pat.period * t.tick_s),
-                   copies=max(0, problem.microbatches - width + 1))
+                   lag=dict(pat.lag), window_s=window, copies=max(0, problem.microbatches - width + 1))
     at_bound = makespan_s(schedule) <= bound * (1 + 1e-9)  # then proven optimal
     plan = make_plan(problem, schedule, "tessel", Status.OPTIMAL if at_bound else Status.FEASIBLE, rep)
     plan.predicted["search_s"] = stats["search_s"]
@@ -524,14 +537,22 @@ def _window(problem: TesselProblem, schedule: list[list[Entry]], period_s: float
 def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Callable[..., None], workers: int = 2) -> TesselPlan:
     """Return the exact CP-SAT schedule of all N micro-batches (optimal, or the best found in the limit),
-    started from Tessel's schedule as a hint and upper bound when Tessel finds one; otherwise CP-SAT
-    searches alone within the sequential horizon (N times the sum of all durations)."""
+    started from the best of Tessel's schedule and every applicable baseline as a hint and upper bound;
+    without one CP-SAT searches alone within the sequential horizon (N times the sum of all durations).
+    predicted["proven_bound_s"] is the makespan bound (s) CP-SAT proved (or the model's lower bound),
+    so the gap of any schedule to the optimum is known even when the time limit stops the search."""
     limit = float(time_limit_s or 30.0)
     t = integerize(problem)
     try:
         hint: TesselPlan | None = solve_tessel(problem, seed=seed, progress=progress, workers=workers)
     except (InfeasibleError, SolverError):  # the exact model decides on its own
         hint = None
+    tessel_hint = hint is not None
+    base_plan = best_baseline(problem)  # Tessel already floors with it; it still hints when Tessel fails
+    if base_plan is not None and (hint is None or base_plan.makespan_s < hint.makespan_s - 1e-9):
+        hint = base_plan
+    hint_from = None if hint is None else (hint.solver.stats.get("schedule_from", "tessel")
+                                           if hint.solver and hint.schedule_name == "tessel" else hint.schedule_name)
     if hint is not None:
         base = _tick_starts(hint.schedule, t.tick_s)
         horizon = int(hint.makespan_s / t.tick_s * 1.02) + max(t.dur.values())
@@ -544,22 +565,34 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
     except SolverError:  # nothing better found in time: the hint stands, unproven
         if hint is None:
             raise
-        return make_plan(problem, hint.schedule, "exact", Status.TIME_LIMIT,
-                         message="CP-SAT found no schedule in the limit; Tessel's schedule is shown")
+        plan = make_plan(problem, hint.schedule, "exact", Status.TIME_LIMIT,
+                         message=f"CP-SAT found no schedule in the limit; the hint ({hint_from}) is shown")
+        plan.predicted["proven_bound_s"] = plan.predicted["lower_bound_s"]
+        plan.solver = SolverInfo(name="exact", stats={"hint_from": hint_from, "bound_s": plan.predicted["lower_bound_s"]})
+        return plan
     except InfeasibleError as exc:
         if hint is not None:  # only the horizon is infeasible: the hint is already the best schedule
-            return make_plan(problem, hint.schedule, "exact", Status.FEASIBLE)
+            plan = make_plan(problem, hint.schedule, "exact", Status.FEASIBLE)
+            plan.predicted["proven_bound_s"] = plan.predicted["lower_bound_s"]
+            plan.solver = SolverInfo(name="exact", stats={"hint_from": hint_from,
+                                                          "bound_s": plan.predicted["lower_bound_s"]})
+            return plan
         raise InfeasibleError(f"no schedule of {problem.microbatches} micro-batches fits the memory limits "
                               f"{[problem.limit(d) for d in range(problem.devices)]} bytes within "
                               f"{horizon * t.tick_s:g} s (one micro-batch after the other)") from exc
     schedule = simulate(problem, orders)
     if hint is not None and makespan_s(schedule) > hint.makespan_s + 1e-9:
         schedule = hint.schedule
-    status = Status.OPTIMAL if makespan_s(schedule) <= lower_bound_s(problem) * (1 + 1e-9) else res.status
+    bound_s = max(lower_bound_s(problem), (res.bound or 0) * t.tick_s)
+    status = Status.OPTIMAL if makespan_s(schedule) <= bound_s * (1 + 1e-9) + 1e-9 else res.status
     plan = make_plan(problem, schedule, "exact", status)
-    plan.predicted["lower_bound_s"] = max(plan.predicted["lower_bound_s"], (res.bound or 0) * t.tick_s)
-    plan.solver = SolverInfo(name="exact", stats={"bound_s": (res.bound or 0) * t.tick_s,
-                                                  "cpsat_wall_s": res.wall_time_s, "tessel_hint": hint is not None,
+    plan.predicted["lower_bound_s"] = bound_s
+    plan.predicted["proven_bound_s"] = bound_s
+    if status != Status.OPTIMAL:
+        plan.message = (f"best found {plan.makespan_s:g} s, proven bound {bound_s:g} s "
+                        f"(gap {100 * (plan.makespan_s / bound_s - 1):.1f}%)" if bound_s > 0 else "")
+    plan.solver = SolverInfo(name="exact", stats={"bound_s": bound_s, "cpsat_wall_s": res.wall_time_s,
+                                                  "tessel_hint": tessel_hint, "hint_from": hint_from,
                                                   **res.stats})
     return plan
 
@@ -601,11 +634,49 @@ def _interleaved_reason(problem: TesselProblem) -> str | None:
     return None
 
 
-def _zb(in_flight: Callable[[TesselProblem, int], float]) -> Callable[[TesselProblem], list[list[Entry]]]:
+def _zb(in_flight: Callable[[TesselProblem, int], float],
+        handcrafted: Callable[[TesselProblem], list[tuple[Callable[[int], int], Callable[[int], int]]]] | None = None
+        ) -> Callable[[TesselProblem], list[list[Entry]]]:
+    """Return a zero-bubble builder: the shortest of the paper's handcrafted orders (`handcrafted` gives
+    (warm-up, W delay) per device rule) and the greedy list schedule, among those within the memory of
+    `in_flight` micro-batches per device."""
     def build(problem: TesselProblem) -> list[list[Entry]]:
         cap = classic.one_f_one_b_cap(problem, lambda d: in_flight(problem, d))
-        return classic.list_schedule(problem, classic.zb_priority(problem), cap=cap)
+        candidates: list[list[list[Entry]]] = []
+        for warmup, delay in (handcrafted(problem) if handcrafted else []):
+            try:
+                candidates.append(simulate(problem, classic.zero_bubble_orders(problem, warmup, delay)))
+            except DeadlockError:
+                continue
+        try:
+            candidates.append(classic.list_schedule(problem, classic.zb_priority(problem), cap=cap))
+        except InfeasibleError:
+            pass
+        fit = [c for c in candidates
+               if all(pk <= cap[d] * (1 + 1e-9) + 1e-9 for d, pk in enumerate(memory_peaks(problem, c)))]
+        if not fit:
+            raise InfeasibleError(f"no zero-bubble order fits the memory caps {cap} bytes")
+        return min(fit, key=makespan_s)  # the first of equals: the handcrafted order
     return build
+
+
+def _h1_rules(problem: TesselProblem) -> list[tuple[Callable[[int], int], Callable[[int], int]]]:
+    """ZB-H1 (warm-up p-1-r, W delayed by r), then 1F1B with a split backward (W at once)."""
+    p = problem.devices
+    return [(lambda r: p - 1 - r, lambda r: r), (lambda r: p - 1 - r, lambda r: 0)]
+
+
+def _h2_rules(problem: TesselProblem) -> list[tuple[Callable[[int], int], Callable[[int], int]]]:
+    """ZB-H2 (warm-up 2(p-1-r), W delayed by 2r), then the ZB-H1 rules (fewer in flight)."""
+    p = problem.devices
+    return [(lambda r: 2 * (p - 1 - r), lambda r: 2 * r)] + _h1_rules(problem)
+
+
+def _textbook_1f1b(problem: TesselProblem) -> list[list[Entry]]:
+    """Return 1F1B with the backward fused (B and W as one block that passes the gradient upstream only
+    when both are done): the textbook (m + p - 1)(F + B + W) makespan."""
+    fused = classic.fused_problem(problem)
+    return classic.unfuse(problem, simulate(fused, classic.interleaved_orders(fused, 1)))
 
 
 def _split_reason(problem: TesselProblem) -> str | None:
@@ -624,26 +695,55 @@ register_solver("tessel", "tessel-unrolled", lambda problem, **kw: solve_tessel(
                 role="variant", description="the repetend unrolled and left-shifted, without the completion step")
 register_solver("tessel", "exact", solve_exact, role="exact", applicable=_exact_applies,
                 description="CP-SAT over every block instance (intervals, no-overlap, reservoir memory)")
-register_solver("tessel", "gpipe", _baseline("gpipe", lambda p: simulate(p, classic.gpipe_orders(p))),
-                role="baseline", applicable=_gpipe_reason, description="all forwards, then all backwards")
-register_solver("tessel", "1f1b",
-                _baseline("1f1b", lambda p: simulate(p, classic.interleaved_orders(p, 1))),
-                role="baseline", applicable=lambda p: classic.pipeline_reason(p, chunks=1),
-                description="PipeDream-flush / DAPPLE one-forward-one-backward")
-register_solver("tessel", "interleaved-1f1b",
-                _baseline("interleaved-1f1b",
-                          lambda p: simulate(p, classic.interleaved_orders(p, _interleaved_chunks(p)))),
-                role="baseline", applicable=_interleaved_reason,
-                description="Megatron's interleaved 1F1B (virtual stages)")
-register_solver("tessel", "zb-h1", _baseline("zb-h1", _zb(lambda p, d: p.devices)), role="baseline",
-                applicable=lambda p: classic.pipeline_reason(p, chunks=1) or _split_reason(p),
-                description="zero bubble H1: 1F1B's memory, weight gradients fill the bubbles")
-register_solver("tessel", "zb-h2", _baseline("zb-h2", _zb(lambda p, d: 2 * p.devices - 1)), role="baseline",
-                applicable=lambda p: classic.pipeline_reason(p, chunks=1) or _split_reason(p),
-                description="zero bubble H2: up to 2p-1 micro-batches in flight")
-register_solver("tessel", "zb-v", _baseline("zb-v", _zb(lambda p, d: p.devices)), role="baseline",
-                applicable=lambda p: classic.pipeline_reason(p, v_shape=True) or _split_reason(p),
-                description="zero bubble V: two chunks per device in a V, 1F1B's memory")
-register_solver("tessel", "chimera", _baseline("chimera", _zb(lambda p, d: p.devices)), role="baseline",
-                applicable=classic.chimera_reason,
-                description="Chimera-style bidirectional pipelines, greedy, p micro-batch pairs in flight")
+BASELINES: dict[str, tuple[Callable[[TesselProblem], list[list[Entry]]], Callable[[TesselProblem], str | None]]] = {}
+
+
+def _register_baseline(name: str, build: Callable[[TesselProblem], list[list[Entry]]],
+                       applicable: Callable[[TesselProblem], str | None], description: str) -> None:
+    """Register a baseline and keep it in BASELINES, which Tessel and exact run as their floor."""
+    BASELINES[name] = (build, applicable)
+    register_solver("tessel", name, _baseline(name, build), role="baseline", applicable=applicable,
+                    description=description)
+
+
+def best_baseline(problem: TesselProblem) -> TesselPlan | None:
+    """Return the shortest plan of every baseline that applies and fits the memory (None when none does);
+    ties go to the first registered."""
+    best: TesselPlan | None = None
+    for name, (build, applicable) in BASELINES.items():
+        if applicable(problem) is not None:
+            continue
+        try:
+            plan = _checked(problem, build(problem), name)
+        except (InfeasibleError, DeadlockError):
+            continue
+        if best is None or plan.makespan_s < best.makespan_s - 1e-9:
+            best = plan
+    return best
+
+
+_register_baseline("gpipe", lambda p: simulate(p, classic.gpipe_orders(p)), _gpipe_reason,
+                   "all forwards, then all backwards")
+_register_baseline("1f1b", lambda p: simulate(p, classic.interleaved_orders(p, 1)),
+                   lambda p: classic.pipeline_reason(p, chunks=1),
+                   "PipeDream-flush / DAPPLE one-forward-one-backward; on a split backward W follows its B at once "
+                   "but the gradient leaves with B: m(F+B+W) + (p-1)(F+B), stronger than the textbook "
+                   "(m+p-1)(F+B+W) of 1f1b-textbook")
+_register_baseline("1f1b-textbook", _textbook_1f1b,
+                   lambda p: classic.pipeline_reason(p, chunks=1) or _split_reason(p),
+                   "textbook 1F1B: the backward as one block (B then W) before the gradient moves upstream: "
+                   "(m+p-1)(F+B+W)")
+_register_baseline("interleaved-1f1b", lambda p: simulate(p, classic.interleaved_orders(p, _interleaved_chunks(p))),
+                   _interleaved_reason, "Megatron's interleaved 1F1B (virtual stages)")
+_register_baseline("zb-h1", _zb(lambda p, d: p.devices, _h1_rules),
+                   lambda p: classic.pipeline_reason(p, chunks=1) or _split_reason(p),
+                   "zero bubble H1: 1F1B's memory, W of micro-batch j after the B of j+r on device r (the paper's "
+                   "order: m(F+B+W) + (p-1)(F+B-W) when W <= F, m >= p), or the greedy order when shorter")
+_register_baseline("zb-h2", _zb(lambda p, d: 2 * p.devices - 1, _h2_rules),
+                   lambda p: classic.pipeline_reason(p, chunks=1) or _split_reason(p),
+                   "zero bubble H2: up to 2p-1 micro-batches in flight, 2(p-1-r) warm-up forwards, W delayed by "
+                   "2r (m(F+B+W) + (p-1)(F+B-2W) when B >= 2W, m >= 2p-1), or ZB-H1 / the greedy order when shorter")
+_register_baseline("zb-v", _zb(lambda p, d: p.devices), lambda p: classic.pipeline_reason(p, v_shape=True)
+                   or _split_reason(p), "zero bubble V: two chunks per device in a V, 1F1B's memory")
+_register_baseline("chimera", _zb(lambda p, d: p.devices), classic.chimera_reason,
+                   "Chimera-style bidirectional pipelines, greedy, p micro-batch pairs in flight")

@@ -140,6 +140,83 @@ def interleaved_orders(problem: TesselProblem, chunks: int) -> Order:
     return orders
 
 
+def zero_bubble_orders(problem: TesselProblem, warmup: Callable[[int], int], delay: Callable[[int], int]) -> Order:
+    """Return the zero-bubble paper's handcrafted orders on a one-stage-per-device split placement.
+
+    Device r runs `warmup(r)` forwards, then one forward and one backward-input (B) in turn, then the
+    remaining B's; the weight gradient W of micro-batch j runs right after the B of micro-batch
+    j + delay(r) (the rest at the end). ZB-H1: warmup p-1-r, delay r (1F1B's memory, makespan
+    m(F+B+W) + (p-1)(F+B-W) when W <= F and m >= p); ZB-H2: warmup 2(p-1-r), delay 2r (2p-1
+    micro-batches in flight, m(F+B+W) + (p-1)(F+B-2W) when B >= 2W and m >= 2p-1); delay 0 with
+    1F1B's warm-up is 1F1B with a split backward.
+    """
+    st = stages(problem)
+    assert st is not None
+    p, m = problem.devices, problem.microbatches
+    orders: Order = []
+    for r in range(p):
+        f_name = st[r]["F"][0]
+        b_name, w_names = st[r]["B"][0], st[r]["B"][1:]
+        warm = max(0, min(m, warmup(r)))
+        seq = [("F", k) for k in range(warm)]
+        for k in range(m - warm):
+            seq += [("F", warm + k), ("B", k)]
+        seq += [("B", k) for k in range(m - warm, m)]
+        order: list[tuple[str, int]] = []
+        next_w = 0
+        for what, k in seq:
+            order.append((f_name if what == "F" else b_name, k))
+            if what == "B" and k - delay(r) >= 0:
+                order += [(w, k - delay(r)) for w in w_names]
+                next_w = k - delay(r) + 1
+        order += [(w, j) for j in range(next_w, m) for w in w_names]
+        orders.append(order)
+    return orders
+
+
+def fused_problem(problem: TesselProblem) -> TesselProblem:
+    """Return the placement with each stage's backward-input and backward-weight blocks merged into one
+    backward block (duration B + W, memory delta the sum, after B's dependencies): the textbook
+    backward, whose input gradient leaves the stage only when the weight gradient is done too."""
+    st = stages(problem)
+    assert st is not None
+    merged: dict[str, str] = {}  # W name -> its stage's B name
+    for s in st.values():
+        for w in s["B"][1:]:
+            merged[w] = s["B"][0]
+    blocks = []
+    for b in problem.blocks:
+        if b.name in merged:
+            continue
+        if b.kind == "backward_input":
+            ws = [problem.block(w) for w, owner in merged.items() if owner == b.name]
+            b = b.model_copy(update={"kind": "backward", "duration_s": b.duration_s + sum(w.duration_s for w in ws),
+                                     "memory_bytes": b.memory_bytes + sum(w.memory_bytes for w in ws)})
+        blocks.append(b.model_copy(update={"after": [merged.get(a, a) for a in b.after]}))
+    return problem.model_copy(update={"blocks": blocks})
+
+
+def unfuse(problem: TesselProblem, fused: list[list[Entry]]) -> list[list[Entry]]:
+    """Return a fused-backward schedule (see fused_problem) as a schedule of the split placement: each
+    fused backward becomes its B followed at once by its W (s)."""
+    st = stages(problem)
+    assert st is not None
+    parts = {s["B"][0]: [problem.block(n) for n in s["B"]] for s in st.values()}
+    out: list[list[Entry]] = []
+    for dev in fused:
+        entries: list[Entry] = []
+        for e in dev:
+            if e.block not in parts:
+                entries.append(e)
+                continue
+            at = e.start_s
+            for b in parts[e.block]:
+                entries.append(Entry(block=b.name, microbatch=e.microbatch, start_s=at, end_s=at + b.duration_s))
+                at += b.duration_s
+        out.append(entries)
+    return out
+
+
 def list_schedule(problem: TesselProblem, priority: Callable[[str, int], tuple], *,
                   cap: list[float] | None = None, window: int | None = None) -> list[list[Entry]]:
     """Return a greedy non-delay schedule (s): whenever devices are free, start the ready instance
