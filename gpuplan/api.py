@@ -182,10 +182,10 @@ def run(plan: Plan, problem: Problem | None = None, **options: Any) -> dict[str,
     """
     import importlib
 
-    if not plan.ok:
-        raise PlanRejected([Violation("status", f"the plan's status is {plan.status.value!r}: "
-                                                "it holds no solution to run")])
     violations = check(problem, plan)
+    if not plan.ok and not violations:
+        violations = [Violation("status", f"the plan's status is {plan.status.value!r}: "
+                                          "it holds no solution to run")]
     if violations:
         raise PlanRejected(violations)
     prob = plan_problem(plan, problem)
