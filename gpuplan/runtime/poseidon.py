@@ -22,7 +22,7 @@ from gpuplan.models.base import Table
 from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem, iteration_time_fast
 from gpuplan.models.profile import LayerCost, LayerTable
 from gpuplan.models.workload import TransformerConfig, scaled
-from gpuplan.runtime.report import TOLERANCE, machine_table, off, pct, rel_error
+from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
 
 
 def stage_slowdowns(problem: PoseidonProblem, plan: PoseidonPlan) -> list[float]:
@@ -392,12 +392,7 @@ def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -
     if problem.layer_costs is None:
         warnings.append("the plan's costs come from declared peak TFLOP/s, not measured layers: solve with "
                         "--profile for a prediction of this machine")
-    if out["contended"]:
-        warnings.append(f"measured on a CONTENDED machine: other processes used "
-                        f"{max(x or 0.0 for x in (out['others_cpu_share_before'], out['others_cpu_share_during'])):.0%}"
-                        f" of the {cores} cores; the measured times are not the plan's own (rerun on a quiet machine)")
-    elif out["unsteady"]:
-        warnings.append(f"step times spread {out['step_spread']:.0%}: the measurement is unsteady")
+    warnings += contention_warnings(out)
     return tables, warnings
 
 

@@ -43,3 +43,14 @@ def machine_table(fields: dict[str, Any]) -> Table:
             ["step times spread (p90 - p10) / median", f"{fields['step_spread']:.1%}"],
             ["contended", "YES" if fields["contended"] else "no"]]
     return Table("machine during the measurement", ["measure", "value"], rows)
+
+
+def contention_warnings(fields: dict[str, Any]) -> list[str]:
+    """Return the warning a run on a contended (or unsteady) machine gets, from the contention fields."""
+    if fields["contended"]:
+        share = max(x or 0.0 for x in (fields["others_cpu_share_before"], fields["others_cpu_share_during"]))
+        return [f"measured on a CONTENDED machine: other processes used {share:.0%} of the {fields['cores']} cores "
+                f"around the run; the measured times are not the plan's own (rerun on a quiet machine)"]
+    if fields["unsteady"]:
+        return [f"step times spread {fields['step_spread']:.0%}: the measurement is unsteady"]
+    return []
