@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 
 from gpuplan.models import lagom_cost as cost
+from gpuplan.models import nccl_tuning
 from gpuplan.models.base import Problem, Schema, Violation, field_path
 from gpuplan.models.catalog import canonical_name, catalog_entry
 from gpuplan.models.lagom_cost import Consts
@@ -85,9 +86,12 @@ class Hardware(Schema):
 class Group(Schema):
     """A communicator: ranks over nodes, the link inside a node, the network between nodes.
 
-    `channels` is NCCL's comm.nChannels (default 16 on NVLink, 4 on PCIe; across nodes 4, or 2
-    below 25 GB/s per rank); the per-channel
-    bandwidth is the link's share. `cap_GBps` and `latency_scale` are what a profile fits.
+    By default the group is what NCCL 2.30.7's topology search makes of it on `hardware`
+    (nccl_tuning): the GPU's architecture, its NVLinks (through NVSwitches from 12 links up) or PCIe,
+    `nics` NICs per node of `inter_GBps` each (a ring across nodes runs on every rail), NVLS where
+    NCCL has it (Hopper and later on NVSwitch; `nvls: false` turns it off). `intra_GBps` alone is a
+    line rate (NVLink links x 25 GB/s); with `channels` too it is the achieved bus bandwidth over
+    those channels (what a calibration writes). `cap_GBps` and `latency_scale` are what a profile fits.
     """
 
     ranks: int = Field(ge=2)
@@ -95,9 +99,10 @@ class Group(Schema):
     intra: Literal["nvlink", "pcie"] = "nvlink"
     intra_GBps: GBps | None = Field(default=None, gt=0)
     inter_GBps: GBps | None = Field(default=None, gt=0)
+    nics: int = Field(default=1, ge=1, le=64, description="NICs (rails) per node, each of inter_GBps")
     inter_latency_s: Seconds = Field(default=0.0, ge=0)
     channels: int | None = Field(default=None, ge=1, le=cost.MAX_CHANNELS)
-    nvls: bool = False
+    nvls: bool | None = None
     ll128: bool | None = None
     cap_GBps: GBps | None = Field(default=None, gt=0)
     latency_scale: float = Field(default=1.0, gt=0)
@@ -107,23 +112,48 @@ class Group(Schema):
         if self.ranks % self.nodes:
             raise ValueError(f"at nodes: a divisor of ranks={self.ranks}, not {self.nodes}")
         if self.nodes > 1 and self.inter_GBps is None:
-            raise ValueError(f"at inter_GBps: the network bandwidth per rank (e.g. '25 Gbps'); "
+            raise ValueError(f"at inter_GBps: one NIC's network bandwidth (e.g. '200 Gbps'; `nics` per node); "
                              f"the group spans {self.nodes} nodes")
         return self
 
+    def topology(self, hw: Hardware) -> nccl_tuning.Topology:
+        """Return the group as NCCL's search sees it on `hw` (architecture, NVLinks or PCIe, NICs)."""
+        arch = hw.architecture()
+        cc = nccl_tuning.COMPUTE_CAPABILITY.get(arch, 80)
+        catalog_links = int(hw._entry().get("nvlinks", 0) or 0)
+        declared = self.intra_GBps is not None or hw.intra_node_GBps is not None
+        line = self.intra_GBps or hw.intra_GBps()
+        if self.intra == "nvlink":
+            nvlinks = catalog_links if catalog_links and not declared else max(1, round(line / (50 if cc >= 100 else 25)))
+            pcie = nccl_tuning.PCIE_GBPS_BY_ARCH.get(arch, 24.0)
+        else:
+            nvlinks = 0
+            pcie = (nccl_tuning.PCIE_GBPS_BY_ARCH.get(arch, 24.0) if catalog_links and not declared
+                    else nccl_tuning.PCIE_NCCL_PER_LINE * line)
+        return nccl_tuning.Topology(
+            ranks=self.ranks, nodes=self.nodes, ppn_min=self.ranks // self.nodes, cc=cc, cc_max=cc,
+            nvlinks=nvlinks, nvswitch=nvlinks >= 12, pcie_GBps=pcie, nics=self.nics,
+            nic_GBps=float(self.inter_GBps or 12.5), latency_inter_us=self.inter_latency_s * 1e6,
+            ll128=self.ll128, nvls_enable=self.nvls is not False)
+
     def link(self, hw: Hardware) -> cost.Link:
-        """Return the cost model's view of this communicator on `hw`."""
-        total = self.intra_GBps or hw.intra_GBps()
-        channels = self.channels or (16 if self.intra == "nvlink" else 4)
-        if self.nodes > 1:
-            total = min(total, self.inter_GBps or total)
-            channels = self.channels or (4 if total >= 25 else 2)
-        ll128 = self.ll128 if self.ll128 is not None else (
-            self.intra == "nvlink" and hw.architecture() in ("ampere", "hopper", "blackwell"))
-        return cost.Link(ranks=self.ranks, nodes=self.nodes, intra=self.intra, channel_GBps=total / channels,
-                         cap_GBps=self.cap_GBps or total, channels=channels,
-                         inter_latency_us=self.inter_latency_s * 1e6, nvls=self.nvls, ll128=ll128,
-                         latency_scale=self.latency_scale)
+        """Return the cost model's view of this communicator on `hw`: NCCL's graphs (channels and
+        per-channel bandwidth of the ring, NCCL's achieved NVLink rate, every rail across nodes), or
+        the explicit `channels` x `intra_GBps` a calibration gave."""
+        topo = self.topology(hw)
+        g = nccl_tuning.graphs(topo)
+        ring_bus = g.ring.channels * (g.ring.bw_intra_GBps if self.nodes <= 2 else g.ring.bw_inter_GBps)
+        channels = self.channels or g.comm_channels
+        explicit = self.channels is not None and self.intra_GBps is not None
+        bus = self.intra_GBps if explicit else ring_bus
+        ll128 = self.ll128 if self.ll128 is not None else nccl_tuning.ll128_enabled(topo)
+        nvls = self.nvls is not False and g.nvls is not None
+        return cost.Link(ranks=self.ranks, nodes=self.nodes, intra=self.intra, channel_GBps=bus / channels,
+                         cap_GBps=self.cap_GBps or 2 * topo.gpu_total_GBps(), channels=channels,
+                         inter_latency_us=self.inter_latency_s * 1e6, nvls=nvls, ll128=ll128,
+                         latency_scale=self.latency_scale, arch=hw.architecture(),
+                         graph_channels=None if explicit else g.ring.channels if self.channels is None else None,
+                         topo=topo)
 
 
 class Segment(Schema):

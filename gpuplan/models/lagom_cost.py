@@ -2,11 +2,12 @@
 
 Three layers, all pure functions (numpy-friendly: channels, threads and chunk may be arrays):
 
-1. `nccl_latency_us` / `nccl_busbw_GBps` / `nccl_time_us`: NCCL 2.30's own model (`tuning.cc`) as
-   restated in the research notes: per-(algorithm, protocol) latency tables, bus bandwidth with the
-   protocol caps, bus -> algorithm bandwidth, T = lat + S / (1000 * algBw) in microseconds.
-   `nccl_default` is NCCL's choice: the (algorithm, protocol) with the smallest T, then its
-   channel/thread reduction for small messages, and the buffer-derived chunk.
+1. `nccl_latency_us` / `nccl_busbw_GBps` / `nccl_time_us`: NCCL 2.30.7's own model, per GPU
+   architecture (gpuplan.models.nccl_tuning: tuning.cc latency tables, llMaxBws and per-channel caps
+   per architecture, tree correction, NVLS and NVLS tree, the graphs NCCL's search builds),
+   T = lat + S / (1000 * algBw) in microseconds. `nccl_default` is NCCL's choice: the (algorithm,
+   protocol) with the smallest T, then its channel/thread reduction for small messages, and the
+   buffer-derived chunk.
 2. `comm_time_us(theta)`: the same shape with explicit channels NC, threads NT and chunk C
    (our reconstruction, notes 2.4): per-channel bandwidth scaled by thread saturation, only as many
    channels busy as there are chunks, capped by the link, plus a per-loop overhead.
@@ -17,36 +18,27 @@ Three layers, all pure functions (numpy-friendly: channels, threads and chunk ma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from pydantic import Field
 
+from gpuplan.models import nccl_tuning as nt
 from gpuplan.models.base import Schema
 
-ALGOS = ("ring", "tree", "nvls")
+# nvlstree is NCCL's NVLS tree (NVLink SHARP inside each node, a tree across nodes); NCCL_ALGO spells
+# it "nvlstree".
+ALGOS = ("ring", "tree", "nvls", "nvlstree")
 PROTOS = ("LL", "LL128", "Simple")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "send_recv")
 MAX_CHANNELS = 64          # NCCL MAXCHANNELS
 NCCL_STEPS = 8             # FIFO slots per connection
 # Default FIFO sizes (bytes) per protocol, notes 1.1: Simple 4 MiB, LL 512 KiB, LL128 4,915,200 B.
 DEFAULT_BUFFSIZE = {"Simple": 4 * 2**20, "LL": 512 * 2**10, "LL128": 4_915_200}
-# Latency tables (us), notes 1.2. BASE[algo][proto]; HW[link][algo][proto].
-BASE_LAT = {"tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4},
-            "ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4},
-            "nvls": {"LL": 0.0, "LL128": 0.0, "Simple": 0.0}}
-HW_LAT = {"nvlink": {"tree": {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
-                     "ring": {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
-                     "nvls": {"Simple": 25.0}},
-          "pcie": {"tree": {"LL": 1.0, "LL128": 1.9, "Simple": 4.0},
-                   "ring": {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
-                   "nvls": {"Simple": 25.0}},
-          "net": {"tree": {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
-                  "ring": {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
-                  "nvls": {"Simple": 18.0}}}
 # Bytes per thread below which NCCL drops channels/threads (NCCL_THREAD_THRESHOLDS defaults).
-THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}
+THREAD_THRESHOLD = nt.THREAD_THRESHOLD
 # Payload per wire byte: LL sends 8 B of data per 16 B line, LL128 120 B per 128 B line.
 PAYLOAD = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 
@@ -55,9 +47,12 @@ PAYLOAD = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
 class Link:
     """The communicator an op runs on, as the cost model sees it.
 
-    ranks n, nodes N, intra-node link type, per-channel bandwidth (GB/s) NCCL's graph search would
-    report, the link's total bus bandwidth cap (GB/s), NCCL's comm.nChannels, the extra inter-node
-    latency (us), and which of NVLS / LL128 this communicator may use.
+    ranks n, nodes N, intra-node link type, per-channel bandwidth (GB/s, per one of NCCL's
+    comm.nChannels `channels`), the link's total bus bandwidth cap (GB/s, a calibration), the extra
+    inter-node latency (us), and which of NVLS / LL128 this communicator may use. `topo` is the group
+    as NCCL's search sees it (architecture, NVLink/PCIe, NICs: gpuplan.models.nccl_tuning); without
+    one the link stands alone on `arch`'s tables. `graph_channels` is the search's channel count
+    (comm.nChannels is twice it; None: the same as `channels`).
     """
 
     ranks: int
@@ -70,6 +65,9 @@ class Link:
     nvls: bool = False
     ll128: bool = True
     latency_scale: float = 1.0
+    arch: str = "hopper"
+    graph_channels: int | None = None
+    topo: nt.Topology | None = None
 
     @property
     def ppn(self) -> int:
@@ -78,7 +76,8 @@ class Link:
 
 
 class Consts(Schema):
-    """Every constant of the model: NCCL's (from the notes) and our reconstruction's (fittable).
+    """Every constant of the model: NCCL's (None: NCCL 2.30.7's table for the link's architecture and
+    node count, nccl_tuning) and our reconstruction's (fittable).
 
     Bandwidths GB/s, latencies us, chunk bytes. `thread_sat[p]` is the thread count at which one
     channel reaches its bandwidth; `step_us` the sync cost of one pipeline step (plus
@@ -88,10 +87,10 @@ class Consts(Schema):
     computation slows communication; `beta` HBM bytes per bus byte.
     """
 
-    ll_max_GBps: float = Field(default=141.0, gt=0)
-    per_ch_max_ring_ll128_GBps: float = Field(default=36.7, gt=0)
-    per_ch_max_tree_GBps: float = Field(default=36.7, gt=0)
-    nvls_eff: float = Field(default=0.85, gt=0, le=1)
+    ll_max_GBps: float | None = Field(default=None, gt=0)
+    per_ch_max_ring_ll128_GBps: float | None = Field(default=None, gt=0)
+    per_ch_max_tree_GBps: float | None = Field(default=None, gt=0)
+    nvls_eff: float | None = Field(default=None, gt=0, le=1)
     net_overhead_us: float = Field(default=1.0, ge=0)
     thread_sat_LL: float = Field(default=256.0, ge=32)
     thread_sat_LL128: float = Field(default=320.0, ge=32)
@@ -124,15 +123,17 @@ def algo_allowed(algo: str, collective: str, link: Link) -> str | None:
     """Return None when NCCL can run `collective` with `algo` on `link`, else the reason."""
     if algo not in ALGOS:
         return f"unknown algorithm {algo!r} (expected one of {', '.join(ALGOS)})"
-    if algo == "tree" and collective != "all_reduce":
-        return f"Tree runs only all_reduce, not {collective}"
-    if algo == "nvls":
+    if algo in ("tree", "nvlstree") and collective != "all_reduce":
+        return f"{'Tree' if algo == 'tree' else 'NVLS tree'} runs only all_reduce, not {collective}"
+    if algo in ("nvls", "nvlstree"):
         if collective not in ("all_reduce", "all_gather", "reduce_scatter"):
             return f"NVLS runs all_reduce/all_gather/reduce_scatter, not {collective}"
         if not link.nvls:
             return "NVLS needs NVLink SHARP (group.nvls: true)"
-        if link.nodes > 1:
-            return f"multi-node NVLS needs CollNet ({link.nodes} nodes)"
+        if algo == "nvls" and link.nodes > 1:
+            return f"multi-node NVLS needs CollNet ({link.nodes} nodes); NCCL uses nvlstree across nodes"
+        if algo == "nvlstree" and link.nodes == 1:
+            return "NVLS tree runs only across nodes (one node: nvls)"
     return None
 
 
@@ -140,7 +141,7 @@ def proto_allowed(algo: str, proto: str, link: Link) -> str | None:
     """Return None when `proto` is allowed with `algo` on `link`, else the reason."""
     if proto not in PROTOS:
         return f"unknown protocol {proto!r} (expected one of {', '.join(PROTOS)})"
-    if algo == "nvls" and proto != "Simple":
+    if algo in ("nvls", "nvlstree") and proto != "Simple":
         return "NVLS runs only the Simple protocol"
     if proto == "LL128" and not link.ll128:
         return "LL128 is not safe on this path (group.ll128: false); forcing it can corrupt data"
@@ -164,7 +165,7 @@ def setting_problems(collective: str, link: Link, algo: str, proto: str, channel
         return out
     if not 1 <= channels <= MAX_CHANNELS:
         out.append(f"channels {channels} outside 1..{MAX_CHANNELS}")
-    if algo == "nvls" and channels < 2:
+    if algo in ("nvls", "nvlstree") and channels < 2:
         out.append("NVLS needs at least 2 channels")
     lo, hi = thread_range(algo, proto)
     if threads % 32 or not lo <= threads <= hi:
@@ -176,7 +177,7 @@ def setting_problems(collective: str, link: Link, algo: str, proto: str, channel
     return out
 
 
-# ---- NCCL's analytic model (notes 1.2) -----------------------------------------------------------
+# ---- NCCL's analytic model (nccl_tuning: NCCL 2.30.7's tuning.cc per architecture) --------------
 
 def nsteps(collective: str, n: int) -> int:
     """Return NCCL's ring step count: 2(n-1) all_reduce, n-1 all_gather/reduce_scatter, n otherwise."""
@@ -187,74 +188,98 @@ def nsteps(collective: str, n: int) -> int:
     return n
 
 
+def _tuned(collective: str) -> str:
+    """The NCCL collective whose tables model `collective` (send_recv: a one-step ring, as broadcast)."""
+    return collective if collective in nt.COLLECTIVES else "broadcast"
+
+
+def link_topology(link: Link) -> nt.Topology:
+    """Return the NCCL topology of `link`: its own `topo` (with the link's extra latency and LL128
+    choice), or one built from the link's fields (`arch`, intra-node class, NVLS) when it has none."""
+    if link.topo is not None:
+        t = link.topo
+        if t.latency_inter_us != link.inter_latency_us or t.ll128 != link.ll128:
+            t = replace(t, latency_inter_us=link.inter_latency_us, ll128=link.ll128)
+        return t
+    nvlink = link.intra == "nvlink"
+    return nt.Topology(ranks=link.ranks, nodes=link.nodes, ppn_min=link.ppn,
+                       cc=nt.COMPUTE_CAPABILITY.get(link.arch, 90), nvlinks=18 if nvlink else 0,
+                       nvswitch=link.nvls, pcie_GBps=nt.PCIE_GBPS_BY_ARCH.get(link.arch, 24.0),
+                       latency_inter_us=link.inter_latency_us, ll128=link.ll128)
+
+
+def link_graphs(link: Link) -> nt.Graphs:
+    """Return the ring / tree / NVLS graphs the NCCL model runs on for `link`: the ring at the link's
+    own per-channel bandwidth (a calibration may have replaced NCCL's), the tree and NVLS graphs as
+    NCCL's search finds them relative to the ring (the same channels, the tree's speed ratio)."""
+    return _link_graphs(link.channels, link.graph_channels, link.channel_GBps, link.nvls, link.ppn, link.nodes,
+                        link_topology(link) if link.topo is not None else None)
+
+
+@lru_cache(maxsize=4096)
+def _link_graphs(channels: int, graph_channels: int | None, channel_GBps: float, nvls: bool, ppn: int, nodes: int,
+                 topo: nt.Topology | None) -> nt.Graphs:
+    gch = graph_channels or channels
+    per = channel_GBps * channels / gch
+    searched = nt.graphs(topo) if topo is not None else None
+    ring = nt.Graph(gch, per, per)
+    if searched is not None and searched.ring.bw_intra_GBps > 0:
+        r = searched.ring
+        tree = nt.Graph(gch, per * searched.tree.bw_intra_GBps / r.bw_intra_GBps,
+                        per * searched.tree.bw_inter_GBps / r.bw_inter_GBps, searched.tree.tree_pattern)
+    else:
+        tree = nt.Graph(gch, per, per, nodes > 1 and ppn == 1)
+    nv: nt.Graph | None = None
+    if nvls:
+        nv = searched.nvls if searched is not None and searched.nvls is not None else nt.Graph(
+            max(2, channels), channel_GBps, math.inf)
+    return nt.Graphs(ring, tree, nv, channels)
+
+
+def link_caps(link: Link, c: Consts, cap: bool = False) -> nt.Caps:
+    """Return the overrides of NCCL's tables `c` sets, the link's latency scale, and (with `cap`) its
+    measured bus-bandwidth cap."""
+    return nt.Caps(ll_max_GBps=c.ll_max_GBps, per_ch_max_ring_ll128_GBps=c.per_ch_max_ring_ll128_GBps,
+                   per_ch_max_tree_GBps=c.per_ch_max_tree_GBps, nvls_eff=c.nvls_eff,
+                   cap_GBps=link.cap_GBps if cap else None, latency_scale=link.latency_scale)
+
+
 def nccl_latency_us(collective: str, algo: str, proto: str, link: Link, c: Consts) -> float:
     """Return NCCL's modelled latency (us) of one op of `collective` with (algo, proto) on `link`."""
-    n, N, ppn = link.ranks, link.nodes, link.ppn
-    intra = HW_LAT[link.intra][algo][proto]
-    net_algo = "tree" if (ppn == 1 and algo == "ring") else algo
-    inter = HW_LAT["net"][net_algo][proto] + link.inter_latency_us
-    if proto == "Simple":
-        inter += link.inter_latency_us
-    base = BASE_LAT[algo][proto]
-    if algo == "nvls":
-        lat = intra + (inter if N > 1 else 0.0)
-    elif algo == "tree":
-        lat = base + 2 * ((ppn - 1) * intra + math.log2(N) * inter)
-    elif collective in ("all_reduce", "all_gather", "reduce_scatter"):
-        steps = nsteps(collective, n)
-        s_inter = 0 if N == 1 else (2 * (N - 1) if collective == "all_reduce" else N - 1)
-        overhead = c.net_overhead_us * (3 if proto == "Simple" else 1) if N > 1 else 0.0
-        lat = base + (steps - s_inter) * max(intra, overhead) + s_inter * inter
-    else:
-        lat = base + (intra if N == 1 else inter)
-    return lat * link.latency_scale
+    return nt.latency_us(link_topology(link), _tuned(collective), algo, proto, link_caps(link, c))
 
 
-def _proto_cap(collective: str, algo: str, proto: str, link: Link, c: Consts, nc: Any, bus: Any) -> Any:
-    """Apply NCCL's per-(algo, proto) caps to the raw bus bandwidth `bus` of `nc` channels."""
-    if algo == "nvls":
-        return bus
-    if algo == "tree" and collective == "all_reduce":
-        bus = np.minimum(0.92 * bus, nc * c.per_ch_max_tree_GBps)
-    if proto == "LL":
-        return np.minimum(bus / 3.8, c.ll_max_GBps) if algo == "tree" else np.minimum(c.ll_max_GBps, 0.5 * bus)
-    if proto == "LL128":
-        if algo == "tree":
-            return np.minimum(bus * (7 / 9 if link.nodes == 1 else 120 / 128), nc * c.per_ch_max_ring_ll128_GBps)
-        return np.minimum(0.92 * bus, nc * c.per_ch_max_ring_ll128_GBps)
-    return bus
-
-
-def _nvls_channel_bw(collective: str, link: Link, c: Consts, nc: Any) -> Any:
-    """Per-channel NVLS bandwidth (GB/s), notes 1.2."""
-    factor = 2.0 if collective == "all_reduce" else (link.ppn - 1) / link.ppn
-    return link.channel_GBps * c.nvls_eff * (nc - 1) / nc * factor
+def _graph_nc(link: Link, algo: str, nc: Any) -> Any:
+    """Convert comm.nChannels-counted channels to the graph's (NVLS counts its own CTAs)."""
+    if algo in ("nvls", "nvlstree"):
+        return nc
+    return nc * (link.graph_channels or link.channels) / link.channels
 
 
 def ratio(collective: str, algo: str, n: int) -> float:
     """Return algBw / busBw: n/nsteps for rings and NVLS, 0.5 for Tree (1 for non-ring AG/RS)."""
-    if algo == "tree":
-        return 0.5
-    if algo == "nvls" and collective in ("all_gather", "reduce_scatter"):
-        return 1.0
-    return n / nsteps(collective, n)
+    return nt.bus_to_alg(_tuned(collective), algo, n)
 
 
 def nccl_busbw_GBps(collective: str, algo: str, proto: str, link: Link, c: Consts, nc: Any = None) -> Any:
-    """Return NCCL's modelled bus bandwidth (GB/s) with `nc` channels (default: comm.nChannels)."""
-    nc = link.channels if nc is None else nc
-    per = _nvls_channel_bw(collective, link, c, nc) if algo == "nvls" else link.channel_GBps
-    return _proto_cap(collective, algo, proto, link, c, nc, nc * per)
+    """Return NCCL's modelled bus bandwidth (GB/s) with `nc` channels (default: all of the graph's)."""
+    g = link_graphs(link)
+    return nt.bus_bandwidth(link_topology(link), g, _tuned(collective), algo, proto, link_caps(link, c),
+                            None if nc is None else _graph_nc(link, algo, nc))
 
 
 def nccl_time_us(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts) -> float:
-    """Return NCCL's own time estimate (us): lat + S / (1000 * algBw), with comm.nChannels channels."""
-    bus = float(nccl_busbw_GBps(collective, algo, proto, link, c))
-    lat = nccl_latency_us(collective, algo, proto, link, c)
-    if (algo == "ring" and proto == "Simple" and collective == "all_reduce" and link.nodes > 1
-            and size_bytes / (link.channels * link.ranks) >= 64):
-        lat *= 1.4  # the multi-node ring Simple "plateau"
-    return lat + size_bytes / (1000.0 * bus * ratio(collective, algo, link.ranks))
+    """Return NCCL's own time estimate (us): lat + S / (1000 * algBw) with the tree correction and the
+    multi-node ring plateau (nccl_tuning.algo_time_us); a setting NCCL would never pick is costed with
+    the same formula without them."""
+    t, g, caps = link_topology(link), link_graphs(link), link_caps(link, c)
+    coll = _tuned(collective)
+    tm = nt.algo_time_us(t, coll, algo, proto, float(size_bytes), g, caps)
+    if tm >= 0:
+        return tm
+    bus = float(nt.bus_bandwidth(t, g, coll, algo, proto, caps))
+    lat = nt.latency_us(t, coll, algo, proto, caps)
+    return lat + size_bytes / (1000.0 * max(bus, 1e-9) * ratio(collective, algo, link.ranks))
 
 
 def default_chunk(algo: str, proto: str, collective: str) -> int:
@@ -267,29 +292,21 @@ def default_chunk(algo: str, proto: str, collective: str) -> int:
 def nccl_default(collective: str, size_bytes: float, link: Link, c: Consts) -> tuple[str, str, int, int, int]:
     """Return NCCL's default (algo, proto, channels, threads, chunk_bytes) for one op.
 
-    The (algo, proto) with the smallest `nccl_time_us` among the allowed ones, then NCCL's
-    reduction of channels and threads for small messages (notes 1.2), and the default chunk.
+    NCCL's own choice (nccl_tuning.choose: smallest estimated time among the algorithms this link
+    allows, then NCCL's reduction of channels and threads for small messages) and the default chunk;
+    send_recv takes the protocol with the smallest time over a one-step ring.
     """
-    best: tuple[float, str, str] | None = None
-    for a in ALGOS:
-        for p in PROTOS:
-            if algo_allowed(a, collective, link) or proto_allowed(a, p, link):
-                continue
-            t = nccl_time_us(collective, size_bytes, a, p, link, c)
-            if best is None or t < best[0]:
-                best = (t, a, p)
-    assert best is not None  # ring/Simple is always allowed
-    _, a, p = best
-    nc = link.channels
-    nt = 640 if a == "tree" or p == "LL128" else 512
-    t = THREAD_THRESHOLD[p] * (link.ranks if (a == "ring" and p == "LL") else 1)
-    if a in ("ring", "tree"):
-        while size_bytes < nc * nt * t and nc >= 2:
-            nc -= 1
-    if a != "nvls" and a != "tree":
-        while size_bytes < nc * nt * t and nt % 128 == 0 and nt > thread_range(a, p)[0]:
-            nt //= 2
-    return a, p, nc, max(nt, thread_range(a, p)[0]), default_chunk(a, p, collective)
+    allowed = tuple(a for a in ALGOS if algo_allowed(a, collective, link) is None)
+    t, g, caps = link_topology(link), link_graphs(link), link_caps(link, c)
+    if collective in nt.COLLECTIVES:
+        ch = nt.choose(t, collective, float(size_bytes), g, caps, allowed)
+        a, p, nc, nthreads = ch.algo, ch.proto, ch.channels, ch.threads
+    else:
+        p = min((q for q in PROTOS if proto_allowed("ring", q, link) is None),
+                key=lambda q: nccl_time_us(collective, size_bytes, "ring", q, link, c))
+        a, nc, nthreads = "ring", link.channels, 640 if p == "LL128" else 512
+    lo, hi = thread_range(a, p)
+    return a, p, max(1, min(nc, MAX_CHANNELS)), min(max(nthreads, lo), hi), default_chunk(a, p, collective)
 
 
 # ---- the extended model with explicit (channels, threads, chunk) ---------------------------------
@@ -307,22 +324,28 @@ def busy_channels(collective: str, size_bytes: float, algo: str, link: Link, cha
 
 
 def pipeline_steps(collective: str, algo: str, link: Link) -> float:
-    """Return the pipeline depth a chunk crosses: ring steps, tree depth (up and down), 2 for NVLS."""
+    """Return the pipeline depth a chunk crosses: ring steps, tree depth (up and down), 2 for NVLS
+    (plus the tree's depth across nodes for the NVLS tree)."""
     if algo == "tree":
         return 2.0 * (link.ppn - 1 + math.log2(link.nodes)) or 1.0
     if algo == "nvls":
         return 2.0
+    if algo == "nvlstree":
+        return 2.0 * (1 + math.log2(link.nodes))
     return float(nsteps(collective, link.ranks))
 
 
 def comm_bw_GBps(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts,
                  channels: Any, threads: Any) -> Any:
-    """Return the bus bandwidth (GB/s) the op reaches with explicit channels and threads per CTA."""
+    """Return the bus bandwidth (GB/s) the op reaches with explicit channels and threads per CTA: NCCL's
+    bus bandwidth of the busy channels, each scaled by its thread saturation, capped by the link's
+    measured cap (then NCCL's protocol caps)."""
     nc = busy_channels(collective, size_bytes, algo, link, channels)
+    if algo in ("nvls", "nvlstree"):
+        nc = np.maximum(nc, 2)
     thr = np.minimum(1.0, threads / c.thread_sat(proto))
-    per = _nvls_channel_bw(collective, link, c, np.maximum(nc, 2)) if algo == "nvls" else link.channel_GBps
-    raw = np.minimum(nc * per * thr, link.cap_GBps)
-    return _proto_cap(collective, algo, proto, link, c, nc, raw)
+    return nt.bus_bandwidth(link_topology(link), link_graphs(link), _tuned(collective), algo, proto,
+                            link_caps(link, c, cap=True), _graph_nc(link, algo, nc), thr)
 
 
 def comm_time_us(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts,

@@ -26,9 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
+
+import numpy as np
 
 NCCL_VERSION = "2.30.7"
-ALGOS = ("tree", "ring", "nvls", "nvls_tree", "pat")
+ALGOS = ("tree", "ring", "nvls", "nvlstree", "pat")
 PROTOS = ("LL", "LL128", "Simple")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
 MAX_CHANNELS = 64            # device.h MAXCHANNELS
@@ -43,15 +46,15 @@ COMPUTE_CAPABILITY = {"kepler": 37, "maxwell": 52, "pascal": 60, "volta": 70, "t
 # ---- tuning.cc: ncclTunerConstantsDefaults --------------------------------------------------------
 # baseLatencies (us) per algorithm, (LL, LL128, Simple). CollNet is not modelled (needs SHARP).
 BASE_LAT_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
-               "nvls_tree": (0.0, 0.0, 0.0), "pat": (8.0, 8.0, 8.0)}
+               "nvlstree": (0.0, 0.0, 0.0), "pat": (8.0, 8.0, 8.0)}
 # hwLatencies (us) per hardware (NVLINK, PCI, NET) and algorithm, (LL, LL128, Simple).
 HW_LAT_US = {
     "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0),
-               "nvls_tree": (0.0, 0.0, 25.0), "pat": (0.0, 0.0, 4.0)},
+               "nvlstree": (0.0, 0.0, 25.0), "pat": (0.0, 0.0, 4.0)},
     "pcie": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0.0, 0.0, 0.0),
-             "nvls_tree": (0.0, 0.0, 0.0), "pat": (0.0, 0.0, 4.0)},
+             "nvlstree": (0.0, 0.0, 0.0), "pat": (0.0, 0.0, 4.0)},
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0.0, 0.0, 18.0),
-            "nvls_tree": (0.0, 0.0, 20.9), "pat": (0.0, 0.0, 14.0)},
+            "nvlstree": (0.0, 0.0, 20.9), "pat": (0.0, 0.0, 14.0)},
 }
 # Rows: compCapIndex 0 Volta, 1 Ampere, 2 Hopper, 3 Blackwell; columns: nodes 1, 2, >= 4 (index2).
 # llMaxBws rows are GPU architectures on one node and CPU vendors across nodes (0 Intel, 1 AMD).
@@ -119,7 +122,9 @@ class Topology:
     ranks over `nodes` nodes, at least `ppn_min` of them per node; `cc` the lowest compute capability
     (and `cc_max` the highest); per GPU `nvlinks` NVLink links (0: peers over PCIe) through an NVSwitch
     (`nvswitch`) or a direct mesh; `pcie_GBps` NCCL's bandwidth of one GPU's PCIe link; per node
-    `nics` NICs of `nic_GBps` each; the CPU vendor (NCCL's net overhead and LL cap across nodes).
+    `nics` NICs of `nic_GBps` each; the CPU vendor (NCCL's net overhead and LL cap across nodes);
+    `latency_inter_us` the network's extra latency (graphs' latencyInter: 0 for InfiniBand); `ll128`
+    forces LL128 on or off (None: NCCL's own rule).
     """
 
     ranks: int
@@ -134,6 +139,8 @@ class Topology:
     cpu_vendor: str = "intel"
     cc_max: int = 0
     nvls_enable: bool = True
+    latency_inter_us: float = 0.0
+    ll128: bool | None = None
 
     @property
     def ppn(self) -> float:
@@ -327,6 +334,23 @@ def _log2i(x: int) -> int:
 
 
 @dataclass(frozen=True)
+class Caps:
+    """Overrides of NCCL's tables (None: NCCL's value for the architecture and node count) and a
+    calibration: `cap_GBps` bounds the raw bus bandwidth (a measured ceiling), `latency_scale`
+    multiplies every latency (a measured alpha over NCCL's)."""
+
+    ll_max_GBps: float | None = None
+    per_ch_max_ring_ll128_GBps: float | None = None
+    per_ch_max_tree_GBps: float | None = None
+    nvls_eff: float | None = None
+    cap_GBps: float | None = None
+    latency_scale: float = 1.0
+
+
+NO_CAPS = Caps()
+
+
+@dataclass(frozen=True)
 class Entry:
     """One (collective, algorithm, protocol) of NCCL's tables: latency (us) and algorithm
     bandwidth (GB/s; 0 when NCCL does not use it)."""
@@ -336,97 +360,150 @@ class Entry:
 
 
 def _graph_of(g: Graphs, algo: str) -> Graph | None:
-    return {"ring": g.ring, "tree": g.tree, "pat": g.tree, "nvls": g.nvls, "nvls_tree": g.nvls}[algo]
+    return {"ring": g.ring, "tree": g.tree, "pat": g.tree, "nvls": g.nvls, "nvlstree": g.nvls}[algo]
 
 
 def ll128_enabled(t: Topology) -> bool:
     """Return whether NCCL enables LL128 by default (tuning.cc): NVLink inside the node (or one GPU
     per node), NIC next to the GPU, SM70 or newer, same compute capability (or all SM90+)."""
+    if t.ll128 is not None:
+        return t.ll128
     same = t.cc == (t.cc_max or t.cc) or t.cc >= 90
     intra_ok = t.intra == "nvlink" or t.ppn_min == 1
     return t.cc >= 70 and same and intra_ok
 
 
-@lru_cache(maxsize=4096)
-def tuning(t: Topology) -> dict[tuple[str, str, str], Entry]:
-    """Return NCCL's latency / bandwidth table for `t` (tuning.cc ncclTopoTuneModel), cached.
+def considered(coll: str, algo: str, proto: str) -> bool:
+    """Return whether NCCL's tuning loop considers (coll, algo, proto) at all (tuning.cc)."""
+    if coll in ("broadcast", "reduce") and algo != "ring":
+        return False
+    if coll in ("all_gather", "reduce_scatter") and algo not in ("pat", "ring", "nvls"):
+        return False
+    if coll == "all_reduce" and algo == "pat":
+        return False
+    if algo in ("nvls", "nvlstree", "pat") and proto != "Simple":
+        return False
+    return True
 
-    Keys (collective, algorithm, protocol) for every pair NCCL considers; disabled pairs have
-    algbw_GBps = 0.
+
+def disabled(t: Topology, g: Graphs, coll: str, algo: str, proto: str) -> str | None:
+    """Return why NCCL gives (coll, algo, proto) no bandwidth on `t`, or None when it may use it."""
+    if not considered(coll, algo, proto):
+        return f"NCCL does not run {coll} with {algo}/{proto}"
+    graph = _graph_of(g, algo)
+    if graph is None or graph.channels < (2 if algo in ("nvls", "nvlstree") else 1):
+        return f"no {algo} graph (NVLS needs Hopper or later GPUs on an NVSwitch)"
+    if proto == "LL128" and not ll128_enabled(t):
+        return "LL128 is off: NCCL enables it only over NVLink on SM70+ with the NIC near the GPU"
+    if algo == "nvls" and t.nodes > 1:
+        return f"multi-node NVLS needs CollNet ({t.nodes} nodes)"
+    if algo == "nvlstree" and t.nodes == 1:
+        return "NVLS tree runs only across nodes"
+    if algo == "nvls" and coll in ("all_gather", "reduce_scatter") and t.nodes > 1:
+        return "multi-node NVLS all_gather/reduce_scatter needs CollNet"
+    if algo == "pat" and not (t.ppn_min == 1 and t.nodes == t.ranks and t.cc >= 60):
+        return "PAT runs only with one GPU per node"
+    return None
+
+
+def bus_bandwidth(t: Topology, g: Graphs, coll: str, algo: str, proto: str, caps: Caps = NO_CAPS,
+                  nc: Any = None, scale: Any = 1.0) -> Any:
+    """Return NCCL's modelled bus bandwidth (GB/s, before the bus -> algorithm conversion) of
+    (coll, algo, proto) with `nc` channels of the algorithm's graph (default: all of them), each at
+    `scale` x its searched speed (tuning.cc: graph bandwidth, NVLS conversion, protocol caps, tree
+    x0.92, tree pattern x0.85, PAT x0.75). numpy arrays broadcast through `nc` and `scale`.
     """
-    g = graphs(t)
-    n, N = t.ranks, t.nodes
-    ppn = t.ppn
+    graph = _graph_of(g, algo)
+    if graph is None:
+        return 0.0 * np.asarray(scale)
+    n_ch = graph.channels if nc is None else nc
+    N = t.nodes
     cci = compcap_index(t.cc)
     index2 = min(N, 3) - 1
     index1 = cci if N == 1 else (1 if t.cpu_vendor == "amd" else 0)
-    ll_max = LL_MAX_BWS[index1][index2]
-    per_tree = PER_CH_MAX_TREE_BWS[cci][index2]
-    per_ring_ll128 = PER_CH_MAX_RING_LL128_BWS[cci][index2]
+    ll_max = caps.ll_max_GBps or LL_MAX_BWS[index1][index2]
+    per_ring_ll128 = caps.per_ch_max_ring_ll128_GBps or PER_CH_MAX_RING_LL128_BWS[cci][index2]
+    per_tree = caps.per_ch_max_tree_GBps or PER_CH_MAX_TREE_BWS[cci][index2]
     per_tree_ll128 = PER_CH_MAX_TREE_LL128_BWS[cci][index2]
-    per_nvls_tree = PER_CH_MAX_NVLS_TREE_BWS[cci][index2]
-    ll128 = ll128_enabled(t)
-    intra_hw = t.intra
+    bw: Any = graph.bw_intra_GBps if N <= 2 else graph.bw_inter_GBps
+    if algo in ("nvls", "nvlstree"):
+        eff = caps.nvls_eff if caps.nvls_eff is not None else NVLS_EFFICIENCY[cci]
+        nc_safe = np.maximum(n_ch, 2)
+        intra_bw = graph.bw_intra_GBps * eff * (nc_safe - 1) / nc_safe
+        intra_bw = intra_bw * (2.0 if coll == "all_reduce" else (t.ppn - 1) / t.ppn)
+        inter_bw = graph.bw_inter_GBps * (2 if (N <= 2 and algo == "nvlstree") else 1)
+        bw = np.minimum(intra_bw, inter_bw)
+        if algo == "nvlstree":
+            bw = np.minimum(bw, PER_CH_MAX_NVLS_TREE_BWS[cci][index2])
+    bus = n_ch * bw * scale
+    if caps.cap_GBps is not None:
+        bus = np.minimum(bus, caps.cap_GBps)
+    if algo == "ring" and proto == "LL":
+        bus = np.minimum(ll_max, bus * 0.5)
+    if algo == "ring" and proto == "LL128":
+        bus = np.minimum(bus * 0.92, n_ch * per_ring_ll128)
+    if algo == "tree" and coll == "all_reduce":
+        bus = np.minimum(bus * 0.92, n_ch * per_tree)
+    if algo == "tree" and proto == "LL":
+        bus = np.minimum(bus / 3.8, ll_max)
+    if algo == "tree" and proto == "LL128":
+        bus = np.minimum(bus * (7.0 / 9.0 if N == 1 else 120.0 / 128.0), n_ch * per_tree_ll128)
+    if algo == "tree" and graph.tree_pattern:
+        bus = bus * 0.85
+    if algo == "pat":
+        bus = bus * 0.75
+    return bus
+
+
+def bus_to_alg(coll: str, algo: str, n: int) -> float:
+    """Return NCCL's algBw / busBw: n / nsteps for ring and NVLS, 0.5 for tree, 1 for non-ring
+    all_gather / reduce_scatter."""
+    if algo != "ring" and coll in ("all_gather", "reduce_scatter"):
+        return 1.0
+    if algo in ("ring", "nvls", "nvlstree"):
+        return n / _nsteps(coll, n)
+    return 0.5
+
+
+@lru_cache(maxsize=4096)
+def tuning(t: Topology, g: Graphs | None = None, caps: Caps = NO_CAPS) -> dict[tuple[str, str, str], Entry]:
+    """Return NCCL's latency / bandwidth table for `t` (tuning.cc ncclTopoTuneModel), cached.
+
+    `g` replaces the searched graphs (default: `graphs(t)`), `caps` NCCL's per-architecture caps.
+    Keys (collective, algorithm, protocol) for every pair NCCL considers; disabled pairs have
+    algbw_GBps = 0.
+    """
+    g = g or graphs(t)
     out: dict[tuple[str, str, str], Entry] = {}
     for coll in COLLECTIVES:
-        nsteps = _nsteps(coll, n)
+        nsteps = _nsteps(coll, t.ranks)
         for a in ALGOS:
-            if coll in ("broadcast", "reduce") and a != "ring":
-                continue
-            if coll in ("all_gather", "reduce_scatter") and a not in ("pat", "ring", "nvls"):
-                continue
-            if coll == "all_reduce" and a == "pat":
-                continue
-            graph = _graph_of(g, a)
             for pi, p in enumerate(PROTOS):
-                if a in ("nvls", "nvls_tree") and p != "Simple":
+                if not considered(coll, a, p):
                     continue
-                if a == "pat" and (p != "Simple" or not (t.ppn_min == 1 and N == n and t.cc >= 60)):
-                    continue
-                if graph is None or graph.channels < (2 if a in ("nvls", "nvls_tree") else 1):
+                if disabled(t, g, coll, a, p):
                     out[(coll, a, p)] = Entry(0.0, 0.0)
                     continue
-                nc = graph.channels
-                bw = graph.bw_intra_GBps if N <= 2 else graph.bw_inter_GBps
-                if a in ("nvls", "nvls_tree"):
-                    intra_bw = graph.bw_intra_GBps * NVLS_EFFICIENCY[cci] * (nc - 1) / nc
-                    intra_bw *= 2.0 if coll == "all_reduce" else (ppn - 1) / ppn
-                    inter_bw = graph.bw_inter_GBps * (2 if (N <= 2 and a == "nvls_tree") else 1)
-                    bw = min(intra_bw, inter_bw, per_nvls_tree if a == "nvls_tree" else math.inf)
-                bus = nc * bw
-                if a == "ring" and p == "LL":
-                    bus = min(ll_max, bus * 0.5)
-                if a == "ring" and p == "LL128":
-                    bus = min(bus * 0.92, nc * per_ring_ll128)
-                if a == "tree" and coll == "all_reduce":
-                    bus = min(bus * 0.92, nc * per_tree)
-                if a == "tree" and p == "LL":
-                    bus = min(bus / 3.8, ll_max)
-                if a == "tree" and p == "LL128":
-                    bus = min(bus * (7.0 / 9.0 if N == 1 else 120.0 / 128.0), nc * per_tree_ll128)
-                if a == "tree" and graph.tree_pattern:
-                    bus *= 0.85
-                if a == "pat":
-                    bus *= 0.75
-                if a == "nvls" and coll in ("all_gather", "reduce_scatter") and N > 1:
-                    bus = 0.0     # needs CollNet
-                if not (a != "ring" and coll in ("all_gather", "reduce_scatter")):
-                    bus *= (n / nsteps) if a in ("ring", "nvls", "nvls_tree") else 0.5
-                # enable rules: LL128 only where safe, NVLS only on one node (multi-node needs CollNet),
-                # NVLS tree only across nodes
-                if (p == "LL128" and not ll128) or (a == "nvls" and N > 1) or (a == "nvls_tree" and N == 1):
-                    bus = 0.0
-                lat = _latency_us(t, g, coll, a, pi, nsteps, intra_hw)
+                bus = float(bus_bandwidth(t, g, coll, a, p, caps)) * bus_to_alg(coll, a, t.ranks)
+                lat = _latency_us(t, coll, a, pi, nsteps) * caps.latency_scale
                 out[(coll, a, p)] = Entry(lat, bus)
     return out
 
 
-def _latency_us(t: Topology, g: Graphs, coll: str, a: str, pi: int, nsteps: int, intra_hw: str) -> float:
-    """tuning.cc latency of (coll, algo, proto index) on `t` (us); graphs' latencyInter is 0 for IB."""
+def latency_us(t: Topology, coll: str, algo: str, proto: str, caps: Caps = NO_CAPS) -> float:
+    """Return NCCL's modelled latency (us) of (coll, algo, proto) on `t`."""
+    return _latency_us(t, coll, algo, PROTOS.index(proto), _nsteps(coll, t.ranks)) * caps.latency_scale
+
+
+def _latency_us(t: Topology, coll: str, a: str, pi: int, nsteps: int) -> float:
+    """tuning.cc latency of (coll, algo, proto index) on `t` (us), with the graphs' latencyInter."""
     n, N = t.ranks, t.nodes
     base = BASE_LAT_US[a][pi]
+    intra_hw = t.intra
     intra_lat = HW_LAT_US[intra_hw][a][pi]
-    inter_lat = HW_LAT_US["net"]["tree" if t.ppn == 1 else a][pi]
+    inter_lat = HW_LAT_US["net"]["tree" if t.ppn == 1 else a][pi] + t.latency_inter_us
+    if PROTOS[pi] == "Simple":
+        inter_lat += t.latency_inter_us       # the flush
     if a == "ring":
         hw = "net" if N > 1 else intra_hw
         if coll in ("broadcast", "reduce"):
@@ -441,31 +518,35 @@ def _latency_us(t: Topology, g: Graphs, coll: str, a: str, pi: int, nsteps: int,
         return base + 2 * ((n // N - 1) * intra_lat + _log2i(N) * inter_lat) if coll == "all_reduce" else base
     if a == "nvls":
         return intra_lat + (inter_lat if N > 1 else 0.0)
-    if a == "nvls_tree":
+    if a == "nvlstree":
         return base + intra_lat + 2 * _log2i(N) * inter_lat
     # pat
     return base + _log2i(N) * (inter_lat / 3.5) + n * 2.8
 
 
-def algo_time_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float) -> float:
+def algo_time_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, g: Graphs | None = None,
+                 caps: Caps = NO_CAPS) -> float:
     """Return NCCL's estimated time (us) of one op, or -1 when NCCL would not use (algo, proto)
     (tuning.cc ncclTopoGetAlgoTime: tree correction, ring Simple plateau across nodes)."""
-    e = tuning(t).get((coll, algo, proto))
+    e = tuning(t, g, caps).get((coll, algo, proto))
     if e is None or e.algbw_GBps <= 0:
         return -1.0
     bw, lat = e.algbw_GBps, e.latency_us
     log_size = _log2i(int(size_bytes) >> 6) if int(size_bytes) >> 6 else -1
     if algo == "tree" and coll == "all_reduce" and 0 <= log_size < 23:
         bw *= TREE_CORRECTION[proto][log_size]
+    comm_channels = (g or graphs(t)).comm_channels
     if (algo == "ring" and proto == "Simple" and t.nodes > 1 and coll == "all_reduce"
-            and size_bytes / (graphs(t).comm_channels * t.ranks) >= 64):
+            and size_bytes / (comm_channels * t.ranks) >= 64):
         lat *= 1.9 if t.cc < 80 else 1.4
     return lat + size_bytes / (1000.0 * bw)
 
 
 @dataclass(frozen=True)
 class Choice:
-    """NCCL's default for one op: algorithm, protocol, estimated time (us), channels, threads."""
+    """NCCL's default for one op: algorithm, protocol, estimated time (us), channels (CTAs) and
+    threads per CTA as NCCL_NTHREADS counts them (the kernel adds one sync warp for ring Simple and
+    four for tree Simple; tree always runs 640)."""
 
     algo: str
     proto: str
@@ -475,46 +556,47 @@ class Choice:
 
 
 @lru_cache(maxsize=65536)
-def choose(t: Topology, coll: str, size_bytes: float) -> Choice:
+def choose(t: Topology, coll: str, size_bytes: float, g: Graphs | None = None, caps: Caps = NO_CAPS,
+           algos: tuple[str, ...] = ALGOS) -> Choice:
     """Return NCCL's default (algorithm, protocol) for `coll` of `size_bytes` on `t` and its time (us):
-    the smallest algo_time_us (enqueue.cc topoGetAlgoInfo, first minimum in NCCL's algorithm order
-    tree, ring, ..., nvls, nvls_tree, pat and protocol order LL, LL128, Simple), then the channel /
-    thread reduction for small messages."""
+    the smallest algo_time_us among `algos` (enqueue.cc topoGetAlgoInfo: first minimum in NCCL's order
+    tree, ring, ..., nvls, nvlstree, pat and LL, LL128, Simple), then the channel / thread reduction
+    for small messages."""
     if coll not in COLLECTIVES:
         raise ValueError(f"collective: one of {', '.join(COLLECTIVES)}, not {coll!r}")
     best: tuple[float, str, str] | None = None
-    for a in ("tree", "ring", "nvls", "nvls_tree", "pat"):
+    for a in ALGOS:
+        if a not in algos:
+            continue
         for p in PROTOS:
-            tm = algo_time_us(t, coll, a, p, size_bytes)
+            tm = algo_time_us(t, coll, a, p, size_bytes, g, caps)
             if tm >= 0 and (best is None or tm < best[0]):
                 best = (tm, a, p)
     if best is None:
         raise ValueError(f"NCCL has no algorithm for {coll} on {t}")
     tm, a, p = best
-    g = graphs(t)
-    if a in ("nvls", "nvls_tree"):
-        return Choice(a, p, tm, g.nvls.channels if g.nvls else 0, 640)
+    g = g or graphs(t)
+    if a in ("nvls", "nvlstree"):
+        return Choice(a, p, tm, g.nvls.channels if g.nvls else 2, 640)
     nc = g.comm_channels
-    nt = max_threads(t, a, p)
+    nt = max_threads(t, a, p, g)
     thr = THREAD_THRESHOLD[p] * (t.ranks if (a == "ring" and p == "LL") else 1)
     while size_bytes < nc * nt * thr and nc >= 2:
         nc -= 1
     while size_bytes < nc * nt * thr and nt % 128 == 0:
         nt //= 2
-    if p == "Simple":
-        nt += 32 if a == "ring" else 128 if a == "tree" else 0
     nt = max(nt, 96)
     if a in ("tree", "pat"):
         nt = 640
     return Choice(a, p, tm, nc, nt)
 
 
-def max_threads(t: Topology, algo: str, proto: str) -> int:
+def max_threads(t: Topology, algo: str, proto: str, g: Graphs | None = None) -> int:
     """Return comm->maxThreads[algo][proto] (tuning.cc): 640 for LL128 and NVLS, 512 for LL and
     Simple, 256 for ring Simple when the ring's total bandwidth is PCIe-class (<= 12 GB/s)."""
-    if proto == "LL128" or algo in ("nvls", "nvls_tree"):
+    if proto == "LL128" or algo in ("nvls", "nvlstree"):
         return 640
     if algo == "ring" and proto == "Simple":
-        ring = graphs(t).ring
+        ring = (g or graphs(t)).ring
         return 256 if ring.bw_intra_GBps * ring.channels <= 12.0 else 512
     return 512
