@@ -63,3 +63,66 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--max-tp", "max_tp"], type=int, default=None, help="Largest tensor-parallel degree."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
+
+
+def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_limit: float | None,
+                       allow_over_memory: bool, **values: Any) -> None:
+    """Evaluate one fixed configuration; print its figures (and the search's plan with --vs-search)."""
+    import sys
+
+    from gpuplan import api
+    from gpuplan.errors import GpuplanError
+    from gpuplan.models.base import Table
+    from gpuplan.models.poseidon import describe
+    from gpuplan.render import print_tables
+
+    try:
+        problem = build(**values)
+        plan = api.evaluate_config(problem, config, check_memory=not allow_over_memory)
+        fixed = api.plan_problem(plan)
+        rows = [["configuration", (plan.solver.options if plan.solver else {})],
+                ["iteration_time_s", plan.iteration_time_s],
+                ["throughput_samples_per_s", plan.predicted["throughput_samples_per_s"]],
+                ["tokens_per_s", plan.predicted["tokens_per_s"]],
+                ["model_tflops_per_gpu", plan.predicted["model_tflops_per_gpu"]],
+                ["mfu", plan.predicted["mfu"]], ["bubble_fraction", plan.predicted["bubble_fraction"]]]
+        if vs_search:
+            best = api.solve(problem, time_limit_s=time_limit)
+            if best.ok:
+                rows += [["search iteration_time_s", best.iteration_time_s],
+                         ["search shape", " | ".join(f"{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L:"
+                                                     f"{s.recompute}" for s in best.stages)
+                          + f" m={best.num_microbatches}"],
+                         ["config time / search time", plan.iteration_time_s / best.iteration_time_s]]
+            else:
+                rows.append(["search", f"{best.status.value}: {best.message}"])
+        if output:
+            plan.save(output)
+    except GpuplanError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    print_tables([Table("poseidon: fixed configuration", ["figure", "value"], rows)] + describe(fixed, plan))  # type: ignore[arg-type]
+    if output:
+        click.echo(f"plan written to {output}")
+
+
+def register(main: click.Group) -> None:
+    """Add `gpuplan evaluate poseidon CLUSTER MODEL --batch B --seq S --config tp=..,pp=..,...`."""
+    group = main.commands.get("evaluate")
+    if not isinstance(group, click.Group):
+        group = click.Group("evaluate", help="Evaluate a fixed configuration with a model's cost model.")
+        main.add_command(group)
+    params = list(INPUTS.params) + [
+        click.Option(["--config"], required=True,
+                     help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false] or a "
+                          "YAML/JSON file with those keys."),
+        click.Option(["--vs-search"], is_flag=True, help="Also solve with Poseidon's search and compare."),
+        click.Option(["--time-limit", "time_limit"], type=float, default=None, help="Search time limit (s)."),
+        click.Option(["--allow-over-memory"], is_flag=True,
+                     help="Evaluate even when a stage needs more memory than the device has."),
+        click.Option(["-o", "--output"], default=None, type=click.Path(dir_okay=False),
+                     help="Also write the plan (JSON)."),
+    ]
+    group.add_command(click.Command("poseidon", params=params, callback=_evaluate_callback,
+                                    help="Predict a fixed Megatron-style configuration (iteration time, "
+                                         "throughput, TFLOP/s per GPU, MFU). " + INPUTS.help))

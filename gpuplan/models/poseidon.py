@@ -69,8 +69,8 @@ class PoseidonProblem(Problem):
     sequence_parallel: bool = True
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
-    max_stages: int = Field(default=16, ge=1)
-    max_microbatches: int = Field(default=128, ge=1)
+    max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
+    max_microbatches: int = Field(default=1024, ge=1)
     schedule: Schedule = "1f1b"
     layer_costs: LayerTable | None = None
 
@@ -285,7 +285,7 @@ class CostModel:
             measured = self._measured(dtype, "layer", tp, b)
             if measured is not None:
                 f, g = measured
-                share = t.attention_core_s / t.forward_s if t.forward_s > 0 else 0.0
+                share = t.selective_s / t.forward_s if t.forward_s > 0 else 0.0
                 t = LayerTimes(f, g, t.tp_comm_s, share * f)
             self._times[key] = t
         return self._times[key]
@@ -538,13 +538,14 @@ def chunk_lists(cm: CostModel, shapes: list[StageShape], layers: list[int], cost
 
 def evaluate(cm: CostModel, shapes: list[StageShape], layers: list[int], m: int, fast: bool = True,
              recompute: list[str] | None = None, interleave: int = 1,
-             record: list[tuple[int, str, int, float, float]] | None = None) -> Evaluation:
+             record: list[tuple[int, str, int, float, float]] | None = None, check_memory: bool = True) -> Evaluation:
     """Return the predicted figures of stages `shapes` holding `layers[s]` blocks, `m` micro-batches.
 
     `recompute[s]` fixes stage s's recomputation mode (default: the problem's setting); `interleave`
     v > 1 runs Megatron's interleaved 1F1B with v chunks per stage. The iteration time is inf (with
-    `why`) when a stage does not fit in memory or the batch does not split evenly. `fast=False`
-    computes the longest path on the networkx DAG.
+    `why`) when a stage does not fit in memory (unless `check_memory` is False) or the batch does not
+    split evenly. `fast=False` computes the longest path on the networkx DAG; `record` as in
+    `iteration_time_fast`.
     """
     S, G, v = len(shapes), cm.p.global_batch, interleave
     if v > 1 and (S < 2 or m % S or any(n % v for n in layers)):
@@ -558,7 +559,7 @@ def evaluate(cm: CostModel, shapes: list[StageShape], layers: list[int], m: int,
             return Evaluation(math.inf, [], [], f"stage {s}: global batch {G} is not divisible by "
                                                  f"{m} micro-batches x dp {sh.dp}")
         c = stage_cost(cm, sh, n, G // (m * sh.dp), s, S, m, recompute[s] if recompute else None, v, tied)
-        if not c.fits:
+        if not c.fits and check_memory:
             cap = cm.dev(sh.device_type).memory_bytes * cm.p.memory_fraction
             return Evaluation(math.inf, [], [], f"stage {s} ({sh.device_type}, {n} layers, tp {sh.tp}, recompute "
                                                  f"{c.recompute}): needs {c.memory_bytes / 2**30:.2f} GiB per "

@@ -146,20 +146,21 @@ class LayerOptions:
 @dataclass(frozen=True)
 class LayerTimes:
     """Seconds of one block for one micro-batch on one TP rank: forward and backward compute (GEMMs,
-    attention, element-wise), the TP collectives of one direction, and the attention core's forward
-    (what selective recomputation re-runs)."""
+    attention, element-wise), the TP collectives of one direction, and what selective recomputation
+    re-runs: the attention core's forward (0 with flash attention, whose backward already
+    recomputes it and is costed so)."""
 
     forward_s: float
     backward_s: float
     tp_comm_s: float
-    attention_core_s: float
+    selective_s: float
 
     def recompute_s(self, mode: str) -> float:
         """Return the seconds recomputation `mode` adds to the block's backward."""
         if mode == "full":
             return self.forward_s + self.tp_comm_s
         if mode == "selective":
-            return self.attention_core_s
+            return self.selective_s
         return 0.0
 
 
@@ -190,7 +191,7 @@ def layer_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b:
         io = 4.0 * T * heads * d * w  # Q, K, V read, O written
         attn_f = max(flops / rate, memory_s(dev, io))
         attn_b = max(2.5 * flops / rate, memory_s(dev, 2.0 * io + T * heads * d * w))
-        core_f = attn_f
+        core_f = 0.0
     else:
         scores = float(b * heads * seq * seq)
         gemms = g(seq, seq, d, b * heads) + g(seq, d, seq, b * heads)

@@ -22,6 +22,7 @@ from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape,
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
                                      stage_memory)
+from gpuplan.models.poseidon_cost import RECOMPUTE_MODES
 from gpuplan.registry import Progress, register_solver
 
 INF = math.inf
@@ -93,22 +94,35 @@ class Stats:
 # ------------------------------------------------------------------------------------------------
 
 def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool, flight: int, index: int,
-                 S: int, m: int) -> tuple[float, float, float, float, float, float, int, int]:
-    """Return (f, g, ef, eg, a, a0, nmax, nmax0) of a stage (see Structure), cached on the cost model."""
-    key = (sh, b, first, last, flight)
+                 S: int, m: int) -> tuple[float, float, float, float, float, float, tuple[int, ...], tuple[float, ...]]:
+    """Return (f, g, ef, eg, a, a0, caps, extra) of a stage (see Structure), cached on the cost model:
+    caps[i] / extra[i] the most blocks that fit and the seconds one block's backward gains under the
+    i-th recomputation mode the problem allows, fastest first (auto: none, selective, full)."""
+    key = (sh, b, first, last, flight, S == 1)
     cache = cm.__dict__.setdefault("_terms", {})
     if key not in cache:
         f, g = cm.layer(sh.device_type, sh.tp, b)
         ef, eg = cm.extras(sh.device_type, sh.tp, b, first, last)
-        a0 = cm.tail_s(sh, 0, first, last)
+        a0 = cm.tail_s(sh, 0, first, last, S)
         cap = cm.dev(sh.device_type).memory_bytes * cm.p.memory_fraction
-        nmax = [0, 0]
-        for i, recompute in enumerate((True, False)):
-            base = stage_memory(cm, sh, 0, b, index, S, m, recompute)
-            per = stage_memory(cm, sh, 1, b, index, S, m, recompute) - base
-            nmax[i] = min(cm.p.model.num_layers, int((cap - base) // per)) if cap >= base + per else 0
-        cache[key] = (f, g, ef, eg, max(0.0, cm.tail_s(sh, 1, first, last) - a0), a0, nmax[0], nmax[1])
+        modes = RECOMPUTE_MODES if cm.p.recompute == "auto" else (cm.p.recompute,)
+        caps, extra = [], []
+        for mode in modes:
+            base = stage_memory(cm, sh, 0, b, index, S, m, mode)
+            per = stage_memory(cm, sh, 1, b, index, S, m, mode) - base
+            caps.append(min(cm.p.model.num_layers, int((cap - base) // per)) if cap >= base + per else 0)
+            extra.append(cm.recompute_s(sh.device_type, sh.tp, b, mode))
+        slope = _min_slope(cm, sh, first, last, S, a0)
+        cache[key] = (f, g, ef, eg, max(0.0, slope), a0, tuple(caps), tuple(extra))
     return cache[key]
+
+
+def _min_slope(cm: CostModel, sh: StageShape, first: bool, last: bool, S: int, a0: float) -> float:
+    """Return the per-block all-reduce + optimizer coefficient a = min over n in 1..L of
+    (tail(n) - tail(0)) / n, so n a + tail(0) <= tail(n) at every block count (collective times are
+    piecewise in the message size: NCCL switches protocol), which keeps the bounds valid."""
+    L = cm.p.model.num_layers
+    return min((cm.tail_s(sh, n, first, last, S) - a0) / n for n in range(1, L + 1))
 
 
 def _p2p(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> float:
@@ -138,11 +152,27 @@ class Structure:
         self.b = [G // (m * sh.dp) for sh in shapes]
         terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m), s, S, m)
                  for s, sh in enumerate(shapes)]
-        self.f, self.g, self.ef, self.eg, self.a, self.a0, self.nmax, self.nmax0 = (list(x) for x in zip(*terms))
+        self.f, self.g, self.ef, self.eg, self.a, self.a0, self.caps, self.extra = (list(x) for x in zip(*terms))
+        self.nmax = [max(c) for c in self.caps]
+        tied = self._tied = cm.tied_s(shapes)
+        self._tails: dict[tuple[int, int], float] = {}
+        if tied:
+            for s in {0, S - 1}:
+                self.a0[s] += tied
         self.c = [f + g for f, g in zip(self.f, self.g)]
         self.e = [f + g for f, g in zip(self.ef, self.eg)]
         self.p2p = [_p2p(cm, shapes[s], shapes[s + 1], self.b[s]) for s in range(S - 1)]
         self._rt = self.round_trip()
+
+    def tail(self, s: int, n: int) -> float:
+        """Return stage s's exact all-reduce + optimizer seconds with n blocks (the tied-embedding
+        gradient all-reduce included on the first and last stage), cached."""
+        key = (s, n)
+        if key not in self._tails:
+            sh = self.shapes[s]
+            self._tails[key] = (self.cm.tail_s(sh, n, s == 0, s == self.S - 1, self.S)
+                                + (self._tied if s in (0, self.S - 1) else 0.0))
+        return self._tails[key]
 
     def feasible(self) -> bool:
         """True when the stages can hold all layers in memory, one or more each."""
@@ -299,9 +329,9 @@ class Structure:
         if any(n < 1 or n > k for n, k in zip(layers, self.nmax)):
             return INF
         fwd = [n * f + ef for n, f, ef in zip(layers, self.f, self.ef)]
-        bwd = [n * (g + (f if n > k0 else 0.0)) + eg
-               for n, f, g, eg, k0 in zip(layers, self.f, self.g, self.eg, self.nmax0)]
-        tail = [n * a + a0 for n, a, a0 in zip(layers, self.a, self.a0)]
+        bwd = [n * (g + next(x for k, x in zip(caps, extra) if n <= k)) + eg
+               for n, g, eg, caps, extra in zip(layers, self.g, self.eg, self.caps, self.extra)]
+        tail = [self.tail(s, n) for s, n in enumerate(layers)]
         return iteration_time_fast(fwd, bwd, self.p2p, tail, self.m, self.cm.p.schedule)
 
 
@@ -459,11 +489,12 @@ def _option_terms(cm: CostModel, o: TypeOption, m: int) -> tuple[float, int, flo
     if key not in cache:
         b = cm.p.global_batch // (m * o.dp)
         f, g = cm.layer(o.device_type, o.tp, b)
-        a = min(cm.tail_s(x, 1, False, False) - cm.tail_s(x, 0, False, False) for x in o.shapes)
+        a = min(_min_slope(cm, x, False, False, 3, cm.tail_s(x, 0, False, False, 3)) for x in o.shapes)
         cap_bytes = cm.dev(o.device_type).memory_bytes * cm.p.memory_fraction
         sh = o.shapes[0]
-        base = stage_memory(cm, sh, 0, b, 1, 3, 1, True)
-        per = stage_memory(cm, sh, 1, b, 1, 3, 1, True) - base
+        thrifty = "full" if cm.p.recompute == "auto" else cm.p.recompute  # the mode that needs least memory
+        base = stage_memory(cm, sh, 0, b, 1, 3, 1, thrifty)
+        per = stage_memory(cm, sh, 1, b, 1, 3, 1, thrifty) - base
         cap = min(cm.p.model.num_layers, int((cap_bytes - base) // per)) if cap_bytes >= base + per else 0
         cache[key] = (m * (f + g) + max(0.0, a), cap, f, g, max(0.0, a))
     return cache[key]

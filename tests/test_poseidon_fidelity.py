@@ -1,0 +1,216 @@
+"""Poseidon's time model: recomputation, fixed configurations, tied embeddings, interleaving, GEMM
+efficiency, and check recomputing every stated figure."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import gpuplan
+from gpuplan import api
+from gpuplan.errors import InputError
+from gpuplan.models import poseidon as P
+from gpuplan.models import poseidon_cost as C
+from gpuplan.models.cluster import device_type
+from gpuplan.models.poseidon_config import parse_config
+from gpuplan.models.workload import model_config, scaled
+
+
+def problem(gpus: int = 8, layers: int = 8, hidden: int = 1024, batch: int = 16, **extra: object) -> P.PoseidonProblem:
+    cfg = scaled(model_config("gpt3-1.3b"), num_layers=layers, hidden=hidden)
+    doc = {"kind": "poseidon", "cluster": {"gpus": {"A100-80GB": gpus}, "gpus_per_node": 8,
+                                           "inter_node": {"bandwidth_GBps": "200 Gbps", "nics_per_node": 8}},
+           "model": cfg.model_dump(), "global_batch": batch, "seq_len": 2048, "max_stages": 4,
+           "max_microbatches": 16, **extra}
+    return api.load_problem(doc, "poseidon")  # type: ignore[return-value]
+
+
+# ---- recomputation ----------------------------------------------------------------------------
+
+def test_recompute_changes_time_and_memory() -> None:
+    prob = problem(flash_attention=False)
+    plans = {mode: gpuplan.evaluate_config(prob, f"tp=2,pp=2,dp=2,mb=2,recompute={mode}")
+             for mode in ("none", "selective", "full")}
+    t = {k: p.iteration_time_s for k, p in plans.items()}
+    mem = {k: max(s.memory_bytes for s in p.stages) for k, p in plans.items()}
+    assert t["none"] < t["selective"] < t["full"]
+    assert mem["none"] > mem["selective"] > mem["full"]
+    assert all(s.recompute == mode for mode, p in plans.items() for s in p.stages)
+    # full recomputation re-runs each block's forward (compute + TP collectives) in backward
+    st0 = plans["full"].stages[0]
+    assert st0.backward_s - plans["none"].stages[0].backward_s == pytest.approx(st0.num_layers * sum(
+        P.CostModel(api.plan_problem(plans["full"])).layer("A100-80GB", 2, 2)[:1]), rel=1e-9)
+
+
+def test_selective_is_free_with_flash_attention() -> None:
+    prob = problem(flash_attention=True)
+    a = gpuplan.evaluate_config(prob, "tp=2,pp=2,dp=2,mb=2,recompute=none")
+    b = gpuplan.evaluate_config(prob, "tp=2,pp=2,dp=2,mb=2,recompute=selective")
+    assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
+
+
+def test_search_recomputes_only_where_memory_forces_it() -> None:
+    """auto: every stage runs the fastest mode that fits; a stage that fits without recomputation
+    does not pay for it."""
+    prob = problem()
+    plan = api.solve(prob)
+    assert plan.ok and api.check(prob, plan) == []
+    assert all(s.recompute == "none" for s in plan.stages)
+    forced = problem(recompute="full")
+    plan_f = api.solve(forced)
+    assert all(s.recompute == "full" for s in plan_f.stages) and api.check(forced, plan_f) == []
+
+
+# ---- a fixed configuration equals the search's plan ----------------------------------------------
+
+def test_fixed_configuration_evaluates_to_the_searched_plan_time() -> None:
+    prob = problem(gpus=8, layers=8, batch=16)
+    plan = api.solve(prob)
+    s0 = plan.stages[0]
+    assert len({(s.tp, s.dp) for s in plan.stages}) == 1  # homogeneous cluster: equal stages
+    config = {"tp": s0.tp, "pp": len(plan.stages), "dp": s0.dp, "mb": s0.micro_batch_size,
+              "recompute": [s.recompute for s in plan.stages], "layers": [s.num_layers for s in plan.stages]}
+    fixed = gpuplan.evaluate_config(prob, config)
+    assert fixed.iteration_time_s == pytest.approx(plan.iteration_time_s, rel=1e-12)
+    assert [s.gpu_ids for s in fixed.stages] == [s.gpu_ids for s in plan.stages]
+    assert api.check(None, fixed) == []
+
+
+def test_config_text_and_errors() -> None:
+    c = parse_config("tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2")
+    assert (c.tp, c.pp, c.dp, c.micro_batch, c.recompute, c.interleave) == (8, 8, 12, 1, "selective", 2)
+    with pytest.raises(InputError, match="recompute"):
+        parse_config("tp=2,recompute=sometimes")
+    with pytest.raises(InputError, match="KEY=VALUE"):
+        parse_config("tp8")
+    with pytest.raises(InputError, match="tp x pp x dp"):
+        gpuplan.evaluate_config(problem(), "tp=8,pp=2,dp=1")
+    with pytest.raises(InputError, match="micro-batch"):
+        gpuplan.evaluate_config(problem(batch=6), "tp=2,pp=2,dp=2,mb=2")
+
+
+# ---- tied embeddings ------------------------------------------------------------------------------
+
+def test_tied_embeddings_are_counted_once() -> None:
+    prob = problem()
+    cfg = prob.model
+    assert cfg.tied_embeddings
+    cm = P.CostModel(prob)
+    L = cfg.num_layers
+    assert cm.stage_params(L, True, True, 1) == cfg.total_params()  # one copy in a single stage
+    two = cm.stage_params(L // 2, True, False, 2) + cm.stage_params(L // 2, False, True, 2)
+    assert two == cfg.total_params() + cfg.vocab * cfg.hidden  # Megatron: the head is a copy on the last stage
+    plan = gpuplan.evaluate_config(prob, "tp=2,pp=2,dp=2,mb=2")
+    untied = problem(batch=16)
+    untied = P.PoseidonProblem.model_validate({**untied.model_dump(),
+                                               "model": {**untied.model.model_dump(), "tied_embeddings": False}})
+    plain = gpuplan.evaluate_config(untied, "tp=2,pp=2,dp=2,mb=2")
+    tied_s = P.CostModel(api.plan_problem(plan)).tied_s(P.shapes_of(plan))
+    assert tied_s > 0
+    assert plan.stages[0].allreduce_s == pytest.approx(plain.stages[0].allreduce_s + tied_s, rel=1e-9)
+
+
+# ---- interleaving ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("S, m, v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (3, 9, 3), (4, 16, 2)])
+def test_interleave_bubble_follows_the_closed_form(S: int, m: int, v: int) -> None:
+    F, B = 1.0, 2.0
+    fwd, bwd = [F / v] * (S * v), [B / v] * (S * v)
+    t = P.iteration_time_fast(fwd, bwd, [0.0] * (S * v - 1), [0.0] * S, m, "1f1b", interleave=v)
+    ideal = m * (F + B)
+    assert t == pytest.approx(ideal + (S - 1) * (F + B) / v)  # bubble (S-1)/(v m) of the ideal
+    plain = P.iteration_time_fast([F] * S, [B] * S, [0.0] * (S - 1), [0.0] * S, m, "1f1b")
+    assert plain == pytest.approx(ideal + (S - 1) * (F + B))
+
+
+@settings(max_examples=20, deadline=None)
+@given(S=st.integers(2, 4), k=st.integers(1, 3), v=st.integers(2, 3), data=st.data())
+def test_interleaved_fast_walk_equals_networkx(S: int, k: int, v: int, data: st.DataObject) -> None:
+    m = S * k
+    vals = st.floats(0.0, 3.0, allow_nan=False)
+    f = data.draw(st.lists(vals, min_size=S * v, max_size=S * v))
+    b = data.draw(st.lists(vals, min_size=S * v, max_size=S * v))
+    c = data.draw(st.lists(vals, min_size=S * v - 1, max_size=S * v - 1))
+    t = data.draw(st.lists(vals, min_size=S, max_size=S))
+    nx_t = P.dag_longest_path_s(P.build_dag(f, b, c, t, m, "1f1b", v))
+    assert P.iteration_time_fast(f, b, c, t, m, "1f1b", interleave=v) == pytest.approx(nx_t, rel=1e-12, abs=1e-12)
+
+
+def test_interleave_shrinks_the_bubble_of_a_real_config() -> None:
+    prob = problem(gpus=8, layers=8, batch=8)
+    one = gpuplan.evaluate_config(prob, "tp=2,pp=4,dp=1,mb=1,interleave=1")
+    two = gpuplan.evaluate_config(prob, "tp=2,pp=4,dp=1,mb=1,interleave=2")
+    assert two.interleave == 2 and two.iteration_time_s < one.iteration_time_s
+    assert two.predicted["bubble_fraction"] < one.predicted["bubble_fraction"]
+    assert max(s.memory_bytes for s in two.stages) > max(s.memory_bytes for s in one.stages)  # more in flight
+    assert api.check(None, two) == []
+    with pytest.raises(gpuplan.InfeasibleError, match="interleave"):
+        gpuplan.evaluate_config(problem(gpus=8, layers=8, batch=6), "tp=2,pp=4,dp=1,mb=1,interleave=2")
+
+
+# ---- GEMM efficiency ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["A100-80GB", "H100", "V100", "T4"])
+def test_gemm_efficiency_is_monotone_and_bounded(name: str) -> None:
+    dev = device_type(name)
+    ceiling = C.gemm_ceiling(dev)
+    assert 0 < ceiling <= 1
+    prev = 0.0
+    for n in (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        roof = C.roofline_efficiency(dev, "bf16", n, n, n, ceiling)
+        assert roof >= prev - 1e-15 and roof <= ceiling  # arithmetic intensity grows with n
+        prev = roof
+        for k in (n, 2 * n):
+            assert C.roofline_efficiency(dev, "bf16", n, n, 2 * k, ceiling) >= C.roofline_efficiency(
+                dev, "bf16", n, n, k, ceiling) - 1e-15
+        eff = C.gemm_efficiency(dev, "bf16", n, n, n)
+        assert 0 < eff <= ceiling and C.gemm_s(dev, "bf16", n, n, n) >= 2 * n ** 3 / (dev.peak("bf16") * 1e12)
+    assert C.gemm_efficiency(dev, "bf16", 8192, 8192, 8192) > 0.9 * ceiling  # large GEMMs reach the ceiling
+    assert C.gemm_efficiency(dev, "bf16", 64, 64, 64) < 0.2  # small ones are memory-bound
+
+
+def test_measured_sweep_replaces_the_curve() -> None:
+    dev = device_type("A100-80GB")
+    sweep = [(256, 0.2), (1024, 0.6), (4096, 0.8)]
+    effs = [C.gemm_efficiency(dev, "bf16", n, n, n, sweep=sweep) for n in (128, 256, 512, 1024, 2048, 4096, 9000)]
+    assert effs == sorted(effs) and effs[-1] == pytest.approx(0.8) and effs[3] == pytest.approx(0.6)
+
+
+# ---- check ----------------------------------------------------------------------------------------
+
+def test_check_recomputes_every_stated_figure() -> None:
+    plan = gpuplan.evaluate_config(problem(flash_attention=False), "tp=2,pp=2,dp=2,mb=2,recompute=selective")
+    assert api.check(None, plan) == []
+    for field, value in (("forward_s", 1.0), ("memory_bytes", 1.0), ("allreduce_s", 9.0)):
+        bad = plan.model_copy(deep=True)
+        setattr(bad.stages[1], field, value)
+        assert any(field in v.message for v in api.check(None, bad))
+    bad = plan.model_copy(deep=True)
+    bad.stages[0].recompute = "full"  # a different mode: other times and memory
+    assert api.check(None, bad)
+    bad = plan.model_copy(deep=True)
+    bad.predicted["mfu"] = 0.99
+    assert any("mfu" in v.message for v in api.check(None, bad))
+    bad = plan.model_copy(deep=True)
+    bad.interleave = 2
+    assert api.check(None, bad)
+
+
+# ---- CLI ------------------------------------------------------------------------------------------
+
+def test_cli_evaluates_a_fixed_configuration(tmp_path) -> None:
+    from gpuplan.cli import main
+
+    out = tmp_path / "plan.json"
+    res = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-a100x4", "gpt3-1.3b", "--batch", "32", "--seq",
+                                    "2048", "--config", "tp=2,pp=2,dp=8,mb=1,recompute=selective,interleave=2",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "model_tflops_per_gpu" in res.output and "mfu" in res.output
+    plan = api.load_plan(out)
+    assert api.check(None, plan) == [] and plan.interleave == 2  # type: ignore[attr-defined]
+    bad = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-a100x4", "gpt3-1.3b", "--batch", "32",
+                                    "--config", "tp=3"])
+    assert bad.exit_code == 2 and "error" in bad.output
