@@ -201,12 +201,16 @@ def test_oef_contract_comes_from_the_registry() -> None:
     assert registry.contract("oef", "no-such-solver") is None
 
 
+# examples whose default solve takes more than a few seconds on a small CPU
+SLOW_EXAMPLES = {"a100-v100-t4.yaml", "mshape-4.yaml", "llama2-13b-tp8-dp4.yaml"}
+
+
 def _example_params() -> list[Any]:
     out = []
     for path in sorted(EXAMPLES.glob("*/*.yaml")):
         if "kind:" not in path.read_text(encoding="utf-8"):
             continue  # a trace or a cluster file, not a problem
-        slow = path.name == "a100-v100-t4.yaml"  # a few seconds of search
+        slow = path.name in SLOW_EXAMPLES
         out.append(pytest.param(path, id=f"{path.parent.name}/{path.name}",
                                 marks=[pytest.mark.slow] if slow else []))
     return out
