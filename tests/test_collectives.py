@@ -84,3 +84,81 @@ def test_repeated_calls_are_cached_and_fast() -> None:
     for i in range(5000):
         collective_time_s(c, "all_reduce", 1e6 * (i % 100 + 1), ids)
     assert time.perf_counter() - start < 2.0
+
+
+# ---- NCCL's own tuning, checked against hand derivations from NCCL 2.30.7's code ----------------
+
+from gpuplan.models import nccl_tuning as nt  # noqa: E402
+
+A100 = dict(cc=80, nvlinks=12, nvswitch=True, pcie_GBps=24.0, nics=8, nic_GBps=25.0)
+H100 = dict(cc=90, nvlinks=18, nvswitch=True, pcie_GBps=48.0, nics=8, nic_GBps=50.0)
+
+
+def test_search_replay_matches_hand_derivation() -> None:
+    """search.cc by hand. DGX A100: 12 NVLinks x 20 GB/s (SM80) = 240 per GPU; the first speed of
+    speedArrayIntra that fits is 40 (6 channels, 6 x 40 = totalBw: done); 40 >= 25 so DupChannels
+    doubles to 12 x 20; pass 2 cannot raise to 30 (12 x 30 > 240). DGX H100: 18 x 20.6 = 370.8;
+    sm90 array 60 -> 6 channels (360 < 370.8, keep looking: 50 -> 7, 40 -> 9, 30 -> 12, none better
+    than 360), SM90 at 60 >= 50 duplicates to 12 x 30. NVLS: 8 heads, each GPU carries (8 + 1) x s
+    <= 370.8 -> s = 40; pass 2 raises bwInter while below 2 x 40 -> 60. 2 x DGX A100 (8 x 200 Gb/s,
+    PCIe Gen4 24 GB/s to each NIC): speedArrayInter 24 fits 8 channels (one NIC each way), 24 < 25 so
+    no duplication; the tree keeps 8 channels, bwInter 24, and pass 2 raises bwIntra to 30."""
+    g = nt.graphs(nt.Topology(8, 1, 8, **A100))
+    assert (g.ring.channels, g.ring.bw_intra_GBps, g.comm_channels, g.nvls) == (12, 20.0, 24, None)
+    g = nt.graphs(nt.Topology(8, 1, 8, **H100))
+    assert (g.ring.channels, g.ring.bw_intra_GBps) == (12, 30.0)
+    assert g.nvls is not None and (g.nvls.channels, g.nvls.bw_intra_GBps, g.nvls.bw_inter_GBps) == (8, 40.0, 60.0)
+    g = nt.graphs(nt.Topology(16, 2, 8, **A100))
+    assert (g.ring.channels, g.ring.bw_intra_GBps, g.comm_channels) == (8, 24.0, 16)
+    assert (g.tree.channels, g.tree.bw_intra_GBps, g.tree.bw_inter_GBps) == (8, 30.0, 24.0)
+    g = nt.graphs(nt.Topology(16, 2, 8, **{**A100, "nics": 1}))   # one NIC: one channel each way
+    assert (g.ring.channels, g.ring.bw_intra_GBps) == (1, 24.0)
+
+
+# Expected (algorithm, protocol, time us) per size, computed by hand from tuning.cc / enqueue.cc
+# (latency tables, llMaxBws, per-channel caps, x0.92 / x7/9 / x120/128 refinements, tree correction
+# factors, the 1.4x ring Simple plateau across nodes, bus -> algorithm bandwidth n/nsteps or 0.5):
+#  8 x A100, ring/tree 12 x 20 GB/s: ring LL 15.0 us + S/50.11, LL128 40.6 + S/126.2, Simple 56.0 +
+#    S/137.1; tree LL 15.2 + S/(29.05 c), LL128 31.5 + S/(85.9 c), Simple 64.4 + S/(110.4 c).
+#  8 x H100, ring 12 x 30, NVLS 8 x 59.5: ring LL 15.0 + S/80.57, NVLS 25.0 + S/272.0.
+#  2 x 8 A100, ring 8 x 24, tree 8 x 30 (bwIntra, 2 nodes): ring LL 40.0 + S/20.8, LL128 75.2 +
+#    S/85.33, Simple 131.6 (x1.4 from 16 KiB) + S/102.4; tree LL 25.2 + S/(19.5 c), LL128 48.5 +
+#    S/(80 c), Simple 92.4 + S/(94.4 c).   (S in bytes/1000, c the tree correction)
+NCCL_CHOICES = [
+    ("a100x8", 4096, "ring", "LL", 15.08),
+    ("a100x8", 2**20, "ring", "LL", 35.92),
+    ("a100x8", 2 * 2**20, "ring", "LL", 56.85),
+    ("a100x8", 4 * 2**20, "ring", "LL128", 73.84),
+    ("a100x8", 16 * 2**20, "ring", "LL128", 173.57),
+    ("a100x8", 2**30, "ring", "Simple", 7885.37),
+    ("h100x8", 65536, "ring", "LL", 15.81),
+    ("h100x8", 2**20, "ring", "LL", 28.01),
+    ("h100x8", 2 * 2**20, "nvls", "Simple", 32.71),
+    ("h100x8", 2**30, "nvls", "Simple", 3972.6),
+    ("a100x16", 4096, "tree", "LL", 25.50),
+    ("a100x16", 2**20, "tree", "LL128", 70.35),
+    ("a100x16", 16 * 2**20, "ring", "LL128", 271.81),
+    ("a100x16", 2**30, "ring", "Simple", 10670.0),
+]
+GRAPHS = {
+    "a100x8": (nt.Topology(8, 1, 8, **A100), nt.Graphs(nt.Graph(12, 20.0, 20.0), nt.Graph(12, 20.0, 20.0), None, 24)),
+    "h100x8": (nt.Topology(8, 1, 8, **H100), nt.Graphs(nt.Graph(12, 30.0, 30.0), nt.Graph(12, 30.0, 30.0),
+                                                       nt.Graph(8, 40.0, 60.0), 24)),
+    "a100x16": (nt.Topology(16, 2, 8, **A100), nt.Graphs(nt.Graph(8, 24.0, 24.0), nt.Graph(8, 30.0, 24.0), None, 16)),
+}
+
+
+@pytest.mark.parametrize("topo,size,algo,proto,time_us", NCCL_CHOICES)
+def test_choice_agrees_with_nccl_tuning_formula(topo: str, size: int, algo: str, proto: str, time_us: float) -> None:
+    t, g = GRAPHS[topo]
+    c = nt.choose(t, "all_reduce", float(size), g)
+    assert (c.algo, c.proto) == (algo, proto)
+    assert c.time_us == pytest.approx(time_us, rel=2e-3)
+
+
+def test_per_architecture_constants_differ() -> None:
+    """Ring LL on one node is capped by llMaxBws[arch]: Volta 39, Ampere 87.7, Hopper 141 GB/s."""
+    g = nt.Graphs(nt.Graph(12, 40.0, 40.0), nt.Graph(12, 40.0, 40.0), None, 24)
+    caps = {cc: float(nt.bus_bandwidth(nt.Topology(8, 1, 8, cc=cc, nvlinks=12, nvswitch=True, pcie_GBps=24.0), g,
+                                       "all_reduce", "ring", "LL")) for cc in (70, 80, 90)}
+    assert caps == {70: 39.0, 80: 87.7, 90: 141.0}

@@ -415,3 +415,45 @@ def test_priority_search_with_shared_windows_never_worse_than_default(sizes, com
     default = [comp.nccl_default(i) for i in range(len(ops))]
     assert comp.iteration_us(found) <= comp.iteration_us(default) * (1 + 1e-12)
     assert all(not comp.valid(i, t) for i, t in enumerate(found))
+
+
+# ---- groups as NCCL 2.30.7 sees them: architecture, NVLink rate, rails, NVLS ---------------------
+
+def _link(gpu: str, **group) -> cost.Link:
+    from gpuplan.models.lagom import Group, Hardware
+
+    return Group.model_validate(group).link(Hardware(gpu=gpu))
+
+
+def test_group_link_uses_the_architectures_tables_and_achieved_nvlink() -> None:
+    a100, h100 = _link("A100-80GB", ranks=8), _link("H100", ranks=8)
+    # achieved NVLink (NCCL: 12 x 20 GB/s on SM80, 18 x 20.6 on SM90), not 300 / 450 line rate
+    assert a100.channels * a100.channel_GBps == pytest.approx(240.0)
+    assert h100.channels * h100.channel_GBps == pytest.approx(360.0)
+    # ring LL capped by llMaxBws: Ampere 87.7, Hopper 141 (one node)
+    assert cost.nccl_busbw_GBps("all_reduce", "ring", "LL", a100, C) == pytest.approx(87.7)
+    assert cost.nccl_busbw_GBps("all_reduce", "ring", "LL", h100, C) == pytest.approx(141.0)
+    # NVLS by NCCL's rule: Hopper on NVSwitch has it, Ampere does not; NCCL picks it for 1 GiB
+    assert h100.nvls and not a100.nvls
+    assert cost.nccl_default("all_reduce", 2**30, h100, C)[0] == "nvls"
+    assert cost.nccl_default("all_reduce", 2**30, _link("H100", ranks=8, nvls=False), C)[0] == "ring"
+
+
+def test_rings_across_nodes_use_every_rail_and_nvls_tree() -> None:
+    one = _link("A100-80GB", ranks=16, nodes=2, inter_GBps="200 Gbps")
+    eight = _link("A100-80GB", ranks=16, nodes=2, inter_GBps="200 Gbps", nics=8)
+    bw1 = cost.nccl_busbw_GBps("all_reduce", "ring", "Simple", one, C)
+    bw8 = cost.nccl_busbw_GBps("all_reduce", "ring", "Simple", eight, C)
+    assert bw1 == pytest.approx(24.0) and bw8 == pytest.approx(8 * 24.0)   # PCIe Gen4 path: 24 GB/s a NIC
+    h = _link("H100", ranks=16, nodes=2, inter_GBps="400 Gbps", nics=8)
+    assert cost.nccl_default("all_reduce", 2**30, h, C)[0] == "nvlstree"
+    assert cost.algo_allowed("nvls", "all_reduce", h) is not None
+
+
+def test_tree_correction_changes_the_estimate() -> None:
+    """tuning.cc's treeCorrectionFactor: tree Simple at 1 MiB runs at 0.5 of its bandwidth."""
+    link = _link("A100-80GB", ranks=16, nodes=2, inter_GBps="200 Gbps", nics=8)
+    bus = cost.nccl_busbw_GBps("all_reduce", "tree", "Simple", link, C)
+    lat = cost.nccl_latency_us("all_reduce", "tree", "Simple", link, C)
+    t = cost.nccl_time_us("all_reduce", 2**20, "tree", "Simple", link, C)
+    assert t == pytest.approx(lat + 2**20 / (1000 * bus * 0.5 * 0.5))

@@ -124,7 +124,8 @@ class Group(Schema):
         declared = self.intra_GBps is not None or hw.intra_node_GBps is not None
         line = self.intra_GBps or hw.intra_GBps()
         if self.intra == "nvlink":
-            nvlinks = catalog_links if catalog_links and not declared else max(1, round(line / (50 if cc >= 100 else 25)))
+            per_link = 50 if cc >= 100 else 25          # NVLink line rate per link (GB/s per direction)
+            nvlinks = catalog_links if catalog_links and not declared else max(1, round(line / per_link))
             pcie = nccl_tuning.PCIE_GBPS_BY_ARCH.get(arch, 24.0)
         else:
             nvlinks = 0
@@ -152,7 +153,7 @@ class Group(Schema):
                          cap_GBps=self.cap_GBps or 2 * topo.gpu_total_GBps(), channels=channels,
                          inter_latency_us=self.inter_latency_s * 1e6, nvls=nvls, ll128=ll128,
                          latency_scale=self.latency_scale, arch=hw.architecture(),
-                         graph_channels=None if explicit else g.ring.channels if self.channels is None else None,
+                         graph_channels=g.ring.channels if self.channels is None else None,
                          topo=topo)
 
 
