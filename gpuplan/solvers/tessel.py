@@ -80,13 +80,29 @@ class Pattern:
     start: dict[str, int]
     lag: dict[str, int]
     span: int
+    group: int = 1  # micro-batches per period: keys are "block@j" for j < group when > 1
+
+    def key(self, block: str, microbatch: int) -> str:
+        """Return the pattern key of a block instance."""
+        return block if self.group == 1 else f"{block}@{microbatch % self.group}"
+
+    def at(self, block: str, microbatch: int) -> int:
+        """Return the tick start of a block instance when the pattern is unrolled."""
+        key = self.key(block, microbatch)
+        return self.start[key] + (microbatch // self.group + self.lag[key]) * self.period
+
+    def in_flight(self) -> int:
+        """Return how many micro-batches the pattern keeps in flight (lag spread times group)."""
+        return (max(self.lag.values()) - min(self.lag.values()) + 1) * self.group
 
 
 def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: float, seed: int,
-                 optimise: bool, unknown: list[int] | None = None, hint: Pattern | None = None) -> Pattern | None:
+                 optimise: bool, unknown: list[int] | None = None, hint: Pattern | None = None,
+                 chains: list[list[str]] | None = None) -> Pattern | None:
     """Solve the cyclic model at a fixed period; return the pattern or None when none is found
     (the period is appended to `unknown` when the time limit ran out without a proof). `hint`, a
-    pattern at the same period, seeds the search."""
+    pattern at the same period, seeds the search. `chains` lists the copies of one block in a grouped
+    problem (see grouped): they start in micro-batch order, the last before the next period's first."""
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
@@ -99,6 +115,10 @@ def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: fl
         for a in b.after:
             m.add(off[b.name] >= off[a] + t.dur[a])
             m.add(k[b.name] >= k[a])  # redundant, implied by the line above; helps the search
+    for chain in chains or []:
+        for x, y in zip(chain, chain[1:]):
+            m.add(off[x] <= off[y])
+        m.add(off[chain[-1]] <= off[chain[0]] + period)
     on = _on_device(problem)
     for d, names in enumerate(on):
         if sum(t.dur[n] for n in names) > period:
@@ -176,7 +196,8 @@ def sequential_pattern(problem: TesselProblem, t: Ticks) -> Pattern | None:
 
 
 def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int,
-                  progress: Callable[..., None], latency_search_s: float = 0.0) -> tuple[Pattern, dict[str, Any]]:
+                  progress: Callable[..., None], latency_search_s: float = 0.0,
+                  chains: list[list[str]] | None = None) -> tuple[Pattern, dict[str, Any]]:
     """Return a repetend of smallest period (ticks) and stats; at that period, the one of shortest
     one-micro-batch latency found in latency_search_s deterministic time (default: a tenth of one
     search step's).
@@ -198,7 +219,7 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     def feasible(period: int) -> Pattern | None:
         tried.append(period)
         progress(None, f"repetend: trying period {period} ticks")
-        return _repetend_at(problem, t, period, per_call, seed, optimise=False, unknown=unknown)
+        return _repetend_at(problem, t, period, per_call, seed, optimise=False, unknown=unknown, chains=chains)
 
     found, bad, step, period = None, lower - 1, 1, lower
     while period < upper:  # `upper` itself is settled below
@@ -218,7 +239,8 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
             lo = mid + 1
     # the feasibility answers leave the lags arbitrary (micro-batches kept in flight for nothing, which
     # the completion cannot undo): shorten one micro-batch's latency at that period, from the pattern
-    short = _repetend_at(problem, t, found.period, latency_search_s or per_call / 10, seed, optimise=True, hint=found)
+    short = _repetend_at(problem, t, found.period, latency_search_s or per_call / 10, seed, optimise=True, hint=found,
+                         chains=chains)
     if short is not None and short.span < found.span:
         found = short
     return found, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
@@ -247,12 +269,49 @@ def _one_at_a_time(problem: TesselProblem, t: Ticks, upper: int, time_limit_s: f
                           f"{problem.limit(worst):g} bytes (no order of one micro-batch at a time fits)")
 
 
+def grouped(problem: TesselProblem, group: int) -> tuple[TesselProblem, list[list[str]]]:
+    """Return the placement of `group` micro-batches as one (block b of the j-th is "b@j", dependencies
+    inside each copy) and the chains of copies of each block; a repetend of it holds `group`
+    micro-batches per period, which can express patterns such as interleaved 1F1B's groups of p."""
+    blocks = [b.model_copy(update={"name": f"{b.name}@{j}", "after": [f"{a}@{j}" for a in b.after]})
+              for j in range(group) for b in problem.blocks]
+    chains = [[f"{b.name}@{j}" for j in range(group)] for b in problem.blocks]
+    return problem.model_copy(update={"blocks": blocks}), chains
+
+
+def grouped_ticks(t: Ticks, group: int) -> Ticks:
+    """Return the integer problem of `grouped` (the same numbers for every copy)."""
+    return Ticks({f"{n}@{j}": v for j in range(group) for n, v in t.dur.items()},
+                 {f"{n}@{j}": v for j in range(group) for n, v in t.mem.items()}, t.limit, t.tick_s)
+
+
+def pattern_from_schedule(problem: TesselProblem, t: Ticks, schedule: list[list[Entry]], group: int,
+                          period: int) -> Pattern | None:
+    """Return the grouped pattern (keys "block@j", see grouped; `t` its ticks) of a schedule's steady
+    state: the first group of `group` micro-batches whose every block starts exactly `period` ticks
+    before the same block of the next group, read at that period; None when no group is periodic."""
+    n = problem.microbatches
+    at = {(e.block, e.microbatch): round(e.start_s / t.tick_s) for dev in schedule for e in dev}
+    periodic = [g for g in range(n // group - 1)
+                if all(at[(b.name, (g + 1) * group + j)] - at[(b.name, g * group + j)] == period
+                       for b in problem.blocks for j in range(group))]
+    if not periodic:
+        return None
+    g = periodic[0]
+    first = {f"{b.name}@{j}": at[(b.name, g * group + j)] for b in problem.blocks for j in range(group)}
+    origin = min(first.values())
+    start = {k: (v - origin) % period for k, v in first.items()}
+    lag = {k: (v - origin) // period for k, v in first.items()}
+    span = max(v - origin + t.dur[k] for k, v in first.items())
+    return Pattern(period, start, lag, span, group)
+
+
 def unroll(problem: TesselProblem, pat: Pattern) -> Order:
     """Return per-device orders of the pattern repeated over the problem's N micro-batches."""
     times: list[list[tuple[int, str, int]]] = [[] for _ in range(problem.devices)]
     for b in problem.blocks:
         for i in range(problem.microbatches):
-            at = pat.start[b.name] + (i + pat.lag[b.name]) * pat.period
+            at = pat.at(b.name, i)
             for d in b.devices:
                 times[d].append((at, b.name, i))
     return [[(n, i) for _, n, i in sorted(dev)] for dev in times]
@@ -407,10 +466,9 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
     unfinished one (window = the pattern's micro-batches in flight, + 0..3, or unbounded); and the
     same list schedules of the reversed problem, read backwards (see reversed_problem).
     """
-    base = {(b.name, i): pat.start[b.name] + (i + pat.lag[b.name]) * pat.period
-            for b in problem.blocks for i in range(problem.microbatches)}
+    base = {(b.name, i): pat.at(b.name, i) for b in problem.blocks for i in range(problem.microbatches)}
     kinds = {b.name: b.kind for b in problem.blocks}
-    width = max(pat.lag.values()) - min(pat.lag.values()) + 1
+    width = pat.in_flight()
     found: dict[str, float] = {}
     best = _unrolled(problem, pat)
     found["unrolled"] = makespan_s(best)
@@ -432,8 +490,7 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
     # packs the cool-down as tightly as the forward pass packs the warm-up.
     rev = reversed_problem(problem)
     n, dur = problem.microbatches, {b.name: b.duration_s for b in problem.blocks}
-    rbase = {(b.name, i): (i - pat.lag[b.name]) * pat.period - pat.start[b.name] - dur[b.name] / 1e6
-             for b in problem.blocks for i in range(n)}
+    rbase = {(b.name, i): -pat.at(b.name, n - 1 - i) - dur[b.name] / 1e6 for b in problem.blocks for i in range(n)}
     for window in (None, width, width + 1, width + 2, width + 3):
         key = f"reverse/{window}"
         try:
@@ -460,6 +517,18 @@ def reversed_problem(problem: TesselProblem) -> TesselProblem:
     return problem.model_copy(update={"blocks": blocks})
 
 
+GROUP_MAX_BLOCKS = 96  # the grouped repetend search runs up to this many blocks (group x blocks)
+
+
+def _group_size(problem: TesselProblem) -> int:
+    """Return the micro-batches per period of the second repetend search (the device count, as in
+    interleaved 1F1B), or 1 when it does not apply (one device, too few micro-batches, too large)."""
+    k = problem.devices
+    if k <= 1 or problem.microbatches < 2 * k or k * len(problem.blocks) > GROUP_MAX_BLOCKS:
+        return 1
+    return k
+
+
 def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
                  progress: Callable[..., None], workers: int = 2, completion: bool = True,
                  polish_s: float = 0.0, latency_search_s: float = 0.0, floor: bool = True) -> TesselPlan:
@@ -470,6 +539,8 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     `schedule_from` names where the schedule came from. Every CP-SAT call runs on one worker under a
     deterministic-time limit only, so the plan does not depend on the machine's load.
 
+    When the completed schedule misses the lower bound, a second search looks for a repetend of p
+    micro-batches per period (p devices; see grouped) and keeps it when its schedule is shorter.
     completion=False keeps the unrolled, left-shifted pattern. latency_search_s sets the CP-SAT
     deterministic time spent on the pattern's one-micro-batch latency (0: a tenth of one search
     step's). The polish is a CP-SAT pass that re-solves the first and last in-flight micro-batches
@@ -489,8 +560,37 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
         stats.update(more)
     else:
         schedule = _unrolled(problem, pat)
-    width = max(pat.lag.values()) - min(pat.lag.values()) + 1
     bound = lower_bound_s(problem)
+    base_plan = best_baseline(problem)  # the floor, and the seed of the grouped repetend
+    group = _group_size(problem)
+    if group > 1 and base_plan is not None and makespan_s(schedule) > bound * (1 + 1e-9):
+        # a repetend of `group` micro-batches per period can express patterns one micro-batch cannot
+        # (interleaved 1F1B runs micro-batches in groups of p). The free grouped search is too hard for
+        # CP-SAT in the budget, so it starts from the best baseline's steady state at `group` busy
+        # periods, shortens its latency there, and completes it like any repetend
+        progress(0.7, f"repetend of {group} micro-batches")
+        gp, chains = grouped(problem, group)
+        gt = grouped_ticks(t, group)
+        period = group * stats["period_lower_bound_ticks"]
+        seed_pat = pattern_from_schedule(problem, gt, base_plan.schedule, group, period)
+        gpat = None if seed_pat is None else _repetend_at(
+            gp, gt, period, max(0.2, min(limit / 8, 0.25 * problem.devices)), seed, optimise=False, hint=seed_pat,
+            chains=chains)
+        stats["grouped"] = {"group": group, "period_ticks": period, "seeded_by": base_plan.schedule_name,
+                            "found": gpat is not None}
+        if gpat is not None:
+            gpat.group = group
+            try:
+                gsched, gmore = complete(problem, gpat) if completion else (_unrolled(problem, gpat), {})
+            except InfeasibleError as exc:
+                stats["grouped"]["error"] = str(exc)[:200]
+            else:
+                stats["grouped"]["makespan_s"] = makespan_s(gsched)
+                if makespan_s(gsched) < makespan_s(schedule) - 1e-9:
+                    pat, schedule = gpat, gsched
+                    stats.update(gmore)
+        stats["repetend_search_s"] = time.perf_counter() - started
+    width = pat.in_flight()
     stats["polish_skipped_at_bound"] = makespan_s(schedule) <= bound * (1 + 1e-9)
     if polish_s > 0 and problem.microbatches > 1 and not stats["polish_skipped_at_bound"]:
         n = problem.microbatches
@@ -507,7 +607,6 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
             stats["polish_error"] = str(exc)[:200]
     stats["schedule_from"] = "repetend"
     if floor:  # never worse than a baseline run on the same input: the best one is the floor
-        base_plan = best_baseline(problem)
         if base_plan is not None:
             stats["best_baseline"] = {base_plan.schedule_name: base_plan.makespan_s}
             if base_plan.makespan_s < makespan_s(schedule) - 1e-9:
@@ -520,7 +619,10 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     at_bound = makespan_s(schedule) <= bound * (1 + 1e-9)  # then proven optimal
     plan = make_plan(problem, schedule, "tessel", Status.OPTIMAL if at_bound else Status.FEASIBLE, rep)
     plan.predicted["search_s"] = stats["search_s"]
-    plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period,
+    if pat.group > 1:  # the period holds `group` micro-batches
+        plan.predicted["microbatches_per_period"] = pat.group
+        plan.predicted["stream_throughput_mb_per_s"] = pat.group / rep.period_s
+    plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period, "group": pat.group,
                                                    "microbatches_in_flight": width})
     progress(1.0, "done")
     return plan
