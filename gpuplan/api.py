@@ -109,7 +109,8 @@ def check(problem: Problem | str | Path | dict[str, Any] | None, plan: Plan) -> 
     the plan matches its `input_digest` (else the plan was edited after solving and is not checked
     further against it); when `problem` is given its digest matches the plan's too (else the plan was
     solved for another input); the plan's solver is a registered one (its contract, the guarantees a
-    model's check enforces, comes from the registry); an `infeasible` plan holds no solution. Then the
+    model's check enforces, comes from the registry; only a plan made by hand, without an embedded
+    problem, may name none); an `infeasible` plan holds no solution. Then the
     model's own `check`, which recomputes every figure the plan states. When `problem` is None the
     problem embedded in the plan is used. Raises InputError when there is no problem to check against.
     """
@@ -134,7 +135,10 @@ def check(problem: Problem | str | Path | dict[str, Any] | None, plan: Plan) -> 
         return out
     else:
         prob = plan_problem(plan)
-    if plan.solver is not None and registry.contract(prob.kind, plan.solver.name) is None:
+    if plan.solver is None and plan.problem:   # `solve` always records both: the solver was removed
+        out.append(Violation("unknown_solver", "the plan embeds its problem but names no solver, so what "
+                             "its solver promises cannot be known"))
+    elif plan.solver is not None and registry.contract(prob.kind, plan.solver.name) is None:
         out.append(Violation("unknown_solver", f"the plan names solver {plan.solver.name!r}, which is not a "
                              f"registered {prob.kind} solver, so what it promises cannot be known",
                              {"solver": plan.solver.name}))

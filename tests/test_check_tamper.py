@@ -124,6 +124,7 @@ GENERIC: list[tuple[str, Callable[[Doc, Case], None], set[str]]] = [
      {"figure", "prediction", "predicted_time"}),
     ("infeasible status with a solution", lambda d, c: d.update(status="infeasible"), {"status"}),
     ("unknown solver", lambda d, c: d["solver"].update(name="hand-tuned"), {"unknown_solver"}),
+    ("solver removed", lambda d, c: d.update(solver=None), {"unknown_solver"}),
 ]
 
 def _generic_params() -> list[Any]:
