@@ -189,7 +189,8 @@ def _fake_run(prob: P.PoseidonProblem, plan: P.PoseidonPlan, measured_scale: flo
     out = {"world_size": len(plan.stages), "cores": 2, "steps": 3, "scaling": "none",
            "measured_iteration_s": plan.iteration_time_s * measured_scale,
            "measured_fastest_iteration_s": plan.iteration_time_s * measured_scale * 0.95,
-           "predicted_cpu_iteration_s": plan.iteration_time_s * 1.02}
+           "predicted_cpu_iteration_s": plan.iteration_time_s * 1.02,
+           "predicted_idle_cpu_iteration_s": plan.iteration_time_s}
     for k, s in enumerate(plan.stages):
         out |= {f"stage{k}_slowdown": 1.0, f"stage{k}_forward_measured_s": s.forward_s * measured_scale,
                 f"stage{k}_backward_measured_s": s.backward_s * measured_scale,
