@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from gpuplan.errors import InfeasibleError
@@ -75,7 +75,10 @@ def microbatch_counts(problem: PoseidonProblem) -> list[int]:
 
 @dataclass
 class Stats:
-    """Search counters: structures enumerated / pruned by a bound / evaluated, DAG evaluations."""
+    """Search counters: structures enumerated / pruned by a bound / evaluated / infeasible / left
+    unvisited when the time limit cut the search short (structures = the four together), DAG
+    evaluations, classic seed configurations evaluated, where the returned plan came from, and the
+    `perf_counter` instant (seconds) the layer mapping stops at (`deadline`, inf: none)."""
 
     structures: int = 0
     pruned: int = 0
@@ -83,10 +86,18 @@ class Stats:
     dag_evaluations: int = 0
     cuts_pruned: int = 0
     infeasible: int = 0
+    unvisited: int = 0
+    seeds: int = 0
+    best_from: str = "search"
+    deadline: float = field(default=INF, repr=False)
 
-    def as_dict(self) -> dict[str, int]:
-        """Return the counters as a plain mapping (plan.solver.stats)."""
-        return dict(self.__dict__)
+    def as_dict(self) -> dict[str, int | str]:
+        """Return the counters as a plain mapping (plan.solver.stats), without the deadline."""
+        return {k: v for k, v in self.__dict__.items() if k != "deadline"}
+
+    def out_of_time(self) -> bool:
+        """True when the deadline has passed."""
+        return time.perf_counter() > self.deadline
 
 
 # ------------------------------------------------------------------------------------------------
@@ -387,6 +398,8 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
             if bound >= step_t:  # every later move's bound is larger still
                 stats.cuts_pruned += len(cands) - k
                 break
+            if stats.out_of_time():  # anytime: the best mapping walked so far
+                return (step_t, step) if step is not None else (cur_t, cur)
             t = st.time(n)
             stats.dag_evaluations += 1
             if t < step_t - 1e-12 * step_t:
@@ -396,6 +409,8 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
                     break
         if step is not None:
             cur_t, cur, level = step_t, step, 0
+            if stats.out_of_time():
+                return cur_t, cur
         elif level < 2 and S > 2:
             level += 1
         else:
@@ -415,21 +430,30 @@ def _moved(cur: list[int], moves: tuple[tuple[int, int], ...], cap: list[int]) -
 def ridge_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     """Return (iteration time, layers per stage) found by walking the ridge of the time surface.
 
-    It starts from the faster of two splits: the time-balanced one (integer min-max of each stage's
-    m micro-batches plus its all-reduce, under the memory caps) and the rounded minimiser of the LP
-    over all path bounds (`Structure.lp_solution`, which weighs the pipeline fill and drain that
-    dominate at few micro-batches), then follows `_descend`. Nothing depends on the incumbent, so
-    the mapping of a structure is the same whether or not the search prunes.
+    It starts from the fastest of three splits: the time-balanced one (integer min-max of each
+    stage's m micro-batches plus its all-reduce, under the memory caps), the rounded minimiser of
+    the LP over all path bounds (`Structure.lp_solution`, which weighs the pipeline fill and drain
+    that dominate at few micro-batches) and the even split (`quick_map`), then follows `_descend`.
+    Nothing depends on the incumbent, so the mapping of a structure is the same whether or not the
+    search prunes.
     """
     L = st.cm.p.model.num_layers
+    _, start = quick_map(st, stats)
+    lp = _round_counts(st.lp_solution()[1], st.nmax, L)
+    if lp is not None and lp != start:
+        stats.dag_evaluations += 2
+        start = min((start, lp), key=st.time)
+    return _descend(st, start, stats)
+
+
+def quick_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
+    """Return (iteration time, layers) of the faster of the time-balanced split (see `ridge_map`)
+    and the even split (`uniform_layers`): two DAG walks, the search's first look at a structure."""
     _, balanced = st.minmax_partition([st.m * c + a for c, a in zip(st.c, st.a)],
                                       [st.m * e + a0 for e, a0 in zip(st.e, st.a0)])
-    start = balanced
-    lp = _round_counts(st.lp_solution()[1], st.nmax, L)
-    if lp is not None and lp != balanced:
-        stats.dag_evaluations += 2
-        start = min((balanced, lp), key=st.time)
-    return _descend(st, start, stats)
+    even = uniform_layers(st.cm.p.model.num_layers, st.S)
+    stats.dag_evaluations += 2
+    return min(((st.time(n), n) for n in (balanced, even)), key=lambda x: x[0])
 
 
 def all_cuts_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
@@ -557,55 +581,204 @@ def _why_infeasible(problem: PoseidonProblem) -> str:
             f"max_tp {problem.max_tp})")
 
 
+# ------------------------------------------------------------------------------------------------
+# Classic configurations: the seeds of the search and the Megatron-style baseline
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Classic:
+    """A classic configuration of the space: `options` (one per type used, in pipeline order) at
+    `m` micro-batches, layers split as evenly as possible; `label` names its family."""
+
+    label: str
+    m: int
+    options: tuple[TypeOption, ...]
+
+    @property
+    def stages(self) -> int:
+        """Number of pipeline stages."""
+        return sum(o.stages for o in self.options)
+
+
+def _with_microbatches(problem: PoseidonProblem, label: str, used: tuple[TypeOption, ...]) -> list[Classic]:
+    """Return `used` at every micro-batch count whose per-replica micro-batch is whole, within the
+    space's stage limit ([] beyond it)."""
+    if sum(o.stages for o in used) > min(problem.model.num_layers, problem.max_stages):
+        return []
+    G = problem.global_batch
+    return [Classic(label, m, used) for m in microbatch_counts(problem) if not any(G % (m * o.dp) for o in used)]
+
+
+def grid_configs(problem: PoseidonProblem, opts: dict[str, list[TypeOption]] | None = None) -> list[Classic]:
+    """Return the classic 3D grids: each device type alone as TP x PP x DP (every (stages, tp) split
+    of its devices, TP groups inside a node) at every micro-batch count that divides the batch."""
+    opts = type_options(problem) if opts is None else opts
+    return [c for os in opts.values() for o in os for c in _with_microbatches(problem, "3d-grid", (o,))]
+
+
+def megatron_configs(problem: PoseidonProblem, opts: dict[str, list[TypeOption]] | None = None) -> list[Classic]:
+    """Return the Megatron-style configurations: every type split into stages of the SAME size and
+    TP, the types in cluster order, at every micro-batch count that divides the batch."""
+    opts = type_options(problem) if opts is None else opts
+    out: list[Classic] = []
+    for n in sorted({o.tp * o.dp for os in opts.values() for o in os}):
+        for t in sorted({o.tp for os in opts.values() for o in os}):
+            chosen = [next((o for o in os if o.tp * o.dp == n and o.tp == t), None) for os in opts.values()]
+            if all(o is not None for o in chosen):
+                out += _with_microbatches(problem, "megatron", tuple(o for o in chosen if o is not None))
+    return out
+
+
+def best_classic(cm: CostModel, configs: list[Classic],
+                 best: tuple[float, Structure | None, list[int]] = (INF, None, []),
+                 ) -> tuple[tuple[float, Structure | None, list[int]], str, int]:
+    """Return ((seconds, structure, layers) of the fastest config with layers split evenly, or `best`
+    when none is faster; its label ("" when `best` stands); the number of DAG walks).
+
+    Configs are visited in order of `combo_bound` and those whose bound, or whose path bound for
+    the even split (`Structure.cut_bound`), reaches the best time are skipped without a DAG walk:
+    both are lower bounds on that time, so the result equals walking every config."""
+    L = cm.p.model.num_layers
+    label, walks = "", 0
+    for lb, i in sorted((combo_bound(cm, (c.m, c.options)), i) for i, c in enumerate(configs)):
+        if lb >= best[0]:
+            break
+        c = configs[i]
+        st = Structure(cm, [sh for o in c.options for sh in o.shapes], c.m)
+        layers = uniform_layers(L, st.S)
+        if st.cut_bound(layers) >= best[0]:
+            continue
+        t = st.time(layers)
+        walks += 1
+        if t < best[0]:
+            best, label = (t, st, layers), c.label
+    return best, label, walks
+
+
+def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int | None,
+          metis_budget_s: float | None) -> tuple[float, Structure | None, list[int]]:
+    """Return the best of the baselines (seconds, structure, layers) in the space (with exactly
+    `num_stages` stages when given): the classic 3D grids and Megatron-style mixes always to the end
+    (a few hundred configs, most skipped by bound), then the Metis-style search for at most
+    `metis_budget_s` seconds (None: to the end). Records the count and the winner in `stats`."""
+    opts = type_options(problem)
+    configs = grid_configs(problem, opts) + (megatron_configs(problem, opts) if len(opts) > 1 else [])
+    configs = [c for c in configs if num_stages is None or c.stages == num_stages]
+    best, label, walks = best_classic(cm, configs)
+    stats.seeds += walks
+    stats.best_from = label or stats.best_from
+    deadline = INF if metis_budget_s is None else min(stats.deadline, time.perf_counter() + metis_budget_s)
+    metis_stats = Stats()
+    found, _ = _metis_search(problem, cm, metis_stats, deadline, num_stages)
+    stats.seeds += metis_stats.evaluated
+    if found is not None and found[0] < best[0]:
+        best, stats.best_from = found, "metis"
+    return best
+
+
+SEED_SHARE = 0.2  # most of the time limit the Metis seed may take (the classic grid always completes)
+
+
 def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
                    progress: Progress, cuts: str = "ridge", prune: bool = True, num_stages: int | None = None,
                    **_: Any) -> PoseidonPlan:
-    """Return the best plan of the space by best-first branch and bound.
+    """Return the best plan of the space by best-first branch and bound, anytime.
 
-    Combos (m and the per-type stage splits) are visited in order of `combo_bound`; the structures
-    of a combo (its type orders) in order of `Structure.lower_bound`; a combo or structure whose
-    bound (for structures also `Structure.lp_bound`) reaches the best time found is pruned, and the search stops at the first combo whose bound
-    does. Both bounds are lower bounds on every layer mapping, so pruning never loses a structure
-    that could beat the incumbent. With prune=False every structure is evaluated (the exhaustive
-    reference); cuts="all" maps layers by trying every cut set instead of the ridge walk;
-    num_stages fixes the pipeline depth.
+    The incumbent is first seeded with the best of the baselines on the same input (`_seed`: every
+    classic TP x PP x DP configuration and the Megatron-style mixes, always to the end, then the
+    Metis-style search within SEED_SHARE of the time limit), so the plan is never slower than them.
+    Pass 1 (breadth) visits the combos (m and the per-type stage splits) in order of `combo_bound`
+    and gives every structure of a combo (its type orders) a first look: `quick_map`, two DAG walks.
+    Pass 2 (depth) maps the layers of the structures left (`ridge_map`), fastest first look first.
+    A combo or structure whose bound (`combo_bound`; `Structure.lower_bound`, then
+    `Structure.lp_bound`) reaches the best time found is pruned, and pass 1 stops at the first combo
+    whose bound does. The bounds are lower bounds on every layer mapping, so pruning never loses a
+    structure that could beat the incumbent. The clock is read between combos, between structures
+    and inside the layer mapping; when
+    `time_limit_s` runs out the best plan seen is returned with status TIME_LIMIT (OPTIMAL only
+    when every combo was visited or pruned). With prune=False every structure is evaluated (the
+    exhaustive reference); cuts="all" maps layers by trying every cut set instead of the ridge
+    walk; num_stages fixes the pipeline depth (seeds included).
     """
-    cm = CostModel(problem)
-    stats = Stats()
     started = time.perf_counter()
-    all_combos = list(combos(problem, num_stages))
-    ranked = sorted(((combo_bound(cm, c) if prune else 0.0, i) for i, c in enumerate(all_combos)))
-    progress(0.0, f"{len(all_combos)} combos")
-    best: tuple[float, Structure | None, list[int]] = (INF, None, [])
+    stats = Stats(deadline=INF if time_limit_s is None else started + time_limit_s)
+    cm = CostModel(problem)
+    best = _seed(problem, cm, stats, num_stages, None if time_limit_s is None else SEED_SHARE * time_limit_s)
+    progress(0.0, f"seeded with {stats.best_from}: {best[0]:.4g} s")
     mapper = ridge_map if cuts == "ridge" else all_cuts_map
     status = Status.OPTIMAL
-    for k, (lb0, i) in enumerate(ranked):
-        m, used = all_combos[i]
+    all_combos: list[Combo] = []
+    ranked: list[tuple[float, int]] = []
+    for i, c in enumerate(combos(problem, num_stages)):
+        if i % 64 == 0 and stats.out_of_time():
+            status = Status.TIME_LIMIT  # the space is not even listed: the seed stands
+            break
+        all_combos.append(c)
+        ranked.append((combo_bound(cm, c) if prune else 0.0, i))
+    ranked.sort()
+    progress(0.0, f"{len(all_combos)} combos")
+
+    def left(k: int) -> int:  # structures of the combos ranked k onwards
+        return sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
+
+    # pass 1, breadth: every combo in bound order, each structure bounded and given a first look
+    pending: list[tuple[float, float, int, int]] = []  # (first-look seconds, bound, combo, order)
+    for k, (lb0, i) in enumerate(ranked if status is Status.OPTIMAL else []):
         if prune and lb0 >= best[0]:
-            stats.pruned += sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
-            stats.structures += sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
+            stats.pruned += left(k)
+            stats.structures += left(k)
             break
-        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+        if stats.out_of_time():
             status = Status.TIME_LIMIT
-            stats.pruned += sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
+            stats.unvisited += left(k)
+            stats.structures += left(k)
             break
-        cands = []
-        for st in structures(problem, cm, (m, used)):
-            stats.structures += 1
+        m, used = all_combos[i]
+        built = 0
+        for order, st in enumerate(structures(problem, cm, (m, used))):
+            built += 1
             if not st.feasible():
                 stats.infeasible += 1
-            else:
-                cands.append((st.lower_bound() if prune else 0.0, len(cands), st))
-        for lb, _, st in sorted(cands, key=lambda x: x[:2]):
-            if prune and (lb >= best[0] or (best[0] < INF and st.lp_bound() >= best[0])):
+                continue
+            lb = st.lower_bound() if prune else 0.0
+            if prune and lb >= best[0]:
                 stats.pruned += 1
                 continue
-            t, layers = mapper(st, stats)
-            stats.evaluated += 1
+            t, layers = quick_map(st, stats)
             if t < best[0] - 1e-12 * t:
-                best = (t, st, layers)
+                best, stats.best_from = (t, st, layers), "search"
+            pending.append((t, lb, i, order))
+            if stats.out_of_time():
+                break
+        unbuilt = math.factorial(len(used)) - built
+        stats.structures += built + unbuilt
+        stats.unvisited += unbuilt
         if k % 100 == 0:
-            progress(k / len(ranked), f"{stats.evaluated} evaluated, best {best[0]:.4g} s")
+            progress(0.5 * k / len(ranked), f"{len(pending)} structures to map, best {best[0]:.4g} s")
+    # pass 2, depth: the layer mapping of each structure left, most promising first look first
+    pending.sort()
+    for c, (_, lb, i, order) in enumerate(pending):
+        if stats.out_of_time():
+            status = Status.TIME_LIMIT
+            stats.unvisited += len(pending) - c
+            break
+        if prune and lb >= best[0]:
+            stats.pruned += 1
+            continue
+        m, used = all_combos[i]
+        st = Structure(cm, [sh for o in next(itertools.islice(itertools.permutations(used), order, None))
+                            for sh in o.shapes], m)
+        if prune and best[0] < INF and st.lp_bound() >= best[0]:
+            stats.pruned += 1
+            continue
+        t, layers = mapper(st, stats)  # cut short inside when the deadline passes
+        stats.evaluated += 1
+        if t < best[0] - 1e-12 * t:
+            best, stats.best_from = (t, st, layers), "search"
+        if stats.out_of_time():  # this mapping may have been cut short: not proven
+            status = Status.TIME_LIMIT
+        if c % 20 == 0:
+            progress(0.5 + 0.5 * c / len(pending), f"{stats.evaluated} mapped, best {best[0]:.4g} s")
     return _finish(problem, best, stats, "poseidon", status)
 
 
@@ -637,31 +810,13 @@ def uniform_layers(L: int, S: int) -> list[int]:
 def solve_megatron(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
                    progress: Progress, **_: Any) -> PoseidonPlan:
     """Megatron-style homogeneous planner: every type split into stages of the SAME size and TP, the
-    types in cluster order, layers split uniformly; the best (size, tp, m) by the DAG model."""
+    types in cluster order, layers split uniformly; the best (size, tp, m) by the DAG model
+    (`megatron_configs`, walked best-first by bound: the same best as walking all of them)."""
     cm = CostModel(problem)
     stats = Stats()
-    opts = type_options(problem)
-    L = problem.model.num_layers
-    best: tuple[float, Structure | None, list[int]] = (INF, None, [])
-    sizes = sorted({o.tp * o.dp for os in opts.values() for o in os})
-    for n in sizes:
-        for t in sorted({o.tp for os in opts.values() for o in os}):
-            chosen = [next((o for o in os if o.tp * o.dp == n and o.tp == t), None) for os in opts.values()]
-            if any(o is None for o in chosen):
-                continue
-            shapes = [sh for o in chosen for sh in o.shapes]  # type: ignore[union-attr]
-            if len(shapes) > min(L, problem.max_stages):
-                continue
-            for m in microbatch_counts(problem):
-                if problem.global_batch % (m * (n // t)):
-                    continue
-                stats.structures += 1
-                st = Structure(cm, shapes, m)
-                layers = uniform_layers(L, len(shapes))
-                tt = st.time(layers)
-                stats.evaluated += 1
-                if tt < best[0]:
-                    best = (tt, st, layers)
+    configs = megatron_configs(problem)
+    best, _, walks = best_classic(cm, configs)
+    stats.structures, stats.evaluated, stats.pruned = len(configs), walks, len(configs) - walks
     return _finish(problem, best, stats, "megatron", Status.FEASIBLE)
 
 
@@ -699,6 +854,31 @@ def metis_partition(st: Structure) -> list[int]:
     return n
 
 
+def _metis_search(problem: PoseidonProblem, cm: CostModel, stats: Stats, deadline: float,
+                  num_stages: int | None = None) -> tuple[tuple[float, Structure, list[int]] | None, bool]:
+    """Return ((DAG seconds, structure, layers) of Metis' pick, None when nothing fits; True when the
+    `perf_counter` deadline cut the enumeration short). See `solve_metis`."""
+    best_cost, best = INF, None
+    seen: set[tuple[int, tuple[tuple[str, int], ...]]] = set()
+    for combo in combos(problem, num_stages):
+        for st in structures(problem, cm, combo):
+            if time.perf_counter() > deadline:
+                return (None if best is None else (best[0].time(best[1]), *best)), True
+            stats.structures += 1
+            key = (st.m, tuple((sh.device_type, len(sh.gpu_ids)) for sh in st.shapes))
+            if key in seen or not st.feasible():
+                continue  # DP first: the same stages with smaller TP (enumerated earlier) already fit
+            layers = metis_partition(st)
+            if st.time(layers) == INF:
+                continue
+            seen.add(key)
+            stats.evaluated += 1
+            c = metis_cost(st, layers)
+            if c < best_cost:
+                best_cost, best = c, (st, layers)
+    return (None if best is None else (best[0].time(best[1]), *best)), False
+
+
 def solve_metis(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Progress, **_: Any) -> PoseidonPlan:
     """Metis-style search: every type order and per-type stage count, data parallelism first (the
@@ -706,29 +886,11 @@ def solve_metis(problem: PoseidonProblem, *, time_limit_s: float | None = None, 
     cost; the chosen plan is then scored by the DAG model."""
     cm = CostModel(problem)
     stats = Stats()
-    best_cost, best = INF, None
-    seen: set[tuple[int, tuple[tuple[str, int], ...]]] = set()
-    started, status = time.perf_counter(), Status.FEASIBLE
-    for st in structures(problem, cm):
-        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
-            status = Status.TIME_LIMIT
-            break
-        stats.structures += 1
-        key = (st.m, tuple((sh.device_type, len(sh.gpu_ids)) for sh in st.shapes))
-        if key in seen or not st.feasible():
-            continue  # DP first: the same stages with smaller TP (enumerated earlier) already fit
-        layers = metis_partition(st)
-        if st.time(layers) == INF:
-            continue
-        seen.add(key)
-        stats.evaluated += 1
-        c = metis_cost(st, layers)
-        if c < best_cost:
-            best_cost, best = c, (st, layers)
-    if best is None:
+    deadline = INF if time_limit_s is None else time.perf_counter() + time_limit_s
+    found, cut = _metis_search(problem, cm, stats, deadline)
+    if found is None:
         raise InfeasibleError(_why_infeasible(problem))
-    st, layers = best
-    return _finish(problem, (st.time(layers), st, layers), stats, "metis", status)
+    return _finish(problem, found, stats, "metis", Status.TIME_LIMIT if cut else Status.FEASIBLE)
 
 
 def solve_3d(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
