@@ -10,8 +10,8 @@ from gpuplan import registry
 from gpuplan.errors import GpuplanError, InfeasibleError, InputError
 from gpuplan.io import digest, read_document
 from gpuplan.models.base import Problem, Violation, validate
-from gpuplan.models.plan import (Plan, SolverInfo, Status, infeasible_contradictions, non_finite_violations,
-                                 plan_from_document, read_plan_document)
+from gpuplan.models.plan import (SCHEMA_VERSION, Plan, SolverInfo, Status, infeasible_contradictions,
+                                 non_finite_violations, plan_from_document, read_plan_document)
 from gpuplan.registry import Progress, no_progress
 
 
@@ -115,6 +115,9 @@ def check(problem: Problem | str | Path | dict[str, Any] | None, plan: Plan) -> 
     problem embedded in the plan is used. Raises InputError when there is no problem to check against.
     """
     out = non_finite_violations(plan)
+    if plan.schema_version != SCHEMA_VERSION:
+        out.append(Violation("schema_version", f"the plan states schema version {plan.schema_version}; this "
+                             f"gpuplan reads {SCHEMA_VERSION}", {"schema_version": plan.schema_version}))
     embedded_ok = True
     if plan.problem:
         if not plan.input_digest:

@@ -125,6 +125,7 @@ GENERIC: list[tuple[str, Callable[[Doc, Case], None], set[str]]] = [
     ("infeasible status with a solution", lambda d, c: d.update(status="infeasible"), {"status"}),
     ("unknown solver", lambda d, c: d["solver"].update(name="hand-tuned"), {"unknown_solver"}),
     ("solver removed", lambda d, c: d.update(solver=None), {"unknown_solver"}),
+    ("another schema version", lambda d, c: d.update(schema_version=2), {"schema_version"}),
 ]
 
 def _generic_params() -> list[Any]:
@@ -179,6 +180,8 @@ SPECIFIC: list[tuple[str, str, Callable[[Doc], None], set[str]]] = [
     ("lagom", "false baseline time", _scale("predicted.iteration_s_nccl_default", 0.5), {"figure"}),
     ("lagom", "false compute-alone time", _scale("predicted.compute_alone_s", 2.0), {"figure"}),
     ("lagom", "false iteration field", _scale("iteration_s", 0.5), {"iteration_time"}),
+    ("lagom", "baseline outside NCCL's rules", _set("baselines.nccl-default[0].channels", 0), {"baseline"}),
+    ("lagom", "env var the settings do not emit", lambda d: d["env"].update(NCCL_ALGO="Tree"), {"env"}),
     # AuroraRL: transfer times and the tree
     ("aurora", "false arrival time", lambda d: _scale(f"arrival_s.{next(iter(d['arrival_s']))}", 0.5)(d), {"figure"}),
     ("aurora", "false transfer time", _scale("predicted.transfer_s", 0.5), {"figure"}),

@@ -652,6 +652,11 @@ def _check_figures(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta]) 
             out.append(Violation("baseline", f"baseline {name!r} does not set every op once, in op order",
                                  {"baseline": name}))
             continue
+        broken = [f"op {names[i]!r}: {why}" for i, s in enumerate(base) for why in comp.valid(i, s.theta())]
+        if broken:
+            out.append(Violation("baseline", f"baseline {name!r} breaks NCCL's parameter rules: {broken[0]}",
+                                 {"baseline": name, "rules": broken}))
+            continue
         predicted[f"iteration_s_{name.replace('-', '_')}"] = comp.iteration_us([s.theta() for s in base]) * 1e-6
     for key in plan.predicted:
         if key.startswith("iteration_s_") and key not in predicted:

@@ -467,6 +467,9 @@ def _check_figures(problem: TesselProblem, plan: TesselPlan, peaks: list[float])
         out.append(Violation("figure", "the plan states a period but holds no repetend (or a period <= 0)",
                              {"field": "predicted.period_s"}))
     out += stated_figures_violations(plan, span if plan.objective is not None or plan.solver else None, predicted)
+    if plan.predicted.get("search_s", 0.0) < 0:
+        out.append(Violation("figure", f"the plan states a negative search time "
+                             f"({plan.predicted['search_s']:g} s)", {"field": "predicted.search_s"}))
     bound = plan.predicted.get("lower_bound_s")
     if bound is not None:
         floor = lower_bound_s(problem)
