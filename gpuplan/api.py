@@ -82,6 +82,7 @@ def solve(kind_or_problem: str | Problem | Path | dict[str, Any], problem: Any =
     else:
         prob = load_problem(kind_or_problem)
     spec = registry.solver(prob.kind, solver)
+    registry.check_options(spec, options)  # an unknown or mistyped option is an error, never ignored
     reason = spec.applicable(prob) if spec.applicable else None
     if reason:
         raise InputError(f"solver {spec.name!r} does not apply to this {prob.kind} problem: {reason}")

@@ -305,6 +305,10 @@ def run_cmd(args: tuple[str, ...]) -> None:
         print_tables([Table("run", ["measure", "value"], rows)])
     for warning in result.get("warnings", []):
         click.echo(f"warning: {warning}")
+    code = result.get("returncode") if rest else None
+    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+        click.echo(f"error: the command exited with code {code}", err=True)
+        sys.exit(code if code > 0 else 128 - code)  # killed by signal N: 128 + N, as shells report it
 
 
 @main.command("list")

@@ -1,4 +1,10 @@
-"""Errors that gpuplan raises for bad input, so callers and the CLI can report them plainly."""
+"""Errors that gpuplan raises for bad input, so callers and the CLI can report them plainly.
+
+The CLI turns them into exit codes: 0 success, 1 a plan with violations (`check`), 2 bad input,
+options or output path (InputError, OutputError, any GpuplanError; also click's usage errors),
+3 an infeasible problem (the plan file says why). `gpuplan run ... -- COMMAND` exits with the
+command's own exit code.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +32,10 @@ class InputError(GpuplanError, ValueError):
             shown = shown[:77] + "..."
         return cls(f"{where}field '{field}': got {shown}; expected {expected}",
                    file=file, field=field, value=value, expected=expected)
+
+
+class OutputError(GpuplanError, OSError):
+    """An output path that cannot be written (empty, a directory, its folder a file or read-only)."""
 
 
 class InfeasibleError(GpuplanError):

@@ -1,50 +1,268 @@
-"""File input and output shared by every model: documents in, atomic writes out, digests."""
+"""File input and output shared by every model: documents in, atomic writes out, digests.
+
+Reading is bounded: an input path must be a regular file of at most MAX_INPUT_BYTES (a FIFO,
+a device such as /dev/zero or a socket is refused before anything is read), and a parsed
+document may hold at most MAX_DOCUMENT_NODES values (counted after YAML alias expansion) nested
+at most MAX_DOCUMENT_DEPTH deep, with finite numbers only. Every refusal is one InputError line
+naming the file, the field, the value and what was expected.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
+import stat
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpuplan.errors import InputError
+from gpuplan.errors import InputError, OutputError
+
+MAX_INPUT_BYTES = 64 * 2**20
+"""Largest input document read (bytes); a 100k-job OEF problem is about 2 MB."""
+MAX_DOCUMENT_NODES = 5_000_000
+"""Most values (mappings, lists, scalars; YAML aliases counted once per use) in one document."""
+MAX_DOCUMENT_DEPTH = 64
+"""Deepest nesting of mappings and lists in one document."""
+STALE_TMP_S = 600.0
+"""Age (seconds) after which a temporary file left by an interrupted atomic write is removed."""
+
+_YAML_LOADER: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: ~10x faster, just as safe
+
+
+def _open_regular(path: str | os.PathLike[str], what: str) -> tuple[int, int]:
+    """Open a regular file for reading without blocking; return (descriptor, size in bytes)."""
+    p = str(os.fspath(path))
+    if not p:
+        raise InputError(f"(empty path): expected the path of a {what}", file=p)
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer must not hang; regular files ignore it.
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise InputError(f"{p}: no such file; expected a {what}", file=p) from None
+    except IsADirectoryError:
+        raise InputError(f"{p}: is a directory; expected a {what}", file=p) from None
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read: {exc.strerror or exc}", file=p) from None
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise InputError(f"{p}: cannot read: {exc.strerror or exc}", file=p) from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = "is a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, device or socket)"
+        raise InputError(f"{p}: {kind}; expected a {what}", file=p)
+    return fd, st.st_size
+
+
+def input_file_size(path: str | os.PathLike[str], *, what: str = "file") -> int:
+    """Return the size in bytes of a regular input file, without reading it.
+
+    Raises InputError as read_input_bytes does (missing, a directory, not a regular file...).
+    """
+    fd, size = _open_regular(path, what)
+    os.close(fd)
+    return size
+
+
+def read_input_bytes(path: str | os.PathLike[str], *, limit_bytes: int = MAX_INPUT_BYTES,
+                     what: str = "file") -> bytes:
+    """Return the bytes of a regular file of at most `limit_bytes` bytes.
+
+    Raises InputError naming the file when it is missing, a directory, unreadable, not a regular
+    file (FIFO, device, socket: refused without blocking or reading), or larger than the limit.
+    """
+    p = str(os.fspath(path))
+    fd, size = _open_regular(path, what)
+    try:
+        if size > limit_bytes:
+            raise InputError(f"{p}: {size:,} bytes; expected a {what} of at most {limit_bytes:,} bytes", file=p)
+        chunks, total = [], 0
+        while total <= limit_bytes:
+            chunk = os.read(fd, min(1 << 20, limit_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit_bytes:  # grew while being read
+            raise InputError(f"{p}: more than {limit_bytes:,} bytes; expected a {what} of at most "
+                             f"{limit_bytes:,} bytes", file=p)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(f"{p}: cannot read: {exc.strerror or exc}", file=p) from None
+    finally:
+        os.close(fd)
+
+
+def _path_text(path: tuple[Any, ...]) -> str:
+    if len(path) > 10:
+        return _path_text(path[:4]) + "..." + _path_text(path[-4:])
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def check_document(data: Any, file: str | None = None, *, max_nodes: int = MAX_DOCUMENT_NODES,
+                   max_depth: int = MAX_DOCUMENT_DEPTH, allow_nonfinite: bool = False) -> int:
+    """Walk a parsed document; return its number of values (shared objects counted once per use).
+
+    Raises InputError naming the file and field when the document holds more than `max_nodes`
+    values, nests deeper than `max_depth`, or (unless `allow_nonfinite`) holds a non-finite number
+    (inf, NaN). The walk stops
+    at the first limit, so an alias bomb or a self-referencing document costs at most `max_nodes` steps.
+    """
+    where = f"{file}: " if file else ""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    count = 0
+    while stack:
+        obj, path = stack.pop()
+        count += 1
+        if count > max_nodes:
+            raise InputError(f"{where}more than {max_nodes:,} values (YAML aliases counted at each use), "
+                             f"reached at field '{_path_text(path)}'; expected a smaller document",
+                             file=file, field=_path_text(path), expected=f"at most {max_nodes} values")
+        if isinstance(obj, float):
+            if not allow_nonfinite and not math.isfinite(obj):
+                raise InputError.at(file, _path_text(path), obj, "a finite number")
+            continue
+        if isinstance(obj, (dict, list)):
+            if len(path) >= max_depth:
+                raise InputError(f"{where}field '{_path_text(path)}': nested deeper than {max_depth} levels; "
+                                 "expected a flatter document", file=file, field=_path_text(path),
+                                 expected=f"at most {max_depth} levels")
+            items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+            for key, value in items:
+                if isinstance(value, (dict, list, float)):
+                    stack.append((value, path + (key,)))
+                else:
+                    count += 1
+            if count > max_nodes:
+                stack.append((None, path))
+    return count
+
+
+def _parse_yaml(text: str, file: str) -> Any:
+    loader = _YAML_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        return None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"non-finite number {name} (JSON holds finite numbers only)")
+
+
+def parse_document(data: bytes | str, file: str, *, fmt: str = "yaml", allow_nonfinite: bool = False,
+                   what: str | None = None) -> Any:
+    """Return the value held by YAML or JSON text (`fmt` 'yaml' or 'json'), checked by check_document.
+
+    Raises InputError naming the file when the text is not UTF-8, not valid, too large, too deep,
+    or (unless `allow_nonfinite`: plans, whose check reports such figures) holds a non-finite number.
+    `what` names the document in messages ('plan file': "not a JSON plan file: ...").
+    """
+    name = "JSON" if fmt == "json" else "YAML"
+    invalid = f"not a {name} {what}" if what else f"not valid {name}"
+    if isinstance(data, bytes):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{file}: not UTF-8 text (byte {exc.start}); expected a {name} document",
+                             file=file) from None
+    else:
+        text = data
+    if "\x00" in text:
+        raise InputError(f"{file}: holds NUL bytes; expected a {name} text document", file=file)
+    try:
+        if fmt == "json":
+            value = json.loads(text) if allow_nonfinite else json.loads(text, parse_constant=_refuse_constant)
+        else:
+            value = _parse_yaml(text, file)
+    except (json.JSONDecodeError, yaml.YAMLError, ValueError) as exc:
+        message = " ".join(str(exc).split())
+        raise InputError(f"{file}: {invalid}: {message[:300]}", file=file) from None
+    except RecursionError:
+        raise InputError(f"{file}: nested too deeply; expected at most {MAX_DOCUMENT_DEPTH} levels",
+                         file=file) from None
+    check_document(value, file, allow_nonfinite=allow_nonfinite)
+    return value
+
+
+def read_json(path: str | os.PathLike[str], *, what: str = "JSON file", limit_bytes: int = MAX_INPUT_BYTES,
+              allow_nonfinite: bool = False, invalid_as: str | None = None) -> Any:
+    """Return the value of a JSON file, read with the bounds of read_input_bytes and parse_document.
+
+    `what` names the file in messages; `invalid_as` (default `what`) in the not-JSON message.
+    """
+    return parse_document(read_input_bytes(path, limit_bytes=limit_bytes, what=what), str(os.fspath(path)),
+                          fmt="json", allow_nonfinite=allow_nonfinite, what=invalid_as or what)
 
 
 def read_document(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Return the mapping held by a YAML or JSON file (chosen by suffix; YAML otherwise).
 
-    Raises InputError naming the file when it is missing, unparsable or not a mapping.
+    Raises InputError naming the file when it is missing, not a regular file, over
+    MAX_INPUT_BYTES, unparsable, over the document limits, or not a mapping.
     """
+    if not os.fspath(path):
+        raise InputError("(empty path): expected the path of a YAML or JSON document", file="")
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such file", file=str(p)) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p}: cannot read: {exc}", file=str(p)) from None
-    try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise InputError(f"{p}: not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {exc}",
-                         file=str(p)) from None
+    fmt = "json" if p.suffix.lower() == ".json" else "yaml"
+    data = parse_document(read_input_bytes(p, what=f"{fmt.upper()} document"), str(p), fmt=fmt)
     if not isinstance(data, dict):
         raise InputError(f"{p}: expected a mapping at the top level, got {type(data).__name__}",
                          file=str(p))
     return data
 
 
+def _remove_stale_temporaries(target: Path) -> None:
+    """Remove this target's own temporary files (`.NAME.XXXXXXXX.tmp`) older than STALE_TMP_S."""
+    own = re.compile(r"^\." + re.escape(target.name) + r"\.[A-Za-z0-9_]{8}\.tmp$")
+    cutoff = time.time() - STALE_TMP_S
+    try:
+        names = [n for n in os.listdir(target.parent) if own.match(n)]
+    except OSError:
+        return
+    for n in names:
+        stale = target.parent / n
+        try:
+            st = stale.lstat()
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                stale.unlink()
+        except OSError:
+            pass
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` through a temporary file and a rename; return the path.
 
-    Either the whole new content is there afterwards or the old file is untouched.
+    Either the whole new content is there afterwards or the old file is untouched. Stale
+    temporary files of the same target (from a killed write) are removed first. Raises
+    OutputError naming the path when it is empty, a directory, or its folder cannot be written.
     """
+    if not os.fspath(path):
+        raise OutputError("(empty path): expected an output file path")
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    if p.is_dir():
+        raise OutputError(f"{p}: is a directory; expected an output file path")
+    blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise OutputError(f"{p}: cannot write: {blocker} is a file, not a folder")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(p)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:
+        raise OutputError(f"{p}: cannot write: {exc.strerror or exc} (in {p.parent})") from None
     try:
         # mkstemp creates 0600; give the file the mode a plain open() would (0666 less the umask).
         umask = os.umask(0)
@@ -55,11 +273,13 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError):
+            raise OutputError(f"{p}: cannot write: {exc.strerror or exc}") from None
         raise
     return p
 

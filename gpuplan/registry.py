@@ -7,6 +7,7 @@ Each `gpuplan/models/<kind>.py` calls `register_model`, each `gpuplan/solvers/<k
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +122,8 @@ def model(kind: str) -> ModelSpec:
     from gpuplan.errors import InputError
 
     discover()
+    if not isinstance(kind, str):
+        raise InputError.at(None, "kind", kind, f"a string, one of {', '.join(sorted(_MODELS))}")
     if kind not in _MODELS:
         raise InputError(f"unknown model kind {kind!r}; expected one of {', '.join(sorted(_MODELS))}",
                          field="kind", value=kind, expected=", ".join(sorted(_MODELS)))
@@ -132,6 +135,48 @@ def solvers(kind: str) -> list[SolverSpec]:
     model(kind)
     order = {"paper": 0, "variant": 1, "exact": 2, "baseline": 3}
     return sorted(_SOLVERS.get(kind, {}).values(), key=lambda s: (order[s.role], not s.default, s.name))
+
+
+_FRAME_ARGS = frozenset({"problem", "time_limit_s", "seed", "progress"})
+
+
+def solver_options(spec: SolverSpec) -> dict[str, Any]:
+    """Return the options a solver reads (name -> default; inspect.Parameter.empty when required):
+    its named keyword parameters other than the frame's (problem, time_limit_s, seed, progress),
+    and its registered options. A catch-all `**kwargs` adds none: what it swallows is ignored."""
+    out: dict[str, Any] = {}
+    try:
+        params = inspect.signature(spec.fn).parameters.values()
+    except (TypeError, ValueError):
+        params = []  # type: ignore[assignment]
+    for p in params:
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name not in _FRAME_ARGS:
+            out[p.name] = p.default
+    return {**out, **spec.options}
+
+
+def check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
+    """Refuse solver options the solver does not read, or of another type than its default;
+    return None when every option is known. Raises InputError naming the option and the known ones."""
+    from gpuplan.errors import InputError
+
+    known = solver_options(spec)
+    for name, value in options.items():
+        if name not in known:
+            names = ", ".join(sorted(known)) or "none"
+            raise InputError(f"option {name!r}: solver {spec.name!r} of {spec.kind} has no such option; "
+                             f"expected one of: {names}", field=f"option.{name}", value=value, expected=names)
+        default = known[name]
+        if default is None or default is inspect.Parameter.empty:
+            continue
+        ok = (isinstance(value, bool) if isinstance(default, bool) else
+              isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) else
+              isinstance(value, type(default)) and not isinstance(value, bool) if isinstance(default, int) else
+              isinstance(value, type(default)))
+        if not ok:
+            raise InputError(f"option {name!r}: got {value!r}; expected a {type(default).__name__} "
+                             f"(default {default!r})", field=f"option.{name}", value=value,
+                             expected=type(default).__name__)
 
 
 def solver(kind: str, name: str | None = None) -> SolverSpec:

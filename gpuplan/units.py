@@ -3,10 +3,16 @@
 Fields carry their unit in their name (`memory_bytes`, `bandwidth_GBps`, `latency_s`,
 `peak_tflops`). A number is taken in that unit; a string such as "80 GiB", "25 Gbps" or
 "5 us" is converted to it, and a string in a unit of another dimension is refused.
+
+Every quantity is finite and at most its dimension's limit in UPPER_LIMITS in magnitude (far
+above any real device, so only typos and attacks are refused): 1e18 bytes, 1e7 GB/s, 1e9 s,
+1e6 TFLOP/s. Rates (GB/s, TFLOP/s) are non-negative too; bytes and seconds may be negative
+(a block that frees memory has negative `memory_bytes`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -31,24 +37,48 @@ _CASE_SENSITIVE = {"GBps": "gb/s", "MBps": "mb/s", "KBps": "kb/s", "TBps": "tb/s
                    "bps": "bps", "Bps": "b/s"}
 
 
+UPPER_LIMITS = {"B": 1e18, "GB/s": 1e7, "s": 1e9, "TFLOP/s": 1e6}
+"""Largest accepted quantity per target unit (bytes, GB/s, seconds, TFLOP/s)."""
+SUFFIX_UNITS = {"_bytes": "B", "_GBps": "GB/s", "_gbps": "GB/s", "_s": "s", "_tflops": "TFLOP/s"}
+"""Field-name suffix -> the unit its quantities are in (`_gbps` limits are taken x8 for bits)."""
+
+
+NON_NEGATIVE = frozenset({"GB/s", "TFLOP/s"})
+"""Units whose quantities (rates) are never negative."""
+
+
+def check_quantity(number: float, target: str) -> float:
+    """Return `number` (in unit `target`, a key of UPPER_LIMITS) as a float when it is finite,
+    within the limit in magnitude and, for a rate, non-negative; raise ValueError saying what was
+    expected otherwise."""
+    limit = UPPER_LIMITS[target]
+    if target in NON_NEGATIVE:
+        if not math.isfinite(number) or number < 0 or number > limit:
+            raise ValueError(f"a finite, non-negative rate of at most {limit:g} {target}, not {number!r}")
+    elif not math.isfinite(number) or abs(number) > limit:
+        raise ValueError(f"a finite quantity of at most {limit:g} {target} in magnitude, not {number!r}")
+    return float(number)
+
+
 def _convert(value: object, table: dict[str, float], target: str) -> float:
     if isinstance(value, bool):
         raise ValueError(f"a number in {target} or a string with a unit, not a boolean")
     if isinstance(value, (int, float)):
-        return float(value)
+        return check_quantity(float(value), target)
     if isinstance(value, str):
         m = _QUANTITY.match(value)
         if m is None:
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 raise ValueError(f"a number in {target} or a quantity like '10 {target}'") from None
+            return check_quantity(number, target)
         number, unit = float(m.group(1)), m.group(2)
         key = _CASE_SENSITIVE.get(unit, unit.lower())
         if key not in table:
             known = ", ".join(sorted({u for u in table}))
             raise ValueError(f"a unit of {target} (one of {known}), not '{unit}'")
-        return number * table[key]
+        return check_quantity(number * table[key], target)
     raise ValueError(f"a number in {target} or a string with a unit")
 
 

@@ -8,11 +8,28 @@ from typing import Any
 import click
 
 
+def _channel_counts(text: str, most: int) -> list[int]:
+    """Return the channel counts of a comma-separated list; raise click.BadParameter unless each is
+    an integer in [1, most] (checked on every backend, so a typo never passes silently)."""
+    out = []
+    for part in text.split(","):
+        try:
+            n = int(part.strip())
+        except ValueError:
+            raise click.BadParameter(f"{part.strip()!r} is not an integer; expected counts like 1,2,4,8",
+                                     param_hint="--channels") from None
+        if not 1 <= n <= most:
+            raise click.BadParameter(f"{n} is not in [1, {most}]", param_hint="--channels")
+        out.append(n)
+    return out
+
+
 def register(main: click.Group) -> None:
     """Add the `lagom-calibrate` verb to the gpuplan command."""
 
     @main.command("lagom-calibrate")
-    @click.option("--ranks", type=int, default=2, show_default=True, help="Local processes (GPUs with NCCL).")
+    @click.option("--ranks", type=click.IntRange(1, 1024), default=2, show_default=True,
+                  help="Local processes (GPUs with NCCL).")
     @click.option("--channels", default="1,2,4,8,16", show_default=True,
                   help="Channel counts swept with NCCL_MIN/MAX_CTAS (NCCL only; gloo has none).")
     @click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
@@ -31,10 +48,11 @@ def register(main: click.Group) -> None:
             measure_interference
         from gpuplan.render import print_tables
 
+        asked = _channel_counts(channels, cost.MAX_CHANNELS)
         try:
             backend = default_backend()
             sizes = [2**k for k in range(12, 25, 4 if quick else 2)]
-            ncs = [int(c) for c in channels.split(",")] if backend == "nccl" else [1]
+            ncs = asked if backend == "nccl" else [1]
             points = measure_collectives(ranks, sizes, ncs, backend=backend, repeats=3 if quick else 5)
             guess = cost.Link(ranks=ranks, nodes=1, intra="nvlink" if backend == "nccl" else "pcie",
                               channel_GBps=10.0, cap_GBps=100.0, channels=max(ncs))

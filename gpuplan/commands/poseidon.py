@@ -18,12 +18,14 @@ from gpuplan.models.base import Problem
 
 
 def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
-    """Return the mapping in file `arg` (and its folder), or `arg` itself when it is not a file."""
+    """Return the mapping in file `arg` (and its folder), or `arg` itself when it is a name (a preset
+    or catalog model): an argument that looks like a path (a .yaml/.yml/.json suffix or a '/') must
+    be a readable document, else InputError names the file."""
     from gpuplan.io import read_document
 
     p = Path(arg)
-    if p.is_file():
-        return read_document(p), p.parent
+    if p.suffix.lower() in (".yaml", ".yml", ".json") or "/" in arg or p.exists():
+        return read_document(p), p.parent  # a path: a missing or unreadable file is named as such
     return arg, None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,12 +71,117 @@ def input_error_from(exc: ValidationError, file: str | None) -> InputError:
     return InputError(message, file=file, **(first or {}))
 
 
+MAX_NUMBER = 1e18
+"""Largest magnitude of any number in an input document (larger ones are typos or attacks)."""
+
+COUNT_LIMITS: dict[str, int] = {
+    "gpus": 65_536,             # GPUs of one type (cluster, node) or of one job; also their sum
+    "count": 65_536,            # repetitions of an aurora worker or a lagom op
+    "gpus_per_node": 1_024,
+    "nvlinks": 1_024,
+    "nodes": 65_536,            # when a number (lagom groups)
+    "ranks": 65_536,
+    "dp": 65_536,
+    "tp": 65_536,
+    "sms": 65_536,
+    "max_tp": 4_096,
+    "max_stages": 4_096,
+    "max_microbatches": 65_536,
+    "microbatches": 4_096,
+    "global_batch": 1 << 24,
+    "micro_batch": 1 << 24,
+    "seq_len": 1 << 24,
+    "batch_samples": 1 << 30,
+}
+"""Documented upper limits of the count fields that size allocations (field name -> most allowed).
+
+A count over its limit would make a solver or the cluster expansion allocate without bound, so
+it is refused with the field's path before validation."""
+
+
+def _quantity_unit(key: str) -> str | None:
+    from gpuplan.units import SUFFIX_UNITS
+
+    return next((unit for suffix, unit in SUFFIX_UNITS.items() if key.endswith(suffix)), None)
+
+
+def _refuse_type_aliases(mapping: dict[Any, Any], path: tuple[Any, ...], file: str | None) -> None:
+    """Refuse a mapping with two keys naming one catalog GPU type (`V100` and `V100-16GB`): they
+    would be merged silently, one value lost."""
+    if len(mapping) < 2:
+        return
+    from gpuplan.models.catalog import canonical_name
+
+    seen: dict[str, str] = {}
+    for k in mapping:
+        name = canonical_name(k) if isinstance(k, str) else None
+        if name is None:
+            continue
+        if name in seen:
+            raise InputError.at(file, field_path(path + (k,)), k, f"one name per GPU type, but {seen[name]!r} "
+                                f"and {k!r} both name {name}")
+        seen[name] = k
+
+
+def check_input_numbers(data: Any, file: str | None = None) -> None:
+    """Refuse numbers no input should hold; return None when every number is acceptable.
+
+    Every number is finite and at most MAX_NUMBER in magnitude; a field named with a unit suffix
+    (`_bytes`, `_GBps`, `_gbps`, `_s`, `_tflops`, see gpuplan.units) holds at most that unit's
+    limit in magnitude, and rates (`_GBps`, `_gbps`, `_tflops`) are non-negative; a count field
+    of COUNT_LIMITS (or each value and the sum of a mapping under it) is at most its limit; no
+    mapping names one catalog GPU type twice (an alias and its canonical name).
+    Raises InputError naming the file, the field path, the value and the limit.
+    """
+    from gpuplan.io import check_document
+    from gpuplan.units import check_quantity
+
+    check_document(data, file)  # size, nesting, non-finite floats (also for documents built in code)
+    # (value, path, name of the nearest enclosing field with a unit suffix, if any)
+    stack: list[tuple[Any, tuple[Any, ...], str | None]] = [(data, (), None)]
+    while stack:
+        obj, path, unit_key = stack.pop()
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                stack.append((v, path + (k,), str(k) if _quantity_unit(str(k)) else unit_key))
+            _refuse_type_aliases(obj, path, file)
+            key = str(path[-1]) if path else ""
+            limit = COUNT_LIMITS.get(key)
+            numbers = [v for v in obj.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if limit is not None and numbers and sum(numbers) > limit:
+                raise InputError.at(file, field_path(path), obj, f"at most {limit:,} in all (the documented "
+                                    f"limit of '{key}')")
+            continue
+        if isinstance(obj, list):
+            stack.extend((v, path + (i,), unit_key) for i, v in enumerate(obj))
+            continue
+        if isinstance(obj, bool) or not isinstance(obj, (int, float)):
+            continue
+        where = field_path(path)
+        if not math.isfinite(obj) or abs(obj) > MAX_NUMBER:
+            raise InputError.at(file, where, obj, f"a finite number of at most {MAX_NUMBER:g} in magnitude")
+        names = [str(p) for p in path if not isinstance(p, int)]
+        limit = COUNT_LIMITS.get(names[-1]) if names else None
+        if limit is None and len(names) >= 2 and names[-2] == "gpus" and isinstance(path[-1], str):
+            limit = COUNT_LIMITS["gpus"]  # {gpus: {V100: n}}
+        if limit is not None and abs(obj) > limit:
+            raise InputError.at(file, where, obj, f"at most {limit:,} (the documented limit of this count)")
+        unit = _quantity_unit(unit_key or "")
+        if unit is not None:
+            try:
+                check_quantity(obj / 8 if (unit_key or "").endswith("_gbps") else obj, unit)
+            except ValueError as exc:
+                raise InputError.at(file, where, obj, str(exc).rsplit(", not ", 1)[0]) from None
+
+
 def validate(schema: type[BaseModel], data: Any, *, file: str | Path | None = None,
              base_dir: Path | None = None) -> Any:
     """Validate `data` against `schema`; return the instance or raise InputError naming the file.
 
     `base_dir` is where relative paths inside the document (profiles, traces) are resolved.
+    Numbers are checked first (check_input_numbers: finite, within their unit's and count's limits).
     """
+    check_input_numbers(data, str(file) if file else None)
     context = {"base_dir": base_dir or (Path(file).parent if file else Path.cwd()), "file": file}
     try:
         return schema.model_validate(data, context=context)

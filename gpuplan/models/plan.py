@@ -82,7 +82,9 @@ def read_plan_document(path: str | Path) -> dict[str, Any]:
     """Return the JSON mapping of a plan file, checking kind and schema_version; never runs code."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        from gpuplan.io import read_json
+
+        data = read_json(p, what="plan file", allow_nonfinite=True)  # bounded; check reports non-finite figures
     except FileNotFoundError:
         raise InputError(f"{p}: no such plan file", file=str(p)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -244,7 +244,7 @@ def load_profile(path: str | Path) -> Profile:
     try:
         from gpuplan.io import read_json
 
-        data = read_json(p, what="profile file")  # bounded: a regular file, size and nesting limits, finite numbers
+        data = read_json(p, what="profile file", invalid_as="profile (truncated or corrupt?)")  # bounded read
     except FileNotFoundError:
         raise InputError(f"{p}: no such profile file", file=str(p)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -255,6 +255,9 @@ def load_profile(path: str | Path) -> Profile:
     if data.get("schema_version") != PROFILE_SCHEMA_VERSION:
         raise InputError.at(str(p), "schema_version", data.get("schema_version"),
                             f"{PROFILE_SCHEMA_VERSION}")
+    from gpuplan.models.base import check_input_numbers
+
+    check_input_numbers(data, str(p))  # finite, within each unit's limit, rates non-negative
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:

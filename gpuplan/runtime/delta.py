@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 import threading
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 MAGIC = b"GPDELTA1"
 FORMAT_VERSION = 1
 CHUNK_ELEMS = 1 << 19  # 1 MiB of bf16: cache-friendly extraction, fine-grained streaming
+MAX_CHUNK_ELEMS = 1 << 28  # decode bound: no record describes more elements than this (`delta encode` caps here)
+MAX_HEADER_BYTES = 64 << 20  # decode bound on the header JSON
 
 # index encodings
 ALL, RAW32, VARINT, EF, BITMAP = 0, 1, 2, 3, 4
@@ -335,10 +338,15 @@ def _decode_values(encoding: int, data: bytes, k: int, width: int) -> np.ndarray
         if len(data) < 4:
             raise DeltaError("values: truncated zlib plane length")
         (clen,) = struct.unpack_from("<I", data, 0)
-        try:
-            top = zlib.decompress(data[4:4 + clen])
+        if 4 + clen > len(data):
+            raise DeltaError(f"values: zlib plane of {clen} bytes in {len(data) - 4}")
+        inflater = zlib.decompressobj()
+        try:  # never inflate past the k bytes the record justifies (a zlib bomb stops here)
+            top = inflater.decompress(data[4:4 + clen], k)
         except zlib.error as exc:
             raise DeltaError(f"values: {exc}") from None
+        if not inflater.eof or inflater.unconsumed_tail or inflater.unused_data:
+            raise DeltaError(f"values: the zlib plane does not inflate to exactly {k} bytes")
         rest = data[4 + clen:]
         if len(top) != k or len(rest) != k * (width - 1):
             raise DeltaError(f"values: planes of {len(top)} and {len(rest)} bytes for {k} values")
@@ -410,9 +418,13 @@ def check_record(buf: bytes | memoryview) -> tuple[int, int]:
     return tensor, chunk
 
 
-def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int]:
+def decode_record(buf: bytes | memoryview, offset: int = 0, *,
+                  max_elems: Callable[[int, int], int] | None = None) -> tuple[Record, int]:
     """Parse and verify the record at `offset`; return it and the offset after it.
 
+    `max_elems(tensor, chunk)` returns how many elements that chunk may hold (from the header and
+    the tensors it applies to; it raises DeltaError for an unknown tensor or chunk); without it the
+    bound is MAX_CHUNK_ELEMS. Every allocation is bounded by it or by the record's own bytes.
     Raises DeltaError on a truncated record, a checksum mismatch or inconsistent fields.
     """
     view = memoryview(buf)
@@ -433,6 +445,10 @@ def decode_record(buf: bytes | memoryview, offset: int = 0) -> tuple[Record, int
         raise DeltaError(f"checksum mismatch in record (tensor {tensor}, chunk {chunk})")
     if width not in UINT or k > n:
         raise DeltaError(f"record (tensor {tensor}, chunk {chunk}): bad width {width} or count {k}/{n}")
+    bound = max_elems(tensor, chunk) if max_elems is not None else MAX_CHUNK_ELEMS
+    if n > bound or low > 32:
+        raise DeltaError(f"record (tensor {tensor}, chunk {chunk}): {n} elements (at most {bound} here) "
+                         f"or Elias-Fano low bits {low} (at most 32)")
     pos = decode_positions(ienc, idata, n, k, low)
     values = _decode_values(venc, vdata, k, width)
     return Record(tensor, chunk, n, pos, values, base_crc, ienc), end
@@ -495,7 +511,7 @@ class TensorInfo:
     @property
     def numel(self) -> int:
         """Number of elements."""
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)  # Python ints: no overflow on a crafted shape
 
 
 @dataclass
@@ -524,18 +540,83 @@ class DeltaHeader:
         if len(buf) < _HDR.size or bytes(memoryview(buf)[:8]) != MAGIC:
             raise DeltaError("not a gpuplan delta file (bad magic)")
         _, length, crc = _HDR.unpack_from(buf, 0)
+        if length > MAX_HEADER_BYTES:
+            raise DeltaError(f"delta header of {length} bytes (at most {MAX_HEADER_BYTES})")
         text = bytes(memoryview(buf)[_HDR.size:_HDR.size + length])
         if len(text) != length or zlib.crc32(text) & 0xFFFFFFFF != crc:
             raise DeltaError("truncated or corrupted delta header")
         try:
             doc = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise DeltaError("truncated or corrupted delta header") from None
-        if doc.get("format") != FORMAT_VERSION:
-            raise DeltaError(f"delta format {doc.get('format')}, this gpuplan reads {FORMAT_VERSION}")
-        tensors = [TensorInfo(n, d, list(s)) for n, d, s in doc["tensors"]]
-        return cls(tensors, doc["chunk_elems"], doc["base_step"], doc["new_step"], doc["base_digest"],
-                   doc["new_digest"], doc.get("extra", {})), _HDR.size + length
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT_VERSION:
+            got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            raise DeltaError(f"delta format {got!r}, this gpuplan reads {FORMAT_VERSION}")
+        return _header_from_doc(cls, doc), _HDR.size + length
+
+
+def _header_from_doc(cls: type[DeltaHeader], doc: dict[str, Any]) -> DeltaHeader:
+    """Return the header a parsed header JSON describes; raise DeltaError naming the first bad field
+    (a crafted header with a valid checksum must not end in KeyError, TypeError or IndexError)."""
+    def bad(field_name: str, value: Any, expected: str) -> DeltaError:
+        shown = repr(value)
+        return DeltaError(f"delta header field {field_name!r}: got {shown[:60]}; expected {expected}")
+
+    def integer(name: str, low: int, high: int) -> int:
+        v = doc.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise bad(name, v, f"an integer in [{low}, {high}]")
+        return v
+
+    raw = doc.get("tensors")
+    if not isinstance(raw, list):
+        raise bad("tensors", raw, "a list of [name, dtype, shape]")
+    tensors, names = [], set()
+    for i, t in enumerate(raw):
+        if not (isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and t[1] in DTYPE_WIDTH
+                and isinstance(t[2], list) and len(t[2]) <= 32
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**63 for d in t[2])):
+            raise bad(f"tensors[{i}]", t, f"[name, dtype (one of {', '.join(DTYPE_WIDTH)}), shape of "
+                      "non-negative integers]")
+        if t[0] in names:
+            raise bad(f"tensors[{i}]", t[0], "distinct tensor names")
+        names.add(t[0])
+        tensors.append(TensorInfo(t[0], t[1], list(t[2])))
+    digests = [doc.get("base_digest"), doc.get("new_digest")]
+    if not all(isinstance(d, str) for d in digests):
+        raise bad("base_digest/new_digest", digests, "strings")
+    extra = doc.get("extra", {})
+    if not isinstance(extra, dict):
+        raise bad("extra", extra, "a mapping")
+    return cls(tensors, integer("chunk_elems", 1, MAX_CHUNK_ELEMS), integer("base_step", -2**63, 2**63),
+               integer("new_step", -2**63, 2**63), digests[0], digests[1], extra)
+
+
+def chunk_bound(header: DeltaHeader) -> Callable[[int, int], int]:
+    """Return max_elems(tensor, chunk) for decode_record: the elements chunk `chunk` of tensor
+    `tensor` holds by the header's shapes (raise DeltaError for a tensor or chunk it does not have)."""
+    ce = header.chunk_elems
+    numels = [t.numel for t in header.tensors]
+
+    def max_elems(tensor: int, chunk: int) -> int:
+        if tensor >= len(numels):
+            raise DeltaError(f"record for tensor {tensor}, header lists {len(numels)}")
+        if chunk * ce >= numels[tensor]:
+            raise DeltaError(f"record for chunk {chunk} of tensor {tensor}, which has "
+                             f"{-(-numels[tensor] // ce)} chunks of {ce}")
+        return min(ce, numels[tensor] - chunk * ce)
+
+    return max_elems
+
+
+def max_delta_bytes(header: DeltaHeader, *, header_bytes: int = MAX_HEADER_BYTES) -> int:
+    """Return the most bytes a delta for `header`'s tensors can need (every element changed, raw
+    32-bit positions, one record header per chunk): the bound a reader holds a delta file to."""
+    total = header_bytes + _HDR.size + _END.size
+    for t in header.tensors:
+        chunks = -(-t.numel // header.chunk_elems)
+        total += t.numel * (DTYPE_WIDTH[t.dtype] + 4) + chunks * (_REC.size + 4)
+    return total
 
 
 def state_digest(tensors: Mapping[str, np.ndarray]) -> str:
@@ -633,6 +714,7 @@ def read(delta: bytes | memoryview) -> tuple[DeltaHeader, list[Record]]:
     so nothing of a damaged delta is ever applied.
     """
     header, off = DeltaHeader.from_bytes(delta)
+    bound = chunk_bound(header)
     records = []
     while True:
         end = parse_end(delta, off)
@@ -640,7 +722,7 @@ def read(delta: bytes | memoryview) -> tuple[DeltaHeader, list[Record]]:
             break
         if off >= len(delta):
             raise DeltaError("truncated delta: no END record")
-        rec, off = decode_record(delta, off)
+        rec, off = decode_record(delta, off, max_elems=bound)
         records.append(rec)
     count, crc = end
     ids = [(r.tensor, r.chunk) for r in records]
@@ -661,10 +743,11 @@ def apply(delta: bytes | memoryview, tensors: Mapping[str, np.ndarray], *, verif
     checked before and the new digest after. Raises DeltaError without touching `tensors` when the
     delta is damaged or made for another base.
     """
-    header, records = read(delta)
-    for info in header.tensors:
+    header, _ = DeltaHeader.from_bytes(delta)
+    for info in header.tensors:  # before any record is decoded: the tensors bound every allocation
         if info.name not in tensors or tensors[info.name].size != info.numel:
             raise DeltaError(f"tensor {info.name!r} missing or not {info.numel} elements")
+    header, records = read(delta)
     if verify and header.base_digest and state_digest(tensors) != header.base_digest:
         raise DeltaError("the tensors are not the base this delta was made for (digest differs)")
     views = [bits(tensors[i.name]) for i in header.tensors]

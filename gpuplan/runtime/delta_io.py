@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpuplan.errors import InputError
-from gpuplan.io import atomic_write_bytes
+from gpuplan.io import atomic_write_bytes, input_file_size, read_input_bytes
 from gpuplan.runtime import delta as D
 
 _TORCH_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64", "int8": "int8",
@@ -66,8 +66,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     import torch
 
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{p}: no such checkpoint file", file=str(p))
+    input_file_size(p, what="checkpoint file")  # a regular file (not a FIFO or device), or InputError
     with p.open("rb") as fh:
         head = fh.read(8)
     tensors: dict[str, Any]
@@ -127,18 +126,39 @@ def encode_files(old: str | Path, new: str | Path, *, compress: bool = True,
         raise InputError(f"{new}: {exc}", file=str(new)) from None
 
 
+def _read_delta(delta_path: str | Path, ckpt: Checkpoint, old: str | Path) -> bytes:
+    """Return the bytes of a delta file for checkpoint `ckpt`, read only after its header matches
+    the checkpoint (names, dtypes, element counts) and its size is within what those tensors can
+    need (D.max_delta_bytes); raise DeltaError or InputError otherwise, before reading the rest."""
+    import struct
+
+    size = input_file_size(delta_path, what="delta file")
+    with open(delta_path, "rb") as fh:
+        prefix = fh.read(16)
+        if len(prefix) < 16 or prefix[:8] != D.MAGIC:
+            raise D.DeltaError("not a gpuplan delta file (bad magic)")
+        (length,) = struct.unpack_from("<I", prefix, 8)
+        if length > min(D.MAX_HEADER_BYTES, size - 16):
+            raise D.DeltaError(f"delta header of {length} bytes in a file of {size}")
+        header, _ = D.DeltaHeader.from_bytes(prefix + fh.read(length))
+    for info in header.tensors:
+        if ckpt.dtypes.get(info.name) != info.dtype:
+            raise D.DeltaError(f"tensor {info.name!r} is {ckpt.dtypes.get(info.name)} in {old}, "
+                               f"{info.dtype} in the delta")
+        if ckpt.arrays[info.name].size != info.numel:
+            raise D.DeltaError(f"tensor {info.name!r} has {ckpt.arrays[info.name].size} elements in {old}, "
+                               f"{info.numel} in the delta")
+    limit = D.max_delta_bytes(header, header_bytes=length)
+    if size > limit:
+        raise D.DeltaError(f"{size:,} bytes; a delta for these tensors needs at most {limit:,}")
+    return read_input_bytes(delta_path, limit_bytes=limit, what="delta file")
+
+
 def decode_file(old: str | Path, delta_path: str | Path) -> Checkpoint:
     """Return checkpoint `old` with the delta file applied (bit-exact, verified by digests)."""
     ckpt = load_checkpoint(old)
-    if not Path(delta_path).is_file():
-        raise InputError(f"{delta_path}: no such delta file", file=str(delta_path))
-    blob = Path(delta_path).read_bytes()
     try:
-        header, _ = D.DeltaHeader.from_bytes(blob)
-        for info in header.tensors:
-            if ckpt.dtypes.get(info.name) != info.dtype:
-                raise D.DeltaError(f"tensor {info.name!r} is {ckpt.dtypes.get(info.name)} in {old}, "
-                                   f"{info.dtype} in the delta")
+        blob = _read_delta(delta_path, ckpt, old)
         D.apply(blob, ckpt.arrays)
     except D.DeltaError as exc:
         raise InputError(f"{delta_path}: {exc}", file=str(delta_path)) from None
