@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from gpuplan.models import lagom_cost as cost
 from gpuplan.models import nccl_tuning as nt
 from gpuplan.models.profile import bus_factor
 
@@ -80,6 +81,7 @@ class Shape:
     topology: nt.Topology | None
     link_GBps: float
     link_latency_s: float
+    arch: str = "unknown"
 
 
 _shapes: dict[tuple[int, tuple[int, ...]], tuple[Any, Shape]] = {}
@@ -138,9 +140,11 @@ def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
     dts = [cluster.type_of(t) for t in types]
     archs = {getattr(dt, "arch", "unknown") for dt in dts}
     topo = None
+    arch = "unknown"
     if "unknown" not in archs and all(a in nt.COMPUTE_CAPABILITY for a in archs) and not any(
             getattr(dt, "measured", False) for dt in dts):
         ccs = [nt.COMPUTE_CAPABILITY[a] for a in archs]
+        arch = min(archs, key=lambda a: nt.COMPUTE_CAPABILITY[a])
         nvlinks = min(int(getattr(dt, "nvlinks", 0)) for dt in dts)
         # a node that declares its own intra link is taken as NCCL's PCIe class unless NVLink-fast
         pcie = min(_pcie_GBps(dt) for dt in dts)
@@ -151,7 +155,7 @@ def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
         topo = nt.Topology(ranks=n, nodes=N, ppn_min=min(per_node.values()), cc=min(ccs), cc_max=max(ccs),
                            nvlinks=nvlinks, nvswitch=_nvswitch(nvlinks), pcie_GBps=pcie, nics=nics,
                            nic_GBps=float(nic_GBps))
-    return Shape(n, N, topo, float(slow.bandwidth_GBps), float(slow.latency_s))
+    return Shape(n, N, topo, float(slow.bandwidth_GBps), float(slow.latency_s), arch)
 
 
 def _pcie_GBps(dt: Any) -> float:
@@ -234,3 +238,27 @@ def bus_bandwidth_GBps(cluster: Any, op: str, size_bytes: float, device_ids: Ite
     if n <= 1 or t <= 0:
         return 0.0
     return bus_factor(op, n) * _elements(size_bytes, dtype_bytes) / t / 1e9
+
+
+def lagom_link(cluster: Any, device_ids: Iterable[int]) -> cost.Link | None:
+    """Return Lagom's cost-model Link for the group (NCCL's graphs on the cluster's hardware), or None
+    when the group falls back to alpha-beta (unknown devices or one rank)."""
+    shape = group_shape(cluster, device_ids)
+    if shape.topology is None or shape.ranks <= 1:
+        return None
+    return cost.link_from_topology(shape.topology, shape.arch)
+
+
+def lagom_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
+                 consts: cost.Consts | None = None) -> float:
+    """Return Lagom's extended-model seconds (pipeline fill, per-step sync, thread saturation) of `op`
+    at NCCL's default setting over the group; the alpha-beta fallback where there is no NCCL model."""
+    _check_op(op)
+    ids = tuple(device_ids)
+    link = lagom_link(cluster, ids)
+    size = _elements(size_bytes, dtype_bytes)
+    if link is None or op not in cost.COLLECTIVES:
+        return collective_time_s(cluster, op, size, ids, dtype_bytes)
+    c = consts or cost.Consts()
+    a, p, nc, nthreads, chunk = cost.nccl_default(op, size, link, c)
+    return float(cost.comm_time_us(op, size, a, p, link, c, nc, nthreads, chunk)) * 1e-6

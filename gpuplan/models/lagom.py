@@ -141,20 +141,9 @@ class Group(Schema):
         """Return the cost model's view of this communicator on `hw`: NCCL's graphs (channels and
         per-channel bandwidth of the ring, NCCL's achieved NVLink rate, every rail across nodes), or
         the explicit `channels` x `intra_GBps` a calibration gave."""
-        topo = self.topology(hw)
-        g = nccl_tuning.graphs(topo)
-        ring_bus = g.ring.channels * (g.ring.bw_intra_GBps if self.nodes <= 2 else g.ring.bw_inter_GBps)
-        channels = self.channels or g.comm_channels
-        explicit = self.channels is not None and self.intra_GBps is not None
-        bus = self.intra_GBps if explicit else ring_bus
-        ll128 = self.ll128 if self.ll128 is not None else nccl_tuning.ll128_enabled(topo)
-        nvls = self.nvls is not False and g.nvls is not None
-        return cost.Link(ranks=self.ranks, nodes=self.nodes, intra=self.intra, channel_GBps=bus / channels,
-                         cap_GBps=self.cap_GBps or 2 * topo.gpu_total_GBps(), channels=channels,
-                         inter_latency_us=self.inter_latency_s * 1e6, nvls=nvls, ll128=ll128,
-                         latency_scale=self.latency_scale, arch=hw.architecture(),
-                         graph_channels=g.ring.channels if self.channels is None else None,
-                         topo=topo)
+        return cost.link_from_topology(self.topology(hw), hw.architecture(), channels=self.channels,
+                                       bus_GBps=self.intra_GBps, cap_GBps=self.cap_GBps, nvls=self.nvls,
+                                       ll128=self.ll128, latency_scale=self.latency_scale, intra=self.intra)
 
 
 class Segment(Schema):

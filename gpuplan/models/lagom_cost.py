@@ -193,6 +193,24 @@ def _tuned(collective: str) -> str:
     return collective if collective in nt.COLLECTIVES else "broadcast"
 
 
+def link_from_topology(topo: nt.Topology, arch: str, channels: int | None = None, bus_GBps: float | None = None,
+                       cap_GBps: float | None = None, nvls: bool | None = None, ll128: bool | None = None,
+                       latency_scale: float = 1.0, intra: str | None = None) -> Link:
+    """Return the Link of a group NCCL's search sees as `topo`: comm.nChannels channels sharing the
+    ring's bus bandwidth (GB/s; `channels` x `bus_GBps` replace them when a calibration gave them),
+    NVLS and LL128 by NCCL's rules unless forced, no cap below twice a GPU's link budget unless given."""
+    g = nt.graphs(topo)
+    ring_bus = g.ring.channels * (g.ring.bw_intra_GBps if topo.nodes <= 2 else g.ring.bw_inter_GBps)
+    nc = channels or g.comm_channels
+    explicit = channels is not None and bus_GBps is not None
+    return Link(ranks=topo.ranks, nodes=topo.nodes, intra=intra or topo.intra,
+                channel_GBps=(bus_GBps if explicit else ring_bus) / nc,
+                cap_GBps=cap_GBps or 2 * topo.gpu_total_GBps(), channels=nc,
+                inter_latency_us=topo.latency_inter_us, nvls=nvls is not False and g.nvls is not None,
+                ll128=ll128 if ll128 is not None else nt.ll128_enabled(topo), latency_scale=latency_scale,
+                arch=arch, graph_channels=g.ring.channels if channels is None else None, topo=topo)
+
+
 def link_topology(link: Link) -> nt.Topology:
     """Return the NCCL topology of `link`: its own `topo` (with the link's extra latency and LL128
     choice), or one built from the link's fields (`arch`, intra-node class, NVLS) when it has none."""

@@ -1,0 +1,117 @@
+"""Fidelity section (b): the collective model against published NCCL all_reduce bus bandwidth.
+
+Each series of benchmarks/data/nccl_tests_published.yaml (hardware as a gpuplan cluster, source,
+(size, busbw) points) is predicted two ways, nothing fitted to the published figures:
+
+- nccl: NCCL 2.30.7's own estimate of its default (algorithm, protocol) on the graphs its topology
+  search would build (gpuplan.models.collectives.collective_time_s, what Poseidon calls);
+- lagom: Lagom's extended model (pipeline fill, per-step sync, thread saturation) at that same
+  default setting (collectives.lagom_time_s, what Lagom's plans are costed with).
+
+busbw = 2(n-1)/n x size / time (nccl-tests); ratio = predicted / published; target within 25%.
+
+Run alone: .venv/bin/python benchmarks/fidelity_lagom.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent
+if str(ROOT.parent) not in sys.path:
+    sys.path.insert(0, str(ROOT.parent))
+
+DATA = ROOT / "data" / "nccl_tests_published.yaml"
+TOLERANCE = 0.25
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            q = n / div
+            return f"{q:g} {unit}" if q == int(q) else f"{q:.1f} {unit}"
+    return f"{n} B"
+
+
+def clusters_of(series: dict[str, Any]) -> list[tuple[str, Any, int]]:
+    """Return (label, Cluster, ranks) for every hardware shape a series describes."""
+    from gpuplan.models.cluster import Cluster
+
+    if "cluster_per_nodes" in series:
+        spec = series["cluster_per_nodes"]
+        out = []
+        for n in series["nodes"]:
+            doc = {"nodes": [{"name": f"n{i}", "gpus": {spec["gpu"]: spec["gpus_per_node"]}} for i in range(n)],
+                   "inter_node": {"bandwidth_GBps": spec["nic"], "nics_per_node": spec["nics_per_node"]}}
+            out.append((f"{n}x{spec['gpus_per_node']} {spec['gpu']}", Cluster.model_validate(doc),
+                        n * spec["gpus_per_node"]))
+        return out
+    cluster = Cluster.model_validate(series["cluster"])
+    per_node = {n.name: sum(n.gpus.values()) for n in cluster.nodes}
+    label = f"{len(per_node)}x{max(per_node.values())} {cluster.devices[0].type}"
+    return [(label, cluster, int(series["ranks"]))]
+
+
+def rows() -> list[dict[str, Any]]:
+    """Return one dict per (series, hardware shape, size): published and predicted busbw (GB/s)."""
+    from gpuplan.models.collectives import bus_bandwidth_GBps, lagom_time_s, nccl_choice
+    from gpuplan.models.profile import bus_factor
+
+    doc = yaml.safe_load(DATA.read_text())
+    out = []
+    for s in doc["series"]:
+        for label, cluster, ranks in clusters_of(s):
+            ids = list(range(ranks))
+            for size, published in s["points"]:
+                nccl = bus_bandwidth_GBps(cluster, "all_reduce", size, ids)
+                lagom = bus_factor("all_reduce", ranks) * size / lagom_time_s(cluster, "all_reduce", size, ids) / 1e9
+                choice = nccl_choice(cluster, "all_reduce", size, ids)
+                out.append({"series": s["name"], "source": " ".join(s["source"].split()), "topology": label,
+                            "size": int(size), "published": float(published), "nccl": nccl, "lagom": lagom,
+                            "algo": f"{choice.algo}/{choice.proto}" if choice else "alpha-beta"})
+    return out
+
+
+def section_b() -> list[str]:
+    """Return the printed lines of section (b): the table, the sources, and the summary lines."""
+    table = rows()
+    lines = [f"{'topology':<20} {'size':>9} {'published':>10} {'nccl':>8} {'ratio':>6} {'lagom':>8} {'ratio':>6} "
+             f"{'in 25%':>7}  NCCL's choice",
+             "-" * 104]
+    sources: dict[str, str] = {}
+    for r in table:
+        rn, rl = r["nccl"] / r["published"], r["lagom"] / r["published"]
+        ok = "yes" if abs(rl - 1) <= TOLERANCE else "no"
+        ok_n = "yes" if abs(rn - 1) <= TOLERANCE else "no"
+        tag = sources.setdefault(r["series"], f"[{len(sources) + 1}]")
+        lines.append(f"{r['topology']:<20} {_size(r['size']):>9} {r['published']:>10.2f} {r['nccl']:>8.2f} {rn:>6.2f} "
+                     f"{r['lagom']:>8.2f} {rl:>6.2f} {ok + '/' + ok_n:>7}  {r['algo']} {tag}")
+    lines.append("(in 25%: lagom/nccl; GB/s; ratio = predicted / published)")
+    for r in table:
+        tag = sources.pop(r["series"], None)
+        if tag:
+            lines.append(f"{tag} {r['series']}: {r['source']}")
+    n = len(table)
+    lag = sum(abs(r["lagom"] / r["published"] - 1) <= TOLERANCE for r in table)
+    nc = sum(abs(r["nccl"] / r["published"] - 1) <= TOLERANCE for r in table)
+    big = [r for r in table if r["size"] >= 2**24]
+    lag_big = sum(abs(r["lagom"] / r["published"] - 1) <= TOLERANCE for r in big)
+    nc_big = sum(abs(r["nccl"] / r["published"] - 1) <= TOLERANCE for r in big)
+    lines.append(f"summary: lagom within 25% on {lag}/{n} points, nccl's own estimate on {nc}/{n}; "
+                 f"at 16 MiB and above: lagom {lag_big}/{len(big)}, nccl {nc_big}/{len(big)}")
+    return lines
+
+
+def main() -> int:
+    """Print section (b); return 0."""
+    for line in section_b():
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
