@@ -147,7 +147,11 @@ def check(problem: Problem | str | Path | dict[str, Any] | None, plan: Plan) -> 
                              f"registered {prob.kind} solver, so what it promises cannot be known",
                              {"solver": plan.solver.name}))
     if plan.status is Status.INFEASIBLE:
-        return out + infeasible_contradictions(plan)
+        held = infeasible_contradictions(plan)
+        if not held:
+            return out
+        out += held   # and what it holds is checked as a solution, so its faults are named too
+        plan = plan.model_copy(update={"status": Status.FEASIBLE})
     try:
         out += registry.model(prob.kind).check(prob, plan)
     except (ArithmeticError, LookupError, TypeError, ValueError) as exc:

@@ -289,3 +289,12 @@ def test_non_finite_paths_name_the_field() -> None:
     from gpuplan.models.plan import non_finite_paths
 
     assert non_finite_paths({"a": [1.0, {"b": math.inf}], "c": NAN, "d": 3}) == ["a[1].b", "c"]
+
+
+def test_infeasible_plan_over_an_overlap_names_both(solved: dict[str, Doc]) -> None:
+    doc = copy.deepcopy(solved["tessel"])
+    _set("schedule[0][1].start_s", 0.0)(doc)
+    doc["status"] = "infeasible"
+    assert {"status", "overlap"} <= _codes("tessel", doc)
+    clean = {k: v for k, v in doc.items() if k in ("kind", "schema_version", "solver", "input_digest", "problem")}
+    assert _codes("tessel", {**clean, "status": "infeasible", "message": "no schedule fits"}) == set()

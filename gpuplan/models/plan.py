@@ -180,7 +180,7 @@ def stated_figures_violations(plan: Plan, objective: float | None, predicted: di
 
 
 def infeasible_contradictions(plan: Plan) -> list[Violation]:
-    """Return a `status` violation for each figure or schedule field an `infeasible` plan holds: such a
+    """Return a `status` violation naming the figures and schedule fields an `infeasible` plan holds: such a
     plan records that no solution exists, so objective, predicted metrics and the model's own fields
     (allocations, stages, schedules...) must all be empty; [] for other statuses."""
     if plan.status is not Status.INFEASIBLE:
@@ -196,5 +196,7 @@ def infeasible_contradictions(plan: Plan) -> list[Violation]:
         default = info.get_default(call_default_factory=True)
         if getattr(plan, name) != default:
             held.append(name)
-    return [Violation("status", f"the plan's status is 'infeasible' but it holds {name!r}; an infeasible plan "
-                      "holds no solution", {"field": name}) for name in held]
+    if not held:
+        return []
+    return [Violation("status", f"the plan's status is 'infeasible' but it holds {', '.join(held)}; an "
+                      "infeasible plan holds no solution", {"fields": held})]
