@@ -214,7 +214,8 @@ class FromModel(Schema):
     fsdp: bool = False
     intra: Literal["nvlink", "pcie"] = "nvlink"
     inter_GBps: GBps | None = Field(default=None, gt=0)
-    nvls: bool = False
+    nics: int = Field(default=1, ge=1, le=64, description="NICs (rails) per node, each of inter_GBps")
+    nvls: bool | None = None
 
     @model_validator(mode="after")
     def _fits(self) -> "FromModel":
@@ -370,13 +371,13 @@ def workload_from_model(fm: FromModel, hw: Hardware) -> dict[str, Any]:
         while fm.dp % dp_ppn:
             dp_ppn -= 1
         dp_nodes = fm.dp // dp_ppn
-        groups["dp"] = {"ranks": fm.dp, "nodes": dp_nodes, "intra": fm.intra,
-                        "nvls": fm.nvls and dp_nodes == 1}
+        groups["dp"] = {"ranks": fm.dp, "nodes": dp_nodes, "intra": fm.intra, "nvls": fm.nvls}
         if dp_nodes > 1:
             if fm.inter_GBps is None:
                 raise ValueError(f"at from_model.inter_GBps: the network bandwidth per rank; the data-parallel "
                                  f"group spans {dp_nodes} nodes")
             groups["dp"]["inter_GBps"] = fm.inter_GBps
+            groups["dp"]["nics"] = fm.nics
         grads = cfg.layer_params() / fm.tp * width
         if fm.fsdp:
             ops += [{"name": f"ag{i}", "collective": "all_gather", "size_bytes": grads, "group": "dp",
