@@ -98,7 +98,49 @@ def section_a() -> list[str]:
     inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
     lines.append(f"within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, "
                  f"geometric mean {_gmean(ratios):.3f}")
+    lines += layer_lines(doc)
+    lines += WHY_MISSES
     return lines
+
+
+WHY_MISSES = [
+    "why rows miss (every miss is the model being too fast; nothing is tuned to close it):",
+    "  * the per-layer check isolates it: one layer's forward is predicted ~15% under Table 4 while the",
+    "    SP saving and the recomputation deltas come out close, i.e. GEMM and element-wise kernels in situ",
+    "    run below the best-shape matmul ceiling (MAMF: CUDA 12.1, 2023) and the 90% HBM streaming rate",
+    "    the model assumes;",
+    "  * 2021 vs 2022 software: the same 1T pipeline (pp 64, 512 micro-batches, full recomputation) was",
+    "    measured at 163 TF/s per GPU (narayanan21) and 177 TF/s (korthikanti22: 94.42 s by eq. 3); the",
+    "    model predicts one figure for both, so the 2021 rows carry ~9% more gap;",
+    "  * not modelled, each small by our estimate and all in the direction of the miss: Megatron's blocking",
+    "    p2p (it synchronises after each exchange), fp32 main-grad accumulation per micro-batch (DDP=local),",
+    "    the optimizer's grad-norm / copy passes; modelled as not overlapped although Megatron overlaps the",
+    "    backward TP all-reduce with the weight-gradient GEMM (the other direction).",
+]
+
+
+def layer_lines(doc: dict[str, Any]) -> list[str]:
+    """Return the per-layer check: one block's forward and backward (TP collectives and what the
+    recomputation mode re-runs included) against Korthikanti et al. Table 4."""
+    import gpuplan
+    from gpuplan.models.poseidon import CostModel
+
+    d, spec = doc["defaults"], doc["layer_runs"]
+    lay = spec["layer"]
+    out = [f"one layer of the 22B model ({spec['source']} Table 4; tp {lay['tp']}, micro-batch {lay['micro_batch']}): "
+           "published vs predicted ms, ratio = published / predicted time"]
+    for row in spec["rows"]:
+        run = {"name": "22B", "layers": 48, "hidden": lay["hidden"], "heads": lay["heads"], "gpus": lay["tp"],
+               "global_batch": lay["micro_batch"], "sequence_parallel": row["sequence_parallel"], "pp": 1}
+        problem = gpuplan.load_problem(problem_of(run, d))
+        cm = CostModel(problem)
+        f, g = cm.layer(d["gpu"], lay["tp"], lay["micro_batch"])
+        g += cm.recompute_s(d["gpu"], lay["tp"], lay["micro_batch"], row["recompute"])
+        rf, rb = row["forward_ms"] / (f * 1e3), row["backward_ms"] / (g * 1e3)
+        out.append(f"  {row['name']:<24} fwd {row['forward_ms']:5.1f} vs {f * 1e3:5.2f} ({rf:.2f})   "
+                   f"bwd {row['backward_ms']:5.1f} vs {g * 1e3:5.2f} ({rb:.2f})   "
+                   f"{'yes' if max(abs(rf - 1), abs(rb - 1)) <= TOLERANCE else 'NO'}")
+    return out
 
 
 def _gmean(xs: list[float]) -> float:
