@@ -111,9 +111,10 @@ def check(problem: Problem | str | Path | dict[str, Any] | None, plan: Plan) -> 
     further against it); when `problem` is given its digest matches the plan's too (else the plan was
     solved for another input); the plan's solver is a registered one (its contract, the guarantees a
     model's check enforces, comes from the registry; only a plan made by hand, without an embedded
-    problem, may name none); an `infeasible` plan holds no solution. Then the
-    model's own `check`, which recomputes every figure the plan states. When `problem` is None the
-    problem embedded in the plan is used. Raises InputError when there is no problem to check against.
+    problem, may name none); an `infeasible` plan holds no solution (what it holds anyway is checked
+    as a solution too). Then the model's own `check`, which recomputes every figure the plan states.
+    When `problem` is None the problem embedded in the plan is used. Raises InputError when there is
+    no problem to check against.
     """
     out = non_finite_violations(plan)
     if plan.schema_version != SCHEMA_VERSION:
