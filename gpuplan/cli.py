@@ -251,12 +251,20 @@ def check_cmd(plan_file: str, input_file: str | None) -> None:
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="Also draw the plan to a PNG file.")
 def show_cmd(plan_file: str, png: str | None) -> None:
-    """Print a plan as readable tables; --png draws it."""
+    """Print a plan as readable tables; --png draws it. A plan that fails check shows only its header
+    and violations (exit code 1): its tables would describe figures that do not hold."""
     try:
         plan = api.load_plan(plan_file)
         problem = api.plan_problem(plan)
         model = registry.model(plan.kind)
         tables = [plan_header(plan)]
+        violations = api.check(None, plan)
+        if violations:
+            print_tables(tables)
+            click.echo(f"{plan_file}: {len(violations)} violation(s); only the header is shown")
+            for v in violations:
+                click.echo(f"  {v}")
+            sys.exit(EXIT_VIOLATIONS)
         if plan.ok and model.describe is not None:
             tables += model.describe(problem, plan)
         print_tables(tables)

@@ -34,7 +34,7 @@ NASTY: list[Any] = [float("inf"), float("-inf"), float("nan"), 1e308, -1e308, -1
 
 pytestmark = pytest.mark.slow
 FUZZ = settings(max_examples=int(os.environ.get("GPUPLAN_FUZZ_EXAMPLES", "30")), deadline=None,
-                derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                derandomize=not os.environ.get("GPUPLAN_FUZZ_RANDOM"), suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                                          HealthCheck.data_too_large])
 
 
