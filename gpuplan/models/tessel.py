@@ -238,7 +238,10 @@ class Repetend(Schema):
     """The repeated pattern: period (s), per-block start within the period (s) and micro-batch lag.
 
     Instance (b, i) of the steady state starts at offset_s[b] + (i + lag[b]) * period_s (before the
-    final left-shift); `window_s` is where one full copy of the pattern runs in the schedule.
+    final left-shift); `window_s` is where one full copy of the pattern runs in the schedule. A pattern
+    of `group` > 1 micro-batches (such as interleaved 1F1B's groups of p) keys its blocks "b@j"
+    (j < group): instance (b, u * group + j) starts at offset_s["b@j"] + (u + lag["b@j"]) * group *
+    period_s, so period_s stays the time per micro-batch (1 / throughput) for every group size.
     """
 
     period_s: float
@@ -246,6 +249,7 @@ class Repetend(Schema):
     lag: dict[str, int] = Field(default_factory=dict)
     window_s: tuple[float, float] | None = None
     copies: int = 0
+    group: int = Field(default=1, ge=1, description="micro-batches per repeated unit")
 
 
 class TesselPlan(Plan):

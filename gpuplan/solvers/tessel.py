@@ -614,14 +614,12 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
                 stats["schedule_from"] = base_plan.schedule_name
     stats["search_s"] = time.perf_counter() - started
     window = _window(problem, schedule, pat.period * t.tick_s) if stats["schedule_from"] == "repetend" else None
-    rep = Repetend(period_s=pat.period * t.tick_s, offset_s={n: v * t.tick_s for n, v in pat.start.items()},
-                   lag=dict(pat.lag), window_s=window, copies=max(0, problem.microbatches - width + 1))
+    rep = Repetend(period_s=pat.period * t.tick_s / pat.group, offset_s={n: v * t.tick_s for n, v in pat.start.items()},
+                   lag=dict(pat.lag), window_s=window, copies=max(0, (problem.microbatches - width) // pat.group + 1),
+                   group=pat.group)
     at_bound = makespan_s(schedule) <= bound * (1 + 1e-9)  # then proven optimal
     plan = make_plan(problem, schedule, "tessel", Status.OPTIMAL if at_bound else Status.FEASIBLE, rep)
     plan.predicted["search_s"] = stats["search_s"]
-    if pat.group > 1:  # the period holds `group` micro-batches
-        plan.predicted["microbatches_per_period"] = pat.group
-        plan.predicted["stream_throughput_mb_per_s"] = pat.group / rep.period_s
     plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period, "group": pat.group,
                                                    "microbatches_in_flight": width})
     progress(1.0, "done")
