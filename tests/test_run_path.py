@@ -87,7 +87,7 @@ def test_profile_options_describe_one_model(tmp_path) -> None:
     problem.write_text(yaml.safe_dump(two_types(TINY).document()))
     target = layer_target(None, str(problem), None, None)
     assert target.config is not None and target.config.hidden == 64 and target.seq_lens == (16,)
-    assert target.micro_batches == (1, 2, 4, 8)
+    assert target.micro_batches == (1, 2, 4, 8) and target.devices_per_node == 2
     assert layer_target(None, None, None, None).catalog == "llama3-8b"
     with pytest.raises(InputError, match="--seq-len"):
         layer_target("llama2-7b", None, 64, None)
@@ -285,3 +285,13 @@ def test_tessel_run_reports_the_plans_makespan() -> None:
     assert out["plan_makespan_s"] == plan.makespan_s == out["predicted_step_s"]
     assert out["error"] == pytest.approx((plan.makespan_s - out["measured_step_s"]) / out["measured_step_s"])
     assert out["retimed_step_s"] > 0 and "contended" in out and "load_before" in out
+
+
+def test_profile_cli_refuses_bad_options_before_measuring(tmp_path) -> None:
+    from gpuplan.cli import main
+
+    out = tmp_path / "p.json"
+    bad = CliRunner().invoke(main, ["profile", "--quick", "--emulate", "cpu-slow2x=cpu", "-o", str(out)])
+    assert bad.exit_code == 2 and "NAME=BASE*FACTOR" in bad.output and not out.exists()
+    bad = CliRunner().invoke(main, ["profile", "--quick", "--model", "{hidden: 3", "-o", str(out)])
+    assert bad.exit_code == 2 and "--model" in bad.output and not out.exists()

@@ -48,13 +48,14 @@ def _under_torchrun() -> bool:
                    "cpu-slow2x=cpu*2); solves keep NAME and runs emulate it (repeatable).")
 @click.option("--validate", is_flag=True,
               help="Also predict stacks of 2, 4 and 8 layers from the layer table and measure them.")
-@click.option("--cpu-ranks", type=click.IntRange(1, 64), default=2, show_default=True,
-              help="Without a GPU: how many devices (gloo processes) the CPU counts as.")
+@click.option("--cpu-ranks", type=click.IntRange(1, 64), default=None,
+              help="Without a GPU: how many devices (gloo processes) the CPU counts as (default 2, or the most "
+                   "devices a node of the --for problem holds).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @click.pass_context
 def profile(ctx: click.Context, output: str, device: str, quick: bool, model: str | None, for_problem: str | None,
             seq_len: int | None, micro_batches: str | None, emulate: tuple[str, ...], validate: bool,
-            cpu_ranks: int, quiet: bool) -> None:
+            cpu_ranks: int | None, quiet: bool) -> None:
     """Measure devices, collectives and transformer layers with torch; write a profile every solver
     reads with --profile (or `cluster: {profile: FILE}`). Under torchrun, profiles every node."""
     if ctx.invoked_subcommand is not None:
@@ -68,6 +69,7 @@ def profile(ctx: click.Context, output: str, device: str, quick: bool, model: st
     except GpuplanError as exc:
         _fail(str(exc))
     model = target.catalog or DEFAULT_MODEL
+    cpu_ranks = cpu_ranks or target.devices_per_node or 2
     if _under_torchrun():
         if target.config is not None or emulated:
             _fail("under torchrun, profile a catalog --model without --emulate (exact shapes: profile one node)")
@@ -102,6 +104,7 @@ class LayerTarget:
     config: TransformerConfig | None = None
     seq_lens: tuple[int, ...] = ()
     micro_batches: tuple[int, ...] = ()
+    devices_per_node: int | None = None
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
@@ -129,8 +132,9 @@ def layer_target(model: str | None, for_problem: str | None, seq_len: int | None
         from gpuplan.api import load_problem
 
         problem = load_problem(for_problem, "poseidon")
+        most = max(sum(n.gpus.values()) for n in problem.cluster.nodes)  # type: ignore[attr-defined]
         return LayerTarget(None, problem.model, (seq_len or problem.seq_len,),  # type: ignore[attr-defined]
-                           mbs or tuple(micro_batch_sizes(problem.global_batch)))  # type: ignore[attr-defined]
+                           mbs or tuple(micro_batch_sizes(problem.global_batch)), most)  # type: ignore[attr-defined]
     text = (model or "").strip()
     if text.startswith("{"):
         try:
