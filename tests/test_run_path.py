@@ -295,3 +295,25 @@ def test_profile_cli_refuses_bad_options_before_measuring(tmp_path) -> None:
     assert bad.exit_code == 2 and "NAME=BASE*FACTOR" in bad.output and not out.exists()
     bad = CliRunner().invoke(main, ["profile", "--quick", "--model", "{hidden: 3", "-o", str(out)])
     assert bad.exit_code == 2 and "--model" in bad.output and not out.exists()
+
+
+def test_a_one_node_gpu_profile_serves_a_declared_multi_node_cluster() -> None:
+    from gpuplan.models.profile import ProfileLink
+
+    cfg = TransformerConfig(name="g", num_layers=8, hidden=512, heads=8, ffn_hidden=2048, vocab=4096)
+    costs = [LayerCost(device_type="A100-80GB", part=part, micro_batch=1, seq_len=256, forward_s=f, backward_s=2 * f,
+                       activation_bytes=1e6) for part, f in (("layer", 1e-3), ("embedding", 1e-5), ("head", 5e-4))]
+    prof = Profile(device_types=[MeasuredDeviceType(name="A100-80GB", catalog_name="A100-80GB", count=8,
+                                                    memory_bytes=80 * 2**30, matmul_tflops={"bf16": 250.0})],
+                   nodes=[ProfileNode(name="gpu-host", devices={"A100-80GB": 8})],
+                   links=[ProfileLink(a="gpu-host", b="gpu-host", bandwidth_GBps=150.0, latency_s=5e-6)],
+                   layers=[LayerTable(model="g", config=cfg.model_dump(mode="json"), costs=costs, dtype="bf16")])
+    doc = {"kind": "poseidon", "cluster": {"gpus": {"A100-80GB": 16}, "gpus_per_node": 8,
+                                           "inter_node": {"bandwidth_GBps": 25, "latency_s": 1e-5}},
+           "model": cfg.model_dump(), "global_batch": 16, "seq_len": 256}
+    prob = P.with_profile(P.PoseidonProblem.model_validate(doc), prof)
+    assert [n.name for n in prob.cluster.nodes] == ["A100-80GB-0", "A100-80GB-1"]
+    assert prob.cluster.capacity() == {"A100-80GB": 16}
+    assert prob.cluster.intra_link("A100-80GB-1").bandwidth_GBps == 150.0  # the profiled node's link
+    assert prob.cluster.inter_node.bandwidth_GBps == 25  # as declared: the profile measured no inter-node link
+    assert prob.cluster.type_of("A100-80GB").peak("bf16") == 250.0 and prob.layer_costs.slowdowns == {"A100-80GB": 1.0}
