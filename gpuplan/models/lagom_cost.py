@@ -356,13 +356,19 @@ def pipeline_steps(collective: str, algo: str, link: Link) -> float:
 def comm_bw_GBps(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts,
                  channels: Any, threads: Any) -> Any:
     """Return the bus bandwidth (GB/s) the op reaches with explicit channels and threads per CTA: NCCL's
-    bus bandwidth of the busy channels, each scaled by its thread saturation, capped by the link's
-    measured cap (then NCCL's protocol caps)."""
+    bus bandwidth of the busy channels (no more than the searched graph has: more CTAs share the same
+    links), each scaled by its thread saturation, capped by the link's measured cap (then NCCL's
+    protocol caps)."""
     nc = busy_channels(collective, size_bytes, algo, link, channels)
+    g = link_graphs(link)
     if algo in ("nvls", "nvlstree"):
         nc = np.maximum(nc, 2)
+    if link.topo is not None:
+        # channels beyond the searched graph's duplicate it over the same links: no more bandwidth
+        graph = g.nvls if algo in ("nvls", "nvlstree") else None
+        nc = np.minimum(nc, graph.channels if graph is not None else link.channels)
     thr = np.minimum(1.0, threads / c.thread_sat(proto))
-    return nt.bus_bandwidth(link_topology(link), link_graphs(link), _tuned(collective), algo, proto,
+    return nt.bus_bandwidth(link_topology(link), g, _tuned(collective), algo, proto,
                             link_caps(link, c, cap=True), _graph_nc(link, algo, nc), thr)
 
 
