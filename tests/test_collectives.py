@@ -162,3 +162,13 @@ def test_per_architecture_constants_differ() -> None:
     caps = {cc: float(nt.bus_bandwidth(nt.Topology(8, 1, 8, cc=cc, nvlinks=12, nvswitch=True, pcie_GBps=24.0), g,
                                        "all_reduce", "ring", "LL")) for cc in (70, 80, 90)}
     assert caps == {70: 39.0, 80: 87.7, 90: 141.0}
+
+
+def test_a_slow_pair_link_between_the_groups_nodes_bounds_the_nics() -> None:
+    doc = {"nodes": [{"name": f"n{i}", "gpus": {"A100-80GB": 8}} for i in range(3)],
+           "inter_node": {"bandwidth_GBps": "200 Gbps", "nics_per_node": 8}}
+    fast = Cluster.model_validate(doc)
+    slow = Cluster.model_validate({**doc, "links": [{"a": "n0", "b": "n1", "bandwidth_GBps": "10 Gbps"}]})
+    assert group_shape(slow, range(16)).topology.nic_GBps == pytest.approx(1.25)
+    assert group_shape(slow, range(8, 24)).topology.nic_GBps == pytest.approx(25.0)   # n1-n2: the network
+    assert bus_bandwidth_GBps(slow, "all_reduce", GiB, range(16)) < bus_bandwidth_GBps(fast, "all_reduce", GiB, range(16)) / 5

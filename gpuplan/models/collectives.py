@@ -96,15 +96,16 @@ def group_shape(cluster: Any, device_ids: Iterable[int]) -> Shape:
 
     Raises ValueError naming the id when a device id is not in the cluster or repeats.
     """
-    ids = tuple(sorted(int(i) for i in device_ids))
-    key = (id(cluster), ids)
-    hit = _shapes.get(key)
+    given = device_ids if isinstance(device_ids, tuple) else tuple(device_ids)
+    hit = _shapes.get((id(cluster), given))
     if hit is not None and hit[0] is cluster:
         return hit[1]
-    shape = _build_shape(cluster, ids)
+    ids = tuple(sorted(int(i) for i in given))
+    hit = _shapes.get((id(cluster), ids))
+    shape = hit[1] if hit is not None and hit[0] is cluster else _build_shape(cluster, ids)
     if len(_shapes) >= _CACHE_LIMIT:
         _shapes.clear()
-    _shapes[key] = (cluster, shape)
+    _shapes[(id(cluster), ids)] = _shapes[(id(cluster), given)] = (cluster, shape)
     return shape
 
 
@@ -126,8 +127,7 @@ def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
     names = sorted(per_node)
     # the slowest link the group crosses (the fallback's ring, and the NIC bandwidth across nodes)
     if N > 1:
-        pairs = [(a, b) for ai, a in enumerate(names) for b in names[ai + 1:]]
-        slow = min((cluster.link(a, b) for a, b in pairs), key=lambda l: l.bandwidth_GBps)
+        slow = _slowest_between(cluster, names)
     else:
         slow = cluster.intra_link(names[0]) if names else None
     if n <= 1 or slow is None:
@@ -149,13 +149,26 @@ def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
         # a node that declares its own intra link is taken as NCCL's PCIe class unless NVLink-fast
         pcie = min(_pcie_GBps(dt) for dt in dts)
         nics = min(_usable_nics(cluster, x, per_node[x]) for x in names) if N > 1 else 1
-        nic_GBps = (cluster.inter_node.bandwidth_GBps if N > 1 else 12.5)
-        if N > 1:
-            nic_GBps = min(cluster.link(a, b).bandwidth_GBps for ai, a in enumerate(names) for b in names[ai + 1:])
+        nic_GBps = _slowest_between(cluster, names).bandwidth_GBps if N > 1 else 12.5
         topo = nt.Topology(ranks=n, nodes=N, ppn_min=min(per_node.values()), cc=min(ccs), cc_max=max(ccs),
                            nvlinks=nvlinks, nvswitch=_nvswitch(nvlinks), pcie_GBps=pcie, nics=nics,
                            nic_GBps=float(nic_GBps))
     return Shape(n, N, topo, float(slow.bandwidth_GBps), float(slow.latency_s), arch)
+
+
+def _slowest_between(cluster: Any, names: list[str]) -> Any:
+    """Return the slowest link between two of the nodes `names` (the inter-node network when no pair
+    has a link of its own: no quadratic scan on large clusters)."""
+    explicit = getattr(cluster, "links", None) or []
+    inside = set(names)
+    pairs = [l for l in explicit if l.a in inside and l.b in inside and l.a != l.b]
+    if not pairs:
+        return cluster.inter_node
+    links = [cluster.link(l.a, l.b) for l in pairs]
+    covered = len({frozenset((l.a, l.b)) for l in pairs})
+    if covered < len(names) * (len(names) - 1) // 2:
+        links.append(cluster.inter_node)
+    return min(links, key=lambda l: l.bandwidth_GBps)
 
 
 def _pcie_GBps(dt: Any) -> float:
