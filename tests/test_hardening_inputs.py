@@ -129,14 +129,17 @@ def test_many_jobs_parse_with_the_c_loader() -> None:
 
 @pytest.mark.slow
 def test_100k_job_oef_input_parses_in_seconds(tmp_path: Path) -> None:
-    jobs = [{"name": f"j{i}", "type": "resnet50", "gpus": 1 + i % 4} for i in range(100_000)]
-    doc = four()
-    doc["tenants"] = [{"name": f"t{t}", "jobs": jobs[t * 1000:(t + 1) * 1000]} for t in range(100)]
-    src = write(tmp_path, doc)
-    started = time.perf_counter()
+    head = FOUR.read_text().split("tenants:")[0]
+    tenants = "".join(f"  - name: t{t}\n    jobs:\n" + "".join(
+        f"      - {{name: j{i}, type: resnet50, gpus: {1 + i % 4}}}\n" for i in range(t * 1000, (t + 1) * 1000))
+        for t in range(100))
+    src = tmp_path / "many.yaml"
+    src.write_text(head + "tenants:\n" + tenants)
+    assert src.stat().st_size > 2 * 10**6
+    started = time.process_time()  # CPU time: the shared CI machine's load does not count
     data = gio.read_document(src)
     assert sum(len(t["jobs"]) for t in data["tenants"]) == 100_000
-    assert time.perf_counter() - started < 30  # 36 s with the pure-Python loader on a 2 MB file
+    assert time.process_time() - started < 20  # 36 s with the pure-Python loader on a 2 MB file
 
 
 # ---------------------------------------------------------------- numbers
