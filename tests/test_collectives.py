@@ -172,3 +172,21 @@ def test_a_slow_pair_link_between_the_groups_nodes_bounds_the_nics() -> None:
     assert group_shape(slow, range(16)).topology.nic_GBps == pytest.approx(1.25)
     assert group_shape(slow, range(8, 24)).topology.nic_GBps == pytest.approx(25.0)   # n1-n2: the network
     assert bus_bandwidth_GBps(slow, "all_reduce", GiB, range(16)) < bus_bandwidth_GBps(fast, "all_reduce", GiB, range(16)) / 5
+
+
+def test_calibration_from_a_profiles_fitted_collectives() -> None:
+    from gpuplan.models.collectives import calibration_from_profile
+    from gpuplan.models.profile import AlphaBeta, CollectiveProfile
+
+    fitted = CollectiveProfile(op="all_reduce", backend="nccl", group_size=8, scope="intra_node", points=[],
+                               fit=AlphaBeta(alpha_s=2e-5, bandwidth_GBps=100.0, max_rel_error=0.1,
+                                             mean_rel_error=0.05))
+    unfitted = CollectiveProfile(op="all_gather", backend="nccl", group_size=8, points=[])
+
+    class P:
+        collectives = [fitted, unfitted]
+
+    cal = calibration_from_profile(P())
+    assert set(cal) == {("all_reduce", 8, "intra_node")}
+    t = collective_time_s(_cluster(), "all_reduce", 1e8, range(8), calibration=cal)
+    assert t == pytest.approx(2e-5 + 1e8 / 100e9)
