@@ -133,7 +133,11 @@ def _min_slope(cm: CostModel, sh: StageShape, first: bool, last: bool, S: int, a
     (tail(n) - tail(0)) / n, so n a + tail(0) <= tail(n) at every block count (collective times are
     piecewise in the message size: NCCL switches protocol), which keeps the bounds valid."""
     L = cm.p.model.num_layers
-    return min((cm.tail_s(sh, n, first, last, S) - a0) / n for n in range(1, L + 1))
+    cache = cm.__dict__.setdefault("_min_slope", {})  # tail_s reads S only as S == 1 (stage_params)
+    key = (sh, first, last, S == 1)
+    if key not in cache:
+        cache[key] = min((cm.tail_s(sh, n, first, last, S) - a0) / n for n in range(1, L + 1))
+    return cache[key]
 
 
 def _p2p(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> float:
