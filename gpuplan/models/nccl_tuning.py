@@ -23,7 +23,6 @@ Nothing here is fitted: every constant is NCCL's, cited by file.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
