@@ -197,6 +197,12 @@ class StageShape:
     gpu_ids: tuple[int, ...]
     nodes: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.device_type, self.tp, self.dp, self.gpu_ids, self.nodes)))
+
+    def __hash__(self) -> int:  # computed once: shapes key the search's caches millions of times
+        return self._hash  # type: ignore[attr-defined, no-any-return]
+
 
 def recompute_mode(value: Any) -> str:
     """Return the recomputation mode ("none", "selective", "full") a plan or config value names; a
