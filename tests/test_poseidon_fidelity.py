@@ -214,3 +214,19 @@ def test_cli_evaluates_a_fixed_configuration(tmp_path) -> None:
     bad = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-a100x4", "gpt3-1.3b", "--batch", "32",
                                     "--config", "tp=3"])
     assert bad.exit_code == 2 and "error" in bad.output
+
+
+def test_config_file_and_measured_sweep(tmp_path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("config: {tp: 2, pp: 2, dp: 2, mb: 2, recompute: full, interleave: 2}\n")
+    prob = problem()
+    a = gpuplan.evaluate_config(prob, path)
+    b = gpuplan.evaluate_config(prob, "tp=2,pp=2,dp=2,mb=2,recompute=full,interleave=2")
+    assert a.iteration_time_s == b.iteration_time_s and a.interleave == 2
+    # a measured sweep well below the catalog ceiling slows every GEMM down
+    slow = problem(matmul_sweep={"A100-80GB": [[512, 0.2], [8192, 0.4]]})
+    c = gpuplan.evaluate_config(slow, "tp=2,pp=2,dp=2,mb=2,recompute=full,interleave=2")
+    assert c.iteration_time_s > 1.5 * b.iteration_time_s
+    flat = problem(efficiency=0.4)
+    d = gpuplan.evaluate_config(flat, "tp=2,pp=2,dp=2,mb=2,recompute=full,interleave=2")
+    assert d.iteration_time_s > b.iteration_time_s

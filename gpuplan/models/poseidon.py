@@ -236,6 +236,7 @@ class CostModel:
         self._dp_link: dict[StageShape, tuple[float, float]] = {}
         self._table: dict[tuple[str, str], list[LayerCost]] = {}
         self._coll = _collectives()
+        self._tp_coll: dict[tuple[str, int, str, float], float] = {}
         self._scale = {"layer": 1.0, "embedding": 1.0, "head": 1.0}
         if problem.layer_costs is not None:
             for c in problem.layer_costs.costs:
@@ -273,12 +274,17 @@ class CostModel:
         one node (models.collectives when present, else a ring at the intra-node link rate)."""
         if tp <= 1:
             return 0.0
-        if self._coll is not None:
-            node = next(n for n in self.p.cluster.nodes
-                        if sum(c for t, c in n.gpus.items() if self.p.cluster.type_key(t) == dtype) >= tp)
-            ids = [d.id for d in self.p.cluster.devices if d.node == node.name and d.type == dtype][:tp]
-            return float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, ids, self.wbytes))
-        return ring_s(op, size_bytes, tp, *self.intra(dtype))
+        key = (dtype, tp, op, size_bytes)
+        if key not in self._tp_coll:
+            node = next((n for n in self.p.cluster.nodes
+                         if sum(c for t, c in n.gpus.items() if self.p.cluster.type_key(t) == dtype) >= tp), None)
+            if self._coll is not None and node is not None:
+                ids = [d.id for d in self.p.cluster.devices if d.node == node.name and d.type == dtype][:tp]
+                t = float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, ids, self.wbytes))
+            else:
+                t = ring_s(op, size_bytes, tp, *self.intra(dtype))
+            self._tp_coll[key] = t
+        return self._tp_coll[key]
 
     def layer_times(self, dtype: str, tp: int, b: int) -> LayerTimes:
         """Return the LayerTimes (compute, TP collectives, attention core) of one block, cached; from the

@@ -73,7 +73,10 @@ def gemm_ceiling(dev: DeviceType) -> float:
 
 def wave_efficiency(dev: DeviceType, M: int, N: int, batch: int = 1) -> float:
     """Return the tile-and-wave quantisation factor in (0, 1] of an M x N output (times `batch`):
-    useful work over the work of the whole waves of padded tiles, best of `TILES`."""
+    useful work over the work of the whole waves of padded tiles, best of `TILES`; 1.0 for measured
+    or unknown-architecture types (CPUs, declared devices: no tile model applies)."""
+    if dev.measured or dev.arch == "unknown":
+        return 1.0
     sms = SM_COUNT.get(dev.name, DEFAULT_SMS)
     best = 0.0
     for tm, tn in TILES:
