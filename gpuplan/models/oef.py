@@ -89,11 +89,21 @@ class OefProblem(Problem):
     rounds: int = Field(default=20, ge=0, le=1000)
     round_s: float = Field(default=360.0, gt=0)
     round_tolerance: float = Field(default=0.1, gt=0, le=1)
+    # what a job's normalised throughput (and so efficiency) is measured against; see normaliser()
+    normalisation: Literal["slowest", "best", "reference"] = "slowest"
+    reference_type: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "OefProblem":
         cap = self.cluster.capacity()
         check_speed_table(self.cluster, self.job_types, "job_types")
+        if self.normalisation == "reference":
+            if self.reference_type is None:
+                raise ValueError("at reference_type: a GPU type of the cluster when normalisation is "
+                                 "'reference', not missing")
+            if self.cluster.type_key(self.reference_type) not in cap:
+                raise ValueError(f"at reference_type: a GPU type of the cluster ({', '.join(cap)}), "
+                                 f"not {self.reference_type!r}")
         seen: set[str] = set()
         for a, tenant in enumerate(self.tenants):
             if tenant.name in seen:
@@ -170,6 +180,26 @@ class Arrays:
         return (self.T > 0) & (self.gpus[:, None] <= self.capacity[None, :])
 
 
+def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float) -> float:
+    """Return the steps/s a job's throughput is divided by (its speedup vector's unit).
+
+    'slowest' (the paper's speedup vector, default): the job's slowest type of the cluster;
+    'best': its fastest type (normalised throughput = fraction of its best speed, useful work in
+    best-GPU-equivalents); 'reference': its speed on `reference_type` (e.g. V100-equivalents, the
+    unit Gavel's traces measure job lengths in), the fastest type where it cannot use that one.
+    Only the efficiency objective depends on it: SI, EF and max-min are unchanged by scaling a row.
+    """
+    speeds = {problem.cluster.type_key(t): float(x) for t, x in tput.items() if x > 0}
+    speeds = {t: x for t, x in speeds.items() if t in problem.cluster.capacity()}
+    if problem.normalisation == "slowest" or not speeds:
+        return slowest
+    if problem.normalisation == "reference" and problem.reference_type is not None:
+        ref = speeds.get(problem.cluster.type_key(problem.reference_type), 0.0)
+        if ref > 0:
+            return ref
+    return max(speeds.values())
+
+
 def arrays(problem: OefProblem) -> Arrays:
     """Return the problem as arrays (see Arrays)."""
     cap = problem.cluster.capacity()
@@ -188,7 +218,7 @@ def arrays(problem: OefProblem) -> Arrays:
                     if cap[key] >= job.gpus:
                         row[index[key]] = float(x)
             rows.append(row)
-            refs.append(slowest)
+            refs.append(normaliser(problem, tput, slowest))
             names.append(f"{tenant.name}/{job.name}")
             tenants.append(tenant.name)
             gpus.append(job.gpus)
