@@ -38,8 +38,8 @@ def field_path(loc: tuple[Any, ...]) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif str(part).startswith("function-") or part in ("tagged-union",):
-            continue
+        elif str(part).startswith("function-") or part in ("tagged-union",) or "[" in str(part):
+            continue  # pydantic's validator and union-branch labels ('list[...]'): not fields
         else:
             out += ("." if out else "") + str(part)
     return out or "(top level)"
@@ -47,10 +47,14 @@ def field_path(loc: tuple[Any, ...]) -> str:
 
 def input_error_from(exc: ValidationError, file: str | None) -> InputError:
     """Turn a pydantic ValidationError into one InputError listing each bad field plainly."""
-    lines = []
+    lines: list[str] = []
+    seen: set[str] = set()
     first: dict[str, Any] | None = None
     for err in exc.errors(include_url=False):
         path = field_path(tuple(err.get("loc", ())))
+        if path in seen:  # one message per field (a union reports each branch)
+            continue
+        seen.add(path)
         expected = err.get("msg", "a valid value")
         expected = expected.removeprefix("Value error, ").removeprefix("Assertion failed, ")
         at = re.match(r"^at ([^:]+): (.*)$", expected, re.S)
@@ -67,7 +71,7 @@ def input_error_from(exc: ValidationError, file: str | None) -> InputError:
             lines.append(f"field '{path}': got {shown}; expected {expected}")
         first = first or {"field": path, "value": err.get("input"), "expected": expected}
     where = f"{file}: " if file else ""
-    message = where + ("; ".join(lines) if len(lines) == 1 else "\n  " + "\n  ".join(lines))
+    message = where + "; ".join(lines)  # one line, however many fields are bad
     return InputError(message, file=file, **(first or {}))
 
 
