@@ -103,7 +103,8 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
     except GpuplanError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    print_tables([Table("poseidon: fixed configuration", ["figure", "value"], rows)] + describe(fixed, plan))  # type: ignore[arg-type]
+    table = Table("poseidon: fixed configuration", ["figure", "value"], rows)
+    print_tables([table] + describe(fixed, plan))  # type: ignore[arg-type]
     if output:
         click.echo(f"plan written to {output}")
 

@@ -29,7 +29,8 @@ _ALIASES = {"mb": "micro_batch", "mbs": "micro_batch", "micro_batch_size": "micr
 class ParallelConfig(Schema):
     """tp x pp x dp devices of `device_type` (default: the cluster's first type), `micro_batch`
     sequences per micro-batch, recomputation mode (one for every stage, or one per stage),
-    `interleave` chunks per stage; `layers` per stage (default equal); `sequence_parallel` / `flash_attention` override the problem's assumptions."""
+    `interleave` chunks per stage; `layers` per stage (default equal); `sequence_parallel` /
+    `flash_attention` override the problem's assumptions."""
 
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
