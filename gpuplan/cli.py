@@ -65,18 +65,16 @@ def _fail(exc: Exception, code: int = EXIT_INPUT) -> None:
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    import yaml
+    """Return the --option KEY=VALUE pairs as a mapping, each VALUE read as YAML with the limits of
+    input documents (finite numbers, bounded size); raise BadParameter or InputError otherwise."""
+    from gpuplan.io import parse_document
 
     out: dict[str, Any] = {}
     for p in pairs:
         if "=" not in p or not p.split("=", 1)[0]:
             raise click.BadParameter(f"expected KEY=VALUE, got {p!r}", param_hint="--option")
         k, v = p.split("=", 1)
-        try:
-            out[k] = yaml.safe_load(v)
-        except yaml.YAMLError:
-            raise click.BadParameter(f"{k}: {v!r} is not a value (a number, true/false or a word)",
-                                     param_hint="--option") from None
+        out[k] = parse_document(v, f"--option {k}")
     return out
 
 
@@ -112,7 +110,8 @@ def _build_problem(spec: ProblemInputs, values: dict[str, Any], profile: str | N
 _COMMON_SOLVE = [
     click.Option(["--time-limit", "time_limit"], type=_Seconds(), default=None,
                  help="Solver time limit (seconds, positive)."),
-    click.Option(["--seed"], type=int, default=0, show_default=True, help="Seed for every random choice."),
+    click.Option(["--seed"], type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
+                 help="Seed for every random choice (0 to 2^31-1: CP-SAT's range)."),
     click.Option(["--profile"], type=click.Path(dir_okay=False), default=None,
                  help="Use measured figures from a `gpuplan profile` file in place of the catalog."),
     click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),

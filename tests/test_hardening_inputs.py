@@ -345,3 +345,15 @@ def test_every_error_is_one_line(tmp_path: Path) -> None:
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "p.yaml" in lines[0] and "round_s" in lines[0] and "nan" in lines[0] and "expected" in lines[0]
+
+
+@pytest.mark.parametrize("value,needle", [("method=.nan", "finite"), ("method=[", "not valid YAML"),
+                                          ("=1", "KEY=VALUE"), ("method=[1, 2]", "expected a str")])
+def test_option_values_are_read_with_document_limits(tmp_path: Path, value: str, needle: str) -> None:
+    refused(solve_oef(FOUR, tmp_path / "plan.json", "--option", value), needle)
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**70)])
+def test_seeds_outside_the_solvers_range_are_refused(tmp_path: Path, seed: str) -> None:
+    refused(["solve", "tessel", str(ROOT / "examples/tessel/hand-2.yaml"), "-q", "--seed", seed,
+             "-o", str(tmp_path / "plan.json")], "--seed")
