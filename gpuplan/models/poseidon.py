@@ -758,7 +758,8 @@ def describe(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Table]:
         rows.append([s.index, s.device_type, len(s.gpu_ids), s.tp, s.dp, f"{s.first_layer}-{s.last_layer - 1}",
                      s.micro_batch_size, s.recompute, s.forward_s * 1e3, s.backward_s * 1e3, s.p2p_s * 1e3,
                      s.allreduce_s * 1e3, s.memory_bytes / 2**30, cap / 2**30, ",".join(s.nodes)])
-    return [Table(f"stages ({plan.schedule}, {plan.num_microbatches} micro-batches)",
+    chunks = f", interleave {plan.interleave}" if plan.interleave > 1 else ""
+    return [Table(f"stages ({plan.schedule}{chunks}, {plan.num_microbatches} micro-batches)",
                   ["stage", "type", "gpus", "tp", "dp", "layers", "mb", "recompute", "fwd_ms", "bwd_ms",
                    "p2p_ms", "allreduce_ms", "mem_GiB", "cap_GiB", "nodes"], rows)]
 
