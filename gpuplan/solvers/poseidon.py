@@ -481,10 +481,13 @@ def all_cuts_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
 Combo = tuple[int, tuple[TypeOption, ...]]
 
 
-def combos(problem: PoseidonProblem, num_stages: int | None = None) -> Iterator[Combo]:
+def combos(problem: PoseidonProblem, num_stages: int | None = None,
+           opts: dict[str, list[TypeOption]] | None = None) -> Iterator[Combo]:
     """Yield every (m, options of the types used) of the space, before the types are ordered
-    (only those with exactly `num_stages` stages when given)."""
-    opts = type_options(problem)
+    (only those with exactly `num_stages` stages when given), from `opts` (type_options) when given.
+
+    One solve passes the same `opts` everywhere: cost caches key options by id()."""
+    opts = type_options(problem) if opts is None else opts
     limit = min(problem.max_stages, problem.model.num_layers)
     for m in microbatch_counts(problem):
         for combo in itertools.product(*[[None] + o for o in opts.values()]):
@@ -660,12 +663,13 @@ def best_classic(cm: CostModel, configs: list[Classic],
 
 
 def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int | None,
-          metis_budget_s: float | None) -> tuple[float, Structure | None, list[int]]:
+          metis_budget_s: float | None, opts: dict[str, list[TypeOption]]
+          ) -> tuple[float, Structure | None, list[int]]:
     """Return the best of the baselines (seconds, structure, layers) in the space (with exactly
     `num_stages` stages when given): the classic 3D grids and Megatron-style mixes always to the end
     (a few hundred configs, most skipped by bound), then the Metis-style search for at most
-    `metis_budget_s` seconds (None: to the end). Records the count and the winner in `stats`."""
-    opts = type_options(problem)
+    `metis_budget_s` seconds (None: to the end), all from `opts` (type_options). Records the count
+    and the winner in `stats`."""
     configs = grid_configs(problem, opts) + (megatron_configs(problem, opts) if len(opts) > 1 else [])
     configs = [c for c in configs if num_stages is None or c.stages == num_stages]
     best, label, walks = best_classic(cm, configs)
@@ -673,7 +677,7 @@ def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int
     stats.best_from = label or stats.best_from
     deadline = INF if metis_budget_s is None else min(stats.deadline, time.perf_counter() + metis_budget_s)
     metis_stats = Stats()
-    found, _ = _metis_search(problem, cm, metis_stats, deadline, num_stages)
+    found, _ = _metis_search(problem, cm, metis_stats, deadline, num_stages, opts)
     stats.seeds += metis_stats.evaluated
     if found is not None and found[0] < best[0]:
         best, stats.best_from = found, "metis"
@@ -707,13 +711,15 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     started = time.perf_counter()
     stats = Stats(deadline=INF if time_limit_s is None else started + time_limit_s)
     cm = CostModel(problem)
-    best = _seed(problem, cm, stats, num_stages, None if time_limit_s is None else SEED_SHARE * time_limit_s)
+    opts = type_options(problem)  # one set of options for the whole solve (caches key them by id)
+    best = _seed(problem, cm, stats, num_stages, None if time_limit_s is None else SEED_SHARE * time_limit_s,
+                 opts)
     progress(0.0, f"seeded with {stats.best_from}: {best[0]:.4g} s")
     mapper = ridge_map if cuts == "ridge" else all_cuts_map
     status = Status.OPTIMAL
     all_combos: list[Combo] = []
     ranked: list[tuple[float, int]] = []
-    for i, c in enumerate(combos(problem, num_stages)):
+    for i, c in enumerate(combos(problem, num_stages, opts)):
         if i % 64 == 0 and stats.out_of_time():
             status = Status.TIME_LIMIT  # the space is not even listed: the seed stands
             break
@@ -859,12 +865,13 @@ def metis_partition(st: Structure) -> list[int]:
 
 
 def _metis_search(problem: PoseidonProblem, cm: CostModel, stats: Stats, deadline: float,
-                  num_stages: int | None = None) -> tuple[tuple[float, Structure, list[int]] | None, bool]:
+                  num_stages: int | None = None, opts: dict[str, list[TypeOption]] | None = None
+                  ) -> tuple[tuple[float, Structure, list[int]] | None, bool]:
     """Return ((DAG seconds, structure, layers) of Metis' pick, None when nothing fits; True when the
     `perf_counter` deadline cut the enumeration short). See `solve_metis`."""
     best_cost, best = INF, None
     seen: set[tuple[int, tuple[tuple[str, int], ...]]] = set()
-    for combo in combos(problem, num_stages):
+    for combo in combos(problem, num_stages, opts):
         for st in structures(problem, cm, combo):
             if time.perf_counter() > deadline:
                 return (None if best is None else (best[0].time(best[1]), *best)), True
