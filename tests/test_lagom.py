@@ -457,3 +457,22 @@ def test_tree_correction_changes_the_estimate() -> None:
     lat = cost.nccl_latency_us("all_reduce", "tree", "Simple", link, C)
     t = cost.nccl_time_us("all_reduce", 2**20, "tree", "Simple", link, C)
     assert t == pytest.approx(lat + 2**20 / (1000 * bus * 0.5 * 0.5))
+
+
+def test_from_poseidon_groups_use_the_clusters_nics() -> None:
+    """A data-parallel group with 2 GPUs on each of 2 DGX A100 nodes (8 NICs for 8 GPUs) drives 2 rails;
+    a pipeline pair (one GPU a side) drives 1; a one-NIC cluster gives 1 to both."""
+    from gpuplan.models.lagom_poseidon import workload_from_poseidon
+
+    doc = _poseidon_plan_doc()
+    doc["stages"][1].update(nodes=["dgx1", "dgx2"], dp=4)
+    fields = workload_from_poseidon(doc, stage=1)
+    assert fields["groups"]["dp"]["nodes"] == 2 and fields["groups"]["dp"]["nics"] == 2
+    assert fields["groups"]["pp-prev"]["nics"] == 1
+    one_nic = {"nodes": [{"name": f"dgx{i}", "gpus": {"A100-80GB": 8}} for i in range(4)],
+               "inter_node": {"bandwidth_GBps": "200 Gbps", "nics_per_node": 1}}
+    doc["problem"]["cluster"] = one_nic
+    assert workload_from_poseidon(doc, stage=1)["groups"]["dp"]["nics"] == 1
+    p = validate(LagomProblem, {"kind": "lagom", **workload_from_poseidon(_poseidon_plan_doc() | {
+        "stages": doc["stages"], "problem": _poseidon_plan_doc()["problem"]}, stage=1)})
+    assert p.groups["dp"].nics == 2

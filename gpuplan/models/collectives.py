@@ -148,7 +148,7 @@ def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
         nvlinks = min(int(getattr(dt, "nvlinks", 0)) for dt in dts)
         # a node that declares its own intra link is taken as NCCL's PCIe class unless NVLink-fast
         pcie = min(_pcie_GBps(dt) for dt in dts)
-        nics = min(_usable_nics(cluster, x, per_node[x]) for x in names) if N > 1 else 1
+        nics = min(usable_nics(cluster, x, per_node[x]) for x in names) if N > 1 else 1
         nic_GBps = _slowest_between(cluster, names).bandwidth_GBps if N > 1 else 12.5
         topo = nt.Topology(ranks=n, nodes=N, ppn_min=min(per_node.values()), cc=min(ccs), cc_max=max(ccs),
                            nvlinks=nvlinks, nvswitch=_nvswitch(nvlinks), pcie_GBps=pcie, nics=nics,
@@ -179,9 +179,9 @@ def _pcie_GBps(dt: Any) -> float:
     return nt.PCIE_NCCL_PER_LINE * float(dt.intra_node_GBps)
 
 
-def _usable_nics(cluster: Any, node: str, ranks_here: int) -> int:
-    """NICs of `node` a group with `ranks_here` GPUs there can drive: each GPU reaches the NICs on its
-    own PCIe switch (node NICs / node GPUs of them, at least one), as NCCL's search prefers."""
+def usable_nics(cluster: Any, node: str, ranks_here: int) -> int:
+    """Return the NICs of `node` a group with `ranks_here` GPUs there can drive: each GPU reaches the
+    NICs on its own PCIe switch (node NICs / node GPUs of them, at least one), as NCCL's search prefers."""
     fn = getattr(cluster, "nics", None)
     nics = int(fn(node)) if fn else 1
     gpus = max(1, sum(cluster.node(node).gpus.values()))

@@ -13,6 +13,10 @@ per iteration, the pipeline's bottleneck) it builds:
 - pipeline sends (send_recv of b*s*h activations) to the next stage under the next micro-batch's
   forward, and of gradients to the previous stage under the next backward,
 - the data-parallel gradient reduction (dp > 1): one bucket per layer under the last backward.
+
+Groups that cross nodes get the cluster's NICs per node (`Cluster.nics`), as many of them as the
+group's GPUs on a node can drive (collectives.usable_nics: a GPU reaches the NICs of its own PCIe
+switch): a pipeline send pair drives one rail, a data-parallel group with k GPUs per node k rails.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuplan.models.cluster import Cluster
+from gpuplan.models.collectives import usable_nics
 from gpuplan.models.workload import DTYPE_BYTES, model_config
 
 
@@ -29,6 +34,17 @@ def _stage_index(stages: list[dict[str, Any]], m: int, stage: int | None) -> int
             raise ValueError(f"at from_poseidon.stage: a stage index in 0..{len(stages) - 1}, not {stage}")
         return stage
     return max(range(len(stages)), key=lambda i: m * (stages[i].get("forward_s", 0) + stages[i].get("backward_s", 0)))
+
+
+def group_nics(cluster: Cluster | None, nodes: list[str], ranks_per_node: int) -> int:
+    """Return the NICs per node a group with `ranks_per_node` GPUs on each of `nodes` can drive: the
+    fewest over those nodes (all the cluster's nodes when none of `nodes` is one of them); 1 without a
+    cluster."""
+    if cluster is None:
+        return 1
+    known = {n.name for n in cluster.nodes}
+    names = [x for x in nodes if x in known] or sorted(known)
+    return min(usable_nics(cluster, x, max(1, ranks_per_node)) for x in names)
 
 
 def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> dict[str, Any]:
@@ -69,7 +85,9 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
             continue
         cross = set(st.get("nodes", [])) != set(stages[other].get("nodes", [])) or len(st.get("nodes", [])) > 1
         group = f"pp-{side}"
-        groups[group] = {"ranks": 2, "nodes": 2 if cross else 1, **({"inter_GBps": inter} if cross else {})}
+        pair_nodes = list(st.get("nodes", [])) + list(stages[other].get("nodes", []))
+        net = {"inter_GBps": inter, "nics": group_nics(cluster, pair_nodes, 1)} if cross else {}
+        groups[group] = {"ranks": 2, "nodes": 2 if cross else 1, **net}
         kind = "fwd" if side == "next" else "bwd"
         for j in range(m):
             ops.append({"name": f"send-{side}-mb{j}", "collective": "send_recv", "size_bytes": act, "group": group,
@@ -77,7 +95,8 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
     if dp > 1 and layers:
         nodes = len(set(st.get("nodes", []))) or 1
         dp_nodes = nodes if dp % nodes == 0 else 1
-        groups["dp"] = {"ranks": dp, "nodes": dp_nodes, **({"inter_GBps": inter} if dp_nodes > 1 else {})}
+        net = {"inter_GBps": inter, "nics": group_nics(cluster, list(st.get("nodes", [])), dp // dp_nodes)}
+        groups["dp"] = {"ranks": dp, "nodes": dp_nodes, **(net if dp_nodes > 1 else {})}
         ops.append({"name": "dp-grads", "collective": "all_reduce", "size_bytes": cfg.layer_params() / tp * width,
                     "group": "dp", "overlaps": f"bwd-mb{m - 1}", "count": layers})
     if not ops:
