@@ -90,7 +90,7 @@ class OefProblem(Problem):
     round_s: float = Field(default=360.0, gt=0)
     round_tolerance: float = Field(default=0.1, gt=0, le=1)
     # what a job's normalised throughput (and so efficiency) is measured against; see normaliser()
-    normalisation: Literal["slowest", "best", "reference"] = "slowest"
+    normalisation: Literal["slowest", "best", "reference", "jobs"] = "slowest"
     reference_type: str | None = None
 
     @model_validator(mode="after")
@@ -180,24 +180,28 @@ class Arrays:
         return (self.T > 0) & (self.gpus[:, None] <= self.capacity[None, :])
 
 
-def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float) -> float:
+def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float, gpus: int = 1) -> float:
     """Return the steps/s a job's throughput is divided by (its speedup vector's unit).
 
     'slowest' (the paper's speedup vector, default): the job's slowest type of the cluster;
     'best': its fastest type (normalised throughput = fraction of its best speed, useful work in
     best-GPU-equivalents); 'reference': its speed on `reference_type` (e.g. V100-equivalents, the
-    unit Gavel's traces measure job lengths in), the fastest type where it cannot use that one.
+    unit Gavel's traces measure job lengths in), the fastest type where it cannot use that one;
+    'jobs': as 'reference' (or 'best' without a reference type) times the job's GPUs, so that
+    efficiency (GPUs x normalised throughput) counts jobs' progress, each job in units of its own
+    reference speed: the sum average JCT responds to, where the others weight a job by its GPUs.
     Only the efficiency objective depends on it: SI, EF and max-min are unchanged by scaling a row.
     """
     speeds = {problem.cluster.type_key(t): float(x) for t, x in tput.items() if x > 0}
     speeds = {t: x for t, x in speeds.items() if t in problem.cluster.capacity()}
     if problem.normalisation == "slowest" or not speeds:
         return slowest
-    if problem.normalisation == "reference" and problem.reference_type is not None:
+    scale = float(gpus) if problem.normalisation == "jobs" else 1.0
+    if problem.normalisation in ("reference", "jobs") and problem.reference_type is not None:
         ref = speeds.get(problem.cluster.type_key(problem.reference_type), 0.0)
         if ref > 0:
-            return ref
-    return max(speeds.values())
+            return ref * scale
+    return max(speeds.values()) * scale
 
 
 def arrays(problem: OefProblem) -> Arrays:
@@ -218,7 +222,7 @@ def arrays(problem: OefProblem) -> Arrays:
                     if cap[key] >= job.gpus:
                         row[index[key]] = float(x)
             rows.append(row)
-            refs.append(normaliser(problem, tput, slowest))
+            refs.append(normaliser(problem, tput, slowest, job.gpus))
             names.append(f"{tenant.name}/{job.name}")
             tenants.append(tenant.name)
             gpus.append(job.gpus)

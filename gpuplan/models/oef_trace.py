@@ -9,13 +9,20 @@
     jobs:
       - {name: j0, type: resnet50, gpus: 2, steps: 40000, arrival_s: 0, tenant: vision}
 
-A job on g GPUs runs at g * speed * scaling_efficiency ** log2(g) steps/s.
+    measured:                        # optional: measured steps/s of the WHOLE job per GPU count
+      resnet18: {2: {V100: 24.0, K80: 6.1}, 4: {V100: 70.0}}
+
+A job on g GPUs runs at its measured throughput for (type, g) when `measured` has an entry for g
+(0 on a GPU type missing there: the job cannot run on it with g GPUs), else at
+g * speed * scaling_efficiency ** log2(g) steps/s. `normalisation` / `reference_type` are passed
+to every allocation (see gpuplan.models.oef.normaliser).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -45,6 +52,9 @@ class Trace(Schema):
     round_s: float = Field(default=360.0, gt=0)
     scaling_efficiency: float = Field(default=0.9, gt=0, le=1)
     job_types: dict[str, dict[str, float]] = Field(min_length=1)
+    measured: dict[str, dict[int, dict[str, float]]] = Field(default_factory=dict)
+    normalisation: Literal["slowest", "best", "reference", "jobs"] = "slowest"
+    reference_type: str | None = None
     tenants: dict[str, float] = Field(default_factory=dict)
     jobs: list[TraceJob] = Field(min_length=1)
 
@@ -52,6 +62,14 @@ class Trace(Schema):
     def _consistent(self) -> "Trace":
         cap = self.cluster.capacity()
         check_speed_table(self.cluster, self.job_types, "job_types")
+        for name, per_count in self.measured.items():
+            if name not in self.job_types:
+                raise ValueError(f"at measured.{name}: a key of job_types ({', '.join(self.job_types)}), "
+                                 f"not {name!r}")
+            for g, speeds in per_count.items():
+                if g < 1:
+                    raise ValueError(f"at measured.{name}: GPU counts >= 1, not {g}")
+                check_speed_table(self.cluster, {f"{name}.{g}": speeds}, "measured")
         for t, w in self.tenants.items():
             if w <= 0:
                 raise ValueError(f"at tenants.{t}: a positive weight, not {w}")
@@ -63,10 +81,11 @@ class Trace(Schema):
             if job.type not in self.job_types:
                 raise ValueError(f"at jobs[{i}].type: a key of job_types ({', '.join(self.job_types)}), "
                                  f"not {job.type!r}")
-            speeds = {self.cluster.type_key(t): x for t, x in self.job_types[job.type].items()}
-            if not any(x > 0 and cap.get(t, 0) >= job.gpus for t, x in speeds.items()):
+            speeds = self.throughput(job)
+            if not any(x > 0 for x in speeds.values()):
                 raise ValueError(f"at jobs[{i}]: a job that fits on some GPU type it can use "
-                                 f"({job.gpus} GPUs of {', '.join(t for t, x in speeds.items() if x > 0)}; "
+                                 f"({job.gpus} GPUs of a type with a positive speed in job_types/measured for "
+                                 f"{job.type!r}; "
                                  f"cluster has {cap})")
         return self
 
@@ -75,6 +94,13 @@ class Trace(Schema):
         cap = self.cluster.capacity()
         factor = job.gpus * self.scaling_efficiency ** math.log2(job.gpus)
         out = {t: 0.0 for t in cap}
+        measured = self.measured.get(job.type, {}).get(job.gpus)
+        if measured is not None:
+            for t, x in measured.items():
+                key = self.cluster.type_key(t)
+                if key in cap and cap[key] >= job.gpus:
+                    out[key] = float(x)
+            return out
         for t, x in self.job_types[job.type].items():
             key = self.cluster.type_key(t)
             if key in cap and cap[key] >= job.gpus:

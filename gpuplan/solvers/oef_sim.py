@@ -47,9 +47,23 @@ class SimResult:
                 "ftf_above_1": float((rho > 1 + 1e-9).mean()), "reallocations": float(self.reallocations)}
 
 
-def simulate(trace: Trace, policy: str = "oef", *, max_rounds: int = 100_000,
+MECHANISMS = ("grid", "gavel")
+
+
+def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", resolve_every_s: float = 1920.0,
+             work_conserving: bool = True, max_rounds: int = 100_000,
              progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
-    """Return the SimResult of running `trace` under the registered oef solver `policy`."""
+    """Return the SimResult of running `trace` under the registered oef solver `policy`.
+
+    mechanism 'grid' (default): rounds on a fixed grid of `round_s`, re-allocation at every
+    arrival and finish, only jobs owed rounds run. 'gavel': Gavel's round mechanism (see
+    simulate_gavel_rounds) with `resolve_every_s` (0: every event) and `work_conserving`.
+    """
+    if mechanism == "gavel":
+        return simulate_gavel_rounds(trace, policy, resolve_every_s=resolve_every_s,
+                                     work_conserving=work_conserving, max_rounds=max_rounds, progress=progress)
+    if mechanism != "grid":
+        raise ValueError(f"mechanism: one of {', '.join(MECHANISMS)}, not {mechanism!r}")
     from gpuplan.solvers.oef_rounds import choose
 
     cap = trace.cluster.capacity()
@@ -105,15 +119,137 @@ def simulate(trace: Trace, policy: str = "oef", *, max_rounds: int = 100_000,
             raise RuntimeError(f"{policy}: trace not finished after {max_rounds} rounds")
         if result.rounds % 25 == 0:
             progress(len(result.jct_s) / len(jobs), f"{policy}: {len(result.jct_s)}/{len(jobs)} jobs done")
+    _finish(result, jobs, tput, capacity, population, busy)
+    return result
+
+
+def _finish(result: SimResult, jobs: list[Any], tput: dict[str, np.ndarray], capacity: np.ndarray,
+            population: dict[str, list[int]], busy_gpu_s: float) -> None:
+    """Fill in makespan (s), utilisation and finish-time fairness of a finished simulation."""
     start = jobs[0].arrival_s
     end = max(j.arrival_s + result.jct_s[j.name] for j in jobs)
     result.makespan_s = float(end - start)
-    result.utilisation = float(busy / (capacity.sum() * result.makespan_s))
+    result.utilisation = float(busy_gpu_s / (capacity.sum() * max(result.makespan_s, 1e-9)))
     for j in jobs:
         n = float(np.mean(population[j.name]))
         iso = np.minimum(capacity / (n * j.gpus), 1.0)
         iso = iso / max(iso.sum(), 1.0) * (tput[j.name] > 0)
         result.ftf[j.name] = result.jct_s[j.name] / (j.steps / float(tput[j.name] @ iso))
+
+
+def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s: float = 1920.0,
+                          work_conserving: bool = True, max_rounds: int = 100_000,
+                          progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
+    """Return the SimResult of `trace` under `policy` with Gavel's round mechanism (scheduler.py).
+
+    - A round starts when the previous one ends; jobs that arrived by then join. Each scheduled
+      job runs min(floor(throughput x round_s), steps left) steps, and the round ends when its
+      last job does (so rounds are shorter than `round_s` when every job finishes early).
+    - Accounting since the last reset: every job starts a reset with round_s / 2 s on each type;
+      a job's priority on type j is X[i, j] / (its time on j / all jobs' time on j), 0 where
+      X[i, j] = 0. Per type (in the cluster's order), jobs go by descending (priority, deficit,
+      share); a job runs once per round, on the first type that has room for its GPUs.
+    - work_conserving: jobs with priority 0 (no share on a type, or arrived after the last
+      re-allocation) still fill GPUs left idle, as Gavel does; False leaves those GPUs idle.
+    - Re-allocation (and reset of the accounting, the owed time carried as deficits) when jobs
+      arrived or finished and at least `resolve_every_s` passed since the last one (Gavel: 1,920 s;
+      0: at every event). Finish time of a job = end of its last step; JCT from its arrival.
+    """
+    cap = trace.cluster.capacity()
+    types = list(cap)
+    m = len(types)
+    capacity = np.array([cap[t] for t in types], dtype=float)
+    jobs = sorted(trace.jobs, key=lambda j: (j.arrival_s, j.name))
+    tput = {j.name: np.array([trace.throughput(j)[t] for t in types]) for j in jobs}
+    left = {j.name: float(math.ceil(j.steps)) for j in jobs}
+    half = trace.round_s / 2.0
+    job_time: dict[str, np.ndarray] = {}
+    deficit: dict[str, np.ndarray] = {}
+    worker_time = np.zeros(m)
+    alloc: dict[str, np.ndarray] = {}
+    population: dict[str, list[int]] = {j.name: [] for j in jobs}
+    result = SimResult(policy)
+    active: list[Any] = []
+    pending = list(jobs)
+    t = jobs[0].arrival_s
+    last_reset, need_update, busy = 0.0, False, 0.0
+    while pending or active:
+        while pending and pending[0].arrival_s <= t:
+            j = pending.pop(0)
+            active.append(j)
+            job_time[j.name] = np.full(m, half)
+            deficit[j.name] = np.zeros(m)
+            need_update = True
+        if not active:
+            t = pending[0].arrival_s
+            last_reset = 0.0
+            continue
+        if need_update and (last_reset == 0.0 or t - last_reset >= resolve_every_s):
+            elapsed = t - last_reset
+            for j in active:
+                X = alloc.get(j.name, np.zeros(m))
+                deficit[j.name] += X * elapsed - (job_time[j.name] - half)
+                job_time[j.name] = np.full(m, half)
+            worker_time = np.full(m, half * len(active))
+            last_reset = t
+            alloc = _allocate(trace, active, policy)
+            result.reallocations += 1
+            need_update = False
+        queue = []
+        for k in range(m):
+            entries = []
+            for order, j in enumerate(active):
+                X = float(alloc.get(j.name, np.zeros(m))[k])
+                if X <= 0 or tput[j.name][k] <= 0:
+                    prio = 0.0
+                elif worker_time[k] <= 0:
+                    prio = X * 1e9
+                else:
+                    prio = X / (job_time[j.name][k] / worker_time[k])
+                entries.append((-prio, -float(deficit[j.name][k]), -X, order, j, k))
+            queue += sorted(entries, key=lambda e: e[:4])
+        free = capacity.copy()
+        running: dict[str, int] = {}
+        for neg_prio, _, _, _, j, k in queue:
+            if free[k] <= 0 or j.name in running or tput[j.name][k] <= 0:
+                continue
+            if neg_prio >= 0 and not work_conserving:
+                continue
+            if j.gpus > free[k]:
+                continue
+            free[k] -= j.gpus
+            running[j.name] = k
+        for j in active:
+            population[j.name].append(len(active))
+        end, done = t, []
+        for j in active:
+            if j.name not in running:
+                continue
+            k = running[j.name]
+            rate = tput[j.name][k]
+            steps = min(max(math.floor(rate * trace.round_s), 1.0), left[j.name])
+            run = steps / rate
+            left[j.name] -= steps
+            job_time[j.name][k] += run
+            worker_time[k] += run
+            busy += run * j.gpus
+            end = max(end, t + run)
+            if left[j.name] <= 0:
+                result.jct_s[j.name] = t + run - j.arrival_s
+                done.append(j)
+        for j in done:
+            active.remove(j)
+            del job_time[j.name], deficit[j.name]
+            need_update = True
+        if not running:                     # nothing fits (cannot happen for valid traces): wait a round
+            end = t + trace.round_s
+        t = end
+        result.rounds += 1
+        if result.rounds >= max_rounds:
+            raise RuntimeError(f"{policy}: trace not finished after {max_rounds} rounds")
+        if result.rounds % 25 == 0:
+            progress(len(result.jct_s) / len(jobs), f"{policy}: {len(result.jct_s)}/{len(jobs)} jobs done")
+    _finish(result, jobs, tput, capacity, population, busy)
     return result
 
 
@@ -128,7 +264,8 @@ def _allocate(trace: Trace, active: list[Any], policy: str) -> dict[str, np.ndar
                 "jobs": [{"name": j.name, "gpus": j.gpus,
                           "throughput": {t: x for t, x in trace.throughput(j).items() if x > 0}} for j in js]}
                for name, js in by_tenant.items()]
-    problem = OefProblem(cluster=trace.cluster, tenants=tenants, rounds=0)
+    problem = OefProblem(cluster=trace.cluster, tenants=tenants, rounds=0, normalisation=trace.normalisation,
+                         reference_type=trace.reference_type)
     plan = api.solve(problem, solver=policy)
     order = [j.name for js in by_tenant.values() for j in js]          # the plan's job order
     return dict(zip(order, plan.matrix()))
