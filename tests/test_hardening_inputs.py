@@ -119,7 +119,14 @@ def test_aurora_worker_count_1e7_is_refused(tmp_path: Path) -> None:
     doc = yaml.safe_load((ROOT / "examples/aurora/small-2regions.yaml").read_text())
     doc["workers"][0]["count"] = 1e7
     refused(["solve", "aurora", str(write(tmp_path, doc)), "-q", "-o", str(tmp_path / "plan.json")],
-            "field 'workers[0].count'", "10000000.0", "at most 65,536")
+            "field 'workers'", "10,000,004 in all", "at most 4,096")
+
+
+def test_aurora_workers_are_limited_in_all(tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "examples/aurora/small-2regions.yaml").read_text())
+    doc["workers"][0]["count"] = doc["workers"][1]["count"] = 3000  # each within the limit, not together
+    refused(["solve", "aurora", str(write(tmp_path, doc)), "-q", "-o", str(tmp_path / "plan.json")],
+            "field 'workers'", "6,003 in all", "workers.count")
 
 
 def test_many_jobs_parse_with_the_c_loader() -> None:

@@ -96,11 +96,14 @@ COUNT_LIMITS: dict[str, int] = {
     "micro_batch": 1 << 24,
     "seq_len": 1 << 24,
     "batch_samples": 1 << 30,
+    "workers.count": 4_096,     # aurora workers after count expansion, each entry and in all
 }
 """Documented upper limits of the count fields that size allocations (field name -> most allowed).
 
 A count over its limit would make a solver or the cluster expansion allocate without bound, so
-it is refused with the field's path before validation."""
+it is refused with the field's path before validation. A key 'LIST.FIELD' applies to FIELD in the
+items of the list named LIST, to each and to their sum (the AuroraRL solver takes ~13 s for 4,096
+workers and minutes for 65,536)."""
 
 
 def _quantity_unit(key: str) -> str | None:
@@ -125,6 +128,21 @@ def _refuse_type_aliases(mapping: dict[Any, Any], path: tuple[Any, ...], file: s
             raise InputError.at(file, field_path(path + (k,)), k, f"one name per GPU type, but {seen[name]!r} "
                                 f"and {k!r} both name {name}")
         seen[name] = k
+
+
+def _check_list_totals(items: list[Any], path: tuple[Any, ...], file: str | None) -> None:
+    """Refuse a list whose items' FIELD values sum past COUNT_LIMITS['LIST.FIELD']."""
+    if not path or not isinstance(path[-1], str):
+        return
+    for key, limit in COUNT_LIMITS.items():
+        listname, _, fieldname = key.partition(".")
+        if listname != path[-1] or not fieldname:
+            continue
+        total = sum(v for v in (i.get(fieldname, 1) if isinstance(i, dict) else 0 for i in items)
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+        if total > limit:
+            raise InputError.at(file, field_path(path), f"{total:,.0f} in all", f"at most {limit:,} {fieldname} in all "
+                                f"(the documented limit of '{key}')")
 
 
 def check_input_numbers(data: Any, file: str | None = None) -> None:
@@ -158,6 +176,7 @@ def check_input_numbers(data: Any, file: str | None = None) -> None:
             continue
         if isinstance(obj, list):
             stack.extend((v, path + (i,), unit_key) for i, v in enumerate(obj))
+            _check_list_totals(obj, path, file)
             continue
         if isinstance(obj, bool) or not isinstance(obj, (int, float)):
             continue
@@ -165,7 +184,9 @@ def check_input_numbers(data: Any, file: str | None = None) -> None:
         if not math.isfinite(obj) or abs(obj) > MAX_NUMBER:
             raise InputError.at(file, where, obj, f"a finite number of at most {MAX_NUMBER:g} in magnitude")
         names = [str(p) for p in path if not isinstance(p, int)]
-        limit = COUNT_LIMITS.get(names[-1]) if names else None
+        limit = COUNT_LIMITS.get(".".join(names[-2:])) if len(names) >= 2 else None
+        if limit is None and names:
+            limit = COUNT_LIMITS.get(names[-1])
         if limit is None and len(names) >= 2 and names[-2] == "gpus" and isinstance(path[-1], str):
             limit = COUNT_LIMITS["gpus"]  # {gpus: {V100: n}}
         if limit is not None and abs(obj) > limit:
