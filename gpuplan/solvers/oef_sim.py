@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpuplan.models.oef import OefProblem
+from gpuplan.models.oef import OefProblem, arrays, envy_pairs, equal_share, utilities
 from gpuplan.models.oef_trace import Trace
 from gpuplan.registry import no_progress
 
@@ -36,15 +36,25 @@ class SimResult:
     utilisation: float = 0.0
     reallocations: int = 0
     rounds: int = 0
+    useful_gpu_s: float = 0.0           # work done, in GPU-seconds of each job's reference type
+    min_si_ratio: float = math.inf      # worst sharing-incentive ratio over every allocation
+    envy_allocations: int = 0           # allocations with at least one envy pair
+    max_envy: float = 0.0               # largest relative envy over every allocation
 
     def figures(self) -> dict[str, float]:
-        """Return the summary: avg and p95 JCT (h), makespan (h), utilisation, FTF mean/max."""
+        """Return the summary: avg and p95 JCT (h), makespan (h), utilisation, FTF mean/max,
+        useful throughput (reference-GPU equivalents: work in GPU-seconds of each job's reference
+        type over the makespan), and the fairness of every allocation made (worst SI ratio,
+        allocations with envy, largest relative envy)."""
         jct = np.array(list(self.jct_s.values()))
         rho = np.array(list(self.ftf.values()))
         return {"avg_jct_h": float(jct.mean() / 3600), "p95_jct_h": float(np.percentile(jct, 95) / 3600),
                 "makespan_h": self.makespan_s / 3600, "utilisation": self.utilisation,
                 "ftf_mean": float(rho.mean()), "ftf_max": float(rho.max()),
-                "ftf_above_1": float((rho > 1 + 1e-9).mean()), "reallocations": float(self.reallocations)}
+                "ftf_above_1": float((rho > 1 + 1e-9).mean()), "reallocations": float(self.reallocations),
+                "useful_gpus": self.useful_gpu_s / max(self.makespan_s, 1e-9),
+                "min_si_ratio": self.min_si_ratio, "envy_allocations": float(self.envy_allocations),
+                "max_envy": self.max_envy}
 
 
 MECHANISMS = ("grid", "gavel")
@@ -88,7 +98,7 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
             t = math.ceil(pending[0].arrival_s / trace.round_s) * trace.round_s
             continue
         if changed:
-            share = _allocate(trace, active, policy)
+            share = _allocate(trace, active, policy, result)
             result.reallocations += 1
             changed = False
         for j in active:
@@ -104,6 +114,7 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
             need = left[j.name] / rate
             run = min(need, trace.round_s)
             busy += run * j.gpus
+            result.useful_gpu_s += run * j.gpus * rate / reference_speed(trace, j, tput[j.name], types)
             left[j.name] -= rate * run
             if need <= trace.round_s:
                 result.jct_s[j.name] = t + need - j.arrival_s
@@ -137,6 +148,16 @@ def _finish(result: SimResult, jobs: list[Any], tput: dict[str, np.ndarray], cap
         result.ftf[j.name] = result.jct_s[j.name] / (j.steps / float(tput[j.name] @ iso))
 
 
+def reference_speed(trace: Trace, job: Any, tput: np.ndarray, types: list[str]) -> float:
+    """Return the job's steps/s on the trace's reference type (its fastest type without one, or
+    where it cannot use the reference type): the unit of useful work."""
+    if trace.reference_type is not None:
+        key = trace.cluster.type_key(trace.reference_type)
+        if key in types and tput[types.index(key)] > 0:
+            return float(tput[types.index(key)])
+    return float(tput.max())
+
+
 def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s: float = 1920.0,
                           work_conserving: bool = True, max_rounds: int = 100_000,
                           progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
@@ -162,6 +183,7 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
     jobs = sorted(trace.jobs, key=lambda j: (j.arrival_s, j.name))
     tput = {j.name: np.array([trace.throughput(j)[t] for t in types]) for j in jobs}
     left = {j.name: float(math.ceil(j.steps)) for j in jobs}
+    ref = {j.name: reference_speed(trace, j, tput[j.name], types) for j in jobs}
     half = trace.round_s / 2.0
     job_time: dict[str, np.ndarray] = {}
     deficit: dict[str, np.ndarray] = {}
@@ -192,7 +214,7 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
                 job_time[j.name] = np.full(m, half)
             worker_time = np.full(m, half * len(active))
             last_reset = t
-            alloc = _allocate(trace, active, policy)
+            alloc = _allocate(trace, active, policy, result)
             result.reallocations += 1
             need_update = False
         queue = []
@@ -233,6 +255,7 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
             job_time[j.name][k] += run
             worker_time[k] += run
             busy += run * j.gpus
+            result.useful_gpu_s += run * j.gpus * rate / ref[j.name]
             end = max(end, t + run)
             if left[j.name] <= 0:
                 result.jct_s[j.name] = t + run - j.arrival_s
@@ -253,8 +276,10 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
     return result
 
 
-def _allocate(trace: Trace, active: list[Any], policy: str) -> dict[str, np.ndarray]:
-    """Return each active job's time fractions per type under `policy` (a registered oef solver)."""
+def _allocate(trace: Trace, active: list[Any], policy: str, result: SimResult | None = None
+              ) -> dict[str, np.ndarray]:
+    """Return each active job's time fractions per type under `policy` (a registered oef solver);
+    with `result`, fold the allocation's SI ratios and envy into it."""
     from gpuplan import api
 
     by_tenant: dict[str, list[Any]] = {}
@@ -268,4 +293,12 @@ def _allocate(trace: Trace, active: list[Any], policy: str) -> dict[str, np.ndar
                          reference_type=trace.reference_type)
     plan = api.solve(problem, solver=policy)
     order = [j.name for js in by_tenant.values() for j in js]          # the plan's job order
+    if result is not None:
+        a = arrays(problem)
+        X = plan.matrix()
+        si = utilities(a, X) / np.maximum(utilities(a, equal_share(a)), 1e-12)
+        pairs, worst, _ = envy_pairs(a, X)
+        result.min_si_ratio = min(result.min_si_ratio, float(si.min()))
+        result.envy_allocations += int(pairs > 0)
+        result.max_envy = max(result.max_envy, worst)
     return dict(zip(order, plan.matrix()))
