@@ -54,3 +54,56 @@ def test_bad_trace_names_field(tmp_path) -> None:
     with pytest.raises(InputError) as info:
         load_trace(bad)
     assert str(bad) in str(info.value) and "jobs[0].type" in str(info.value)
+
+
+def three_jobs(work_conserving: bool) -> dict[str, float]:
+    """Hand-computed schedule (Gavel's rounds, equal-share policy, 3 V100s, rounds of 100 s, 1 step/s):
+    A (300 steps) and B (500) arrive at t = 10 and hold one V100 each (equal share: a whole GPU each);
+    the re-allocation at t = 10 is the last before t = 1010 (resolve_every_s = 1000). C (200 steps)
+    arrives at 150, joins at the round boundary 210 without a share. Work-conserving: C fills the
+    idle third V100 in rounds 210-310 and 310-410 (JCT 260). Not work-conserving: C waits, A ends at
+    310, B at 510, empty rounds to 1010, the re-allocation gives C the cluster: 1010-1210 (JCT 1060)."""
+    doc = {"cluster": {"gpus": {"V100": 3}, "gpus_per_node": 1}, "round_s": 100,
+           "job_types": {"x": {"V100": 1.0}},
+           "jobs": [{"name": "A", "type": "x", "steps": 300, "arrival_s": 10},
+                    {"name": "B", "type": "x", "steps": 500, "arrival_s": 10},
+                    {"name": "C", "type": "x", "steps": 200, "arrival_s": 150}]}
+    res = simulate(validate(Trace, doc), "equal-share", mechanism="gavel", resolve_every_s=1000,
+                   work_conserving=work_conserving)
+    return res.jct_s
+
+
+def test_work_conserving_schedule_by_hand() -> None:
+    assert three_jobs(True) == pytest.approx({"A": 300.0, "B": 500.0, "C": 260.0})
+    assert three_jobs(False) == pytest.approx({"A": 300.0, "B": 500.0, "C": 1060.0})
+
+
+def test_gavel_round_ends_when_its_last_job_does() -> None:
+    doc = {"cluster": {"gpus": {"V100": 1}, "gpus_per_node": 1}, "round_s": 100,
+           "job_types": {"x": {"V100": 2.0}}, "jobs": [{"name": "A", "type": "x", "steps": 300}]}
+    res = simulate(validate(Trace, doc), "oef", mechanism="gavel")
+    assert res.jct_s == {"A": pytest.approx(150.0)} and res.rounds == 2        # 0-100, 100-150
+    assert res.utilisation == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("normalisation", ["slowest", "best", "reference", "jobs"])
+def test_si_and_ef_hold_in_every_allocation(normalisation: str) -> None:
+    from gpuplan.models.gavel_trace import load_gavel
+
+    gavel = Path(__file__).resolve().parents[1] / "examples" / "oef" / "gavel"
+    trace = load_gavel(gavel / "physical_max_min_fairness.trace", gavel / "simulation_throughputs_isolated.json",
+                       {"v100": 8, "p100": 16, "k80": 24}, normalisation=normalisation, reference_type="V100")
+    trace = trace.model_copy(update={"jobs": trace.jobs[:30]})
+    for policy, envy_free in (("oef", True), ("oef-si", False)):
+        res = simulate(trace, policy, mechanism="gavel", resolve_every_s=0)
+        assert res.reallocations >= 20                      # arrivals and finishes batched per round
+        assert res.min_si_ratio >= 1 - 1e-6
+        if envy_free:
+            assert res.envy_allocations == 0 and res.max_envy == 0.0
+    maxmin = simulate(trace, "gavel-maxmin", mechanism="gavel", resolve_every_s=0)
+    assert maxmin.envy_allocations > 0                       # the check can fail: Gavel's max-min envies
+
+
+def test_mechanism_is_checked() -> None:
+    with pytest.raises(ValueError, match="mechanism"):
+        simulate(small_trace(3), "oef", mechanism="nope")
