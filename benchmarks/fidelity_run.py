@@ -94,14 +94,21 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
                          f"{out['predicted_cpu_iteration_s']:.4f} s ({_pct(out['predicted_cpu_iteration_s'] / meas - 1)}); "
                          f"measured median {meas:.4f} s, fastest {out['measured_fastest_iteration_s']:.4f} s, "
                          f"steps {[round(x, 4) for x in out['measured_step_s']]}")
+            compute_err = 0.0
             for k, st in enumerate(plan.stages):
                 fm, bm = out[f"stage{k}_forward_measured_s"], out[f"stage{k}_backward_measured_s"]
+                factor = out[f"stage{k}_slowdown"]
+                fc, bc = out[f"stage{k}_forward_cpu_measured_s"], out[f"stage{k}_backward_cpu_measured_s"]
+                fe, be = st.forward_s / factor / fc - 1, st.backward_s / factor / bc - 1
+                compute_err = max(compute_err, abs(fe), abs(be), key=abs)
                 lines.append(f"  stage {k} {st.device_type} (x{out[f'stage{k}_slowdown']:g}, {st.num_layers} layers, "
                              f"micro-batch {st.micro_batch_size}): forward plan {st.forward_s * 1e3:.2f} ms / shared "
                              f"{out[f'stage{k}_forward_predicted_cpu_s'] * 1e3:.2f} / measured {fm * 1e3:.2f} "
                              f"({_pct(st.forward_s / fm - 1)}); backward plan {st.backward_s * 1e3:.2f} ms / shared "
                              f"{out[f'stage{k}_backward_predicted_cpu_s'] * 1e3:.2f} / measured {bm * 1e3:.2f} "
-                             f"({_pct(st.backward_s / bm - 1)})")
+                             f"({_pct(st.backward_s / bm - 1)}); compute (process CPU time, no slowdown): forward "
+                             f"{st.forward_s / factor * 1e3:.2f} / {fc * 1e3:.2f} ({_pct(fe)}), backward "
+                             f"{st.backward_s / factor * 1e3:.2f} / {bc * 1e3:.2f} ({_pct(be)})")
             lines.append(f"  machine: {out['verdict']}")
             err = out["predicted_cpu_iteration_s"] / meas - 1
             rows.append([s, shape, plan.num_microbatches, plan.iteration_time_s, out["predicted_idle_cpu_iteration_s"],
@@ -112,7 +119,7 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
                          f"{out['load_before']:.2f}" if out["load_before"] is not None else "?",
                          f"{out['load_during_max']:.2f}" if out["load_during_max"] is not None else "?",
                          _share(out["others_cpu_share_before"]), _share(out["others_cpu_share_during"]),
-                         f"{out['step_spread']:.0%}", "YES" if out["contended"] else "no"])
+                         f"{out['step_spread']:.0%}", "YES" if out["contended"] else "no", f"{compute_err:.1%}"])
     lines.append(table_text(Table(
         "profile-solve-run, predicted vs measured iteration (s, median step); plan: the plan's own DAG time; "
         "idle cores: the plan with its workers sharing this machine's idle cores; shared = the prediction for this "
@@ -120,9 +127,11 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
         "target within 15 %",
         ["stages", "plan", "m", "plan_s", "idle-cores_s", "shared_s", "measured_s", "fastest_s", "error (plan)",
          "error (idle cores)", "error (shared)", "within 15%", "load before", "load during (max)", "others CPU before",
-         "others CPU during", "step spread", "contended"], rows)))
+         "others CPU during", "step spread", "contended", "worst stage compute error (CPU time)"], rows)))
     lines.append("load: 1-minute load average (during: includes this run's workers); others CPU: the share of "
-                 "all cores used by processes other than this run; contended: others used 10 % or more")
+                 "all cores used by processes other than this run; contended: others used 10 % or more; stage "
+                 "compute error: the plan's per-op time without the emulated slowdown vs the op's process CPU time "
+                 "in the run (waiting for a core does not count), the worst |error| over stages, forward and backward")
     return lines
 
 

@@ -185,7 +185,8 @@ def test_other_processes_cpu_share_sees_a_busy_child_as_ours_and_others_as_other
     assert contention.cpu_times() is None or 1 in contention.cpu_times() or len(contention.cpu_times()) > 0
 
 
-def _fake_run(prob: P.PoseidonProblem, plan: P.PoseidonPlan, measured_scale: float) -> dict:
+def _fake_run(prob: P.PoseidonProblem, plan: P.PoseidonPlan, measured_scale: float, *, cpu_scale: float = 1.0,
+              others: float = 0.0) -> dict:
     out = {"world_size": len(plan.stages), "cores": 2, "steps": 3, "scaling": "none",
            "measured_iteration_s": plan.iteration_time_s * measured_scale,
            "measured_fastest_iteration_s": plan.iteration_time_s * measured_scale * 0.95,
@@ -194,9 +195,11 @@ def _fake_run(prob: P.PoseidonProblem, plan: P.PoseidonPlan, measured_scale: flo
     for k, s in enumerate(plan.stages):
         out |= {f"stage{k}_slowdown": 1.0, f"stage{k}_forward_measured_s": s.forward_s * measured_scale,
                 f"stage{k}_backward_measured_s": s.backward_s * measured_scale,
-                f"stage{k}_forward_predicted_cpu_s": s.forward_s, f"stage{k}_backward_predicted_cpu_s": s.backward_s}
-    quiet = contention.Window(0.5, 0.0, [], [0.2])
-    return out | contention.report(quiet, quiet, [1.0, 1.0, 1.0])
+                f"stage{k}_forward_predicted_cpu_s": s.forward_s, f"stage{k}_backward_predicted_cpu_s": s.backward_s,
+                f"stage{k}_forward_cpu_measured_s": s.forward_s * cpu_scale,
+                f"stage{k}_backward_cpu_measured_s": s.backward_s * cpu_scale}
+    window = contention.Window(0.5, others, [], [0.2])
+    return out | contention.report(window, window, [1.0, 1.0, 1.0])
 
 
 def test_run_report_puts_predicted_next_to_measured_and_warns_past_15_percent() -> None:
@@ -213,6 +216,12 @@ def test_run_report_puts_predicted_next_to_measured_and_warns_past_15_percent() 
     assert f"{plan.iteration_time_s:.4g}" in text
     tables, warnings = _report(prob, plan, _fake_run(prob, plan, 1.3))
     assert len(warnings) == 2 and "more than 15% off" in warnings[0] and "per-stage" in warnings[1]
+    # contended: the ops' own CPU time tells the machine's share from the model's
+    _, warnings = _report(prob, plan, _fake_run(prob, plan, 2.0, cpu_scale=1.05, others=0.5))
+    assert "CONTENDED" in warnings[-1] and "the difference is the machine's" in warnings[-1]
+    _, warnings = _report(prob, plan, _fake_run(prob, plan, 2.0, cpu_scale=1.5, others=0.5))
+    assert any("the cost model, not only the machine, is off" in w for w in warnings)
+    assert "the difference is the machine's" not in warnings[-1]
     # a plan whose costs are declared peaks, not measured, says so
     unmeasured = two_types(TINY)
     plan2 = api.solve(unmeasured, num_stages=2)

@@ -143,6 +143,22 @@ def _slow_down(stage: Any, factor: float) -> None:
         setattr(stage, name, slowed)
 
 
+def _cpu_time_calls(stage: Any, sink: list[tuple[str, float]]) -> None:
+    """Wrap a PipelineStage's compute calls so each appends ("F"|"B", process CPU seconds) to `sink`:
+    the work of the call without the time spent waiting for a core (or sleeping for an emulated
+    slowdown), so a contended machine does not inflate it. Meaningful with one torch thread."""
+    for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
+        call = getattr(stage, name)
+
+        def timed(*args: Any, _call: Any = call, _kind: str = kind, **kwargs: Any) -> Any:
+            t0 = time.process_time()
+            out = _call(*args, **kwargs)
+            sink.append((_kind, time.process_time() - t0))
+            return out
+
+        setattr(stage, name, timed)
+
+
 def _global_name(local: str, first: int, last: int, has_embedding: bool, num_layers: int) -> str:
     """Map a stage module's parameter name to the whole model's (gpt.model) name."""
     idx, rest = local.split(".", 1)
@@ -173,6 +189,8 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     module = gpt.stage(cfg, first, last, spec["seed"])
     stage = PipelineStage(module, s, S, torch.device("cpu"), group=pp_groups[replica])
     _slow_down(stage, spec["factors"][s])
+    cpu_sink: list[tuple[str, float]] = []
+    _cpu_time_calls(stage, cpu_sink)
     sink: list[tuple[int, str, float]] = []
     time_stage_calls(stage, sink)
     schedule_cls = ScheduleGPipe if spec["schedule"] == "gpipe" else Schedule1F1B
@@ -185,6 +203,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         part = slice(replica * m * mb, (replica + 1) * m * mb)
         opt.zero_grad()
         sink.clear()
+        cpu_sink.clear()
         dist.barrier()
         t0 = time.perf_counter()
         losses: list[Any] = []
@@ -205,7 +224,10 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             fw = [d for k, kind, d in sink if kind == "F"]
             bw = [d for k, kind, d in sink if kind == "B"]
             losses_out.append(float(sum(float(x.detach()) for x in losses) / len(losses)) if losses else None)
-            iters.append((wall, statistics.median(fw) if fw else 0.0, statistics.median(bw) if bw else 0.0))
+            fc = [d for kind, d in cpu_sink if kind == "F"]
+            bc = [d for kind, d in cpu_sink if kind == "B"]
+            iters.append((wall, statistics.median(fw) if fw else 0.0, statistics.median(bw) if bw else 0.0,
+                          statistics.median(fc) if fc else 0.0, statistics.median(bc) if bc else 0.0))
     return {"rank": rank, "stage": s, "replica": replica, "iters": iters, "losses": losses_out, "grads": grads,
             "calibrated": calibrated}
 
@@ -334,6 +356,9 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
         out[f"stage{k}_backward_predicted_s"] = st.backward_s
         out[f"stage{k}_backward_predicted_cpu_s"] = statistics.median(
             b - a for s, kind, a, b in replay if s == k and kind == "B")
+        # CPU time of each op (no waiting, no emulated sleep) against the plan's compute share
+        out[f"stage{k}_forward_cpu_measured_s"] = statistics.median(x[3] for r in mine for x in r["iters"])
+        out[f"stage{k}_backward_cpu_measured_s"] = statistics.median(x[4] for r in mine for x in r["iters"])
     out["replayed_iteration_s"] = iteration_time_fast(
         [out[f"stage{k}_forward_measured_s"] for k in range(S)], [out[f"stage{k}_backward_measured_s"] for k in range(S)],
         p2p, tails, plan.num_microbatches, plan.schedule)
@@ -364,20 +389,28 @@ def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -
              pct(rel_error(plan.iteration_time_s, out["measured_fastest_iteration_s"]))]]
     tables = [Table(f"iteration: predicted vs measured (median of {steps} steps; error = (predicted - measured) / "
                     f"measured)", ["prediction", "predicted_s", "measured_s", "error"], rows)]
-    srows, off_stages = [], []
+    srows, off_stages, compute_errors = [], [], []
     for k, st in enumerate(stages):
         f_m, b_m = out[f"stage{k}_forward_measured_s"], out[f"stage{k}_backward_measured_s"]
         f_c, b_c = out[f"stage{k}_forward_predicted_cpu_s"], out[f"stage{k}_backward_predicted_cpu_s"]
-        srows.append([k, st.device_type, out[f"stage{k}_slowdown"], st.num_layers, st.forward_s * 1e3, f_c * 1e3,
+        factor = out[f"stage{k}_slowdown"]
+        f_w, b_w = st.forward_s / factor, st.backward_s / factor  # the compute share of the plan's op times
+        f_cpu, b_cpu = out.get(f"stage{k}_forward_cpu_measured_s", 0.0), out.get(f"stage{k}_backward_cpu_measured_s", 0.0)
+        srows.append([k, st.device_type, factor, st.num_layers, st.forward_s * 1e3, f_c * 1e3,
                       f_m * 1e3, pct(rel_error(st.forward_s, f_m)), st.backward_s * 1e3, b_c * 1e3, b_m * 1e3,
-                      pct(rel_error(st.backward_s, b_m))])
+                      pct(rel_error(st.backward_s, b_m)), f"{f_w * 1e3:.3g} / {f_cpu * 1e3:.3g}",
+                      f"{b_w * 1e3:.3g} / {b_cpu * 1e3:.3g}"])
+        if f_cpu > 0 and b_cpu > 0:
+            compute_errors += [(rel_error(f_w, f_cpu), f"stage {k} forward"), (rel_error(b_w, b_cpu), f"stage {k} backward")]
         if off(st.forward_s, f_m) or off(st.backward_s, b_m):
             off_stages.append(f"stage {k} ({st.device_type}) forward {pct(rel_error(st.forward_s, f_m))}, "
                               f"backward {pct(rel_error(st.backward_s, b_m))}")
     tables.append(Table("stages: one micro-batch, predicted by the plan / with core sharing / measured (ms; the "
-                        "emulated slowdown's sleep included)",
+                        "emulated slowdown's sleep included); compute plan / CPU time: the plan's op time without the "
+                        "slowdown vs the op's process CPU time in the run (not inflated by waiting for a core)",
                         ["stage", "type", "slowdown", "layers", "fwd plan", "fwd shared", "fwd measured", "fwd error",
-                         "bwd plan", "bwd shared", "bwd measured", "bwd error"], srows))
+                         "bwd plan", "bwd shared", "bwd measured", "bwd error", "fwd compute plan / CPU time",
+                         "bwd compute plan / CPU time"], srows))
     tables.append(machine_table(out))
     warnings = []
     why = []
@@ -399,8 +432,15 @@ def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -
     if problem.layer_costs is None:
         warnings.append("the plan's costs come from declared peak TFLOP/s, not measured layers: solve with "
                         "--profile for a prediction of this machine")
-    warnings += contention_warnings(out)
-    return tables, warnings
+    worst = max(compute_errors, key=lambda e: abs(e[0]), default=None)
+    if worst is not None and off(1.0 + worst[0], 1.0):
+        warnings.append(f"the ops' own CPU time differs from the plan's compute by more than {TOLERANCE:.0%} "
+                        f"(worst: {worst[1]} {pct(worst[0])}): the cost model, not only the machine, is off")
+    warned = contention_warnings(out)
+    if warned and out["contended"] and worst is not None and not off(1.0 + worst[0], 1.0):
+        warned[0] += (f"; the ops' own CPU time is within {abs(worst[0]):.0%} of the plan's compute, so the "
+                      f"difference is the machine's")
+    return tables, warnings + warned
 
 
 def _sharing_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,
