@@ -684,7 +684,7 @@ def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int
     return best
 
 
-SEED_SHARE = 0.2  # most of the time limit the Metis seed may take (the classic grid always completes)
+SEED_SHARE = 0.1  # most of the time limit the Metis seed may take (the classic grid always completes)
 
 
 def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
