@@ -41,6 +41,20 @@ DEFAULT_BUFFSIZE = {"Simple": 4 * 2**20, "LL": 512 * 2**10, "LL128": 4_915_200}
 THREAD_THRESHOLD = nt.THREAD_THRESHOLD
 # Payload per wire byte: LL sends 8 B of data per 16 B line, LL128 120 B per 128 B line.
 PAYLOAD = {"LL": 0.5, "LL128": 120 / 128, "Simple": 1.0}
+# Collectives NCCL runs as a ring pattern on the ring algorithm (enqueue.cc calcCollChunking:
+# ncclPatternRing / RingTwice, nchunksPerLoop = nRanks); broadcast and reduce run a pipeline from / to
+# the root (ncclPatternPipelineFrom / To, one chunk per loop).
+RING_PATTERN = ("all_reduce", "all_gather", "reduce_scatter")
+# transport/nvls.cc NCCL_PARAM(NvlsChunkSize, "NVLS_CHUNKSIZE", 128 * 1024).
+NVLS_CHUNK_BYTES = 128 * 1024
+# Measured latency (us) of one NCCL ring step between two GPUs over NVLink, per architecture, where it
+# is above NCCL's hwLat table (0.6 us for LL). Ampere: NVIDIA/nccl-tests issue 123, DGX-A100,
+# NCCL_ALGO=Ring NCCL_MAX_NCHANNELS=1 all_reduce of 8-128 B: 10.0 us on 2 GPUs (2 steps) rising
+# linearly to 33.7 us on 8 GPUs (14 steps), (33.7 - 10.0) / 12 = 1.98 us a step (intercept 6.0 us,
+# NCCL's baseLat 6.6); the same order as the 1.8-2.3 us P2P write latency cuda-samples'
+# p2pBandwidthLatencyTest reports over NVLink (NVIDIA/cuda-samples issue 230). No such measurement
+# was found for other architectures: they keep NCCL's table.
+MEASURED_NVLINK_HOP_US = {"ampere": 1.98}
 
 
 @dataclass(frozen=True)
@@ -100,8 +114,13 @@ class Consts(Schema):
     occ_floor: float = Field(default=0.5, ge=0, le=1)
     l2_penalty: float = Field(default=0.3, ge=0, le=0.9)
     psi: float = Field(default=0.1, ge=0)
+    nvlink_hop_us: float | None = Field(default=None, gt=0)
     beta: float = Field(default=2.0, ge=0)
     fitted_from: str = "notes"
+
+    def hop_us(self, arch: str) -> float | None:
+        """Return the measured NVLink step latency (us) for `arch` (None: NCCL's own table)."""
+        return self.nvlink_hop_us if self.nvlink_hop_us is not None else MEASURED_NVLINK_HOP_US.get(arch)
 
     def thread_sat(self, proto: str) -> float:
         """Return the thread count (per CTA) at which one channel of `proto` saturates."""
@@ -301,9 +320,11 @@ def nccl_time_us(collective: str, size_bytes: float, algo: str, proto: str, link
 
 
 def default_chunk(algo: str, proto: str, collective: str) -> int:
-    """Return NCCL's default chunk (wire bytes per step): buffsize/8 x chunkSteps (4 for ring Simple)."""
-    steps = 4 if (algo == "ring" and proto == "Simple" and collective in
-                  ("all_reduce", "all_gather", "reduce_scatter")) else 1
+    """Return NCCL's default chunk (wire bytes per step): buffsize/8 x chunkSteps (4 for ring Simple),
+    NCCL_NVLS_CHUNKSIZE (128 KiB, transport/nvls.cc) for NVLS and the NVLS tree."""
+    if algo in ("nvls", "nvlstree"):
+        return NVLS_CHUNK_BYTES
+    steps = 4 if (algo == "ring" and proto == "Simple" and collective in RING_PATTERN) else 1
     return DEFAULT_BUFFSIZE[proto] // NCCL_STEPS * steps
 
 
@@ -330,8 +351,10 @@ def nccl_default(collective: str, size_bytes: float, link: Link, c: Consts) -> t
 # ---- the extended model with explicit (channels, threads, chunk) ---------------------------------
 
 def _per_loop(collective: str, algo: str, link: Link) -> int:
-    """Chunks one channel moves per loop: one per rank for rings, one otherwise."""
-    return link.ranks if algo == "ring" and collective != "send_recv" else 1
+    """Chunks one channel moves per loop (enqueue.cc nchunksPerLoop): one per rank for the ring pattern
+    (all_reduce, all_gather, reduce_scatter on the ring), one otherwise (tree, NVLS per head, and the
+    broadcast / reduce pipeline)."""
+    return link.ranks if algo == "ring" and collective in RING_PATTERN else 1
 
 
 def busy_channels(collective: str, size_bytes: float, algo: str, link: Link, channels: Any) -> Any:
@@ -351,6 +374,79 @@ def pipeline_steps(collective: str, algo: str, link: Link) -> float:
     if algo == "nvlstree":
         return 2.0 * (1 + math.log2(link.nodes))
     return float(nsteps(collective, link.ranks))
+
+
+def fill_depth(collective: str, algo: str, proto: str, link: Link) -> float:
+    """Return the hops a chunk waits on before the pipeline is full (0: no fill).
+
+    Store-and-forward happens per Simple step: a receiver sees a step's data only when the sender posts
+    the step's tail after the whole slice (prims_simple.h), while LL / LL128 carry a flag in every 8 B /
+    120 B line, so the next hop forwards line by line (no fill beyond the per-hop latency NCCL's
+    latency already counts). A ring pattern (all_reduce, all_gather, reduce_scatter on the ring) has
+    no fill either: every rank sends its own chunk from the first step, so every link is busy from
+    the start and NCCL's 2(n-1) x (chunk / bandwidth + per-step latency) is the whole time. Chains
+    fill: the tree up and down, the NVLS tree, NVLS (reduce, then multicast) and the ring broadcast /
+    reduce pipeline wait (depth - 1) chunks before the last hop starts.
+    """
+    if proto != "Simple" or collective == "send_recv":
+        return 0.0
+    if algo == "ring" and collective in RING_PATTERN:
+        return 0.0
+    return max(0.0, pipeline_steps(collective, algo, link) - 1.0)
+
+
+def hop_excess_us(collective: str, algo: str, proto: str, link: Link, c: Consts) -> float:
+    """Return the latency (us) the measured NVLink step latency adds to NCCL's: every intra-node step
+    of a ring (NCCL's nsteps less its network steps) or of a tree (2 (ppn - 1)) costs
+    max(0, hop - NCCL's per-step latency) more; 0 off NVLink, for NVLS and without a measurement."""
+    hop = c.hop_us(link.arch)
+    if hop is None or link.intra != "nvlink" or algo not in ("ring", "tree"):
+        return 0.0
+    t = link_topology(link)
+    pi = PROTOS.index(proto)
+    nccl_hop = nt.HW_LAT_US["nvlink"][algo][pi]
+    if algo == "ring":
+        if collective not in RING_PATTERN:
+            return 0.0
+        if link.nodes > 1:
+            nccl_hop = max(nccl_hop, nt.NET_OVERHEAD_US.get(t.cpu_vendor, 1.0) * (3 if proto == "Simple" else 1))
+        n_inter = 0 if link.nodes == 1 else (2 * (link.nodes - 1) if collective == "all_reduce" else link.nodes - 1)
+        intra_steps = nsteps(collective, link.ranks) - n_inter
+    else:
+        intra_steps = 2 * (link.ppn - 1)
+    return intra_steps * max(0.0, hop - nccl_hop) * link.latency_scale
+
+
+def step_latency_us(collective: str, algo: str, proto: str, link: Link, c: Consts) -> float:
+    """Return the latency (us) of one pipeline step on the group's slowest hop: NCCL's per-step
+    hardware latency (tuning.cc hwLat: network across nodes, plus the graphs' latencyInter; else NVLink
+    or PCIe), raised to the measured NVLink step latency where there is one."""
+    pi = PROTOS.index(proto)
+    a = algo if algo in ("ring", "tree") else "ring"
+    if link.nodes > 1:
+        return (nt.HW_LAT_US["net"]["tree" if link.ppn == 1 else a][pi] + link.inter_latency_us) * link.latency_scale
+    lat = nt.HW_LAT_US["nvlink" if link.intra == "nvlink" else "pcie"][a][pi]
+    hop = c.hop_us(link.arch) if link.intra == "nvlink" else None
+    return max(lat, hop or 0.0) * link.latency_scale
+
+
+def window_GBps(collective: str, algo: str, proto: str, link: Link, c: Consts, piece_bytes: Any,
+                channel_GBps: Any) -> Any:
+    """Return a channel's bandwidth (GB/s) under NCCL's flow control: a connection has NCCL_STEPS (8)
+    FIFO slots (device.h), a ring Simple pattern uses 2 per slice and 4 per chunk (collectives.h
+    SLICESTEPS = NCCL_STEPS/4, CHUNKSTEPS = NCCL_STEPS/2), every other pattern 1; a slot is free again
+    after its slice crossed (slice / channel_GBps) and the tail / head flags made a round trip (2 step
+    latencies). By Little's law the channel moves slots x slice per cycle:
+    min(channel_GBps, slots x slice / (slice / channel_GBps + 2 step latency)). Small chunks are
+    latency-bound, NCCL's default chunks are not (ring Simple: 4 x 1 MiB slices in flight).
+    NVLS (multimem, no FIFO handshake per step) is not bounded here."""
+    if algo in ("nvls", "nvlstree"):
+        return channel_GBps
+    ring_simple = algo == "ring" and proto == "Simple" and collective in RING_PATTERN
+    slice_bytes = piece_bytes * (2 / 4 if ring_simple else 1.0)
+    slots = NCCL_STEPS // (2 if ring_simple else 1)
+    cycle_us = slice_bytes / (1000.0 * channel_GBps) + 2.0 * step_latency_us(collective, algo, proto, link, c)
+    return np.minimum(channel_GBps, slots * slice_bytes / (1000.0 * cycle_us))
 
 
 def comm_bw_GBps(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts,
@@ -376,21 +472,28 @@ def comm_time_us(collective: str, size_bytes: float, algo: str, proto: str, link
                  channels: Any, threads: Any, chunk_bytes: Any) -> Any:
     """Return the op's communication time (us) alone.
 
-    NCCL's latency + S / algBw, plus the pipeline fill (a slice of the chunk, a quarter, crossing
-    every step before the pipe is full, at the per-channel rate) and a sync cost per step of every loop
-    of nc x chunks-per-loop x chunk bytes: small chunks pay loops, large chunks pay the fill.
+    NCCL's latency + S / algBw, plus the pipeline fill of chains (`fill_depth` hops, each one chunk
+    at the per-channel rate: a chunk is min(C, S / (nc x chunks per loop)) as enqueue.cc shrinks the
+    last loop's chunk) and the per-step sync cost (step_us, plus net_overhead_us across nodes: NCCL's
+    proxy posts one network send per step, tuning.cc getNetOverhead) of every step of every loop of
+    nc x chunks-per-loop x chunk bytes. The sync overlaps the transfer: a connection keeps NCCL_STEPS
+    (8) steps in flight (device.h), so a step's handshake runs while earlier steps' data moves and the
+    op takes the larger of its transfer time and its steps' sync time, not their sum. Small chunks pay
+    when their steps outnumber what the transfer hides; large chunks pay a chain's fill.
     """
     nc = busy_channels(collective, size_bytes, algo, link, channels)
     bus = comm_bw_GBps(collective, size_bytes, algo, proto, link, c, channels, threads)
     per_loop = _per_loop(collective, algo, link)
     payload = chunk_bytes * PAYLOAD[proto]
     loops = np.ceil(size_bytes / (nc * per_loop * payload))
-    piece = np.minimum(payload, size_bytes / (nc * per_loop)) * 0.25
+    piece = np.minimum(payload, size_bytes / (nc * per_loop))
+    bus = nc * window_GBps(collective, algo, proto, link, c, piece, bus / nc)
     steps = pipeline_steps(collective, algo, link)
-    fill = (steps - 1) * piece / (1000.0 * bus / nc)
+    fill = fill_depth(collective, algo, proto, link) * piece / (1000.0 * bus / nc)
     sync = loops * steps * (c.step_us + (c.net_overhead_us if link.nodes > 1 else 0.0))
-    lat = nccl_latency_us(collective, algo, proto, link, c)
-    return lat + size_bytes / (1000.0 * bus * ratio(collective, algo, link.ranks)) + fill + sync
+    lat = nccl_latency_us(collective, algo, proto, link, c) + hop_excess_us(collective, algo, proto, link, c)
+    transfer = size_bytes / (1000.0 * bus * ratio(collective, algo, link.ranks))
+    return lat + np.maximum(transfer, sync) + fill
 
 
 def slowdown(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts, dev: Device,
