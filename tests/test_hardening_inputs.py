@@ -364,3 +364,18 @@ def test_option_values_are_read_with_document_limits(tmp_path: Path, value: str,
 def test_seeds_outside_the_solvers_range_are_refused(tmp_path: Path, seed: str) -> None:
     refused(["solve", "tessel", str(ROOT / "examples/tessel/hand-2.yaml"), "-q", "--seed", seed,
              "-o", str(tmp_path / "plan.json")], "--seed")
+
+
+def test_a_group_named_like_a_count_field_is_not_a_count(tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "examples/lagom/small.yaml").read_text())
+    assert isinstance(doc["groups"]["dp"], dict)  # a group named 'dp' is a mapping, not the dp degree
+    out = run(["solve", "lagom", str(write(tmp_path, doc)), "-q", "-o", str(tmp_path / "plan.json")])
+    assert out.exit_code == 0, out.output
+
+
+@pytest.mark.parametrize("field,value", [("max_microbatches", 65_536), ("max_stages", 4_096)])
+def test_poseidon_search_sizes_are_limited(tmp_path: Path, field: str, value: int) -> None:
+    doc = yaml.safe_load((ROOT / "examples/poseidon/a100-v100-t4.yaml").read_text())
+    doc[field] = value
+    refused(["solve", "poseidon", str(write(tmp_path, doc)), "-q", "-o", str(tmp_path / "plan.json")],
+            f"field '{field}'", "at most")
