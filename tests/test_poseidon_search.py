@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuplan import api
+from gpuplan.errors import SolverError
 from gpuplan.models import poseidon as P
 from gpuplan.models.plan import Status
 from gpuplan.models.workload import model_config, scaled
@@ -154,3 +155,13 @@ def test_a_1t_model_on_3072_gpus_yields_a_plan_within_its_limit() -> None:
     assert plan.ok and api.check(prob, plan) == []
     assert len(plan.stages) >= 16 and plan.status in (Status.TIME_LIMIT, Status.OPTIMAL)
     assert plan.iteration_time_s <= api.solve(prob, solver="megatron").iteration_time_s * (1 + 1e-12)
+
+
+def test_a_cut_search_that_found_nothing_says_so_rather_than_infeasible() -> None:
+    # only an uneven mixed plan fits (1 layer on the T4s, 8 on the A100s): no classic config does
+    prob = small_problem({"A100-80GB": 2, "T4": 2}, layers=9, model="llama2-13b", memory_fraction=0.3)
+    assert best_grid_s(prob) == math.inf and not api.solve(prob, solver="megatron").ok
+    full = api.solve(prob)
+    assert full.ok and api.check(prob, full) == []
+    with pytest.raises(SolverError, match="not a proof of infeasibility"):
+        SP.solve_poseidon(prob, time_limit_s=1e-9, progress=no_progress)

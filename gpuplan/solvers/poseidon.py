@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from gpuplan.errors import InfeasibleError
+from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape,
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
@@ -789,6 +789,10 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             status = Status.TIME_LIMIT
         if c % 20 == 0:
             progress(0.5 + 0.5 * c / len(pending), f"{stats.evaluated} mapped, best {best[0]:.4g} s")
+    if best[1] is None and status is Status.TIME_LIMIT:
+        raise SolverError(f"no plan found within the time limit of {time_limit_s:g} s: no classic configuration "
+                          f"fits, and the search stopped after {stats.structures - stats.unvisited} structures "
+                          f"({stats.unvisited} left unvisited); not a proof of infeasibility, raise time_limit_s")
     return _finish(problem, best, stats, "poseidon", status)
 
 
