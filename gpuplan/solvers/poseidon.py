@@ -765,6 +765,8 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
         stats.unvisited += unbuilt
         if k % 100 == 0:
             progress(0.5 * k / len(ranked), f"{len(pending)} structures to map, best {best[0]:.4g} s")
+    if stats.unvisited:  # the last combo's orders were cut short
+        status = Status.TIME_LIMIT
     # pass 2, depth: the layer mapping of each structure left, most promising first look first
     pending.sort()
     for c, (_, lb, i, order) in enumerate(pending):
