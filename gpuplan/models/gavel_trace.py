@@ -222,3 +222,11 @@ def generate_jobs(throughputs: Throughputs, n_jobs: int, jobs_per_hour: float, s
         if jobs_per_hour > 0:
             t += float(rng.exponential(3600.0 / jobs_per_hour))
     return jobs
+
+
+def gavel_trace_text(jobs: list[GavelJob]) -> str:
+    """Return jobs as a Gavel trace file's text (ten tab-separated columns; command, directory and
+    steps flag written as '-', which Gavel's simulator does not use), so Gavel's own simulator can
+    replay a generated trace."""
+    return "".join(f"{j.job_type}\t-\t-\t-\t0\t{j.steps}\t{j.scale_factor}\t{j.priority_weight:g}\t-1.000000\t"
+                   f"{j.arrival_s:f}\n" for j in jobs)
