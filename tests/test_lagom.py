@@ -155,14 +155,15 @@ def test_priority_search_bounds(size, compute_ms, phi, shape, gbps, coll) -> Non
     p = random_problem(size, compute_ms, phi, shape[0], shape[1], gbps, coll)
     comp = p.compiled
     found, stats = solvers.priority_search(p)
-    sum_dims = solvers.space(p, 0).sum_sizes()
-    assert all(e <= sum_dims for e in stats["evaluations_per_pass"])
+    bound = solvers.space(p, 0).pass_bound()
+    assert stats["pass_bound"] == bound
+    assert all(e <= bound for e in stats["evaluations_per_pass"])
     default = [comp.nccl_default(0)]
     assert comp.iteration_us(found) <= comp.iteration_us(default) * (1 + 1e-12)
     assert not comp.valid(0, found[0])
     exact, exact_stats = solvers.exhaustive(p)
     assert comp.iteration_us(exact) <= comp.iteration_us(found) * (1 + 1e-9)
-    assert exact_stats["evaluations"] > 100 * stats["evaluations"] / stats["passes"]
+    assert exact_stats["evaluations"] > 25 * stats["evaluations"] / stats["passes"]
 
 
 def test_priority_search_agrees_with_exhaustive_on_small_instances() -> None:
@@ -178,6 +179,7 @@ def test_priority_search_agrees_with_exhaustive_on_small_instances() -> None:
         gaps.append(comp.iteration_us(found) / comp.iteration_us(exact) - 1)
     assert np.median(gaps) <= 0.01
     assert np.percentile(gaps, 95) <= 0.03
+    assert max(gaps) <= 0.03          # re-tuning resources per implementation: no 12% plateau traps
 
 
 def test_autoccl_minimizes_communication_only() -> None:
@@ -411,7 +413,7 @@ def test_priority_search_with_shared_windows_never_worse_than_default(sizes, com
     p = problem(ops, [{"name": "s", "compute_s": compute_ms * 1e-3}])
     comp = p.compiled
     found, stats = solvers.priority_search(p)
-    assert all(e <= stats["sum_of_dimension_sizes"] for e in stats["evaluations_per_pass"])
+    assert all(e <= stats["pass_bound"] for e in stats["evaluations_per_pass"])
     default = [comp.nccl_default(i) for i in range(len(ops))]
     assert comp.iteration_us(found) <= comp.iteration_us(default) * (1 + 1e-12)
     assert all(not comp.valid(i, t) for i, t in enumerate(found))

@@ -36,8 +36,16 @@ class Space:
                 "threads": self.threads, "chunk_bytes": self.chunks}[dim]
 
     def sum_sizes(self) -> int:
-        """Return the sum of the dimension sizes (one pass of 1-D searches evaluates at most this)."""
+        """Return the sum of the dimension sizes."""
         return sum(len(self.values(d)) for d in DIMS)
+
+    def pass_bound(self) -> int:
+        """Return the most evaluations one pass spends on an op: every other protocol and algorithm
+        once plus its re-tuned resources (channels + chunks + threads), then one 1-D search over each
+        resource dimension."""
+        res = sum(len(self.values(d)) for d in ("channels", "chunk_bytes", "threads"))
+        alternatives = len(self.protos) - 1 + len(self.algos) - 1
+        return alternatives * (1 + res) + res
 
 
 def space(problem: LagomProblem, i: int) -> Space:
@@ -101,6 +109,37 @@ def one_d(comp: Compiled, settings: list[Theta], i: int, dim: str, values: list[
     return best_t, best, evals
 
 
+RESOURCE_DIMS = ("channels", "chunk_bytes", "threads")
+
+
+def implementation_step(comp: Compiled, settings: list[Theta], i: int, dim: str, sp: Space
+                        ) -> tuple[Theta, float, int]:
+    """Search the categorical dimension `dim` (protocol or algorithm) of op i: every other value is
+    judged with its resources re-tuned (one 1-D search each over channels, chunk and threads, in that
+    order), since a protocol or algorithm is only as good as the resources it runs with (Simple needs
+    smaller chunks than LL128 on a chain, a tree more channels than a ring); return (best theta, its
+    window time in us, evaluations)."""
+    w = comp.window_of[i]
+    cur = settings[i]
+    best_t, best = cur, float(comp.window_us(w, settings))
+    evals = 0
+    for v in sp.values(dim):
+        cand = repair(comp, i, replace(cur, **{dim: v}))
+        if cand is None or cand == cur:
+            continue
+        trial = list(settings)
+        trial[i] = cand
+        evals += 1
+        t_us = float(comp.window_us(w, trial))
+        for rdim in RESOURCE_DIMS:
+            t, t_us, e = one_d(comp, trial, i, rdim, sp.values(rdim))
+            trial[i] = t
+            evals += e
+        if t_us < best * (1 - 1e-12):
+            best_t, best = trial[i], t_us
+    return best_t, best, evals
+
+
 def impact(comp: Compiled, settings: list[Theta], i: int) -> float:
     """Return op i's effect on the critical path (us): its time when its window is bound by communication
     or it is exposed, else the computation time its interference adds, d (1 - 1/s)."""
@@ -118,8 +157,11 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
     """Return Lagom's settings and search statistics.
 
     From NCCL's default, rank ops by their effect on the critical path, then tune one parameter at a
-    time in priority order (protocol, algorithm, channels, chunk, threads) with a 1-D search over its
-    grid, the others fixed; re-rank and repeat while a pass improves (at most `passes`).
+    time in priority order (protocol, algorithm, channels, chunk, threads): the implementation
+    (protocol, algorithm) by trying each alternative with its resources re-tuned
+    (`implementation_step`), the resources by a 1-D search over their grid, the others fixed; re-rank
+    and repeat while a pass improves (at most `passes`). Evaluations per op and pass stay linear in the
+    grid sizes (`Space.pass_bound`), not their product.
     """
     comp = problem.compiled
     n = len(comp.ops)
@@ -131,7 +173,10 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
         pass_evals, improved = 0, False
         for k, i in enumerate(order):
             for dim in DIMS:
-                t, _, e = one_d(comp, settings, i, dim, spaces[i].values(dim))
+                if dim in ("proto", "algo"):
+                    t, _, e = implementation_step(comp, settings, i, dim, spaces[i])
+                else:
+                    t, _, e = one_d(comp, settings, i, dim, spaces[i].values(dim))
                 pass_evals += e
                 if t != settings[i]:
                     settings[i], improved = t, True
@@ -143,7 +188,8 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
         if not improved:
             break
     stats = {"evaluations": evals, "evaluations_per_pass": per_pass, "passes": done,
-             "ranking_evaluations": done * n, "sum_of_dimension_sizes": sum(s.sum_sizes() for s in spaces)}
+             "ranking_evaluations": done * n, "sum_of_dimension_sizes": sum(s.sum_sizes() for s in spaces),
+             "pass_bound": sum(s.pass_bound() for s in spaces)}
     return settings, stats
 
 
