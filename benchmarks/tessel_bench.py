@@ -1,10 +1,13 @@
 """Tessel benchmark: the repetend search against the classic schedules and the exact CP-SAT optimum.
 
 Prints, in one run, for 4- and 8-device placements (1F1B-shaped, V-shaped, interleaved, a
-tensor+pipeline mix) and 8-64 micro-batches: Tessel's makespan divided by each applicable
-baseline's and by the exact optimum (where CP-SAT proves it in the limit), the gap to the exact
-optimum / its lower bound, peak memory, search time; then measured vs predicted step time of a
-CPU run under torch.distributed.pipelining. Every schedule solves at the same memory limit.
+tensor+pipeline mix, all with a split backward F=B=W=1; and Megatron's interleaved placement with
+v = 2, 3, 4 chunks and an unsplit backward F=1, B=2) and 8-64 micro-batches: Tessel's makespan
+divided by each applicable baseline's and by the exact optimum (where CP-SAT proves it in the
+limit), the gap to the exact optimum / its proven bound, where Tessel's schedule came from (its
+repetend, or a baseline as its floor), ZB-H1 next to the zero-bubble paper's closed form, peak
+memory, search time; then measured vs predicted step time of a CPU run under
+torch.distributed.pipelining. Every schedule solves at the same memory limit.
 
     .venv/bin/python benchmarks/tessel_bench.py [--quick]
 """
@@ -19,20 +22,25 @@ from gpuplan.models.base import Table
 from gpuplan.models.tessel import TesselProblem
 from gpuplan.render import fmt, table_text
 
-BASELINES = ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "chimera"]
+BASELINES = ["1f1b", "1f1b-textbook", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "chimera"]
+FUSED = {"ilv2-fused": 2, "ilv3-fused": 3, "ilv4-fused": 4}  # interleaved, v chunks, unsplit backward
 
 
 def placement(shape: str, p: int, n: int, memory: float | None = None) -> TesselProblem:
-    """Return a standard placement with equal F, B, W times (ZB's setting) and unit activations."""
-    doc = {"kind": "tessel", "name": f"{shape}-{p}", "microbatches": n,
-           "shape": {"name": shape, "devices": p, "forward_s": 1.0, "backward_s": 1.0, "backward_weight_s": 1.0,
-                     "tp_s": 1.0}}
+    """Return a standard placement with equal F, B, W times (ZB's setting) and unit activations; the
+    `ilv<v>-fused` shapes are interleaved with v chunks and an unsplit backward (F=1, B=2)."""
+    spec: dict[str, object] = {"name": shape, "devices": p, "forward_s": 1.0, "backward_s": 1.0,
+                               "backward_weight_s": 1.0, "tp_s": 1.0}
+    if shape in FUSED:
+        spec.update(name="interleaved", chunks=FUSED[shape], backward_s=2.0, backward_weight_s=0.0)
+    doc = {"kind": "tessel", "name": f"{shape}-{p}", "microbatches": n, "shape": spec}
     if memory is not None:
         doc["memory_limit_bytes"] = memory
     return api.load_problem(doc)  # type: ignore[return-value]
 
 
-REFERENCE = {"1f1b": "1f1b", "vshape": "zb-v", "interleaved": "interleaved-1f1b"}
+REFERENCE = {"1f1b": "1f1b", "vshape": "zb-v", "interleaved": "interleaved-1f1b",
+             **{k: "interleaved-1f1b" for k in FUSED}}
 
 
 def memory_for(shape: str, p: int, n: int) -> float:
@@ -65,15 +73,19 @@ def solve_row(shape: str, p: int, n: int, exact_s: float) -> list[list[object]]:
     exact_txt, gap, lb = "-", "-", 0.0
     if n * len(prob.blocks) <= 600 and exact_s > 0:
         exact = api.solve(prob, solver="exact", time_limit_s=exact_s)
-        lb = max(exact.predicted.get("lower_bound_s", 0.0), tessel.predicted.get("lower_bound_s", 0.0))
-        exact_txt = f"{exact.makespan_s:g} ({'opt' if exact.status.value == 'optimal' else 'lim'})"
+        lb = max(exact.predicted.get("proven_bound_s", 0.0), tessel.predicted.get("lower_bound_s", 0.0))
+        exact_txt = f"{exact.makespan_s:g} ({'opt' if exact.status.value == 'optimal' else f'lim, bound {lb:g}'})"
         gap = f"{100 * (tessel.makespan_s / exact.makespan_s - 1):.1f}%"
+    zb_txt = "-"
+    if shape == "1f1b":  # Qi et al.'s ZB-H1 makespan m(F+B+W) + (p-1)(F+B-W), F = B = W = 1
+        zb = api.solve(prob, solver="zb-h1").makespan_s
+        zb_txt = f"{zb:g} / {n * 3 + (p - 1) * 1:g}"
     lb = max(lb if exact_txt != "-" else 0.0, tessel.predicted.get("lower_bound_s", 0.0))
     bound_gap = f"{100 * (tessel.makespan_s / lb - 1):.1f}%" if lb > 0 else "-"
     return [[f"{shape}-{p}", n, mem, tessel.makespan_s, stats.get("period_ticks"),
              "yes" if stats.get("period_proven_minimal") else "no", max(tessel.peak_memory_bytes),
-             round(stats.get("repetend_search_s", 0.0), 3), round(search, 3), exact_txt, gap, bound_gap,
-             "; ".join(ratios)]]
+             round(stats.get("repetend_search_s", 0.0), 3), round(search, 3), stats.get("schedule_from", "-"),
+             exact_txt, gap, bound_gap, zb_txt, "; ".join(ratios)]]
 
 
 def cpu_runs(quick: bool) -> Table:
@@ -121,7 +133,7 @@ def main() -> None:
     if args.figures:
         figures(args.figures)
         return
-    shapes = ["1f1b", "vshape", "interleaved", "tp_pp"]
+    shapes = ["1f1b", "vshape", "interleaved", "tp_pp"] + list(FUSED)
     ns = [8, 16] if args.quick else [8, 16, 32, 64]
     devices = [4, 8]
     exact_s = 5.0 if args.quick else 20.0
@@ -132,8 +144,8 @@ def main() -> None:
             for n in ns:
                 rows += solve_row(shape, p, n, exact_s if n <= 16 else 0.0)
     cols = ["placement", "N", "mem/dev", "tessel_makespan", "period", "period proven min", "peak_mem",
-            "repetend_s", "search_s", "exact (opt/lim)", "gap_to_exact", "gap_to_bound",
-            "tessel / baseline makespan"]
+            "repetend_s", "search_s", "tessel from", "exact (opt/lim)", "gap_to_exact", "gap_to_bound",
+            "zb-h1 / closed form", "tessel / baseline makespan"]
     print(table_text(Table("Tessel vs baselines and exact CP-SAT (equal F=B=W=1 s, same memory per device); "
                            "targets: search < 1 s at 4 devices, < 10 s at 8; gap to exact <= 2% from N=8",
                            cols, rows)))
@@ -143,10 +155,18 @@ def main() -> None:
         worst = max(times)  # type: ignore[type-var]
         print(f"search time at {p} devices: max {fmt(worst)} s over {len(times)} cases "
               f"(target {'< 1 s' if p == 4 else '< 10 s'}: {'met' if worst < (1 if p == 4 else 10) else 'missed'})")
-    gaps = [float(str(r[10]).rstrip("%")) for r in rows if r[10] != "-"]
+    gaps = [float(str(r[11]).rstrip("%")) for r in rows if r[11] != "-"]
     if gaps:
         print(f"gap to the exact CP-SAT schedule (N in {[n for n in ns if n <= 16]}): max {max(gaps):.1f}%, "
               f"target <= 2%: {'met' if max(gaps) <= 2 else 'missed'}")
+    ratios = [float(x.split()[-1]) for r in rows for x in str(r[-1]).split("; ") if x]
+    if ratios:
+        print(f"tessel / baseline makespan: max {max(ratios):.3f} over every row and applicable baseline "
+              f"({'never worse' if max(ratios) <= 1 + 1e-9 else 'WORSE somewhere'})")
+    zb = [str(r[13]).split(" / ") for r in rows if r[13] != "-"]
+    if zb:
+        print(f"zb-h1 at the zero-bubble paper's closed form m(F+B+W) + (p-1)(F+B-W): "
+              f"{sum(float(a) == float(b) for a, b in zb)} of {len(zb)} rows")
     print(f"(solver part took {time.perf_counter() - started:.0f} s on a shared 2-core machine; timings are noisy)")
     if not args.no_run:
         print()
