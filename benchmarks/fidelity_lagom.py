@@ -10,6 +10,9 @@ Each series of benchmarks/data/nccl_tests_published.yaml (hardware as a gpuplan 
 
 busbw = 2(n-1)/n x size / time (nccl-tests); ratio = predicted / published; target within 25%.
 
+Each series carries a provenance grade (table, statement, not-nccl-tests, extrapolated); the summary
+counts points per grade.
+
 Run alone: .venv/bin/python benchmarks/fidelity_lagom.py
 """
 
@@ -71,6 +74,7 @@ def rows() -> list[dict[str, Any]]:
                 lagom = bus_factor("all_reduce", ranks) * size / lagom_time_s(cluster, "all_reduce", size, ids) / 1e9
                 choice = nccl_choice(cluster, "all_reduce", size, ids)
                 out.append({"series": s["name"], "source": " ".join(s["source"].split()), "topology": label,
+                            "provenance": s.get("provenance", "statement"),
                             "size": int(size), "published": float(published), "nccl": nccl, "lagom": lagom,
                             "algo": f"{choice.algo}/{choice.proto}" if choice else "alpha-beta"})
     return out
@@ -94,7 +98,7 @@ def section_b() -> list[str]:
     for r in table:
         tag = sources.pop(r["series"], None)
         if tag:
-            lines.append(f"{tag} {r['series']}: {r['source']}")
+            lines.append(f"{tag} {r['series']} ({r['provenance']}): {r['source']}")
     n = len(table)
     lag = sum(abs(r["lagom"] / r["published"] - 1) <= TOLERANCE for r in table)
     nc = sum(abs(r["nccl"] / r["published"] - 1) <= TOLERANCE for r in table)
@@ -103,6 +107,12 @@ def section_b() -> list[str]:
     nc_big = sum(abs(r["nccl"] / r["published"] - 1) <= TOLERANCE for r in big)
     lines.append(f"summary: lagom within 25% on {lag}/{n} points, nccl's own estimate on {nc}/{n}; "
                  f"at 16 MiB and above: lagom {lag_big}/{len(big)}, nccl {nc_big}/{len(big)}")
+    for prov in ("table", "statement", "not-nccl-tests", "extrapolated"):
+        sel = [r for r in table if r["provenance"] == prov]
+        if sel:
+            k_l = sum(abs(r["lagom"] / r["published"] - 1) <= TOLERANCE for r in sel)
+            k_n = sum(abs(r["nccl"] / r["published"] - 1) <= TOLERANCE for r in sel)
+            lines.append(f"  {prov}: lagom {k_l}/{len(sel)}, nccl {k_n}/{len(sel)}")
     return lines
 
 
