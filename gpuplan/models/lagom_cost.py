@@ -10,7 +10,10 @@ Three layers, all pure functions (numpy-friendly: channels, threads and chunk ma
    buffer-derived chunk.
 2. `comm_time_us(theta)`: the same shape with explicit channels NC, threads NT and chunk C
    (our reconstruction, notes 2.4): per-channel bandwidth scaled by thread saturation, only as many
-   channels busy as there are chunks, capped by the link, plus a per-loop overhead.
+   channels busy as there are chunks, capped by the link and by NCCL's flow control (8 FIFO slots a
+   connection, `window_GBps`); the pipeline fill of Simple chains (`fill_depth`: none for ring
+   patterns), per-step sync hidden under the transfer, and the measured NVLink step latency where
+   NCCL's table is below it (`hop_excess_us`).
 3. `slowdown(theta)`: how much an overlapped computation slows while the op runs (SMs held by the
    NC CTAs, HBM bandwidth used by the transfer, L2 taken by the in-flight chunks).
 """
