@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from gpuplan import registry
@@ -33,7 +33,7 @@ NASTY: list[Any] = [float("inf"), float("-inf"), float("nan"), 1e308, -1e308, -1
                     "nan", "V100", ["oef"], 0.5]
 
 pytestmark = pytest.mark.slow
-FUZZ = settings(max_examples=int(os.environ.get("GPUPLAN_FUZZ_EXAMPLES", "30")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("GPUPLAN_FUZZ_EXAMPLES", "60")), deadline=None,
                 derandomize=not os.environ.get("GPUPLAN_FUZZ_RANDOM"), suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                                          HealthCheck.data_too_large])
 
@@ -70,6 +70,12 @@ def _leaf_paths(doc: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     return out
 
 
+def _get(doc: Any, path: tuple[Any, ...]) -> Any:
+    for part in path:
+        doc = doc[part]
+    return doc
+
+
 def _set(doc: Any, path: tuple[Any, ...], value: Any, delete: bool) -> Any:
     if not path:
         return value
@@ -88,7 +94,7 @@ def mutated_example(draw: st.DrawFn) -> tuple[Path, bytes]:
     """An example file and mutated bytes for it: random bytes, byte edits, or a changed field."""
     path = draw(st.sampled_from(EXAMPLES))
     original = path.read_bytes()
-    how = draw(st.sampled_from(["bytes", "edit", "field", "field", "field"]))
+    how = draw(st.sampled_from(["bytes", "edit", "field", "field", "scale", "scale", "scale"]))
     if how == "bytes":
         return path, draw(st.binary(max_size=4096))
     if how == "edit":
@@ -108,6 +114,13 @@ def mutated_example(draw: st.DrawFn) -> tuple[Path, bytes]:
         return path, bytes(data)
     doc = json.loads(original) if path.suffix == ".json" else yaml.safe_load(original)
     paths = _leaf_paths(doc)
+    if how == "scale":  # plausible values: numbers scaled, so more inputs reach the solvers
+        numeric = [p for p in paths if isinstance(_get(doc, p), (int, float)) and not isinstance(_get(doc, p), bool)]
+        for target in draw(st.lists(st.sampled_from(numeric), min_size=1, max_size=3)) if numeric else []:
+            value = _get(doc, target) * draw(st.sampled_from([0, 0.001, 0.5, 2, 3, 100]))
+            doc = _set(doc, target, round(value) if isinstance(_get(doc, target), int) else value, False)
+        text = json.dumps(doc) if path.suffix == ".json" else yaml.safe_dump(doc, allow_unicode=True)
+        return path, text.encode("utf-8")
     target = draw(st.sampled_from(paths))
     delete = bool(target) and draw(st.booleans())
     doc = _set(doc, target, draw(st.sampled_from(NASTY)), delete)
@@ -141,6 +154,8 @@ def test_solve_check_show_mutated_examples(tmp_path_factory: pytest.TempPathFact
     plan = folder / "plan.json"
     solved = invoke(["solve", kind, str(path), "--solver", FAST_SOLVER[kind], "-q", "--time-limit", "2",
                      "-o", str(plan)])
+    why = solved.output.strip()[-90:] if os.environ.get("GPUPLAN_FUZZ_WHY") else ""
+    event(f"solve {kind}: exit {solved.exit_code} {why}")
     if solved.exit_code == 2:
         assert solved.output.strip(), "exit code 2 without a message"
         assert not plan.exists(), "a refused input must write nothing"
