@@ -149,7 +149,7 @@ def test_defaults_reach_64_stage_pipelines_with_their_microbatch_counts() -> Non
 
 
 @pytest.mark.slow
-def test_a_1t_model_on_3072_gpus_yields_a_plan_within_its_limit() -> None:
+def test_a_1t_model_on_3072_gpus_yields_a_plan_under_a_time_limit() -> None:
     prob = at_scale("gpt-1t", {"A100-80GB": 3072}, 3072)
     plan = api.solve(prob, time_limit_s=20.0)
     assert plan.ok and api.check(prob, plan) == []
