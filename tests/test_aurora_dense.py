@@ -31,7 +31,8 @@ def test_dense_relay_sends_one_copy_per_region_and_fans_out_inside() -> None:
     # exactly one inter-region copy into each region the trainer is not in, always from the trainer
     assert sorted(problem.region_of(e.child) for e in crossing) == sorted(regions - {problem.trainer.region})
     assert all(e.parent == TRAINER for e in crossing)
-    inside = [e for e in plan.edges if problem.region_of(e.parent) == problem.region_of(e.child) and e.parent != TRAINER]
+    inside = [e for e in plan.edges
+              if problem.region_of(e.parent) == problem.region_of(e.child) and e.parent != TRAINER]
     assert len(inside) == len(problem.worker_names()) - len(regions)
     # the remote relay's arrival by hand: first chunk, WAN latency, one record at the edge rate, the rest at the
     # bottleneck (the region pair's 1 Gb/s link, which this edge alone crosses)

@@ -551,6 +551,8 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     started = time.perf_counter()
     limit = float(time_limit_s or 20.0)
     t = integerize(problem)
+    bound = lower_bound_s(problem)
+    base_plan = best_baseline(problem)  # the floor, and the seed of the grouped repetend
     pat, stats = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, progress=progress,
                                latency_search_s=latency_search_s)
     stats["repetend_search_s"] = time.perf_counter() - started
@@ -560,8 +562,6 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
         stats.update(more)
     else:
         schedule = _unrolled(problem, pat)
-    bound = lower_bound_s(problem)
-    base_plan = best_baseline(problem)  # the floor, and the seed of the grouped repetend
     group = _group_size(problem)
     if group > 1 and base_plan is not None and makespan_s(schedule) > bound * (1 + 1e-9):
         # a repetend of `group` micro-batches per period can express patterns one micro-batch cannot
@@ -668,7 +668,8 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
         plan = make_plan(problem, hint.schedule, "exact", Status.TIME_LIMIT,
                          message=f"CP-SAT found no schedule in the limit; the hint ({hint_from}) is shown")
         plan.predicted["proven_bound_s"] = plan.predicted["lower_bound_s"]
-        plan.solver = SolverInfo(name="exact", stats={"hint_from": hint_from, "bound_s": plan.predicted["lower_bound_s"]})
+        plan.solver = SolverInfo(name="exact", stats={"hint_from": hint_from,
+                                                      "bound_s": plan.predicted["lower_bound_s"]})
         return plan
     except InfeasibleError as exc:
         if hint is not None:  # only the horizon is infeasible: the hint is already the best schedule
