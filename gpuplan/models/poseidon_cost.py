@@ -59,6 +59,19 @@ SM_COUNT: dict[str, int] = {"K80": 13, "P100": 56, "V100": 80, "V100-32GB": 80, 
                             "H100-PCIe": 114, "H200": 132, "GH200": 132}
 DEFAULT_SMS = 108
 
+# Architectures whose GEMM kernels overlap a tile's epilogue (output write) with the next tile's math:
+# Hopper's persistent warp-specialised kernels (CUTLASS 3.x "KernelTmaWarpSpecializedPingpong": one
+# consumer warp group runs its epilogue while the other runs its mainloop). Earlier architectures'
+# kernels (CUTLASS 2.x, cuBLAS 11: one output tile per thread block, a 128x256 tile's accumulators
+# leave room for one block per SM) write the tile after its mainloop: see `serial_epilogue`.
+OVERLAPPED_EPILOGUE_ARCHS: tuple[str, ...] = ("hopper", "blackwell")
+
+# Bytes per weight-gradient element a mixed-precision step moves per micro-batch: the gradient is
+# accumulated into fp32 main gradients (Megatron-LM's main_grad; fused into the GEMM epilogue with
+# --gradient-accumulation-fusion: read + write 4 bytes). First principles; the unfused 2021 path
+# (write the 16-bit gradient, then a separate add) moves more, 2 + 2 + 8 = 12 bytes.
+MAIN_GRAD_BYTES = 8.0
+
 # Output tiles cuBLAS / CUTLASS use for large 16-bit GEMMs on Ampere and Hopper (threadblock tiles).
 TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
 
@@ -122,13 +135,39 @@ def gemm_efficiency(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: 
     return roofline_efficiency(dev, dtype, M, N, K, gemm_ceiling(dev)) * wave_efficiency(dev, M, N, batch)
 
 
+def serial_epilogue(dev: DeviceType) -> bool:
+    """Return True when `dev`'s GEMM kernels write their output after the math of each tile, not
+    overlapped with it: one output tile per thread block, no persistent scheduling (pre-Hopper
+    tensor-core kernels: CUTLASS 2.x / cuBLAS 11 on Volta, Turing, Ampere, Ada). Hopper and later
+    run persistent warp-specialised kernels whose epilogue overlaps the next tile's math; measured or
+    unknown-architecture types carry no kernel model."""
+    return not dev.measured and dev.arch not in ("unknown", *OVERLAPPED_EPILOGUE_ARCHS)
+
+
 def gemm_s(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: int = 1,
-           sweep: Sequence[tuple[int, float]] | None = None) -> float:
-    """Return the seconds of `batch` GEMMs of M x N x K (2 M N K FLOPs each) on `dev`."""
+           sweep: Sequence[tuple[int, float]] | None = None, out_bytes: float | None = None) -> float:
+    """Return the seconds of `batch` GEMMs of M x N x K (2 M N K FLOPs each) on `dev`.
+
+    `out_bytes` is what the epilogue moves per output element (default: one write of `dtype`;
+    `MAIN_GRAD_BYTES` for a weight gradient accumulated into fp32 main gradients). Where the epilogue
+    is serial (`serial_epilogue`): max(math at the ceiling x wave efficiency, A and B read once)
+    plus the output traffic at the streaming rate; else the roofline `gemm_efficiency`, with the
+    output traffic counted in its memory term.
+    """
     if M <= 0 or N <= 0 or K <= 0:
         return 0.0
-    eff = gemm_efficiency(dev, dtype, M, N, K, batch, sweep)
-    return 2.0 * M * N * K * batch / (dev.peak(dtype) * 1e12 * eff)
+    w = DTYPE_BYTES.get(dtype, 2)
+    ob = float(w if out_bytes is None else out_bytes)
+    flops = 2.0 * M * N * K * batch
+    peak = dev.peak(dtype) * 1e12
+    if sweep or not serial_epilogue(dev):
+        t = flops / (peak * gemm_efficiency(dev, dtype, M, N, K, batch, sweep))
+        if out_bytes is None:
+            return t
+        return max(t, memory_s(dev, batch * ((M * K + K * N) * w + M * N * ob)))
+    math_s = flops / (peak * gemm_ceiling(dev) * wave_efficiency(dev, M, N, batch))
+    operands_s = memory_s(dev, batch * (M * K + K * N) * w)
+    return max(math_s, operands_s) + memory_s(dev, batch * M * N * ob)
 
 
 def memory_s(dev: DeviceType, size_bytes: float) -> float:
@@ -167,69 +206,132 @@ class LayerTimes:
         return 0.0
 
 
-def layer_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
-                opts: LayerOptions, tp_collective_s: Callable[[str, float], float],
-                sweep: Sequence[tuple[int, float]] | None = None) -> LayerTimes:
-    """Return the LayerTimes of one transformer block of `cfg` at micro-batch `b`, `seq` tokens, TP `tp`.
+@dataclass(frozen=True)
+class OpTime:
+    """Seconds of one operation of a block (one micro-batch, one TP rank): its forward and its
+    backward; `core` marks the attention core that selective recomputation re-runs, `comm` the TP
+    collectives."""
+
+    name: str
+    forward_s: float
+    backward_s: float
+    core: bool = False
+    comm: bool = False
+
+
+def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
+              opts: LayerOptions, tp_collective_s: Callable[[str, float], float],
+              sweep: Sequence[tuple[int, float]] | None = None) -> list[OpTime]:
+    """Return the operations of one transformer block of `cfg` at micro-batch `b`, `seq` tokens, TP
+    `tp`, in execution order, each with its forward and backward seconds (see `OpTime`).
 
     `tp_collective_s(op, size_bytes)` gives the seconds of one collective ("all_reduce",
-    "all_gather", "reduce_scatter") over the block's TP group.
+    "all_gather", "reduce_scatter") over the block's TP group. Weight-gradient GEMMs accumulate into
+    fp32 main gradients (`MAIN_GRAD_BYTES` per element). Without flash attention the kernels are
+    Megatron-LM's explicit path: the QKV bias added by its own kernel (`matmul` then `+ bias`), the
+    fused scale-mask-softmax kernel and a separate dropout kernel over the scores, and the context
+    layer's permute copy back to [s, b, h].
     """
     w = DTYPE_BYTES[dtype]
     T, h, d = b * seq, cfg.hidden, cfg.dhead
-    q_out, kv_out = cfg.heads * d // tp, cfg.kv * d // tp
+    qkv = (cfg.heads + 2 * cfg.kv) * d // tp
+    q_out = cfg.heads * d // tp
     ffn = cfg.ffn_hidden // tp
-    g = (lambda M, N, K, batch=1: gemm_s(dev, dtype, M, N, K, batch, sweep))
-    # dense GEMMs of one TP rank: QKV projection, attention output, MLP in (x2 when gated), MLP out
-    dense_fwd = (g(T, q_out + 2 * kv_out, h) + g(T, h, q_out)
-                 + g(T, ffn * (2 if cfg.gated_mlp else 1), h) + g(T, h, ffn))
-    # backward: input gradient and weight gradient, each the forward's shape transposed
-    dense_bwd = (g(T, h, q_out + 2 * kv_out) + g(q_out + 2 * kv_out, h, T) + g(T, q_out, h) + g(h, q_out, T)
-                 + g(T, h, ffn * (2 if cfg.gated_mlp else 1)) + g(ffn * (2 if cfg.gated_mlp else 1), h, T)
-                 + g(T, ffn, h) + g(ffn, h, T))
+    ffn_in = ffn * (2 if cfg.gated_mlp else 1)
+    sp = tp if opts.sequence_parallel else 1
+    explicit = not opts.flash
+
+    def g(M: int, N: int, K: int, batch: int = 1) -> float:
+        return gemm_s(dev, dtype, M, N, K, batch, sweep)
+
+    def linear(n_in: int, n_out: int) -> tuple[float, float]:
+        # forward [T, n_in] x [n_in, n_out]; backward: input gradient and weight gradient (fp32 main grad)
+        wgrad = gemm_s(dev, dtype, n_out, n_in, T, 1, sweep, out_bytes=MAIN_GRAD_BYTES)
+        return g(T, n_out, n_in), g(T, n_in, n_out) + wgrad
+
+    def elem(fwd_bytes_per_token: float, bwd_factor: float = 2.0) -> tuple[float, float]:
+        f = memory_s(dev, T * fwd_bytes_per_token)
+        return f, bwd_factor * f
+
+    ops: list[OpTime] = []
+    # layer norm: read + write h per token (x2 in the block; replicated unless SP); backward ~2x
+    ln = elem(2 * h * w / sp)
+    ops.append(OpTime("layer norm (attention)", *ln))
+    ops.append(OpTime("QKV GEMM", *linear(h, qkv)))
+    if explicit:
+        # bias added by its own kernel: read + write the QKV output; backward: the bias gradient
+        # reduction reads the output gradient once
+        f = memory_s(dev, T * qkv * w * 2)
+        ops.append(OpTime("QKV bias add", f, f / 2))
     heads = max(1, cfg.heads // tp)
     if opts.flash:
         flops = 4.0 * b * seq * seq * heads * d * (0.5 if opts.causal else 1.0)
         rate = dev.peak(dtype) * 1e12 * gemm_efficiency(dev, dtype, seq, seq, d, b * heads, sweep)
         io = 4.0 * T * heads * d * w  # Q, K, V read, O written
-        attn_f = max(flops / rate, memory_s(dev, io))
-        attn_b = max(2.5 * flops / rate, memory_s(dev, 2.0 * io + T * heads * d * w))
-        core_f = 0.0
+        ops.append(OpTime("flash attention", max(flops / rate, memory_s(dev, io)),
+                          max(2.5 * flops / rate, memory_s(dev, 2.0 * io + T * heads * d * w))))
     else:
-        scores = float(b * heads * seq * seq)
-        gemms = g(seq, seq, d, b * heads) + g(seq, d, seq, b * heads)
-        # scale + mask + softmax (read scores, write probabilities), dropout (mask byte, output)
-        elem_f = memory_s(dev, scores * (w + w + 1 + w))
-        core_f = gemms + elem_f
-        attn_f = core_f
-        attn_b = 2.0 * gemms + 2.0 * elem_f
-    # element-wise traffic per token on this rank (bytes): 2 layer norms (read + write h), 2 x bias +
-    # dropout + residual (read 2h, write h, mask h/2), activation of the MLP (read, write)
-    rep = 2 * 2 * h * w + 2 * (3 * h * w + h)
-    if opts.sequence_parallel:
-        rep /= tp
-    act = (3 if cfg.gated_mlp else 2) * ffn * w
-    elem_fwd = memory_s(dev, T * (rep + act))
-    fwd = dense_fwd + attn_f + elem_fwd
-    bwd = dense_bwd + attn_b + 2.0 * elem_fwd
+        bh = b * heads
+        scores = float(bh * seq * seq)
+        # QK^T writes the scores; backward dQ = dS K and dK = dS^T Q (K = seq)
+        ops.append(OpTime("attention scores QK^T", g(seq, seq, d, bh), 2.0 * g(seq, d, seq, bh), core=True))
+        # fused scale+mask+softmax (read, write) then dropout (read, write output + 1-byte mask);
+        # backward: dropout (read grad + mask, write), softmax (read probs + grad, write)
+        ops.append(OpTime("softmax + dropout", memory_s(dev, scores * (4 * w + 1)),
+                          memory_s(dev, scores * (5 * w + 1)), core=True))
+        # AV reads the probabilities; backward dV = P^T dO (K = seq) and dP = dO V^T (writes s^2)
+        ops.append(OpTime("attention context AV", g(seq, d, seq, bh), g(seq, d, seq, bh) + g(seq, seq, d, bh),
+                          core=True))
+        f = memory_s(dev, T * q_out * w * 2)  # [b, np, s, hn] -> [s, b, np, hn] copy, both ways
+        ops.append(OpTime("context permute copy", f, f))
+    ops.append(OpTime("attention output GEMM", *linear(q_out, h)))
+    # bias + dropout + residual: read 2h, write h, 1-byte mask h (replicated unless SP)
+    bda = elem((3 * h * w + h) / sp)
+    ops.append(OpTime("bias+dropout+residual (attention)", *bda))
+    ops.append(OpTime("layer norm (MLP)", *ln))
+    ops.append(OpTime("MLP in GEMM", *linear(h, ffn_in)))
+    ops.append(OpTime("bias + GeLU / SwiGLU", *elem((ffn_in + ffn) * w)))
+    ops.append(OpTime("MLP out GEMM", *linear(ffn, h)))
+    ops.append(OpTime("bias+dropout+residual (MLP)", *bda))
     size = T * h * w
     if tp > 1:
         comm = (2.0 * (tp_collective_s("all_gather", size) + tp_collective_s("reduce_scatter", size))
                 if opts.sequence_parallel else 2.0 * tp_collective_s("all_reduce", size))
-    else:
-        comm = 0.0
-    return LayerTimes(fwd, bwd, comm, core_f)
+        ops.append(OpTime("TP collectives", comm, comm, comm=True))
+    return ops
+
+
+def layer_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
+                opts: LayerOptions, tp_collective_s: Callable[[str, float], float],
+                sweep: Sequence[tuple[int, float]] | None = None) -> LayerTimes:
+    """Return the LayerTimes of one transformer block of `cfg` at micro-batch `b`, `seq` tokens, TP `tp`:
+    the sums of `layer_ops` (compute forward and backward, TP collectives of one direction, the
+    attention core's forward)."""
+    ops = layer_ops(cfg, dev, dtype, tp, b, seq, opts, tp_collective_s, sweep)
+    return LayerTimes(sum(o.forward_s for o in ops if not o.comm), sum(o.backward_s for o in ops if not o.comm),
+                      sum(o.forward_s for o in ops if o.comm), sum(o.forward_s for o in ops if o.core))
 
 
 def head_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
                sweep: Sequence[tuple[int, float]] | None = None) -> tuple[float, float]:
     """Return (forward_s, backward_s) of the output projection onto the vocabulary (split by tp) and
-    the fp32 cross-entropy over its logits (memory-bound)."""
+    the fp32 vocabulary-parallel cross-entropy over its logits (memory-bound, Megatron-LM's kernel
+    sequence: bytes per logit in `ce_bytes_per_logit`)."""
     T, V = b * seq, max(1, cfg.vocab // tp)
     f = gemm_s(dev, dtype, T, V, cfg.hidden, 1, sweep)
-    bwd = gemm_s(dev, dtype, T, cfg.hidden, V, 1, sweep) + gemm_s(dev, dtype, V, cfg.hidden, T, 1, sweep)
-    ce = memory_s(dev, T * V * (DTYPE_BYTES[dtype] + 4 + 4))  # read logits, write fp32 softmax, grads
-    return f + ce, bwd + ce
+    bwd = (gemm_s(dev, dtype, T, cfg.hidden, V, 1, sweep)
+           + gemm_s(dev, dtype, V, cfg.hidden, T, 1, sweep, out_bytes=MAIN_GRAD_BYTES))
+    ce_f, ce_b = ce_bytes_per_logit(DTYPE_BYTES[dtype])
+    return f + memory_s(dev, T * V * ce_f), bwd + memory_s(dev, T * V * ce_b)
+
+
+def ce_bytes_per_logit(w: int) -> tuple[float, float]:
+    """Return the (forward, backward) HBM bytes per logit of Megatron-LM's vocabulary-parallel
+    cross-entropy on `w`-byte logits, one kernel at a time: forward: cast to fp32 (read w, write 4),
+    row max (read 4), subtract it in place (4 + 4), exp in place (4 + 4), row sum (4), divide by the
+    sum in place, kept as the softmax for backward (4 + 4); backward: scale the softmax by the loss
+    gradient in place (4 + 4), cast back (read 4, write w). The target-logit gathers are per token."""
+    return (w + 4) + 4 + 8 + 8 + 4 + 8, 8.0 + (4 + w)
 
 
 def embedding_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, b: int, seq: int) -> tuple[float, float]:
