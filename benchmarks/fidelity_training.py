@@ -143,16 +143,16 @@ def breakdown_lines(problem: Any, gpu: str, tp: int, b: int, published_fwd_ms: f
     return out
 
 
-def layer_lines(doc: dict[str, Any]) -> list[str]:
-    """Return the per-layer check: one block's forward and backward (TP collectives and what the
-    recomputation mode re-runs included) against Korthikanti et al. Table 4."""
+def layer_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return one dict per Korthikanti et al. Table 4 row: its name, the problem, the published and
+    predicted forward / backward seconds of one block (TP collectives and what the recomputation
+    mode re-runs included) and the ratios published / predicted."""
     import gpuplan
     from gpuplan.models.poseidon import CostModel
 
     d, spec = doc["defaults"], doc["layer_runs"]
     lay = spec["layer"]
-    out = [f"one layer of the 22B model ({spec['source']} Table 4; tp {lay['tp']}, micro-batch {lay['micro_batch']}): "
-           "published vs predicted ms, ratio = published / predicted time"]
+    out = []
     for row in spec["rows"]:
         run = {"name": "22B", "layers": 48, "hidden": lay["hidden"], "heads": lay["heads"], "gpus": lay["tp"],
                "global_batch": lay["micro_batch"], "sequence_parallel": row["sequence_parallel"], "pp": 1}
@@ -160,13 +160,25 @@ def layer_lines(doc: dict[str, Any]) -> list[str]:
         cm = CostModel(problem)
         f, g = cm.layer(d["gpu"], lay["tp"], lay["micro_batch"])
         g += cm.recompute_s(d["gpu"], lay["tp"], lay["micro_batch"], row["recompute"])
-        rf, rb = row["forward_ms"] / (f * 1e3), row["backward_ms"] / (g * 1e3)
+        out.append({"row": row, "problem": problem, "fwd_s": f, "bwd_s": g,
+                    "fwd_ratio": row["forward_ms"] / (f * 1e3), "bwd_ratio": row["backward_ms"] / (g * 1e3)})
+    return out
+
+
+def layer_lines(doc: dict[str, Any]) -> list[str]:
+    """Return the per-layer check against Korthikanti et al. Table 4 (one line per row, see
+    `layer_rows`) followed by the per-operation breakdown of its first row."""
+    d, spec = doc["defaults"], doc["layer_runs"]
+    lay = spec["layer"]
+    out = [f"one layer of the 22B model ({spec['source']} Table 4; tp {lay['tp']}, micro-batch {lay['micro_batch']}): "
+           "published vs predicted ms, ratio = published / predicted time"]
+    rows = layer_rows(doc)
+    for r in rows:
+        row, f, g, rf, rb = r["row"], r["fwd_s"], r["bwd_s"], r["fwd_ratio"], r["bwd_ratio"]
         out.append(f"  {row['name']:<24} fwd {row['forward_ms']:5.1f} vs {f * 1e3:5.2f} ({rf:.2f})   "
                    f"bwd {row['backward_ms']:5.1f} vs {g * 1e3:5.2f} ({rb:.2f})   "
                    f"{'yes' if max(abs(rf - 1), abs(rb - 1)) <= TOLERANCE else 'NO'}")
-        if row is spec["rows"][0]:
-            first = (problem, row["forward_ms"])
-    out += breakdown_lines(first[0], d["gpu"], lay["tp"], lay["micro_batch"], first[1])
+    out += breakdown_lines(rows[0]["problem"], d["gpu"], lay["tp"], lay["micro_batch"], rows[0]["row"]["forward_ms"])
     return out
 
 

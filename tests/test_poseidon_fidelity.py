@@ -244,3 +244,101 @@ def test_config_file_and_measured_sweep(tmp_path) -> None:
     flat = problem(efficiency=0.4)
     d = gpuplan.evaluate_config(flat, "tp=2,pp=2,dp=2,mb=2,recompute=full,interleave=2")
     assert d.iteration_time_s > b.iteration_time_s
+
+
+# ---- per-operation layer model ---------------------------------------------------------------------
+
+def _ops(flash: bool, sp: bool = False, tp: int = 8, name: str = "A100-80GB") -> tuple[list[C.OpTime], C.LayerTimes]:
+    """The 22B layer of Korthikanti et al. (h 6144, 64 heads, s 2048, b 4) with a fixed TP collective."""
+    cfg = scaled(model_config("gpt3-1.3b"), num_layers=48, hidden=6144)
+    cfg = cfg.model_copy(update={"heads": 64, "kv_heads": 64, "head_dim": None, "ffn_hidden": 4 * 6144})
+    opts = C.LayerOptions(flash=flash, causal=True, sequence_parallel=sp)
+    coll = (lambda op, size: 1e-5 + size / 200e9)
+    dev = device_type(name)
+    args = (cfg, dev, "fp16", tp, 4, 2048, opts, coll)
+    return C.layer_ops(*args), C.layer_times(*args)
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_layer_ops_add_up_to_the_layer_times(flash: bool) -> None:
+    ops, t = _ops(flash)
+    assert all(o.forward_s > 0 and o.backward_s > 0 for o in ops)
+    assert t.forward_s == pytest.approx(sum(o.forward_s for o in ops if not o.comm), rel=1e-12)
+    assert t.backward_s == pytest.approx(sum(o.backward_s for o in ops if not o.comm), rel=1e-12)
+    assert t.tp_comm_s == pytest.approx(2 * (1e-5 + 4 * 2048 * 6144 * 2 / 200e9), rel=1e-12)  # 2 all-reduces
+    core = [o.name for o in ops if o.core]
+    if flash:  # the flash backward recomputes the core itself: selective recomputation adds nothing
+        assert core == [] and t.recompute_s("selective") == 0.0
+    else:
+        assert core == ["attention scores QK^T", "softmax + dropout", "attention context AV"]
+        assert t.recompute_s("selective") == pytest.approx(sum(o.forward_s for o in ops if o.core))
+    assert t.recompute_s("full") == pytest.approx(t.forward_s + t.tp_comm_s)
+    # the backward of a block costs about twice its forward (input and weight gradients)
+    assert 1.5 < t.backward_s / t.forward_s < 2.5
+
+
+def test_explicit_attention_moves_the_score_bytes_of_megatrons_kernels() -> None:
+    """Without flash: softmax and dropout are separate kernels over b a/tp s^2 scores (9 bytes forward,
+    11 backward in fp16, at the streaming rate); with flash no score tensor exists."""
+    ops, _ = _ops(flash=False)
+    by = {o.name: o for o in ops}
+    dev = device_type("A100-80GB")
+    scores = 4 * (64 // 8) * 2048 ** 2
+    assert by["softmax + dropout"].forward_s == pytest.approx(C.memory_s(dev, 9 * scores))
+    assert by["softmax + dropout"].backward_s == pytest.approx(C.memory_s(dev, 11 * scores))
+    # QK^T writes every score: at least that write after its math on A100's serial epilogue
+    assert by["attention scores QK^T"].forward_s > C.memory_s(dev, 2 * scores)
+    flash_ops, _ = _ops(flash=True)
+    assert "softmax + dropout" not in {o.name for o in flash_ops}
+    assert sum(o.forward_s for o in flash_ops) < sum(o.forward_s for o in ops)
+
+
+def test_serial_epilogue_before_hopper() -> None:
+    a100, h100 = device_type("A100-80GB"), device_type("H100")
+    assert C.serial_epilogue(a100) and not C.serial_epilogue(h100)
+    M = N = 8192
+    for K in (96, 768, 8192):
+        flops = 2.0 * M * N * K
+        math_s = flops / (a100.peak("bf16") * 1e12 * C.gemm_ceiling(a100) * C.wave_efficiency(a100, M, N))
+        operands_s = C.memory_s(a100, (M * K + K * N) * 2)
+        out_s = C.memory_s(a100, M * N * 2)
+        assert C.gemm_s(a100, "bf16", M, N, K) == pytest.approx(max(math_s, operands_s) + out_s, rel=1e-12)
+        # Hopper: the roofline alone (epilogue overlapped with the next tile's math)
+        assert C.gemm_s(h100, "bf16", M, N, K) == pytest.approx(
+            flops / (h100.peak("bf16") * 1e12 * C.gemm_efficiency(h100, "bf16", M, N, K)), rel=1e-12)
+    # a small-K GEMM pays its output write in full: K = 96 is far from the largest-GEMM rate
+    small = 2.0 * M * N * 96 / C.gemm_s(a100, "bf16", M, N, 96) / (a100.peak("bf16") * 1e12)
+    assert small < 0.6 * C.gemm_ceiling(a100)
+
+
+def test_weight_gradients_accumulate_into_fp32_main_grads() -> None:
+    dev = device_type("A100-80GB")
+    M, N, K = 3 * 6144 // 8, 6144, 8192
+    plain = C.gemm_s(dev, "fp16", M, N, K)
+    main = C.gemm_s(dev, "fp16", M, N, K, out_bytes=C.MAIN_GRAD_BYTES)
+    assert main - plain == pytest.approx(C.memory_s(dev, M * N * (C.MAIN_GRAD_BYTES - 2)), rel=1e-9)
+    h100 = device_type("H100")  # overlapped epilogue: the extra traffic only matters when memory-bound
+    assert C.gemm_s(h100, "fp16", M, N, K, out_bytes=C.MAIN_GRAD_BYTES) >= C.gemm_s(h100, "fp16", M, N, K)
+
+
+def test_one_layer_of_the_22b_model_is_within_15_percent_of_korthikanti_table_4() -> None:
+    """Validation (no constant comes from these numbers): Korthikanti et al. 2022 Table 4, one layer
+    of the 22B model on 8 A100s, forward and backward ms for each recomputation / SP setting."""
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import fidelity_training as F
+    finally:
+        sys.path.remove(str(bench))
+    import yaml
+
+    doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
+    rows = F.layer_rows(doc)
+    assert len(rows) == 5
+    for r in rows:
+        assert abs(r["fwd_ratio"] - 1) <= 0.15 and abs(r["bwd_ratio"] - 1) <= 0.15, r["row"]["name"]
+    lines = F.layer_lines(doc)
+    assert any("softmax + dropout" in ln for ln in lines) and any("bus bandwidth" in ln for ln in lines)
