@@ -181,3 +181,24 @@ def test_decode_file_refuses_non_regular_delta_files(tmp_path: Path, bad: str) -
         os.mkfifo(path)
     with pytest.raises(InputError, match="not a regular file|no such file"):
         decode_file(tmp_path / "old.safetensors", path)
+
+
+def test_without_a_header_a_record_allocates_only_what_its_bytes_justify() -> None:
+    """decode_record on its own (as a network receiver calls it): an 'all' record claiming 2^28
+    elements with no values behind it is refused before 2^28 positions are allocated."""
+    n = D.MAX_CHUNK_ELEMS
+    rec = _record(0, 0, n, n, D.ALL, D.VRAW, 8, b"", b"")
+    tracemalloc.start()
+    with pytest.raises(D.DeltaError, match="values"):
+        D.decode_record(rec)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 16 * 2**20
+
+
+def test_zlib_values_of_width_one_or_with_a_short_raw_plane_are_refused_before_inflating() -> None:
+    plane = zlib.compress(bytes(2**20))
+    with pytest.raises(D.DeltaError, match="raw plane bytes"):
+        D._decode_values(D.VZLIB, len(plane).to_bytes(4, "little") + plane, 2**20, 1)
+    with pytest.raises(D.DeltaError, match="raw plane bytes"):
+        D._decode_values(D.VZLIB, len(plane).to_bytes(4, "little") + plane + bytes(10), 2**20, 2)

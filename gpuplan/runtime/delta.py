@@ -340,6 +340,8 @@ def _decode_values(encoding: int, data: bytes, k: int, width: int) -> np.ndarray
         (clen,) = struct.unpack_from("<I", data, 0)
         if 4 + clen > len(data):
             raise DeltaError(f"values: zlib plane of {clen} bytes in {len(data) - 4}")
+        if width < 2 or len(data) - 4 - clen != k * (width - 1):  # before inflating: k is bounded by the bytes
+            raise DeltaError(f"values: {len(data) - 4 - clen} raw plane bytes for {k} values of width {width}")
         inflater = zlib.decompressobj()
         try:  # never inflate past the k bytes the record justifies (a zlib bomb stops here)
             top = inflater.decompress(data[4:4 + clen], k)
@@ -449,8 +451,8 @@ def decode_record(buf: bytes | memoryview, offset: int = 0, *,
     if n > bound or low > 32:
         raise DeltaError(f"record (tensor {tensor}, chunk {chunk}): {n} elements (at most {bound} here) "
                          f"or Elias-Fano low bits {low} (at most 32)")
-    pos = decode_positions(ienc, idata, n, k, low)
-    values = _decode_values(venc, vdata, k, width)
+    values = _decode_values(venc, vdata, k, width)  # first: it proves k from the record's own bytes
+    pos = decode_positions(ienc, idata, n, k, low)  # so 'all' (k == n) allocates what the bytes justify
     return Record(tensor, chunk, n, pos, values, base_crc, ienc), end
 
 
