@@ -1,7 +1,8 @@
 """Fidelity section (b): the collective model against published NCCL all_reduce bus bandwidth.
 
 Each series of benchmarks/data/nccl_tests_published.yaml (hardware as a gpuplan cluster, source,
-(size, busbw) points) is predicted two ways, nothing fitted to the published figures:
+(size, busbw) points, and the NCCL_ALGO the run set, if any) is predicted two ways, nothing fitted to
+the published figures:
 
 - nccl: NCCL 2.30.7's own estimate of its default (algorithm, protocol) on the graphs its topology
   search would build (gpuplan.models.collectives.collective_time_s, what Poseidon calls);
@@ -69,10 +70,12 @@ def rows() -> list[dict[str, Any]]:
     for s in doc["series"]:
         for label, cluster, ranks in clusters_of(s):
             ids = list(range(ranks))
+            algos = s.get("nccl_algo")          # NCCL_ALGO the run set (None: NCCL's default choice)
             for size, published in s["points"]:
-                nccl = bus_bandwidth_GBps(cluster, "all_reduce", size, ids)
-                lagom = bus_factor("all_reduce", ranks) * size / lagom_time_s(cluster, "all_reduce", size, ids) / 1e9
-                choice = nccl_choice(cluster, "all_reduce", size, ids)
+                nccl = bus_bandwidth_GBps(cluster, "all_reduce", size, ids, algos=algos)
+                lagom = bus_factor("all_reduce", ranks) * size / lagom_time_s(cluster, "all_reduce", size, ids,
+                                                                              algos=algos) / 1e9
+                choice = nccl_choice(cluster, "all_reduce", size, ids, algos=algos)
                 out.append({"series": s["name"], "source": " ".join(s["source"].split()), "topology": label,
                             "provenance": s.get("provenance", "statement"),
                             "size": int(size), "published": float(published), "nccl": nccl, "lagom": lagom,

@@ -280,3 +280,33 @@ def test_fidelity_b_large_and_multi_node_points_within_25_percent() -> None:
     off = [(r["topology"], r["size"], round(r["lagom"] / r["published"], 2)) for r in rows
            if abs(r["lagom"] / r["published"] - 1) > 0.25]
     assert off == [], off
+
+
+def test_nccl_algo_restriction_and_nvls_chunking() -> None:
+    """NCCL_ALGO=NVLS on 8 H100 runs NVLS at every size: a 1 KiB all-reduce costs NVLS's 25 us latency
+    (tuning.cc hwLat), where NCCL's default (ring LL) takes ~15 us; A100 has no NVLS, so restricting to
+    it is refused with the reason. NVLS chunks follow enqueue.cc: 128 KiB for large ops, 16 KiB when
+    the op is below 2 x channels x heads x 32 KiB, and an op smaller than channels x heads x chunk
+    keeps only ceil(size / (heads x chunk)) channels busy."""
+    from gpuplan.models import lagom_cost as cost
+    from gpuplan.models.collectives import lagom_link
+
+    h100 = Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"H100": 8}}]})
+    ids = list(range(8))
+    forced = collective_time_s(h100, "all_reduce", 1024, ids, algos=["nvls"])
+    default = collective_time_s(h100, "all_reduce", 1024, ids)
+    assert forced == pytest.approx(25e-6, rel=0.05) and default < 0.7 * forced
+    assert nccl_choice(h100, "all_reduce", 1024, ids, algos=["nvls"]).algo == "nvls"
+    with pytest.raises(ValueError, match="algos: NCCL runs none of"):
+        collective_time_s(_cluster(), "all_reduce", 1024, list(range(8)), algos=["nvls"])
+    with pytest.raises(ValueError, match="algos: some of"):
+        collective_time_s(h100, "all_reduce", 1024, ids, algos=["sharp"])
+    link = lagom_link(h100, ids)
+    heads = cost.nvls_heads(link)
+    assert heads == 8
+    assert cost.nccl_chunk("all_reduce", "nvls", "Simple", GiB, link, 8) == 128 * 1024
+    assert cost.nccl_chunk("all_reduce", "nvls", "Simple", 2**20, link, 8) == 16 * 1024
+    assert cost.busy_channels("all_reduce", 2**19, "nvls", link, 8, 16 * 1024) == 4    # 512 KiB / (8 x 16 KiB)
+    assert cost.busy_channels("all_reduce", GiB, "nvls", link, 8, 128 * 1024) == 8
+    assert cost.steps_per_rank("all_reduce", "nvls", link) == 2
+    assert cost.steps_per_rank("all_reduce", "ring", link) == 14

@@ -212,21 +212,34 @@ def fallback_time_s(op: str, size_bytes: float, ranks: int, bandwidth_GBps: floa
     return factor * size_bytes / (bandwidth_GBps * 1e9) + steps * latency_s
 
 
+def _algos(algos: Iterable[str] | None) -> tuple[str, ...]:
+    """NCCL_ALGO's restriction as nccl_tuning's algorithm names (None: all of them)."""
+    if algos is None:
+        return nt.ALGOS
+    out = tuple(str(a).lower() for a in algos)
+    bad = [a for a in out if a not in nt.ALGOS]
+    if bad or not out:
+        raise ValueError(f"algos: some of {', '.join(nt.ALGOS)} (as NCCL_ALGO), not {list(algos)!r}")
+    return out
+
+
 def nccl_choice(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int],
-                dtype_bytes: int = 2) -> nt.Choice | None:
+                dtype_bytes: int = 2, algos: Iterable[str] | None = None) -> nt.Choice | None:
     """Return NCCL's default (algorithm, protocol, time us, channels, threads) for `op` over the group,
-    or None when the group falls back to alpha-beta (unknown devices, point-to-point ops, one rank)."""
+    or None when the group falls back to alpha-beta (unknown devices, point-to-point ops, one rank).
+    `algos` restricts the algorithms as NCCL_ALGO does."""
     _check_op(op)
     shape = group_shape(cluster, device_ids)
     if shape.topology is None or op not in TUNED_OPS or shape.ranks <= 1:
         return None
-    return nt.choose(shape.topology, op, float(_elements(size_bytes, dtype_bytes)))
+    return nt.choose(shape.topology, op, float(_elements(size_bytes, dtype_bytes)), algos=_algos(algos))
 
 
 def collective_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
-                      calibration: Calibration | None = None) -> float:
+                      calibration: Calibration | None = None, algos: Iterable[str] | None = None) -> float:
     """Return the seconds of `op` on `size_bytes` over `device_ids` of `cluster` with NCCL's default
-    choice (see the module docstring for the contract); 0 for one device."""
+    choice (see the module docstring for the contract); 0 for one device. `algos` restricts the
+    algorithms as NCCL_ALGO does (ValueError when none of them runs on the group)."""
     _check_op(op)
     shape = group_shape(cluster, device_ids)
     if shape.ranks <= 1:
@@ -238,15 +251,15 @@ def collective_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iter
             return fit.time_s(size)
     if shape.topology is None or op not in TUNED_OPS:
         return fallback_time_s(op, size, shape.ranks, shape.link_GBps, shape.link_latency_s)
-    return nt.choose(shape.topology, op, float(size)).time_us * 1e-6
+    return nt.choose(shape.topology, op, float(size), algos=_algos(algos)).time_us * 1e-6
 
 
 def bus_bandwidth_GBps(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
-                       calibration: Calibration | None = None) -> float:
+                       calibration: Calibration | None = None, algos: Iterable[str] | None = None) -> float:
     """Return nccl-tests' bus bandwidth (GB/s) of `op` over the group: bus factor x size / time
     (all_reduce 2(n-1)/n, all_gather / reduce_scatter (n-1)/n, others 1); 0 for one device."""
     ids = tuple(device_ids)
-    t = collective_time_s(cluster, op, size_bytes, ids, dtype_bytes, calibration)
+    t = collective_time_s(cluster, op, size_bytes, ids, dtype_bytes, calibration, algos)
     n = len(ids)
     if n <= 1 or t <= 0:
         return 0.0
@@ -263,9 +276,10 @@ def lagom_link(cluster: Any, device_ids: Iterable[int]) -> cost.Link | None:
 
 
 def lagom_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
-                 consts: cost.Consts | None = None) -> float:
-    """Return Lagom's extended-model seconds (pipeline fill, per-step sync, thread saturation) of `op`
-    at NCCL's default setting over the group; the alpha-beta fallback where there is no NCCL model."""
+                 consts: cost.Consts | None = None, algos: Iterable[str] | None = None) -> float:
+    """Return Lagom's extended-model seconds (chain fill, flow control, step latency, thread
+    saturation) of `op` at NCCL's default setting over the group (`algos`: restricted as NCCL_ALGO
+    does); the alpha-beta fallback where there is no NCCL model."""
     _check_op(op)
     ids = tuple(device_ids)
     link = lagom_link(cluster, ids)
@@ -273,5 +287,5 @@ def lagom_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[
     if link is None or op not in cost.COLLECTIVES:
         return collective_time_s(cluster, op, size, ids, dtype_bytes)
     c = consts or cost.Consts()
-    a, p, nc, nthreads, chunk = cost.nccl_default(op, size, link, c)
+    a, p, nc, nthreads, chunk = cost.nccl_default(op, size, link, c, None if algos is None else _algos(algos))
     return float(cost.comm_time_us(op, size, a, p, link, c, nc, nthreads, chunk)) * 1e-6

@@ -331,14 +331,19 @@ def default_chunk(algo: str, proto: str, collective: str) -> int:
     return DEFAULT_BUFFSIZE[proto] // NCCL_STEPS * steps
 
 
-def nccl_default(collective: str, size_bytes: float, link: Link, c: Consts) -> tuple[str, str, int, int, int]:
+def nccl_default(collective: str, size_bytes: float, link: Link, c: Consts,
+                 algos: tuple[str, ...] | None = None) -> tuple[str, str, int, int, int]:
     """Return NCCL's default (algo, proto, channels, threads, chunk_bytes) for one op.
 
     NCCL's own choice (nccl_tuning.choose: smallest estimated time among the algorithms this link
     allows, then NCCL's reduction of channels and threads for small messages) and the default chunk;
-    send_recv takes the protocol with the smallest time over a one-step ring.
+    send_recv takes the protocol with the smallest time over a one-step ring. `algos` restricts the
+    choice as NCCL_ALGO does (ValueError when none of them runs here).
     """
-    allowed = tuple(a for a in ALGOS if algo_allowed(a, collective, link) is None)
+    allowed = tuple(a for a in ALGOS if algo_allowed(a, collective, link) is None and (algos is None or a in algos))
+    if not allowed:
+        raise ValueError(f"algos: none of {list(algos or ())} runs {collective} on this group "
+                         f"({link.ranks} ranks, {link.nodes} nodes, NVLS {'yes' if link.nvls else 'no'})")
     t, g, caps = link_topology(link), link_graphs(link), link_caps(link, c)
     if collective in nt.COLLECTIVES:
         ch = nt.choose(t, collective, float(size_bytes), g, caps, allowed)
@@ -348,21 +353,66 @@ def nccl_default(collective: str, size_bytes: float, link: Link, c: Consts) -> t
                 key=lambda q: nccl_time_us(collective, size_bytes, "ring", q, link, c))
         a, nc, nthreads = "ring", link.channels, 640 if p == "LL128" else 512
     lo, hi = thread_range(a, p)
-    return a, p, max(1, min(nc, MAX_CHANNELS)), min(max(nthreads, lo), hi), default_chunk(a, p, collective)
+    nc = max(1, min(nc, MAX_CHANNELS))
+    chunk = max(4096, nccl_chunk(collective, a, p, size_bytes, link, nc))
+    return a, p, nc, min(max(nthreads, lo), hi), chunk
 
 
 # ---- the extended model with explicit (channels, threads, chunk) ---------------------------------
 
+def nvls_heads(link: Link) -> int:
+    """Return NVLS's heads (nvls.nHeads): one per NVLS graph channel (a GPU of the node, or a NIC's
+    GPU across nodes); the node's GPUs when the link has no NVLS graph."""
+    g = link_graphs(link).nvls
+    return int(g.channels) if g is not None and math.isfinite(g.channels) else max(1, link.ppn)
+
+
 def _per_loop(collective: str, algo: str, link: Link) -> int:
     """Chunks one channel moves per loop (enqueue.cc nchunksPerLoop): one per rank for the ring pattern
-    (all_reduce, all_gather, reduce_scatter on the ring), one otherwise (tree, NVLS per head, and the
-    broadcast / reduce pipeline)."""
+    (all_reduce, all_gather, reduce_scatter on the ring), one per head for NVLS and the NVLS tree,
+    one otherwise (tree, the broadcast / reduce pipeline)."""
+    if algo in ("nvls", "nvlstree"):
+        return nvls_heads(link)
     return link.ranks if algo == "ring" and collective in RING_PATTERN else 1
 
 
-def busy_channels(collective: str, size_bytes: float, algo: str, link: Link, channels: Any) -> Any:
-    """Return how many of `channels` get work: NCCL spreads the last loop over every channel, down to
-    one 4 KiB slice per rank and channel, so only tiny messages leave channels idle."""
+def nccl_chunk(collective: str, algo: str, proto: str, size_bytes: float, link: Link, channels: int) -> int:
+    """Return the chunk (bytes) NCCL's enqueue.cc calcCollChunking gives an op of `size_bytes` on
+    `channels` channels: the buffer's (`default_chunk`), shrunk for NVLS (128 KiB, then 64 / 32 / 16 KiB
+    below 64 / 8 / 2 x channels x heads x chunk bytes), the NVLS tree (256 / 128 / 64 / 32 KiB below
+    32 / 16 / 4 / 1 x channels x heads x chunk) and the LL128 tree (halved while fewer than
+    (1 + log2 N + 0.1 ppn) x 64 / ppn chunks per channel, down to 128 KiB, then x 16 / ppn down
+    to 32 KiB)."""
+    chunk = default_chunk(algo, proto, collective)
+    if algo == "nvls":
+        ops = channels * nvls_heads(link)
+        for factor, size in ((64, 65536), (8, 32768), (2, 16384)):
+            if size_bytes < factor * ops * chunk and chunk > size:
+                chunk = size
+    elif algo == "nvlstree":
+        ops = channels * nvls_heads(link)
+        for factor, size in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
+            if size_bytes < factor * ops * chunk and chunk > size:
+                chunk = size
+    elif algo == "tree" and proto == "LL128":
+        ppn = link.ranks / link.nodes
+        steps = 1 + math.log2(link.nodes) + 0.1 * ppn
+        while size_bytes // (channels * chunk) < steps * 64 / ppn and chunk > 131072:
+            chunk //= 2
+        while size_bytes // (channels * chunk) < steps * 16 / ppn and chunk > 32768:
+            chunk //= 2
+    return int(chunk // 128 * 128)
+
+
+def busy_channels(collective: str, size_bytes: float, algo: str, link: Link, channels: Any,
+                  chunk_bytes: Any = None) -> Any:
+    """Return how many of `channels` get work: NCCL spreads the last loop of a ring or tree over every
+    channel, down to one 4 KiB slice per rank and channel, so only tiny messages leave channels idle;
+    NVLS hands out whole chunks, one per (channel, head), so an op smaller than channels x heads x
+    chunk keeps only ceil(size / (heads x chunk)) channels busy."""
+    if algo in ("nvls", "nvlstree") and chunk_bytes is not None:
+        units = np.maximum(1.0, np.ceil(size_bytes / (_per_loop(collective, algo, link) * chunk_bytes)))
+        return np.minimum(channels, units)
     slices = np.maximum(1.0, np.floor(size_bytes / (_per_loop(collective, algo, link) * 4096.0)))
     return np.minimum(channels, slices)
 
@@ -377,6 +427,16 @@ def pipeline_steps(collective: str, algo: str, link: Link) -> float:
     if algo == "nvlstree":
         return 2.0 * (1 + math.log2(link.nodes))
     return float(nsteps(collective, link.ranks))
+
+
+def steps_per_rank(collective: str, algo: str, link: Link) -> float:
+    """Return the steps one rank posts per loop (what its handshakes serialize on): every step of a
+    ring pattern (the node-boundary ranks post each of them to the network), one per chunk for the
+    broadcast / reduce pipeline, two for the tree and NVLS (up and down, reduce and multicast), four
+    for the NVLS tree (NVLS reduce, tree up, tree down, multicast)."""
+    if algo == "ring":
+        return float(nsteps(collective, link.ranks)) if collective in RING_PATTERN else 1.0
+    return 4.0 if algo == "nvlstree" else 2.0
 
 
 def fill_depth(collective: str, algo: str, proto: str, link: Link) -> float:
@@ -453,12 +513,12 @@ def window_GBps(collective: str, algo: str, proto: str, link: Link, c: Consts, p
 
 
 def comm_bw_GBps(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts,
-                 channels: Any, threads: Any) -> Any:
+                 channels: Any, threads: Any, chunk_bytes: Any = None) -> Any:
     """Return the bus bandwidth (GB/s) the op reaches with explicit channels and threads per CTA: NCCL's
     bus bandwidth of the busy channels (no more than the searched graph has: more CTAs share the same
     links), each scaled by its thread saturation, capped by the link's measured cap (then NCCL's
     protocol caps)."""
-    nc = busy_channels(collective, size_bytes, algo, link, channels)
+    nc = busy_channels(collective, size_bytes, algo, link, channels, chunk_bytes)
     g = link_graphs(link)
     if algo in ("nvls", "nvlstree"):
         nc = np.maximum(nc, 2)
@@ -478,22 +538,23 @@ def comm_time_us(collective: str, size_bytes: float, algo: str, proto: str, link
     NCCL's latency + S / algBw, plus the pipeline fill of chains (`fill_depth` hops, each one chunk
     at the per-channel rate: a chunk is min(C, S / (nc x chunks per loop)) as enqueue.cc shrinks the
     last loop's chunk) and the per-step sync cost (step_us, plus net_overhead_us across nodes: NCCL's
-    proxy posts one network send per step, tuning.cc getNetOverhead) of every step of every loop of
-    nc x chunks-per-loop x chunk bytes. The sync overlaps the transfer: a connection keeps NCCL_STEPS
-    (8) steps in flight (device.h), so a step's handshake runs while earlier steps' data moves and the
-    op takes the larger of its transfer time and its steps' sync time, not their sum. Small chunks pay
-    when their steps outnumber what the transfer hides; large chunks pay a chain's fill.
+    proxy posts one network send per step, tuning.cc getNetOverhead) of every step a rank posts
+    (`steps_per_rank`) in every loop of nc x chunks-per-loop x chunk bytes. The sync overlaps the
+    transfer: a connection keeps NCCL_STEPS (8) steps in flight (device.h), so a step's handshake
+    runs while earlier steps' data moves and the op takes the larger of its transfer time and its
+    steps' sync time, not their sum. Small chunks pay when their steps outnumber what the transfer
+    hides; large chunks pay a chain's fill.
     """
-    nc = busy_channels(collective, size_bytes, algo, link, channels)
-    bus = comm_bw_GBps(collective, size_bytes, algo, proto, link, c, channels, threads)
+    nc = busy_channels(collective, size_bytes, algo, link, channels, chunk_bytes)
+    bus = comm_bw_GBps(collective, size_bytes, algo, proto, link, c, channels, threads, chunk_bytes)
     per_loop = _per_loop(collective, algo, link)
     payload = chunk_bytes * PAYLOAD[proto]
     loops = np.ceil(size_bytes / (nc * per_loop * payload))
     piece = np.minimum(payload, size_bytes / (nc * per_loop))
     bus = nc * window_GBps(collective, algo, proto, link, c, piece, bus / nc)
-    steps = pipeline_steps(collective, algo, link)
     fill = fill_depth(collective, algo, proto, link) * piece / (1000.0 * bus / nc)
-    sync = loops * steps * (c.step_us + (c.net_overhead_us if link.nodes > 1 else 0.0))
+    per_step_us = c.step_us + (c.net_overhead_us if link.nodes > 1 else 0.0)
+    sync = loops * steps_per_rank(collective, algo, link) * per_step_us
     lat = nccl_latency_us(collective, algo, proto, link, c) + hop_excess_us(collective, algo, proto, link, c)
     transfer = size_bytes / (1000.0 * bus * ratio(collective, algo, link.ranks))
     return lat + np.maximum(transfer, sync) + fill
@@ -507,11 +568,11 @@ def slowdown(collective: str, size_bytes: float, algo: str, proto: str, link: Li
     memory-bound part, u_mem = beta x (HBM bytes per bus byte of the protocol) x busBw / Bmem plus
     the L2 share of the in-flight chunks (2 per channel) times l2_penalty.
     """
-    nc = busy_channels(collective, size_bytes, algo, link, channels)
+    nc = busy_channels(collective, size_bytes, algo, link, channels, chunk_bytes)
     occ = c.occ_floor + (1 - c.occ_floor) * threads / 640.0
     sm_taken = np.minimum(c.kappa * nc * occ, 0.9 * dev.sms)
     sm_term = dev.sms / (dev.sms - sm_taken)
-    bus = comm_bw_GBps(collective, size_bytes, algo, proto, link, c, channels, threads)
+    bus = comm_bw_GBps(collective, size_bytes, algo, proto, link, c, channels, threads, chunk_bytes)
     reduce = 1.5 if collective in ("all_reduce", "reduce_scatter", "reduce") else 1.0
     wire = 1.0 / PAYLOAD[proto]
     l2 = np.minimum(1.0, 2 * nc * chunk_bytes / dev.l2_bytes)

@@ -572,7 +572,8 @@ def choose(t: Topology, coll: str, size_bytes: float, g: Graphs | None = None, c
             if tm >= 0 and (best is None or tm < best[0]):
                 best = (tm, a, p)
     if best is None:
-        raise ValueError(f"NCCL has no algorithm for {coll} on {t}")
+        raise ValueError(f"algos: NCCL runs none of {list(algos)} for {coll} on this group ({t.ranks} ranks, "
+                         f"{t.nodes} nodes, compute capability {t.cc}; NVLS needs SM90+ on an NVSwitch)")
     tm, a, p = best
     g = g or graphs(t)
     if a in ("nvls", "nvlstree"):
