@@ -3,20 +3,23 @@ collectives, and what each recomputation mode adds. All times in seconds, sizes 
 
 Assumptions (each one recorded in docs/poseidon.md, with its source):
 
-* GEMM time = max(compute, memory) under a roofline: compute at the device's dtype peak times the
-  largest-GEMM ceiling of its type (measured "maximum achievable matmul FLOPS", MAMF) times tile and
-  wave quantisation (128x128 / 128x256 / 256x128 output tiles over the streaming multiprocessors,
-  the best of them, as cuBLAS heuristics pick); memory = the operands and result once at
-  `HBM_FRACTION` of the datasheet bandwidth. When the problem carries a measured matmul sweep
-  (profile), the measured fraction of peak at the GEMM's equivalent cube size replaces the ceiling.
-* Element-wise ops (layer norms, bias + GeLU / SwiGLU, bias + dropout + residual, the non-flash
-  softmax with its mask and dropout, cross-entropy) are memory-bound: bytes read + written at
-  `HBM_FRACTION` of the bandwidth; backward moves twice the forward's bytes.
+* GEMM time: math at the device's dtype peak times the largest-GEMM ceiling of its type (measured
+  "maximum achievable matmul FLOPS", MAMF) times tile and wave quantisation (128x128 / 128x256 /
+  256x128 output tiles over the streaming multiprocessors, the best of them, as cuBLAS heuristics
+  pick). Before Hopper the epilogue is serial (`serial_epilogue`): max(math, A and B read once) plus
+  the output write, all traffic at `HBM_FRACTION` of the datasheet bandwidth; Hopper overlaps the
+  epilogue (roofline: max(math, A + B + C traffic)). Weight-gradient GEMMs accumulate into fp32 main
+  gradients (`MAIN_GRAD_BYTES`). When the problem carries a measured matmul sweep (profile), the
+  measured fraction of peak at the GEMM's equivalent cube size replaces the ceiling.
+* Element-wise ops (layer norms, bias + GeLU / SwiGLU, bias + dropout + residual, cross-entropy)
+  are memory-bound: bytes read + written at `HBM_FRACTION` of the bandwidth; backward moves about
+  twice the forward's bytes. `layer_ops` lists each operation of a block with its times.
 * Attention: flash attention (fused, scores never stored) when `flash`; its forward FLOPs are
   4 b s^2 (heads x head_dim) / tp, halved when `causal` (the kernel skips masked blocks), its
   backward 2.5x the forward (five matmuls instead of two: it recomputes the scores). Without flash,
-  Megatron's explicit path: two batched GEMMs (QK^T, AV) over the full square, then the fused
-  softmax and dropout over b (heads/tp) s^2 scores, memory-bound.
+  Megatron-LM's explicit path (2021-22): QK^T and AV batched GEMMs over the full square, the fused
+  scale-mask-softmax kernel and a separate dropout kernel over b (heads/tp) s^2 scores, the QKV bias
+  added by its own kernel and the context layer's permute copy.
 * Recomputation: "full" re-runs the whole layer forward (its GEMMs, attention, element-wise ops and
   TP collectives) in backward; "selective" (Korthikanti et al. 2022) re-runs only the attention core
   (QK^T, softmax, dropout, AV); with flash attention that core is already recomputed inside the
