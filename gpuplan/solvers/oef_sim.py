@@ -6,6 +6,11 @@ jobs most behind their shares run on whole GPUs (gpuplan.solvers.oef_rounds.choo
 carried across re-allocations, as Gavel's round-based mechanism does). A job that finishes inside
 a round leaves at its exact finish time; its GPUs idle until the round ends.
 
+`mechanism='gavel'` replays Gavel's simulator instead (scheduler.py of Narayanan et al.): rounds
+that end when their last job does, work-conserving filling of idle GPUs, priorities
+share / (time received / time given on the type) since the last reset, and re-allocation at most
+every `resolve_every_s` (Gavel: 1,920 s); see simulate_gavel_rounds.
+
 Reported per policy: average and 95th-percentile job completion time (JCT, s), makespan (s),
 utilisation (busy GPU-seconds over GPUs x makespan) and finish-time fairness
 rho = JCT / (steps / throughput on a 1/N split of the cluster), N the average number of jobs in the
