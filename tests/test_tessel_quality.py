@@ -100,14 +100,16 @@ def test_tessel_on_the_issues_interleaved_example() -> None:
     assert not check(prob, plan) and plan.makespan_s <= base + 1e-9  # was 65
 
 
-def test_the_grouped_repetend_finds_interleaved_1f1b_itself() -> None:
-    prob = problem("interleaved", 3, 24, f=1, b=2, chunks=3, memory=11)
-    plan = solvers.solve_tessel(prob, progress=no_progress, floor=False)
+@pytest.mark.parametrize("m,optimum", [(6, 60), (12, 114), (24, 222)])
+def test_the_grouped_repetend_finds_interleaved_1f1b_itself(m: int, optimum: float) -> None:
+    prob = problem("interleaved", 3, m, f=1, b=2, chunks=3, memory=11)
+    plan = solvers.solve_tessel(prob, progress=no_progress, floor=False)  # no baseline as floor
     assert not check(prob, plan)
     stats = plan.solver.stats
     assert stats["schedule_from"] == "repetend" and stats["group"] == 3
     assert plan.makespan_s == pytest.approx(api.solve(prob, solver="interleaved-1f1b").makespan_s)
-    assert plan.makespan_s == pytest.approx(plan.predicted["lower_bound_s"])  # 222: optimal
+    assert plan.makespan_s == pytest.approx(optimum)
+    assert plan.makespan_s == pytest.approx(plan.predicted["lower_bound_s"])  # optimal
     assert plan.repetend is not None and plan.repetend.group == 3
     assert plan.repetend.period_s == pytest.approx(9)  # per micro-batch: each device's busy time, no bubble
     assert plan.predicted["stream_throughput_mb_per_s"] == pytest.approx(1 / 9)
@@ -155,9 +157,10 @@ def test_exact_starts_from_the_best_baseline_and_reports_its_bound(monkeypatch: 
     prob = problem("interleaved", 3, 12, f=1, b=2, chunks=3, memory=11)
     real = solvers.solve_tessel
 
-    def poor(problem: TesselProblem, **kw: object) -> object:  # a Tessel that only finds its repetend
+    def poor(problem: TesselProblem, **kw: object) -> object:  # Tessel's one-micro-batch repetend alone
         return real(problem, floor=False, **kw)  # type: ignore[arg-type]
     monkeypatch.setattr(solvers, "solve_tessel", poor)
+    monkeypatch.setattr(solvers, "_group_size", lambda problem: 1)  # one micro-batch per period only
     plan = api.solve(prob, solver="exact", time_limit_s=2)
     assert not check(prob, plan)
     assert plan.makespan_s <= 114 + 1e-9  # interleaved 1F1B's, where Tessel's repetend alone has 118

@@ -517,14 +517,15 @@ def reversed_problem(problem: TesselProblem) -> TesselProblem:
     return problem.model_copy(update={"blocks": blocks})
 
 
-GROUP_MAX_BLOCKS = 96  # the grouped repetend search runs up to this many blocks (group x blocks)
+GROUP_MAX_BLOCKS = 512  # the grouped repetend search runs up to this many blocks (group x blocks)
+SEED_GROUPS = 6  # groups of micro-batches in the run the grouped repetend's seed is read from
 
 
 def _group_size(problem: TesselProblem) -> int:
     """Return the micro-batches per period of the second repetend search (the device count, as in
     interleaved 1F1B), or 1 when it does not apply (one device, too few micro-batches, too large)."""
     k = problem.devices
-    if k <= 1 or problem.microbatches < 2 * k or k * len(problem.blocks) > GROUP_MAX_BLOCKS:
+    if k <= 1 or problem.microbatches < k or k * len(problem.blocks) > GROUP_MAX_BLOCKS:
         return 1
     return k
 
@@ -563,20 +564,28 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     else:
         schedule = _unrolled(problem, pat)
     group = _group_size(problem)
-    if group > 1 and base_plan is not None and makespan_s(schedule) > bound * (1 + 1e-9):
+    if group > 1 and makespan_s(schedule) > bound * (1 + 1e-9):
         # a repetend of `group` micro-batches per period can express patterns one micro-batch cannot
         # (interleaved 1F1B runs micro-batches in groups of p). The free grouped search is too hard for
-        # CP-SAT in the budget, so it starts from the best baseline's steady state at `group` busy
-        # periods, shortens its latency there, and completes it like any repetend
+        # CP-SAT in the budget, so it is seeded by the best baseline's periodic steady state at `group`
+        # busy periods, confirmed (or repaired) by CP-SAT, and completed like any repetend
         progress(0.7, f"repetend of {group} micro-batches")
         gp, chains = grouped(problem, group)
         gt = grouped_ticks(t, group)
         period = group * stats["period_lower_bound_ticks"]
-        seed_pat = pattern_from_schedule(problem, gt, base_plan.schedule, group, period)
+        # the steady state does not depend on N: read it from the shortest baseline with a periodic one
+        # on a run long enough to have it (SEED_GROUPS groups), else from this run's best baseline
+        seed_pat, seeded_by = None, None
+        longer = problem.model_copy(update={"microbatches": max(problem.microbatches, SEED_GROUPS * group)})
+        sources = [(longer, plan_) for plan_ in baseline_plans(longer)]
+        for src, src_plan in sources + [(problem, base_plan)]:
+            if src_plan is not None and seed_pat is None:
+                seed_pat = pattern_from_schedule(src, gt, src_plan.schedule, group, period)
+                seeded_by = f"{src_plan.schedule_name} at N={src.microbatches}"
         gpat = None if seed_pat is None else _repetend_at(
             gp, gt, period, max(0.2, min(limit / 8, 0.25 * problem.devices)), seed, optimise=False, hint=seed_pat,
             chains=chains)
-        stats["grouped"] = {"group": group, "period_ticks": period, "seeded_by": base_plan.schedule_name,
+        stats["grouped"] = {"group": group, "period_ticks": period, "seeded_by": seeded_by if seed_pat else None,
                             "found": gpat is not None}
         if gpat is not None:
             gpat.group = group
@@ -807,20 +816,25 @@ def _register_baseline(name: str, build: Callable[[TesselProblem], list[list[Ent
                     description=description)
 
 
-def best_baseline(problem: TesselProblem) -> TesselPlan | None:
-    """Return the shortest plan of every baseline that applies and fits the memory (None when none does);
-    ties go to the first registered."""
-    best: TesselPlan | None = None
+def baseline_plans(problem: TesselProblem) -> list[TesselPlan]:
+    """Return the plan of every baseline that applies and fits the memory, shortest first (ties in
+    registration order)."""
+    plans: list[TesselPlan] = []
     for name, (build, applicable) in BASELINES.items():
         if applicable(problem) is not None:
             continue
         try:
-            plan = _checked(problem, build(problem), name)
+            plans.append(_checked(problem, build(problem), name))
         except (InfeasibleError, DeadlockError):
             continue
-        if best is None or plan.makespan_s < best.makespan_s - 1e-9:
-            best = plan
-    return best
+    return sorted(plans, key=lambda plan: plan.makespan_s)
+
+
+def best_baseline(problem: TesselProblem) -> TesselPlan | None:
+    """Return the shortest plan of every baseline that applies and fits the memory (None when none does);
+    ties go to the first registered."""
+    plans = baseline_plans(problem)
+    return plans[0] if plans else None
 
 
 _register_baseline("gpipe", lambda p: simulate(p, classic.gpipe_orders(p)), _gpipe_reason,
