@@ -182,6 +182,26 @@ def test_priority_search_agrees_with_exhaustive_on_small_instances() -> None:
     assert max(gaps) <= 0.03          # re-tuning resources per implementation: no 12% plateau traps
 
 
+def test_joint_polish_never_hurts_and_counts_its_grid() -> None:
+    """The closing joint (channels, chunk) step then threads: never worse than the passes alone, and
+    it evaluates channels x chunks + the other thread values once per op."""
+    rng = np.random.default_rng(3)
+    for _ in range(6):
+        shape = [(8, 1), (4, 1), (16, 2), (8, 8)][rng.integers(4)]
+        p = random_problem(float(2 ** rng.uniform(18, 30)), float(10 ** rng.uniform(-1, 1.5)),
+                           float(rng.uniform(0, 0.8)), shape[0], shape[1], [25, 100, 400][rng.integers(3)])
+        comp = p.compiled
+        plain, _ = solvers.priority_search(p, polish=False)
+        polished, stats = solvers.priority_search(p)
+        assert comp.iteration_us(polished) <= comp.iteration_us(plain) * (1 + 1e-12)
+        sp = solvers.space(p, 0)
+        t = polished[0]
+        lo, hi = cost.thread_range(t.algo, t.proto)
+        n_ch = len([c for c in sp.channels if c >= (2 if t.algo == "nvls" else 1)])
+        n_thr = len([x for x in sp.threads if lo <= x <= hi]) - 1
+        assert stats["polish_evaluations"] == n_ch * len(sp.chunks) + n_thr
+
+
 def test_autoccl_minimizes_communication_only() -> None:
     p = random_problem(4e8, 20.0, 0.3, 8, 1, 400)
     comp = p.compiled

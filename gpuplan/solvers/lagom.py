@@ -140,6 +140,24 @@ def implementation_step(comp: Compiled, settings: list[Theta], i: int, dim: str,
     return best_t, best, evals
 
 
+def joint_step(comp: Compiled, settings: list[Theta], i: int, sp: Space) -> tuple[Theta, float, int]:
+    """Search channels and chunk of op i together (threads fixed; one vectorized evaluation of their
+    grid): the two trade the same thing (a chain's fill shrinks with more channels or smaller chunks,
+    flow control and per-step sync grow with smaller chunks), so a 1-D step on either alone can stop
+    where only a joint move improves. Return (best theta, its window time in us, evaluations)."""
+    w = comp.window_of[i]
+    cur = settings[i]
+    best = float(comp.window_us(w, settings))
+    ncs = _valid_values(comp, i, cur, "channels", sp.channels)
+    NC, C = np.meshgrid(np.asarray(ncs, dtype=float), np.asarray(sp.chunks, dtype=float), indexing="ij")
+    NT = np.full_like(NC, float(cur.threads))
+    times = np.broadcast_to(comp.window_us(w, settings, override=(i, cur), arrays=(NC, NT, C)), NC.shape)
+    k = np.unravel_index(int(np.argmin(times)), times.shape)
+    if times[k] < best * (1 - 1e-12):
+        return replace(cur, channels=int(NC[k]), chunk_bytes=int(C[k])), float(times[k]), int(times.size)
+    return cur, best, int(times.size)
+
+
 def impact(comp: Compiled, settings: list[Theta], i: int) -> float:
     """Return op i's effect on the critical path (us): its time when its window is bound by communication
     or it is exposed, else the computation time its interference adds, d (1 - 1/s)."""
@@ -152,8 +170,8 @@ def impact(comp: Compiled, settings: list[Theta], i: int) -> float:
     return d if comm >= win.compute_us else d * (1 - 1 / s)
 
 
-def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress | None = None
-                    ) -> tuple[list[Theta], dict[str, Any]]:
+def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress | None = None,
+                    polish: bool = True) -> tuple[list[Theta], dict[str, Any]]:
     """Return Lagom's settings and search statistics.
 
     From NCCL's default, rank ops by their effect on the critical path, then tune one parameter at a
@@ -161,7 +179,8 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
     (protocol, algorithm) by trying each alternative with its resources re-tuned
     (`implementation_step`), the resources by a 1-D search over their grid, the others fixed; re-rank
     and repeat while a pass improves (at most `passes`). Evaluations per op and pass stay linear in the
-    grid sizes (`Space.pass_bound`), not their product.
+    grid sizes (`Space.pass_bound`), not their product. With `polish`, a last step per op searches
+    channels and chunk jointly (`joint_step`, channels x chunks evaluations) and then threads.
     """
     comp = problem.compiled
     n = len(comp.ops)
@@ -187,7 +206,17 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
         done = p + 1
         if not improved:
             break
+    # polish: channels and chunk together, then threads, for every op (once)
+    polish_evals = 0
+    for i in sorted(range(n), key=lambda i: -impact(comp, settings, i)) if polish else []:
+        t, _, e = joint_step(comp, settings, i, spaces[i])
+        settings[i] = t
+        t, _, e2 = one_d(comp, settings, i, "threads", spaces[i].values("threads"))
+        settings[i] = t
+        polish_evals += e + e2
+    evals += polish_evals
     stats = {"evaluations": evals, "evaluations_per_pass": per_pass, "passes": done,
+             "polish_evaluations": polish_evals,
              "ranking_evaluations": done * n, "sum_of_dimension_sizes": sum(s.sum_sizes() for s in spaces),
              "pass_bound": sum(s.pass_bound() for s in spaces)}
     return settings, stats
@@ -319,10 +348,10 @@ def _plan(problem: LagomProblem, name: str, settings: list[Theta], stats: dict[s
 
 
 def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
-                progress: Progress | None = None, passes: int = 3, **_: Any) -> LagomPlan:
+                progress: Progress | None = None, passes: int = 3, polish: bool = True, **_: Any) -> LagomPlan:
     """Lagom's priority-based search; the plan also carries NCCL's default and the AutoCCL-style settings."""
     comp = problem.compiled
-    settings, stats = priority_search(problem, passes=int(passes), progress=progress)
+    settings, stats = priority_search(problem, passes=int(passes), progress=progress, polish=bool(polish))
     auto, auto_stats = autoccl(problem)
     stats["autoccl_evaluations"] = auto_stats["evaluations"]
     default = [comp.nccl_default(i) for i in range(len(comp.ops))]
