@@ -109,3 +109,33 @@ def test_gavel_maxmin_within_5_percent_of_gavels_simulator() -> None:
     trace = load_gavel(TRACE, TPUT, PHYSICAL)
     avg_h = simulate(trace, "gavel-maxmin", mechanism="gavel").figures()["avg_jct_h"]
     assert avg_h == pytest.approx(4.06, rel=0.05)
+
+
+@pytest.mark.parametrize("policy", ["gavel-maxmin", "maxmin-agnostic"])
+def test_tie_break_keeps_the_maxmin_optimum_and_raises_efficiency(policy: str) -> None:
+    import numpy as np
+
+    from gpuplan import api
+    from gpuplan.models.oef import arrays, efficiency, utilities
+
+    trace = load_gavel(TRACE, TPUT, PHYSICAL)
+    jobs = trace.jobs[:12]
+    tenants = [{"name": j.name, "jobs": [{"name": "j", "gpus": j.gpus,
+                                         "throughput": {t: x for t, x in trace.throughput(j).items() if x > 0}}]}
+               for j in jobs]
+    problem = api.load_problem({"kind": "oef", "cluster": {"gpus": {"V100": 8, "P100": 16, "K80": 24},
+                                                          "gpus_per_node": 8}, "tenants": tenants, "rounds": 0})
+    a = arrays(problem)
+
+    def floor(X: np.ndarray) -> float:
+        if policy == "gavel-maxmin":
+            p = (a.V * a.usable) @ a.capacity / a.capacity.sum()
+            return float((a.gpus * utilities(a, X) / (a.weight * p)).min())
+        return float((a.gpus * X.sum(axis=1) / a.weight).min())
+
+    plain = api.solve(problem, solver=policy).matrix()
+    tied = api.solve(problem, solver=policy, tie_break="efficiency").matrix()
+    assert floor(tied) == pytest.approx(floor(plain), rel=1e-5)
+    assert efficiency(a, tied) >= efficiency(a, plain) - 1e-6
+    with pytest.raises(InputError, match="tie_break"):
+        api.solve(problem, solver=policy, tie_break="nope")

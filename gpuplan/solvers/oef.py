@@ -78,8 +78,8 @@ def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
 
 
 def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None,
-                  time_limit_s: float | None = None, method: str = "cuts", fallback: np.ndarray | None = None
-                  ) -> tuple[np.ndarray, Status, dict[str, Any]]:
+                  time_limit_s: float | None = None, method: str = "cuts", fallback: np.ndarray | None = None,
+                  tie_break: str = "solver") -> tuple[np.ndarray, Status, dict[str, Any]]:
     """Return the class rows (time fractions, classes x types) of an LP policy, its status, stats.
 
     fairness: 'ef' (max efficiency s.t. SI and EF), 'si' (s.t. SI), 'none' (max efficiency),
@@ -88,7 +88,15 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
     The EF and SI LPs go to HiGHS directly with row generation for EF (ef_cutting_planes) unless
     method='cvxpy', which hands all EF rows to cvxpy + HiGHS at once (same optimum, n^2 rows: the
     reference for small inputs). `fallback`: envy-free SI class rows a time limit may return.
+    tie_break (max-min LPs, which are degenerate): 'solver' keeps the interior point the solver
+    returns (as Gavel's ECOS does); 'efficiency' then maximises efficiency among the max-min optima
+    (min within 1e-7 of the optimum; HiGHS), so the result does not depend on the solver.
     """
+    if tie_break not in ("solver", "efficiency"):
+        from gpuplan.errors import InputError
+
+        raise InputError(f"option tie_break: 'solver' or 'efficiency', not {tie_break!r}", field="option.tie_break",
+                         value=tie_break, expected="solver | efficiency")
     k, m = c.V.shape
     if fairness in ("ef", "si") and method == "cuts" and si_ref is not None:
         return ef_cutting_planes(c, si_ref, time_limit_s, fallback=fallback, envy=fairness == "ef")
@@ -126,6 +134,11 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
         status, _ = solve_cvxpy(prob, preferred=("HIGHS",), time_limit_s=time_limit_s, simplex_strategy=4)
     else:
         status, _ = solve_cvxpy(prob, preferred=("CLARABEL", "HIGHS"), time_limit_s=time_limit_s)
+        if tie_break == "efficiency" and t.value is not None:
+            best = float(t.value)
+            floor = t >= best - 1e-7 * max(abs(best), 1.0)
+            second = cp.Problem(cp.Maximize((c.count * c.gpus) @ own), cons + [floor])
+            status, _ = solve_cvxpy(second, preferred=("HIGHS",), time_limit_s=time_limit_s)
     return np.asarray(y.value, dtype=float).reshape(k, m), status, stats
 
 
@@ -259,19 +272,21 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
 
 def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
     def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
-              progress: Callable[[float | None, str], None], method: str = "cuts", **_: Any) -> OefPlan:
+              progress: Callable[[float | None, str], None], method: str = "cuts", tie_break: str = "solver",
+              **_: Any) -> OefPlan:
         a = arrays(problem)
         c = classes(a)
         progress(0.1, f"{policy}: {len(a.names)} jobs in {len(c.count)} classes")
         E = equal_share(a)[c.first]
         ref = (c.V * E).sum(axis=1)
         Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=time_limit_s,
-                                         method=method, fallback=E)
+                                         method=method, fallback=E, tie_break=tie_break)
         message = str(stats.pop("message", ""))
         return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,
                      stats=stats, progress=progress, message=message)
 
-    solve.__doc__ = f"Return the {policy} plan (LP, HiGHS; option method=cvxpy|cuts for the EF LP)."
+    solve.__doc__ = (f"Return the {policy} plan (LP, HiGHS; option method=cvxpy|cuts for the EF LP, "
+                     "tie_break=solver|efficiency for the max-min LPs).")
     return solve
 
 

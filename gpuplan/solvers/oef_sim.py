@@ -66,17 +66,19 @@ MECHANISMS = ("grid", "gavel")
 
 
 def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", resolve_every_s: float = 1920.0,
-             work_conserving: bool = True, max_rounds: int = 100_000,
+             work_conserving: bool = True, max_rounds: int = 100_000, solver_options: dict[str, Any] | None = None,
              progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
     """Return the SimResult of running `trace` under the registered oef solver `policy`.
 
     mechanism 'grid' (default): rounds on a fixed grid of `round_s`, re-allocation at every
     arrival and finish, only jobs owed rounds run. 'gavel': Gavel's round mechanism (see
     simulate_gavel_rounds) with `resolve_every_s` (0: every event) and `work_conserving`.
+    `solver_options` go to every allocation (e.g. {"tie_break": "efficiency"}).
     """
     if mechanism == "gavel":
         return simulate_gavel_rounds(trace, policy, resolve_every_s=resolve_every_s,
-                                     work_conserving=work_conserving, max_rounds=max_rounds, progress=progress)
+                                     work_conserving=work_conserving, max_rounds=max_rounds,
+                                     solver_options=solver_options, progress=progress)
     if mechanism != "grid":
         raise ValueError(f"mechanism: one of {', '.join(MECHANISMS)}, not {mechanism!r}")
     from gpuplan.solvers.oef_rounds import choose
@@ -103,7 +105,7 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
             t = math.ceil(pending[0].arrival_s / trace.round_s) * trace.round_s
             continue
         if changed:
-            share = _allocate(trace, active, policy, result)
+            share = _allocate(trace, active, policy, result, solver_options)
             result.reallocations += 1
             changed = False
         for j in active:
@@ -165,6 +167,7 @@ def reference_speed(trace: Trace, job: Any, tput: np.ndarray, types: list[str]) 
 
 def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s: float = 1920.0,
                           work_conserving: bool = True, max_rounds: int = 100_000,
+                          solver_options: dict[str, Any] | None = None,
                           progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
     """Return the SimResult of `trace` under `policy` with Gavel's round mechanism (scheduler.py).
 
@@ -219,7 +222,7 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
                 job_time[j.name] = np.full(m, half)
             worker_time = np.full(m, half * len(active))
             last_reset = t
-            alloc = _allocate(trace, active, policy, result)
+            alloc = _allocate(trace, active, policy, result, solver_options)
             result.reallocations += 1
             need_update = False
         queue = []
@@ -281,8 +284,8 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
     return result
 
 
-def _allocate(trace: Trace, active: list[Any], policy: str, result: SimResult | None = None
-              ) -> dict[str, np.ndarray]:
+def _allocate(trace: Trace, active: list[Any], policy: str, result: SimResult | None = None,
+              solver_options: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
     """Return each active job's time fractions per type under `policy` (a registered oef solver);
     with `result`, fold the allocation's SI ratios and envy into it."""
     from gpuplan import api
@@ -296,7 +299,7 @@ def _allocate(trace: Trace, active: list[Any], policy: str, result: SimResult | 
                for name, js in by_tenant.items()]
     problem = OefProblem(cluster=trace.cluster, tenants=tenants, rounds=0, normalisation=trace.normalisation,
                          reference_type=trace.reference_type)
-    plan = api.solve(problem, solver=policy)
+    plan = api.solve(problem, solver=policy, **(solver_options or {}))
     order = [j.name for js in by_tenant.values() for j in js]          # the plan's job order
     if result is not None:
         a = arrays(problem)
