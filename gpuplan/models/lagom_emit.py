@@ -53,7 +53,8 @@ def emit(problem: Any, settings: list[Any]) -> tuple[dict[str, str], dict[str, d
             protos[NCCL_COLL[op.collective]][t.proto] += weight[i]
         if t.algo != "tree":
             threads["LL128" if t.proto == "LL128" else "other"][t.threads] += weight[i]
-        buffs[t.proto][buffsize_for(t.algo, t.proto, op.collective, t.chunk_bytes)] += weight[i]
+        if t.algo not in ("nvls", "nvlstree"):   # NVLS chunks come from NCCL_NVLS_CHUNKSIZE, not the FIFO
+            buffs[t.proto][buffsize_for(t.algo, t.proto, op.collective, t.chunk_bytes)] += weight[i]
     notes: list[str] = []
 
     def listing(table: dict[str, dict[str, float]], what: str) -> str:
