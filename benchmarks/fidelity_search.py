@@ -97,10 +97,10 @@ def section_d(quick: bool = False) -> list[str]:
         name, model, gpus, batch, _, _ = CASES[2]
         prob = problem(model, gpus, batch)
         started = time.perf_counter()
-        plan = api.solve(prob, solver="poseidon", time_limit_s=5.0)
+        plan = api.solve(prob, solver="poseidon", time_limit_s=10.0)
         wall = time.perf_counter() - started
-        worst_overrun = max(worst_overrun, wall / 5.0 - 1)
-        lines.append(f"  cold start, {name}, limit 5 s: {plan.iteration_time_s:.4g} s per iteration "
+        worst_overrun = max(worst_overrun, wall / 10.0 - 1)
+        lines.append(f"  cold start, {name}, limit 10 s: {plan.iteration_time_s:.4g} s per iteration "
                      f"({plan.solver.stats.get('best_from')}), wall {wall:.2f} s, {plan.status.value}")
     for name, model, gpus, batch, limit, published in (CASES[:2] if quick else CASES):
         prob = problem(model, gpus, batch)
