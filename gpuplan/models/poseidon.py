@@ -28,7 +28,7 @@ from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
 from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, embedding_times, head_times,
-                                          layer_times, model_flops_per_sample)
+                                          layer_times, memory_s, model_flops_per_sample)
 from gpuplan.models.poseidon_dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
                                          peak_chunks_in_flight, stage_order, topological_ops)
 from gpuplan.models.profile import LayerCost, LayerTable, Profile, bus_factor, cluster_document
@@ -338,11 +338,28 @@ class CostModel:
         return self.p.cluster.devices[device_id].node
 
     def tail_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int = 2) -> float:
-        """Return the seconds of a stage's gradient all-reduce (ring, over dp) plus optimizer step
-        (reading and writing weights, gradients and states once at memory bandwidth)."""
+        """Return the seconds of a stage's gradient all-reduce (over dp) plus its optimizer step
+        (`optimizer_step_bytes_per_param` streamed through HBM per parameter)."""
         params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
-        mem_bw = self.dev(shape.device_type).memory_bandwidth_GBps * 1e9
-        return self.dp_allreduce_s(shape, params * self.wbytes) + params * self.state_bytes_per_param * 2 / mem_bw
+        step_s = memory_s(self.dev(shape.device_type), params * self.optimizer_step_bytes_per_param())
+        return self.dp_allreduce_s(shape, params * self.wbytes) + step_s
+
+    def optimizer_step_bytes_per_param(self) -> float:
+        """Return the HBM bytes one optimizer step moves per parameter.
+
+        Mixed precision (Megatron-LM's MixedPrecisionOptimizer.step, apex FusedAdam): fp32 main
+        gradients are unscaled in place with an inf/NaN check (read + write 4 B), read once more for
+        the clipping norm (4 B); Adam reads the fp32 main weight, gradient and the optimizer states
+        and writes the weight and states back; the main weight is then copied into the model's
+        16-bit weight (read 4 B, write `wbytes`), and the gradient buffer is zeroed for the next
+        iteration (write 4 B). In fp32 there is no main copy and no unscaling.
+        With 12 B of states (main weight + two moments) in bf16: 8 + 4 + 28 + 6 + 4 = 50 B.
+        """
+        states = self.p.optimizer_state_bytes_per_param
+        if self.wbytes >= 4:
+            return 4.0 + (states + 4.0 + 4.0) + (states + 4.0) + 4.0  # norm; read w, g, states; write w, states; zero g
+        grad = 4.0
+        return 2 * grad + grad + (states + grad) + states + (4.0 + self.wbytes) + grad
 
     def dp_allreduce_s(self, shape: StageShape, size_bytes: float) -> float:
         """Return the seconds of the stage's data-parallel gradient all-reduce of `size_bytes` per
