@@ -33,9 +33,11 @@ NASTY: list[Any] = [float("inf"), float("-inf"), float("nan"), 1e308, -1e308, -1
                     "nan", "V100", ["oef"], 0.5]
 
 pytestmark = pytest.mark.slow
+# GPUPLAN_FUZZ_EXAMPLES raises the count; GPUPLAN_FUZZ_RANDOM=1 explores new cases (CI replays fixed ones)
 FUZZ = settings(max_examples=int(os.environ.get("GPUPLAN_FUZZ_EXAMPLES", "60")), deadline=None,
-                derandomize=not os.environ.get("GPUPLAN_FUZZ_RANDOM"), suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                                         HealthCheck.data_too_large])
+                derandomize=not os.environ.get("GPUPLAN_FUZZ_RANDOM"),
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                       HealthCheck.data_too_large])
 
 
 def _kind_of(path: Path, doc: Any) -> str:
