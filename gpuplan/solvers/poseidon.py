@@ -442,7 +442,9 @@ def ridge_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     search prunes.
     """
     L = st.cm.p.model.num_layers
-    _, start = quick_map(st, stats)
+    t, start = quick_map(st, stats)
+    if stats.out_of_time():
+        return t, start
     lp = _round_counts(st.lp_solution()[1], st.nmax, L)
     if lp is not None and lp != start:
         stats.dag_evaluations += 2
