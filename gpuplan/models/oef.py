@@ -192,9 +192,12 @@ def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float, gpus
     reference speed: the sum average JCT responds to, where the others weight a job by its GPUs.
     Only the efficiency objective depends on it: SI, EF and max-min are unchanged by scaling a row.
     """
+    if problem.normalisation == "slowest":         # first: capacity() walks every device
+        return slowest
     speeds = {problem.cluster.type_key(t): float(x) for t, x in tput.items() if x > 0}
-    speeds = {t: x for t, x in speeds.items() if t in problem.cluster.capacity()}
-    if problem.normalisation == "slowest" or not speeds:
+    cap = problem.cluster.capacity()
+    speeds = {t: x for t, x in speeds.items() if t in cap}
+    if not speeds:
         return slowest
     scale = float(gpus) if problem.normalisation == "jobs" else 1.0
     if problem.normalisation in ("reference", "jobs") and problem.reference_type is not None:

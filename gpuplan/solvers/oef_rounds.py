@@ -17,6 +17,7 @@ in a node on one node, the minimum.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -26,19 +27,66 @@ from gpuplan.models.oef import Arrays, OefProblem
 
 def choose(owed: np.ndarray, allowed: np.ndarray, gpus: np.ndarray, capacity: np.ndarray) -> list[tuple[int, int]]:
     """Return the (job, type) pairs that run in one round: most-owed first, one type per job, while
-    the type has `gpus[job]` free GPUs. `owed` is rounds owed minus received (jobs x types)."""
+    the type has `gpus[job]` free GPUs. `owed` is rounds owed minus received (jobs x types).
+
+    Ties in what is owed go to the larger job (it is the harder one to fit later), then to the
+    lower job and type index. O(candidates log candidates) per round.
+    """
     free = capacity.astype(float).copy()
     cand = np.argwhere(allowed & (owed > 1e-9))
-    order = np.lexsort((cand[:, 1], cand[:, 0], -owed[cand[:, 0], cand[:, 1]]))
-    busy: set[int] = set()
+    if not len(cand):
+        return []
+    i_all, j_all = cand[:, 0], cand[:, 1]
+    order = np.lexsort((j_all, i_all, -gpus[i_all], -owed[i_all, j_all]))
+    busy = np.zeros(len(owed), dtype=bool)
     out = []
-    for i, j in cand[order]:
-        if i in busy or free[j] < gpus[i]:
+    for i, j in zip(i_all[order].tolist(), j_all[order].tolist()):
+        if busy[i] or free[j] < gpus[i]:
             continue
-        busy.add(int(i))
+        busy[i] = True
         free[j] -= gpus[i]
-        out.append((int(i), int(j)))
+        out.append((i, j))
     return out
+
+
+class _FreePool:
+    """The free GPUs of one type in one round: ids per node and nodes bucketed by free count, so
+    best fit and spanning cost O(node size) per job instead of a scan of every node."""
+
+    def __init__(self, nodes: dict[str, list[int]]) -> None:
+        self.ids = {n: list(ids) for n, ids in nodes.items()}
+        self.free = {g for ids in nodes.values() for g in ids}
+        self.size = max((len(ids) for ids in nodes.values()), default=0)
+        self.buckets: list[list[str]] = [[] for _ in range(self.size + 1)]
+        for n in sorted(nodes):
+            self.buckets[len(nodes[n])].append(n)
+
+    def best_fit(self, g: int) -> list[int]:
+        """Return g free ids on the node with the fewest free GPUs that fits g (lowest name on ties),
+        else on the nodes with the most free GPUs first; [] when fewer than g are free."""
+        if g > len(self.free):
+            return []
+        for c in range(g, self.size + 1):
+            if self.buckets[c]:
+                return self.ids[self.buckets[c][0]][:g]
+        ids: list[int] = []
+        for c in range(self.size, 0, -1):
+            for n in self.buckets[c]:
+                ids += self.ids[n][: g - len(ids)]
+                if len(ids) == g:
+                    return ids
+        return ids
+
+    def take(self, ids: list[int], node_of: dict[int, str]) -> None:
+        """Mark `ids` used, moving each touched node to the bucket of its new free count."""
+        taken = set(ids)
+        self.free.difference_update(taken)
+        for n in {node_of[x] for x in ids}:
+            before = len(self.ids[n])
+            self.ids[n] = [x for x in self.ids[n] if x not in taken]
+            bucket = self.buckets[before]
+            del bucket[bisect.bisect_left(bucket, n)]
+            bisect.insort(self.buckets[len(self.ids[n])], n)
 
 
 class Placer:
@@ -54,36 +102,19 @@ class Placer:
 
     def place(self, jobs: list[tuple[Any, str, int]]) -> dict[Any, list[int]]:
         """Return GPU ids for each (job key, type, GPUs) of one round (largest jobs first)."""
-        free = {t: {n: list(ids) for n, ids in nodes.items()} for t, nodes in self.pools.items()}
-        free_set = {t: {g for ids in nodes.values() for g in ids} for t, nodes in self.pools.items()}
+        free = {t: _FreePool(nodes) for t, nodes in self.pools.items()}
         out: dict[Any, list[int]] = {}
         for key, t, g in sorted(jobs, key=lambda x: -x[2]):
+            pool = free[t]
             prev = self.previous.get(key)
-            if prev and prev[0] == t and len(prev[1]) == g and all(x in free_set[t] for x in prev[1]):
-                self._take(free[t], free_set[t], prev[1])
-                out[key] = prev[1]
-                continue
-            nodes = free[t]
-            fits = [n for n, free_ids in nodes.items() if len(free_ids) >= g]
-            if fits:
-                n = min(fits, key=lambda n: (len(nodes[n]), n))
-                ids = nodes[n][:g]
+            if prev and prev[0] == t and len(prev[1]) == g and all(x in pool.free for x in prev[1]):
+                ids = prev[1]
             else:
-                ids = []
-                for n in sorted(nodes, key=lambda n: (-len(nodes[n]), n)):
-                    ids += nodes[n][: g - len(ids)]
-                    if len(ids) == g:
-                        break
-            self._take(nodes, free_set[t], ids)
+                ids = pool.best_fit(g)
+            pool.take(ids, self.node_of)
             out[key] = ids
         self.previous = {k: (t, out[k]) for k, t, _ in jobs}
         return out
-
-    def _take(self, nodes: dict[str, list[int]], free_set: set[int], ids: list[int]) -> None:
-        taken = set(ids)
-        for n in {self.node_of[x] for x in ids}:
-            nodes[n] = [x for x in nodes[n] if x not in taken]
-        free_set.difference_update(taken)
 
 
 def schedule(problem: OefProblem, a: Arrays, X: np.ndarray, rounds: int) -> list[list[tuple[int, str, list[int]]]]:
