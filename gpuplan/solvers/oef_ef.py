@@ -116,7 +116,7 @@ def envy_free_mix(V: np.ndarray, X: np.ndarray, E: np.ndarray, rho: np.ndarray, 
             if (b[bad] >= -TOL).any():
                 return 1.0
             need = max(need, float((a[bad] / (a[bad] - b[bad])).max()))
-    return min(1.0, need * (1 + 1e-9) + 1e-12)
+    return 0.0 if need == 0.0 else min(1.0, need * (1 + 1e-9) + 1e-12)
 
 
 @dataclass
