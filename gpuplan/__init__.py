@@ -7,7 +7,8 @@
     plan.save("plan.json")
 """
 
-from gpuplan.api import check, compare, evaluate_config, load_plan, load_problem, plan_problem, run, solve
+from gpuplan.api import (check, compare, evaluate_config, load_plan, load_problem, plan_problem, plan_training, run,
+                         solve)
 from gpuplan.errors import GpuplanError, InfeasibleError, InputError, SolverError
 from gpuplan.models.plan import Plan, Status
 from gpuplan.models.profile import Profile, load_profile
@@ -15,6 +16,6 @@ from gpuplan.registry import kinds, solvers
 
 __version__ = "0.1.0"
 
-__all__ = ["check", "compare", "evaluate_config", "load_plan", "load_problem", "plan_problem", "run", "solve", "kinds",
-           "solvers", "Plan", "Status", "Profile", "load_profile", "GpuplanError", "InfeasibleError",
+__all__ = ["check", "compare", "evaluate_config", "load_plan", "load_problem", "plan_problem", "plan_training", "run",
+           "solve", "kinds", "solvers", "Plan", "Status", "Profile", "load_profile", "GpuplanError", "InfeasibleError",
            "InputError", "SolverError", "__version__"]

@@ -220,3 +220,16 @@ def evaluate_config(problem: Problem | str | Path | dict[str, Any], config: Any,
     from gpuplan.models.poseidon_config import evaluate_config as _evaluate
 
     return _evaluate(load_problem(problem, "poseidon"), config, check_memory=check_memory)  # type: ignore[arg-type]
+
+
+def plan_training(cluster: Any, model: Any = None, *, batch: int | None = None, seq: int | None = None,
+                  profile: Any = None, output: str | Path | None = None, time_limit_s: float = 20.0,
+                  seed: int = 0) -> Any:
+    """Plan one training job end to end: Poseidon's parallel plan, Tessel's schedule of its stages and
+    Lagom's NCCL settings, iterated to a fixed point (gpuplan.compose). Returns the Composition (its
+    `predicted` holds iteration times in seconds, `gains()` the table of each step's gain); with
+    `output` the bundle (three plans and a manifest) is written to that directory."""
+    from gpuplan.compose import plan_training as _plan_training
+
+    return _plan_training(cluster, model, batch=batch, seq=seq, profile=profile, output=output,
+                          time_limit_s=time_limit_s, seed=seed)

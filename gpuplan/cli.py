@@ -227,12 +227,17 @@ def compare() -> None:
 
 
 @main.command("check")
-@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=click.Path())
 @click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None,
               help="The problem file (default: the problem stored in the plan).")
 def check_cmd(plan_file: str, input_file: str | None) -> None:
-    """Re-validate a plan with its model's own check, independently of the solver that made it."""
+    """Re-validate a plan with its model's own check, independently of the solver that made it.
+    PLAN_FILE may be a training bundle (directory from `gpuplan plan train`): each plan and their agreement."""
     try:
+        if Path(plan_file).is_dir():  # a training bundle (gpuplan.compose)
+            from gpuplan.commands.plan import check_bundle_cli
+
+            return check_bundle_cli(plan_file)
         plan = api.load_plan(plan_file)
         violations = api.check(input_file, plan)
     except GpuplanError as exc:
@@ -247,12 +252,17 @@ def check_cmd(plan_file: str, input_file: str | None) -> None:
 
 
 @main.command("show")
-@click.argument("plan_file", type=click.Path(dir_okay=False))
+@click.argument("plan_file", type=click.Path())
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="Also draw the plan to a PNG file.")
 def show_cmd(plan_file: str, png: str | None) -> None:
     """Print a plan as readable tables; --png draws it. A plan that fails check shows only its header
-    and violations (exit code 1): its tables would describe figures that do not hold."""
+    and violations (exit code 1): its tables would describe figures that do not hold. PLAN_FILE may be
+    a training bundle (directory): --png draws its composed timeline."""
     try:
+        if Path(plan_file).is_dir():  # a training bundle (gpuplan.compose)
+            from gpuplan.commands.plan import show_bundle_cli
+
+            return show_bundle_cli(plan_file, png)
         plan = api.load_plan(plan_file)
         problem = api.plan_problem(plan)
         model = registry.model(plan.kind)

@@ -1,0 +1,163 @@
+"""The training bundle: a directory of the three plans and a manifest with their digests.
+
+    DIR/poseidon.json        the parallel plan (stages, degrees, layers, micro-batches)
+    DIR/tessel.json          the schedule of those stages (one Tessel device per stage)
+    DIR/lagom-stage{k}.json  NCCL settings of stage k (GPU stages that communicate)
+    DIR/manifest.json        kind "training-bundle", files with their sha256, scales, predictions, gains
+
+`check_bundle` trusts nothing in the manifest: each file's digest, each plan's own check, and their
+agreement (the Tessel problem is rebuilt from the Poseidon plan and the manifest's scales, so stages,
+devices and micro-batches must match; each Lagom plan is for its stage's device type and
+micro-batches), and the predicted times recomputed from the schedule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from gpuplan.compose.comm import lagom_document
+from gpuplan.compose.pipeline import composed_time_s, stage_tails_s, tessel_problem
+from gpuplan.errors import InputError
+from gpuplan.io import atomic_write_text, digest, read_json
+from gpuplan.models.base import Violation
+from gpuplan.models.plan import Plan, same_figure
+
+BUNDLE_KIND = "training-bundle"
+BUNDLE_SCHEMA = 1
+MANIFEST = "manifest.json"
+
+
+def file_sha256(path: Path) -> str:
+    """Return 'sha256:<hex>' of a file's bytes."""
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_bundle(directory: str | Path, comp: Any) -> Path:
+    """Write a Composition as a bundle directory (created if missing); return the manifest's path."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, Plan] = {"poseidon.json": comp.poseidon, "tessel.json": comp.tessel}
+    files.update({f"lagom-stage{s}.json": p for s, p in sorted(comp.lagom.items())})
+    entries = {}
+    for name, plan in files.items():
+        plan.save(out / name)
+        entries[name] = {"kind": plan.kind, "sha256": file_sha256(out / name)}
+    stages = comp.poseidon.stages
+    manifest = {
+        "kind": BUNDLE_KIND, "schema_version": BUNDLE_SCHEMA,
+        "composition": {"method": "fixed-point", "rounds": comp.rounds, "converged": comp.converged},
+        "files": entries,
+        "stages": [{"index": s.index, "device_type": s.device_type, "gpu_ids": list(s.gpu_ids), "tp": s.tp,
+                    "dp": s.dp, "layers": [s.first_layer, s.last_layer]} for s in stages],
+        "num_microbatches": comp.poseidon.num_microbatches,
+        "scales": comp.scales,
+        "predicted": comp.predicted,
+        "gains": comp.gains(),
+        "step_times_s": comp.step_times_s,
+        "notes": comp.notes,
+    }
+    return atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+
+
+def is_bundle(path: str | Path) -> bool:
+    """Return True when `path` is a directory holding a bundle manifest."""
+    p = Path(path)
+    return p.is_dir() and (p / MANIFEST).is_file()
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """Return the manifest of a bundle; raise InputError naming the file when it is not one."""
+    path = Path(directory) / MANIFEST
+    data = read_json(path, what="bundle manifest")
+    if not isinstance(data, dict) or data.get("kind") != BUNDLE_KIND:
+        raise InputError.at(str(path), "kind", data.get("kind") if isinstance(data, dict) else data,
+                            f"{BUNDLE_KIND!r}")
+    if data.get("schema_version") != BUNDLE_SCHEMA:
+        raise InputError.at(str(path), "schema_version", data.get("schema_version"), str(BUNDLE_SCHEMA))
+    for field_name in ("files", "scales", "predicted"):
+        if field_name not in data:
+            raise InputError.at(str(path), field_name, None, "present")
+    return data
+
+
+def load_bundle(directory: str | Path) -> tuple[dict[str, Any], dict[str, Plan]]:
+    """Return the manifest and the plans of a bundle by file name (nothing is executed)."""
+    from gpuplan import api
+
+    manifest = read_manifest(directory)
+    plans = {}
+    for name in manifest["files"]:
+        if "/" in name or "\\" in name or name.startswith("."):
+            raise InputError.at(str(Path(directory) / MANIFEST), f"files.{name}", name, "a plain file name")
+        plans[name] = api.load_plan(Path(directory) / name)
+    return manifest, plans
+
+
+def check_bundle(directory: str | Path) -> list[Violation]:
+    """Return every violation of a bundle ([] when valid): digests, each plan's check, their agreement,
+    and the predicted iteration times recomputed from the schedule."""
+    from gpuplan import api
+
+    root = Path(directory)
+    manifest = read_manifest(root)
+    out: list[Violation] = []
+    for name, entry in manifest["files"].items():
+        path = root / name
+        if not path.is_file():
+            out.append(Violation(f"files.{name}", f"{name} is listed in the manifest but missing"))
+        elif file_sha256(path) != entry.get("sha256"):
+            out.append(Violation(f"files.{name}", f"{name}'s digest {file_sha256(path)[:19]}... differs from the "
+                                 f"manifest's {str(entry.get('sha256'))[:19]}...: it was edited after composing"))
+    if out:
+        return out
+    _, plans = load_bundle(root)
+    for name, plan in plans.items():
+        out += [Violation(f"{name}:{v.code}", v.message, v.data) for v in api.check(None, plan)]
+    poseidon, tessel = plans.get("poseidon.json"), plans.get("tessel.json")
+    if poseidon is None or tessel is None:
+        return out + [Violation("files", "a bundle holds poseidon.json and tessel.json")]
+    doc = poseidon.document()
+    n, m = len(doc["stages"]), int(doc["num_microbatches"])
+    scales = [float(x) for x in manifest["scales"]]
+    if len(scales) != n:
+        return out + [Violation("scales", f"{len(scales)} scales for {n} Poseidon stages")]
+    tprob = tessel.problem or {}
+    if int(tprob.get("devices", -1)) != n:
+        out.append(Violation("agreement.stages", f"the schedule has {tprob.get('devices')} devices, the "
+                             f"parallel plan {n} stages"))
+    if int(tprob.get("microbatches", -1)) != m:
+        out.append(Violation("agreement.microbatches", f"the schedule runs {tprob.get('microbatches')} "
+                             f"micro-batches, the parallel plan {m}"))
+    if out:
+        return out
+    split = any(b.get("kind") == "backward_weight" for b in tprob.get("blocks", []))
+    expected = tessel_problem(doc, scales, split=split)
+    if digest(expected.document()) != tessel.input_digest:
+        out.append(Violation("agreement.tessel", "the schedule's problem is not the one the parallel plan and "
+                             "the manifest's scales give (other stage times, blocks or memory caps)"))
+    for s, st in enumerate(doc["stages"]):
+        name = f"lagom-stage{s}.json"
+        if name not in plans:
+            if lagom_document(doc, s, expected, tessel.schedule) is not None:  # type: ignore[attr-defined]
+                out.append(Violation(f"agreement.{name}", f"stage {s} communicates over NCCL but has no Lagom plan"))
+            continue
+        want = lagom_document(doc, s, expected, tessel.schedule)  # type: ignore[attr-defined]
+        if want is None or digest(api.load_problem(want, "lagom").document()) != plans[name].input_digest:
+            out.append(Violation(f"agreement.{name}", f"the Lagom plan of stage {s} is not for that stage's "
+                                 f"devices ({st['device_type']}, tp {st['tp']}, dp {st['dp']}), micro-batches "
+                                 f"({m}) and schedule order"))
+    extra = sorted(set(plans) - {"poseidon.json", "tessel.json"} - {f"lagom-stage{s}.json" for s in range(n)})
+    if extra:
+        out.append(Violation("files", f"files {extra} belong to no stage of the plan"))
+    for k, v in [("stages", [st["gpu_ids"] for st in manifest.get("stages", [])])]:
+        if v != [list(st["gpu_ids"]) for st in doc["stages"]]:
+            out.append(Violation(f"agreement.{k}", "the manifest's stage devices differ from the parallel plan's"))
+    t = composed_time_s(tessel.schedule, stage_tails_s(doc, scales))  # type: ignore[attr-defined]
+    stated = float(manifest["predicted"].get("iteration_time_s", float("nan")))
+    if not same_figure(stated, t):
+        out.append(Violation("predicted.iteration_time_s", f"the manifest states {stated:.6g} s; the schedule "
+                             f"and scales give {t:.6g} s"))
+    return out

@@ -1,0 +1,152 @@
+"""The training composer: Poseidon -> Tessel -> Lagom, the bundle, its check, and `gpuplan plan train`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import gpuplan
+from gpuplan.cli import main
+from gpuplan.compose import check_bundle, compose, read_manifest, write_bundle
+from gpuplan.compose.pipeline import composed_time_s, stage_tails_s, tessel_problem, weight_fraction
+from gpuplan.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = ROOT / "examples/poseidon/cpu-two-types.yaml"
+# Two small GPU nodes of different types: every stage communicates over NCCL, so Lagom has work.
+GPU = {"kind": "poseidon", "cluster": {"nodes": [{"name": "h0", "gpus": {"H100": 2}},
+                                                 {"name": "a0", "gpus": {"A100-80GB": 2}}],
+                                       "inter_node": {"bandwidth_GBps": "100 Gbps", "latency_s": "5 us"}},
+       "model": "gpt3-1.3b", "global_batch": 16, "seq_len": 1024}
+
+
+@pytest.fixture(scope="module")
+def cpu_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cpu") / "bundle"
+    gpuplan.plan_training(str(CPU), output=out, time_limit_s=5)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpu_comp() -> gpuplan.Plan:
+    poseidon = gpuplan.solve("poseidon", GPU, time_limit_s=5)
+    return compose(poseidon, time_limit_s=5)
+
+
+def test_split_backward_keeps_the_stage_time() -> None:
+    plan = gpuplan.solve("poseidon", str(CPU), time_limit_s=5).document()
+    split, fused = tessel_problem(plan), tessel_problem(plan, split=False)
+    for s, st in enumerate(plan["stages"]):
+        dur = {b.name: b.duration_s for b in split.blocks}
+        assert 0 < weight_fraction(plan, st) <= 0.5
+        fdur = {b.name: b.duration_s for b in fused.blocks}
+        assert dur[f"B{s}"] + dur[f"W{s}"] == pytest.approx(fdur[f"B{s}"])
+    assert split.microbatches == plan["num_microbatches"] and split.devices == len(plan["stages"])
+    # memory: at least what Poseidon's 1F1B holds on each stage
+    assert all(c >= min(plan["num_microbatches"], len(plan["stages"]) - s)
+               for s, c in enumerate(split.memory_limit_bytes))  # type: ignore[union-attr]
+
+
+def test_bundle_is_valid_and_never_slower(cpu_bundle: Path) -> None:
+    manifest = read_manifest(cpu_bundle)
+    assert check_bundle(cpu_bundle) == []
+    p = manifest["predicted"]
+    assert p["iteration_time_s"] <= p["baseline_iteration_time_s"] * (1 + 1e-9)
+    assert {"poseidon.json", "tessel.json"} <= set(manifest["files"])
+    assert all(f["sha256"].startswith("sha256:") for f in manifest["files"].values())
+    # CPU stages have no NCCL knobs: no Lagom plan, scale 1, and the note says so
+    assert manifest["scales"] == [1.0, 1.0] and any("NCCL" in n for n in manifest["notes"])
+
+
+def test_gpu_composition_uses_lagom_and_is_never_slower(gpu_comp, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    c = gpu_comp
+    assert c.lagom, "every GPU stage communicates, so each gets Lagom settings"
+    assert all(0 < s <= 1 for s in c.scales)
+    base = c.predicted["baseline_iteration_time_s"]
+    assert c.predicted["iteration_time_s"] <= base * (1 + 1e-9)
+    assert c.predicted["tessel_iteration_time_s"] <= base * (1 + 1e-9)
+    # the stated time is the schedule's: recompute it
+    doc = c.poseidon.document()
+    assert composed_time_s(c.tessel.schedule, stage_tails_s(doc, c.scales)) == pytest.approx(
+        c.predicted["iteration_time_s"])
+    rows = c.gains()
+    assert [r["iteration_time_s"] for r in rows][0] == base
+    write_bundle(tmp_path / "b", c)
+    assert check_bundle(tmp_path / "b") == []
+
+
+def _restamp(bundle: Path, name: str) -> None:
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    from gpuplan.compose.bundle import file_sha256
+
+    manifest["files"][name]["sha256"] = file_sha256(bundle / name)
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_check_catches_an_edited_file(cpu_bundle: Path, tmp_path: Path) -> None:
+    b = tmp_path / "b"
+    shutil.copytree(cpu_bundle, b)
+    doc = json.loads((b / "tessel.json").read_text())
+    doc["makespan_s"] *= 0.5
+    (b / "tessel.json").write_text(json.dumps(doc))
+    assert any("digest" in v.message for v in check_bundle(b))
+
+
+def test_check_catches_plans_that_disagree(cpu_bundle: Path, tmp_path: Path) -> None:
+    b = tmp_path / "b"
+    shutil.copytree(cpu_bundle, b)
+    poseidon = json.loads((b / "poseidon.json").read_text())
+    # a schedule of the same stages with other micro-batches, stamped as if it belonged
+    other = gpuplan.solve(tessel_problem({**poseidon, "num_microbatches": poseidon["num_microbatches"] // 2}),
+                          solver="1f1b")
+    other.save(b / "tessel.json")
+    _restamp(b, "tessel.json")
+    codes = [v.code for v in check_bundle(b)]
+    assert "agreement.microbatches" in codes
+
+
+def test_check_catches_a_schedule_of_other_stage_times(cpu_bundle: Path, tmp_path: Path) -> None:
+    b = tmp_path / "b"
+    shutil.copytree(cpu_bundle, b)
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["scales"] = [0.5, 1.0]   # the schedule was not solved for these times
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    codes = [v.code for v in check_bundle(b)]
+    assert "agreement.tessel" in codes
+
+
+def test_check_catches_a_wrong_prediction(cpu_bundle: Path, tmp_path: Path) -> None:
+    b = tmp_path / "b"
+    shutil.copytree(cpu_bundle, b)
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["predicted"]["iteration_time_s"] *= 0.9
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    assert [v.code for v in check_bundle(b)] == ["predicted.iteration_time_s"]
+
+
+def test_not_a_bundle_is_named(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"kind": "other"}))
+    with pytest.raises(InputError, match="kind"):
+        check_bundle(tmp_path)
+
+
+def test_cli_plan_train_check_show(tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "bundle"
+    r = runner.invoke(main, ["plan", "train", str(CPU), "--time-limit", "5", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "+ Tessel schedule" in r.output and "bundle written" in r.output
+    r = runner.invoke(main, ["check", str(out)])
+    assert r.exit_code == 0 and "valid" in r.output, r.output
+    r = runner.invoke(main, ["show", str(out), "--png", str(tmp_path / "t.png")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "t.png").stat().st_size > 1000
+    doc = json.loads((out / "poseidon.json").read_text())
+    doc["num_microbatches"] += 1
+    (out / "poseidon.json").write_text(json.dumps(doc))
+    r = runner.invoke(main, ["check", str(out)])
+    assert r.exit_code == 1 and "poseidon.json" in r.output
