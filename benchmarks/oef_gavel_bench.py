@@ -9,7 +9,9 @@ measured throughputs, examples/oef/gavel/):
     Philly scale factors and durations, Poisson arrivals): 100 jobs each at 2 and 4 jobs/hour,
     seeds 0-2 (--quick: 40 jobs, seed 0).
 Policies: gavel-maxmin (Gavel's LAS), maxmin-agnostic, both also with the tie-break
-tie_break=efficiency (max efficiency among the max-min optima), cooperative OEF with the paper's
+tie_break=efficiency (max efficiency among the max-min optima), both gavel-maxmin and oef [jobs]
+also with space sharing (measured 1-GPU co-location throughputs; Gavel's own packed policy fails
+on current numpy, so it has no column), cooperative OEF with the paper's
 normalisation (slowest type), with each job's best type, and with 'jobs' (progress per job in
 V100-equivalents), and oef-si with 'jobs'. All use Gavel's mechanism: work-conserving rounds,
 re-allocation at most every 1,920 s, rounds that end with their last job.
@@ -41,7 +43,7 @@ from gpuplan.solvers.oef_sim import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 GAVEL = ROOT / "examples" / "oef" / "gavel"
-TPUT = GAVEL / "simulation_throughputs_isolated.json"
+TPUT = GAVEL / "simulation_throughputs_colocated.json"     # isolated figures + 1-GPU co-location pairs
 CLUSTER = {"v100": 8, "p100": 16, "k80": 24}
 # (label, solver, normalisation, solver options)
 TIE = {"tie_break": "efficiency"}
@@ -49,7 +51,8 @@ POLICIES = [("gavel-maxmin", "gavel-maxmin", "jobs", {}), ("maxmin-agnostic", "m
             ("gavel-maxmin [tie: eff.]", "gavel-maxmin", "jobs", TIE),
             ("maxmin-agnostic [tie: eff.]", "maxmin-agnostic", "jobs", TIE),
             ("oef [slowest]", "oef", "slowest", {}), ("oef [best]", "oef", "best", {}), ("oef [jobs]", "oef", "jobs", {}),
-            ("oef-si [jobs]", "oef-si", "jobs", {})]
+            ("oef-si [jobs]", "oef-si", "jobs", {}),
+            ("gavel-maxmin + sharing", "gavel-maxmin", "jobs", {}), ("oef [jobs] + sharing", "oef", "jobs", {})]
 GAVEL_POLICIES = {"gavel-maxmin": "max_min_fairness_perf", "maxmin-agnostic": "max_min_fairness"}
 TARGET = "oef [jobs]"
 
@@ -97,13 +100,14 @@ def section_gavel(quick: bool = False) -> list[str]:
     tied: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, path in traces(quick, Path(tmp)):
-            trace = load_gavel(path, TPUT, CLUSTER, reference_type="V100")
+            trace = load_gavel(path, TPUT, CLUSTER, reference_type="V100", space_sharing=True)
             rows, avg = [], {}
             fair_ok = True
             for name, solver, norm, options in POLICIES:
                 t0 = time.perf_counter()
                 tr = trace.model_copy(update={"normalisation": norm})
-                res = simulate(tr, solver, mechanism="gavel", resolve_every_s=1920, solver_options=options)
+                res = simulate(tr, solver, mechanism="gavel", resolve_every_s=1920, solver_options=options,
+                               space_sharing=name.endswith("+ sharing"))
                 f = res.figures()
                 avg[name] = f["avg_jct_h"]
                 if name == TARGET:

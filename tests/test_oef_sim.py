@@ -107,3 +107,23 @@ def test_si_and_ef_hold_in_every_allocation(normalisation: str) -> None:
 def test_mechanism_is_checked() -> None:
     with pytest.raises(ValueError, match="mechanism"):
         simulate(small_trace(3), "oef", mechanism="nope")
+
+
+def test_space_sharing_by_hand() -> None:
+    """One V100, equal-share policy, rounds of 360 s. A (70 steps) and B (60 steps) run 1 step/s
+    alone and 0.8 step/s each when sharing the GPU (own/isolated sum 1.6 > 1, so they pack).
+    Shared: A ends at 70/0.8 = 87.5 s, B at 60/0.8 = 75 s. Alone: A runs first (equal priority,
+    trace order) and ends at 70 s, the round ends with it, then B: 70 + 60 = 130 s."""
+    doc = {"cluster": {"gpus": {"V100": 1}, "gpus_per_node": 1}, "round_s": 360,
+           "job_types": {"a": {"V100": 1.0}, "b": {"V100": 1.0}},
+           "colocated": {"a": {"b": {1: {"V100": [0.8, 0.8]}}}, "b": {"a": {1: {"V100": [0.8, 0.8]}}}},
+           "jobs": [{"name": "A", "type": "a", "steps": 70}, {"name": "B", "type": "b", "steps": 60}]}
+    trace = validate(Trace, doc)
+    shared = simulate(trace, "equal-share", mechanism="gavel", space_sharing=True)
+    assert shared.jct_s == pytest.approx({"A": 87.5, "B": 75.0})
+    assert shared.utilisation == pytest.approx(1.0)
+    alone = simulate(trace, "equal-share", mechanism="gavel")
+    assert alone.jct_s == pytest.approx({"A": 70.0, "B": 130.0})
+    doc["colocated"] = {"a": {"b": {1: {"V100": [0.4, 0.5]}}}, "b": {"a": {1: {"V100": [0.5, 0.4]}}}}
+    worse = simulate(validate(Trace, doc), "equal-share", mechanism="gavel", space_sharing=True)
+    assert worse.jct_s == pytest.approx({"A": 70.0, "B": 130.0})      # 0.9 < 1: packing refused

@@ -43,12 +43,16 @@ def parse_gavel_cluster(spec: str) -> dict[str, int]:
 @click.option("--normalisation", type=click.Choice(["slowest", "best", "reference", "jobs"]), default=None,
               help="What OEF's efficiency measures normalised throughput against (default: the trace's).")
 @click.option("--reference-type", default=None, help="GPU type for --normalisation reference/jobs.")
+@click.option("--space-sharing", is_flag=True,
+              help="With --mechanism gavel: pack waiting jobs onto running jobs' GPUs by measured co-location "
+                   "throughputs (a Gavel throughput file's pairs, or the trace's `colocated`).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
               help="Also write the figures (and each job's JCT) as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace: str | None,
                  gavel_throughputs: str | None, gavel_cluster: str, mechanism: str | None, resolve_every_s: float,
-                 normalisation: str | None, reference_type: str | None, json_out: str | None, quiet: bool) -> None:
+                 normalisation: str | None, reference_type: str | None, space_sharing: bool, json_out: str | None,
+                 quiet: bool) -> None:
     """Simulate a job trace round by round under each policy; print JCT, makespan, utilisation, fairness."""
     from gpuplan.io import atomic_write_text
     from gpuplan.models.base import validate
@@ -62,7 +66,8 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
                                  field="--gavel-throughputs")
             from gpuplan.models.gavel_trace import load_gavel
 
-            trace = load_gavel(gavel_trace, gavel_throughputs, parse_gavel_cluster(gavel_cluster))
+            trace = load_gavel(gavel_trace, gavel_throughputs, parse_gavel_cluster(gavel_cluster),
+                               space_sharing=space_sharing)
             source = gavel_trace
             mechanism = mechanism or "gavel"
         else:
@@ -72,6 +77,8 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
             trace = load_trace(trace_file)
             source = trace_file
             mechanism = mechanism or "grid"
+        if space_sharing and mechanism != "gavel":
+            raise InputError("--space-sharing: only with --mechanism gavel", field="--space-sharing")
         if normalisation is not None or reference_type is not None:
             doc = trace.model_dump(mode="json", exclude_none=True)
             doc.update({k: v for k, v in (("normalisation", normalisation), ("reference_type", reference_type))
@@ -84,7 +91,8 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
         for name in names:
             if not quiet:
                 click.echo(f"simulating {name} ...", err=True)
-            res = simulate(trace, name, mechanism=mechanism, resolve_every_s=resolve_every_s)
+            res = simulate(trace, name, mechanism=mechanism, resolve_every_s=resolve_every_s,
+                           space_sharing=space_sharing)
             fig = res.figures()
             rows.append([name] + [fig[k] for k in ("avg_jct_h", "p95_jct_h", "makespan_h", "utilisation",
                                                    "useful_gpus", "ftf_mean", "ftf_max", "min_si_ratio",

@@ -100,6 +100,38 @@ def read_gavel_throughputs(path: str | Path) -> Throughputs:
     return out
 
 
+Colocations = dict[str, dict[tuple[tuple[str, int], tuple[str, int]], tuple[float, float]]]
+
+
+def read_gavel_colocations(path: str | Path) -> Colocations:
+    """Return worker type -> ((job type, sf), (other type, sf)) -> (own, other) steps/s when the two
+    share the same GPUs (Gavel's co-location entries; empty where the file has none). Malformed
+    entries raise InputError naming the file and the key."""
+    raw = json.loads(Path(path).read_text())
+    out: Colocations = {}
+    for worker, table in raw.items():
+        if worker.endswith("_unconsolidated") or not isinstance(table, dict):
+            continue
+        rows: dict[tuple[tuple[str, int], tuple[str, int]], tuple[float, float]] = {}
+        for key, entry in table.items():
+            m = _KEY.match(key)
+            if m is None or not isinstance(entry, dict):
+                continue
+            for other, pair in entry.items():
+                if other == "null":
+                    continue
+                n = _KEY.match(other)
+                ok = (n is not None and isinstance(pair, list) and len(pair) == 2
+                      and all(isinstance(x, (int, float)) and x >= 0 and math.isfinite(x) for x in pair))
+                if not ok or n is None:
+                    raise InputError(f"{path}: at {worker}.{key}.{other}: a pair [own, other] of non-negative "
+                                     f"steps/s, not {pair!r}", file=str(path), field=f"{worker}.{key}.{other}")
+                rows[((m.group(1), int(m.group(2))), (n.group(1), int(n.group(2))))] = (float(pair[0]),
+                                                                                          float(pair[1]))
+        out[worker] = rows
+    return out
+
+
 def read_gavel_trace(path: str | Path) -> list[GavelJob]:
     """Return the jobs of a Gavel trace file (ten tab-separated columns per line, see module doc)."""
     try:
@@ -132,12 +164,13 @@ def read_gavel_trace(path: str | Path) -> list[GavelJob]:
 def to_trace(jobs: list[GavelJob], throughputs: Throughputs, cluster_gpus: dict[str, int], *,
              round_s: float = 360.0, name: str | None = None, source: str | None = None,
              normalisation: str = "slowest", reference_type: str | None = None,
-             where: str = "trace") -> Trace:
+             where: str = "trace", colocations: Colocations | None = None) -> Trace:
     """Return gpuplan's Trace of Gavel jobs: job types from the throughput table (measured per scale
     factor), cluster `cluster_gpus` (Gavel worker type or GPU type -> count), rounds of `round_s` s.
 
     Raises InputError when a job's (type, scale factor) is missing from the table (`where` names
-    the trace in the message).
+    the trace in the message). `colocations` (read_gavel_colocations) fill the trace's `colocated`
+    table for the pairs of its job types that share a GPU count (space sharing).
     """
     gpus = {gpu_type(t): int(c) for t, c in cluster_gpus.items()}
     workers = {gpu_type(w): w for w in throughputs}
@@ -167,10 +200,22 @@ def to_trace(jobs: list[GavelJob], throughputs: Throughputs, cluster_gpus: dict[
             entry["tenant"] = entry["name"]
             tenants[entry["name"]] = job.priority_weight
         out_jobs.append(entry)
+    colocated: dict[str, dict[str, dict[int, dict[str, list[float]]]]] = {}
+    if colocations:
+        kinds = sorted({(j.job_type, j.scale_factor) for j in jobs})
+        for a in kinds:
+            for b in kinds:
+                if a[1] != b[1]:
+                    continue
+                row = {t: colocations.get(workers[t], {}).get((a, b)) for t in gpus}
+                row = {t: [v[0], v[1]] for t, v in row.items() if v is not None}
+                if row:
+                    colocated.setdefault(a[0], {}).setdefault(b[0], {})[a[1]] = row
     per_node = math.gcd(*gpus.values()) if any(gpus.values()) else 1
     doc: dict[str, Any] = {"name": name, "source": source,
                            "cluster": {"gpus": gpus, "gpus_per_node": max(1, min(per_node, 8))},
                            "round_s": round_s, "job_types": job_types, "measured": measured,
+                           "colocated": colocated,
                            "normalisation": normalisation, "reference_type": reference_type,
                            "tenants": tenants, "jobs": out_jobs}
     return validate(Trace, {k: v for k, v in doc.items() if v is not None}, file=where)
@@ -180,6 +225,8 @@ def load_gavel(trace_path: str | Path, throughputs_path: str | Path, cluster_gpu
                **kw: Any) -> Trace:
     """Return gpuplan's Trace of a Gavel trace file and throughput JSON (see to_trace)."""
     table = read_gavel_throughputs(throughputs_path)
+    if kw.pop("space_sharing", False):
+        kw["colocations"] = read_gavel_colocations(throughputs_path)
     return to_trace(read_gavel_trace(trace_path), table, cluster_gpus, where=str(trace_path),
                     name=kw.pop("name", Path(trace_path).stem), **kw)
 

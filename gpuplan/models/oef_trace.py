@@ -53,6 +53,8 @@ class Trace(Schema):
     scaling_efficiency: float = Field(default=0.9, gt=0, le=1)
     job_types: dict[str, dict[str, float]] = Field(min_length=1)
     measured: dict[str, dict[int, dict[str, float]]] = Field(default_factory=dict)
+    # space sharing: job type -> other job type -> GPUs of each -> GPU type -> [own, other] steps/s
+    colocated: dict[str, dict[str, dict[int, dict[str, list[float]]]]] = Field(default_factory=dict)
     normalisation: Literal["slowest", "best", "reference", "jobs"] = "slowest"
     reference_type: str | None = None
     tenants: dict[str, float] = Field(default_factory=dict)
@@ -70,6 +72,17 @@ class Trace(Schema):
                 if g < 1:
                     raise ValueError(f"at measured.{name}: GPU counts >= 1, not {g}")
                 check_speed_table(self.cluster, {f"{name}.{g}": speeds}, "measured")
+        for a_type, others in self.colocated.items():
+            for b_type, per_count in others.items():
+                for name in (a_type, b_type):
+                    if name not in self.job_types:
+                        raise ValueError(f"at colocated.{a_type}.{b_type}: job types of job_types, not {name!r}")
+                for g, per_gpu in per_count.items():
+                    for t, pair in per_gpu.items():
+                        self.cluster.type_key(t)
+                        if len(pair) != 2 or any(not (x >= 0 and math.isfinite(x)) for x in pair):
+                            raise ValueError(f"at colocated.{a_type}.{b_type}.{g}.{t}: [own, other] non-negative "
+                                             f"steps/s, not {pair!r}")
         for t, w in self.tenants.items():
             if w <= 0:
                 raise ValueError(f"at tenants.{t}: a positive weight, not {w}")
@@ -106,6 +119,20 @@ class Trace(Schema):
             if key in cap and cap[key] >= job.gpus:
                 out[key] = x * factor
         return out
+
+
+def pair_throughput(trace: Trace, a: TraceJob, b: TraceJob, gpu_type: str) -> tuple[float, float] | None:
+    """Return (a's, b's) steps/s when jobs a and b share the same GPUs of `gpu_type` (space
+    sharing), or None when the trace has no measurement for the pair (they then cannot share)."""
+    if a.gpus != b.gpus:
+        return None
+    per_gpu = trace.colocated.get(a.type, {}).get(b.type, {}).get(a.gpus)
+    if not per_gpu:
+        return None
+    for t, pair in per_gpu.items():
+        if trace.cluster.type_key(t) == gpu_type:
+            return float(pair[0]), float(pair[1])
+    return None
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -67,20 +67,25 @@ MECHANISMS = ("grid", "gavel")
 
 def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", resolve_every_s: float = 1920.0,
              work_conserving: bool = True, max_rounds: int = 100_000, solver_options: dict[str, Any] | None = None,
+             space_sharing: bool = False,
              progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
     """Return the SimResult of running `trace` under the registered oef solver `policy`.
 
     mechanism 'grid' (default): rounds on a fixed grid of `round_s`, re-allocation at every
     arrival and finish, only jobs owed rounds run. 'gavel': Gavel's round mechanism (see
     simulate_gavel_rounds) with `resolve_every_s` (0: every event) and `work_conserving`.
-    `solver_options` go to every allocation (e.g. {"tie_break": "efficiency"}).
+    `solver_options` go to every allocation (e.g. {"tie_break": "efficiency"}); `space_sharing`
+    (gavel mechanism only) packs waiting jobs onto running jobs' GPUs by measured co-location.
     """
     if mechanism == "gavel":
         return simulate_gavel_rounds(trace, policy, resolve_every_s=resolve_every_s,
                                      work_conserving=work_conserving, max_rounds=max_rounds,
-                                     solver_options=solver_options, progress=progress)
+                                     solver_options=solver_options, space_sharing=space_sharing,
+                                     progress=progress)
     if mechanism != "grid":
         raise ValueError(f"mechanism: one of {', '.join(MECHANISMS)}, not {mechanism!r}")
+    if space_sharing:
+        raise ValueError("space_sharing: only with mechanism='gavel'")
     from gpuplan.solvers.oef_rounds import choose
 
     cap = trace.cluster.capacity()
@@ -155,6 +160,41 @@ def _finish(result: SimResult, jobs: list[Any], tput: dict[str, np.ndarray], cap
         result.ftf[j.name] = result.jct_s[j.name] / (j.steps / float(tput[j.name] @ iso))
 
 
+def _pack(trace: Trace, active: list[Any], queue: list[Any], running: dict[str, int],
+          tput: dict[str, np.ndarray], types: list[str]) -> dict[str, tuple[str, float]]:
+    """Space sharing: place each waiting job (queue order) on the GPUs of a running job of the same
+    GPU count whose pair, by the trace's measured co-location throughputs, does more normalised work
+    than the running job alone (own/isolated + other/isolated > 1), the best such partner first.
+    Adds the packed jobs to `running`; returns job -> (partner, its steps/s while sharing)."""
+    from gpuplan.models.oef_trace import pair_throughput
+
+    shared: dict[str, tuple[str, float]] = {}
+    alone = [j for j in active if j.name in running]
+    seen: set[str] = set()
+    for entry in queue:
+        j = entry[4]
+        if j.name in running or j.name in seen:
+            continue
+        seen.add(j.name)
+        best, best_gain = None, 1e-9
+        for r in alone:
+            if r.name in shared:
+                continue
+            k = running[r.name]
+            pair = pair_throughput(trace, j, r, types[k])
+            if pair is None or tput[j.name][k] <= 0 or min(pair) <= 0:
+                continue
+            gain = pair[0] / tput[j.name][k] + pair[1] / tput[r.name][k] - 1.0
+            if gain > best_gain:
+                best, best_gain = (r, pair), gain
+        if best is not None:
+            r, (own, other) = best
+            running[j.name] = running[r.name]
+            shared[j.name] = (r.name, own)
+            shared[r.name] = (j.name, other)
+    return shared
+
+
 def reference_speed(trace: Trace, job: Any, tput: np.ndarray, types: list[str]) -> float:
     """Return the job's steps/s on the trace's reference type (its fastest type without one, or
     where it cannot use the reference type): the unit of useful work."""
@@ -167,7 +207,7 @@ def reference_speed(trace: Trace, job: Any, tput: np.ndarray, types: list[str]) 
 
 def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s: float = 1920.0,
                           work_conserving: bool = True, max_rounds: int = 100_000,
-                          solver_options: dict[str, Any] | None = None,
+                          solver_options: dict[str, Any] | None = None, space_sharing: bool = False,
                           progress: Callable[[float | None, str], None] = no_progress) -> SimResult:
     """Return the SimResult of `trace` under `policy` with Gavel's round mechanism (scheduler.py).
 
@@ -183,6 +223,9 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
     - Re-allocation (and reset of the accounting, the owed time carried as deficits) when jobs
       arrived or finished and at least `resolve_every_s` passed since the last one (Gavel: 1,920 s;
       0: at every event). Finish time of a job = end of its last step; JCT from its arrival.
+    - space_sharing: after that, waiting jobs may share a running job's GPUs where the trace's
+      measured co-location throughputs make the pair do more work than the running job alone
+      (see _pack; a greedy fill, not Gavel's packed LP: allocations stay per job).
     """
     cap = trace.cluster.capacity()
     types = list(cap)
@@ -249,25 +292,33 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
                 continue
             free[k] -= j.gpus
             running[j.name] = k
+        shared = _pack(trace, active, queue, running, tput, types) if space_sharing else {}
         for j in active:
             population[j.name].append(len(active))
         end, done = t, []
+        runs: dict[str, float] = {}
         for j in active:
             if j.name not in running:
                 continue
             k = running[j.name]
-            rate = tput[j.name][k]
+            rate = shared[j.name][1] if j.name in shared else tput[j.name][k]
             steps = min(max(math.floor(rate * trace.round_s), 1.0), left[j.name])
-            run = steps / rate
+            runs[j.name] = run = steps / rate
             left[j.name] -= steps
             job_time[j.name][k] += run
             worker_time[k] += run
-            busy += run * j.gpus
             result.useful_gpu_s += run * j.gpus * rate / ref[j.name]
             end = max(end, t + run)
             if left[j.name] <= 0:
                 result.jct_s[j.name] = t + run - j.arrival_s
                 done.append(j)
+        for j in active:                     # a shared GPU is busy while either job of the pair runs
+            if j.name not in runs:
+                continue
+            if j.name not in shared:
+                busy += runs[j.name] * j.gpus
+            elif j.name < shared[j.name][0]:
+                busy += max(runs[j.name], runs[shared[j.name][0]]) * j.gpus
         for j in done:
             active.remove(j)
             del job_time[j.name], deficit[j.name]
