@@ -801,8 +801,9 @@ def _gpipe_reason(problem: TesselProblem) -> str | None:
 
 register_solver("tessel", "tessel", solve_tessel, role="paper", default=True,
                 description="repetend (cyclic CP-SAT, min period under memory) + joint warm-up/cool-down completion")
-register_solver("tessel", "tessel-unrolled", lambda problem, **kw: solve_tessel(problem, completion=False, **kw),
-                role="variant", description="the repetend unrolled and left-shifted, without the completion step")
+register_solver("tessel", "tessel-unrolled",
+                lambda problem, **kw: solve_tessel(problem, completion=False, floor=False, **kw), role="variant",
+                description="the repetend unrolled and left-shifted, without the completion step or the baseline floor")
 register_solver("tessel", "exact", solve_exact, role="exact", applicable=_exact_applies,
                 description="CP-SAT over every block instance (intervals, no-overlap, reservoir memory)")
 BASELINES: dict[str, tuple[Callable[[TesselProblem], list[list[Entry]]], Callable[[TesselProblem], str | None]]] = {}
