@@ -139,3 +139,19 @@ def test_tie_break_keeps_the_maxmin_optimum_and_raises_efficiency(policy: str) -
     assert efficiency(a, tied) >= efficiency(a, plain) - 1e-6
     with pytest.raises(InputError, match="tie_break"):
         api.solve(problem, solver=policy, tie_break="nope")
+
+
+def test_colocation_pairs_read_from_gavels_table() -> None:
+    import json
+
+    from gpuplan.models.oef_trace import pair_throughput
+
+    path = GAVEL / "simulation_throughputs_colocated.json"
+    trace = load_gavel(STATIC, path, PHYSICAL, space_sharing=True)
+    single = [j for j in trace.jobs if j.gpus == 1]
+    a, b = single[0], next(j for j in single if j.type != single[0].type)
+    raw = json.loads(path.read_text())["k80"][f"('{a.type}', 1)"][f"('{b.type}', 1)"]
+    assert pair_throughput(trace, a, b, "K80") == pytest.approx(tuple(raw))
+    multi = [j for j in trace.jobs if j.gpus > 1]
+    assert pair_throughput(trace, multi[0], multi[0], "V100") is None          # only 1-GPU pairs shipped
+    assert load_gavel(STATIC, path, PHYSICAL).colocated == {}                   # off unless asked
