@@ -226,7 +226,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
             if left <= 0:
                 timed_out = True
                 break
-            h.setOptionValue("time_limit", float(left))
+            h.setOptionValue("time_limit", float(h.getRunTime() + left))     # HiGHS counts all its runs
         h.run()
         status = h.getModelStatus()
         if status == highspy.HighsModelStatus.kInfeasible:
