@@ -8,8 +8,9 @@ total steps, scale factor (GPUs at once), priority weight, SLO (-1: none), arriv
 
 Gavel's throughput JSON (`simulation_throughputs.json`): worker type (v100, p100, k80, and
 `*_unconsolidated` rows) -> "('<job type>', <scale factor>)" -> {"null": steps/s of the whole job
-alone, "('<other type>', <sf>)": [own, other] steps/s when the two share the GPUs}. Only the
-isolated ("null") figures are read; co-location figures are not used (no space sharing).
+alone, "('<other type>', <sf>)": [own, other] steps/s when the two share the GPUs}. The isolated
+("null") figures make the job types; the co-location pairs are read on request
+(read_gavel_colocations, load_gavel(..., space_sharing=True)) into the trace's `colocated` table.
 
 Conversion: one gpuplan job type per Gavel job type, `job_types` holding its 1-GPU throughputs and
 `measured` its whole-job throughputs for every other scale factor the trace uses (Gavel's
