@@ -144,7 +144,9 @@ def test_defaults_reach_64_stage_pipelines_with_their_microbatch_counts() -> Non
     # the published configuration (TP 8, PP 64, DP 6, micro-batch 1 -> 512 micro-batches) is in it
     assert any(m == 512 and len(used) == 1 and (used[0].stages, used[0].tp, used[0].dp) == (64, 8, 6)
                for m, used in SP.combos(prob))
-    assert SP.count_structures(prob) == sum(1 for _ in SP.combos(prob))  # one type: one order each
+    # one type: one order each, at v = 1 and at every interleave the combo allows
+    assert SP.count_structures(prob) == sum(1 + len(SP.interleaves(prob, used[0].stages, m))
+                                            for m, used in SP.combos(prob))
     assert any(c.stages == 64 and c.m == 512 for c in SP.grid_configs(prob))
 
 

@@ -30,7 +30,7 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 
 
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
-          max_stages: int | None, max_tp: int | None, **_: Any) -> Problem:
+          max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, **_: Any) -> Problem:
     """Return the PoseidonProblem the command-line arguments describe."""
     from gpuplan.api import load_problem
 
@@ -45,7 +45,7 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         mdoc, _ = _document(model)
         problem["model"] = mdoc.get("model", mdoc) if isinstance(mdoc, dict) else mdoc
     for key, value in (("global_batch", batch), ("seq_len", seq), ("schedule", schedule),
-                       ("max_stages", max_stages), ("max_tp", max_tp)):
+                       ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -63,6 +63,8 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--schedule"], type=click.Choice(["1f1b", "gpipe"]), default=None, help="Pipeline schedule."),
     click.Option(["--max-stages", "max_stages"], type=int, default=None, help="Most pipeline stages."),
     click.Option(["--max-tp", "max_tp"], type=int, default=None, help="Largest tensor-parallel degree."),
+    click.Option(["--max-interleave", "max_interleave"], type=int, default=None,
+                 help="Most model chunks per stage (Megatron's interleaved 1F1B; 1: none)."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 

@@ -71,6 +71,7 @@ class PoseidonProblem(Problem):
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
     max_microbatches: int = Field(default=1024, ge=1)
+    max_interleave: int = Field(default=4, ge=1)  # model chunks per stage the search may choose (1: none)
     schedule: Schedule = "1f1b"
     layer_costs: LayerTable | None = None
 

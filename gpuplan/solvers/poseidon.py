@@ -67,6 +67,16 @@ def type_options(problem: PoseidonProblem) -> dict[str, list[TypeOption]]:
     return out
 
 
+def interleaves(problem: PoseidonProblem, S: int, m: int) -> list[int]:
+    """Return the interleave degrees v > 1 (model chunks per stage) the space allows for S stages and m
+    micro-batches: Megatron's interleaved 1F1B needs at least 2 stages, m a multiple of S, and every
+    stage's layer count divisible by v (so L too, with at least v layers per stage), v <= max_interleave."""
+    L = problem.model.num_layers
+    if problem.schedule != "1f1b" or S < 2 or m % S:
+        return []
+    return [v for v in range(2, problem.max_interleave + 1) if L % v == 0 and L // v >= S]
+
+
 def microbatch_counts(problem: PoseidonProblem) -> list[int]:
     """Return the candidate numbers of micro-batches: divisors of the global batch, ascending."""
     G = problem.global_batch
@@ -104,12 +114,14 @@ class Stats:
 # Per-structure quantities and lower bounds
 # ------------------------------------------------------------------------------------------------
 
-def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool, flight: int, index: int,
-                 S: int, m: int) -> tuple[float, float, float, float, float, float, tuple[int, ...], tuple[float, ...]]:
+def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool, flight: float, index: int,
+                 S: int, m: int, v: int = 1
+                 ) -> tuple[float, float, float, float, float, float, tuple[int, ...], tuple[float, ...]]:
     """Return (f, g, ef, eg, a, a0, caps, extra) of a stage (see Structure), cached on the cost model:
-    caps[i] / extra[i] the most blocks that fit and the seconds one block's backward gains under the
-    i-th recomputation mode the problem allows, fastest first (auto: none, selective, full)."""
-    key = (sh, b, first, last, flight, S == 1)
+    caps[i] / extra[i] the most blocks that fit (a multiple of the interleave v) and the seconds one
+    block's backward gains under the i-th recomputation mode the problem allows, fastest first (auto:
+    none, selective, full)."""
+    key = (sh, b, first, last, flight, S == 1, v)
     cache = cm.__dict__.setdefault("_terms", {})
     if key not in cache:
         f, g = cm.layer(sh.device_type, sh.tp, b)
@@ -119,9 +131,10 @@ def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool,
         modes = RECOMPUTE_MODES if cm.p.recompute == "auto" else (cm.p.recompute,)
         caps, extra = [], []
         for mode in modes:
-            base = stage_memory(cm, sh, 0, b, index, S, m, mode)
-            per = stage_memory(cm, sh, 1, b, index, S, m, mode) - base
-            caps.append(min(cm.p.model.num_layers, int((cap - base) // per)) if cap >= base + per else 0)
+            base = stage_memory(cm, sh, 0, b, index, S, m, mode, v)
+            per = stage_memory(cm, sh, 1, b, index, S, m, mode, v) - base
+            most = min(cm.p.model.num_layers, int((cap - base) // per)) if cap >= base + per else 0
+            caps.append(most // v * v)
             extra.append(cm.recompute_s(sh.device_type, sh.tp, b, mode))
         slope = _min_slope(cm, sh, first, last, S, a0)
         cache[key] = (f, g, ef, eg, max(0.0, slope), a0, tuple(caps), tuple(extra))
@@ -158,15 +171,19 @@ class Structure:
     e: forward+backward seconds the embedding/head add; a: all-reduce + optimizer seconds per block;
     a0: all-reduce + optimizer seconds of the embedding/head parameters; nmax: most blocks that fit
     in memory (with recomputation); p2p: send seconds between stage s and s+1.
+
+    `v` > 1 runs Megatron's interleaved 1F1B with v model chunks per stage (see `interleaves`): layer
+    counts are multiples of v, memory holds the interleaved schedule's in-flight chunks, and the
+    bounds follow the interleaved DAG's paths (docs/poseidon.md, "Interleaving").
     """
 
-    def __init__(self, cm: CostModel, shapes: list[StageShape], m: int) -> None:
-        self.cm, self.shapes, self.m = cm, shapes, m
+    def __init__(self, cm: CostModel, shapes: list[StageShape], m: int, v: int = 1) -> None:
+        self.cm, self.shapes, self.m, self.v = cm, shapes, m, v
         S, G = len(shapes), cm.p.global_batch
         self.S = S
         self.b = [G // (m * sh.dp) for sh in shapes]
-        terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m), s, S, m)
-                 for s, sh in enumerate(shapes)]
+        terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m, v), s, S, m,
+                              v) for s, sh in enumerate(shapes)]
         self.f, self.g, self.ef, self.eg, self.a, self.a0, self.caps, self.extra = (list(x) for x in zip(*terms))
         self.nmax = [max(c) for c in self.caps]
         tied = self._tied = cm.tied_s(shapes)
@@ -177,6 +194,8 @@ class Structure:
         self.c = [f + g for f, g in zip(self.f, self.g)]
         self.e = [f + g for f, g in zip(self.ef, self.eg)]
         self.p2p = [_p2p(cm, shapes[s], shapes[s + 1], self.b[s]) for s in range(S - 1)]
+        # sends between virtual stages k and k + 1 (k = chunk * S + stage); = p2p when v = 1
+        self.vp2p = [_p2p(cm, shapes[k % S], shapes[(k + 1) % S], self.b[k % S]) for k in range(S * v - 1)]
         self._rt = self.round_trip()
 
     def tail(self, s: int, n: int) -> float:
@@ -191,21 +210,22 @@ class Structure:
 
     def feasible(self) -> bool:
         """True when the stages can hold all layers in memory, one or more each."""
-        L = self.cm.p.model.num_layers
-        return min(self.nmax) >= 1 and sum(self.nmax) >= L and self.S <= L
+        L, v = self.cm.p.model.num_layers, self.v
+        return min(self.nmax) >= v and sum(self.nmax) >= L and self.S * v <= L and L % v == 0
 
     def minmax_partition(self, weight: list[float], const: list[float]) -> tuple[float, list[int]]:
         """Return (W, layers): W a lower bound, within 1e-9 relative, on the smallest max_s(n_s
         weight_s + const_s) over integer counts 1 <= n_s <= nmax_s summing to L, and counts that
-        reach it (bisection on W; a count for W is the most layers each stage holds within W)."""
-        L, S = self.cm.p.model.num_layers, self.S
+        reach it (bisection on W; a count for W is the most layers each stage holds within W; with
+        interleave v counts are multiples of v)."""
+        L, S, v = self.cm.p.model.num_layers, self.S, self.v
 
         def fill(W: float) -> list[int] | None:
-            n = [min(self.nmax[s], int(math.floor((W - const[s]) / weight[s] + 1e-9))) if weight[s] > 0
+            n = [min(self.nmax[s], int(math.floor((W - const[s]) / weight[s] + 1e-9)) // v * v) if weight[s] > 0
                  else self.nmax[s] for s in range(S)]
-            return n if min(n) >= 1 and sum(n) >= L else None
+            return n if min(n) >= v and sum(n) >= L else None
 
-        lo = max(weight[s] + const[s] for s in range(S))
+        lo = max(v * weight[s] + const[s] for s in range(S))
         hi = max(self.nmax[s] * weight[s] + const[s] for s in range(S))
         if fill(lo) is not None:
             hi = lo
@@ -220,7 +240,7 @@ class Structure:
         # trim the surplus from the stages with the most slack, keeping every count >= 1
         extra = sum(n) - L
         for s in sorted(range(S), key=lambda s: n[s] * weight[s] + const[s], reverse=True):
-            take = min(extra, n[s] - 1)
+            take = min(extra, n[s] - v)
             n[s] -= take
             extra -= take
         return lo * (1 - 1e-9), n
@@ -228,30 +248,39 @@ class Structure:
     def round_trip(self) -> list[tuple[list[float], float]]:
         """Return, per stage q, (coef, const) of the round-trip path bound T >= sum_s coef[s] n_s + const:
         micro-batch 0 forward through every stage and backward down to stage q, then the rest of q's
-        chain (k_F forwards and m-1 backwards), then q's all-reduce + optimizer (see docs)."""
-        S, m = self.S, self.m
+        chain (k_F forwards and m-1 backwards), then q's all-reduce + optimizer (see docs).
+
+        With interleave v: micro-batch 0 forward through every virtual stage, backward down to stage
+        q's last chunk (1/v of each later stage's blocks), then q's other chunk-ops: k_F chunk
+        forwards (1/v of its blocks each; the warm-up is 2 (S-1-q) + (v-1) S) and every backward."""
+        S, m, v = self.S, self.m, self.v
         sched = self.cm.p.schedule
         out = []
-        fwd_p2p = sum(self.p2p)
+        fwd_p2p = sum(self.vp2p)
         self._own: list[float] = []
         for q in range(S):
-            w = min(S - 1 - q, m)
-            kf = 0 if sched == "gpipe" else max(0, m - w - 1)
-            coef = [self.f[s] + (self.g[s] if s > q else 0.0) for s in range(S)]
+            if v > 1:
+                warm = m * v if m == S else min(m * v, 2 * (S - 1 - q) + (v - 1) * S)
+                kf = max(0, m * v - warm - 1) / v
+            else:
+                w = min(S - 1 - q, m)
+                kf = 0 if sched == "gpipe" else max(0, m - w - 1)
+            coef = [self.f[s] + (self.g[s] / v if s > q else 0.0) for s in range(S)]
             own = kf * self.f[q] + m * self.g[q] + self.a[q]
             coef[q] += own
             self._own.append(own)
-            const = (sum(self.ef) + sum(self.eg[q + 1:]) + kf * self.ef[q] + m * self.eg[q] + self.a0[q]
-                     + fwd_p2p + sum(self.p2p[q:]))
+            const = (sum(self.ef) + sum(self.eg[q + 1:]) + (kf * self.ef[q] if v == 1 else 0.0) + m * self.eg[q]
+                     + self.a0[q] + fwd_p2p + sum(self.p2p[q:]))
             out.append((coef, const))
         return out
 
     def _min_linear(self, coef: list[float], const: float) -> float:
-        """Return min over counts 1 <= n_s <= nmax_s summing to L of sum_s coef_s n_s + const."""
-        spare = self.cm.p.model.num_layers - self.S
-        total = const + sum(coef)
+        """Return min over counts v <= n_s <= nmax_s (multiples of v) summing to L of sum_s coef_s n_s + const."""
+        v = self.v
+        spare = self.cm.p.model.num_layers - self.S * v
+        total = const + v * sum(coef)
         for s in sorted(range(self.S), key=lambda s: coef[s]):
-            k = min(spare, self.nmax[s] - 1)
+            k = min(spare, self.nmax[s] - v)
             total += k * coef[s]
             spare -= k
         return total
@@ -264,7 +293,7 @@ class Structure:
         (1) stage q's whole chain of m forwards and backwards, then its all-reduce + optimizer:
             T >= m*(n_q c_q + e_q) + n_q a_q + a0_q for every q; min over cuts of the max, exactly;
         (2) micro-batch 0 forward through stages 0..S-2, the last stage's whole chain, micro-batch m-1
-            backward down to stage 0;
+            backward down to stage 0 (with interleave v: through their first chunks, 1/v of the blocks);
         (3) the round trips of `round_trip`, combined with weights pi (uniform, and 1/own weight):
             T >= sum_q pi_q RT_q(n) for every cut, and the weighted sum is minimised exactly.
         """
@@ -272,7 +301,7 @@ class Structure:
         w1, _ = self.minmax_partition([m * c + a for c, a in zip(self.c, self.a)],
                                       [m * e + a0 for e, a0 in zip(self.e, self.a0)])
         last = self.S - 1
-        per = [self.c[s] if s < last else m * self.c[s] for s in range(self.S)]
+        per = [self.c[s] / self.v if s < last else m * self.c[s] for s in range(self.S)]
         base = sum(self.e[s] for s in range(last)) + m * self.e[last] + 2 * sum(self.p2p)
         w2 = self._min_linear(per, base)
         rt = self._rt
@@ -311,43 +340,57 @@ class Structure:
         for coef, const in self._rt:
             rows.append(np.append(np.asarray(coef), -1.0))
             rhs.append(-const)
-        rows.append(np.append(np.asarray([self.c[s] if s < last else m * self.c[s] for s in range(S)]), -1.0))
+        rows.append(np.append(np.asarray([self.c[s] / self.v if s < last else m * self.c[s] for s in range(S)]), -1.0))
         rhs.append(-(sum(self.e[:last]) + m * self.e[last] + 2 * sum(self.p2p)))
         cost = np.zeros(S + 1)
         cost[S] = 1.0
         res = linprog(cost, A_ub=np.array(rows), b_ub=np.array(rhs), A_eq=np.array([[1.0] * S + [0.0]]),
-                      b_eq=[float(self.cm.p.model.num_layers)], bounds=[(1, k) for k in self.nmax] + [(0, None)],
+                      b_eq=[float(self.cm.p.model.num_layers)], bounds=[(self.v, k) for k in self.nmax] + [(0, None)],
                       method="highs")
         return (float(res.fun) * (1 - 1e-7), [float(v) for v in res.x[:S]]) if res.status == 0 else (0.0, [])
 
     def cut_bound(self, layers: list[int]) -> float:
         """Return the path bounds (1), (2) and every round trip for one layer mapping (seconds;
         cheaper than the DAG walk)."""
-        m, last = self.m, self.S - 1
+        m, last, v = self.m, self.S - 1, self.v
         E = [n * c + e for n, c, e in zip(layers, self.c, self.e)]
         b1 = max(m * E[s] + layers[s] * self.a[s] + self.a0[s] for s in range(self.S))
-        b2 = sum(E[:last]) + 2 * sum(self.p2p) + m * E[last]
+        b2 = sum(n * c / v + e for n, c, e in zip(layers[:last], self.c, self.e)) + 2 * sum(self.p2p) + m * E[last]
         # round trips in O(S): sum_s f_s n_s + sum_{s>q} g_s n_s + own_q n_q + const_q
         fsum = sum(f * n for f, n in zip(self.f, layers))
         gsuf, b3 = 0.0, 0.0
         for q in range(last, -1, -1):
             b3 = max(b3, fsum + gsuf + self._own[q] * layers[q] + self._rt[q][1])
-            gsuf += self.g[q] * layers[q]
+            gsuf += self.g[q] * layers[q] / v
         return max(b1, b2, b3)
 
     def time(self, layers: list[int]) -> float:
         """Return the DAG iteration time (seconds) of a layer mapping; inf when it does not fit.
 
         The same figure as gpuplan.models.poseidon.evaluate, from the cached per-layer terms: a
-        stage recomputes exactly when its layers exceed what fits without recomputation.
+        stage recomputes exactly when its layers exceed what fits without recomputation. With
+        interleave v each chunk runs 1/v of the stage's blocks; the embedding sits on the first
+        virtual stage, the head on the last (gpuplan.models.poseidon.chunk_lists).
         """
-        if any(n < 1 or n > k for n, k in zip(layers, self.nmax)):
+        v = self.v
+        if any(n < v or n > k or n % v for n, k in zip(layers, self.nmax)):
             return INF
-        fwd = [n * f + ef for n, f, ef in zip(layers, self.f, self.ef)]
-        bwd = [n * (g + next(x for k, x in zip(caps, extra) if n <= k)) + eg
-               for n, g, eg, caps, extra in zip(layers, self.g, self.eg, self.caps, self.extra)]
+        fwd = [n * f for n, f in zip(layers, self.f)]
+        bwd = [n * (g + next(x for k, x in zip(caps, extra) if n <= k))
+               for n, g, caps, extra in zip(layers, self.g, self.caps, self.extra)]
         tail = [self.tail(s, n) for s, n in enumerate(layers)]
-        return iteration_time_fast(fwd, bwd, self.p2p, tail, self.m, self.cm.p.schedule)
+        if v == 1:
+            fwd = [x + e for x, e in zip(fwd, self.ef)]
+            bwd = [x + e for x, e in zip(bwd, self.eg)]
+            return iteration_time_fast(fwd, bwd, self.p2p, tail, self.m, self.cm.p.schedule)
+        S = self.S
+        vf = [fwd[k % S] / v for k in range(S * v)]
+        vb = [bwd[k % S] / v for k in range(S * v)]
+        vf[0] += self.ef[0]
+        vb[0] += self.eg[0]
+        vf[-1] += self.ef[-1]
+        vb[-1] += self.eg[-1]
+        return iteration_time_fast(vf, vb, self.vp2p, tail, self.m, self.cm.p.schedule, None, v)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -390,9 +433,9 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
         if level < 2:
             moves = [(mv,) for mv in (adjacent if level == 0 else singles)]
         else:  # pairs of the most promising single moves
-            ranked = sorted(singles, key=lambda mv: st.cut_bound(_moved(cur, (mv,), st.nmax) or st.nmax))[:2 * S]
+            ranked = sorted(singles, key=lambda mv: st.cut_bound(_moved(cur, (mv,), st.nmax, st.v) or st.nmax))[:2 * S]
             moves = [(x, y) for i, x in enumerate(ranked) for y in ranked[i:] if x[0] != y[1] and x[1] != y[0]]
-        cands = [(st.cut_bound(n), n) for n in (_moved(cur, mv, st.nmax) for mv in moves) if n is not None]
+        cands = [(st.cut_bound(n), n) for n in (_moved(cur, mv, st.nmax, st.v) for mv in moves) if n is not None]
         cands.sort(key=lambda x: x[0])
         step_t, step = cur_t, None
         if level == 2:  # a budget of 2S DAG walks, the pairs with the lowest bounds first
@@ -421,14 +464,14 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
             return cur_t, cur
 
 
-def _moved(cur: list[int], moves: tuple[tuple[int, int], ...], cap: list[int]) -> list[int] | None:
-    """Return the layer counts after moving one layer per (from, to) pair; None when a count
-    leaves [1, cap]."""
+def _moved(cur: list[int], moves: tuple[tuple[int, int], ...], cap: list[int], unit: int = 1) -> list[int] | None:
+    """Return the layer counts after moving `unit` layers (the interleave: counts stay multiples of
+    it) per (from, to) pair; None when a count leaves [unit, cap]."""
     n = list(cur)
     for a, b in moves:
-        n[a] -= 1
-        n[b] += 1
-    return n if all(1 <= v <= k for v, k in zip(n, cap)) else None
+        n[a] -= unit
+        n[b] += unit
+    return n if all(unit <= v <= k for v, k in zip(n, cap)) else None
 
 
 def ridge_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
@@ -445,7 +488,9 @@ def ridge_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     t, start = quick_map(st, stats)
     if stats.out_of_time():
         return t, start
-    lp = _round_counts(st.lp_solution()[1], st.nmax, L)
+    v = st.v
+    lp = _round_counts([x / v for x in st.lp_solution()[1]], [k // v for k in st.nmax], L // v)
+    lp = None if lp is None else [x * v for x in lp]
     if lp is not None and lp != start:
         stats.dag_evaluations += 2
         start = min((start, lp), key=st.time)
@@ -457,7 +502,7 @@ def quick_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     and the even split (`uniform_layers`): two DAG walks, the search's first look at a structure."""
     _, balanced = st.minmax_partition([st.m * c + a for c, a in zip(st.c, st.a)],
                                       [st.m * e + a0 for e, a0 in zip(st.e, st.a0)])
-    even = uniform_layers(st.cm.p.model.num_layers, st.S)
+    even = [st.v * n for n in uniform_layers(st.cm.p.model.num_layers // st.v, st.S)]
     stats.dag_evaluations += 2
     return min(((st.time(n), n) for n in (balanced, even)), key=lambda x: x[0])
 
@@ -469,6 +514,8 @@ def all_cuts_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     for cuts in itertools.combinations(range(1, L), st.S - 1):
         bounds = (0,) + cuts + (L,)
         n = [bounds[i + 1] - bounds[i] for i in range(st.S)]
+        if any(x % st.v for x in n):
+            continue
         t = st.time(n)
         stats.dag_evaluations += 1
         if t < best_t:
@@ -500,16 +547,38 @@ def combos(problem: PoseidonProblem, num_stages: int | None = None,
                 yield m, used
 
 
-def structures(problem: PoseidonProblem, cm: CostModel, combo: Combo | None = None) -> Iterator[Structure]:
-    """Yield every stage structure of the space (or of one combo): each combo in every type order."""
+def structures(problem: PoseidonProblem, cm: CostModel, combo: Combo | None = None,
+               interleaved: bool = False) -> Iterator[Structure]:
+    """Yield every stage structure of the space (or of one combo): each combo in every type order;
+    with `interleaved`, each order also at every interleave `interleaves` allows (after v = 1)."""
     for m, used in ([combo] if combo else combos(problem)):
+        S = sum(o.stages for o in used)
+        vs = [1] + (interleaves(problem, S, m) if interleaved else [])
         for order in itertools.permutations(used):
-            yield Structure(cm, [sh for o in order for sh in o.shapes], m)
+            shapes = [sh for o in order for sh in o.shapes]
+            for v in vs:
+                yield Structure(cm, shapes, m, v)
+
+
+def _structure_at(problem: PoseidonProblem, cm: CostModel, combo: Combo, index: int) -> Structure:
+    """Return the `index`-th structure `structures(problem, cm, combo, interleaved=True)` yields,
+    without building the ones before it."""
+    m, used = combo
+    vs = [1] + interleaves(problem, sum(o.stages for o in used), m)
+    order = next(itertools.islice(itertools.permutations(used), index // len(vs), None))
+    return Structure(cm, [sh for o in order for sh in o.shapes], m, vs[index % len(vs)])
+
+
+def combo_size(problem: PoseidonProblem, combo: Combo) -> int:
+    """Return the number of structures of a combo: type orders x (1 + its interleave degrees)."""
+    m, used = combo
+    return math.factorial(len(used)) * (1 + len(interleaves(problem, sum(o.stages for o in used), m)))
 
 
 def count_structures(problem: PoseidonProblem) -> int:
-    """Return the number of stage structures in the space (without building them)."""
-    return sum(math.factorial(len(used)) for _, used in combos(problem))
+    """Return the number of stage structures in the space, interleaved ones included (without
+    building them)."""
+    return sum(combo_size(problem, c) for c in combos(problem))
 
 
 def _option_terms(cm: CostModel, o: TypeOption, m: int) -> tuple[float, int, float, float, float]:
@@ -555,9 +624,12 @@ def combo_bound(cm: CostModel, combo: Combo) -> float:
             break
         rest -= k * cap
         rate -= k / w
-    # the uniform-weight round-trip bound with position-dependent terms at their smallest
+    # the uniform-weight round-trip bound with position-dependent terms at their smallest: k_F / v
+    # chunk forwards of 1/v of the blocks after the first backward (v = 1: at least m - S; v > 1:
+    # at least (m v - (v + 1) S + 1) / v, the warm-up being at most 2 (S - 1) + (v - 1) S)
     S = sum(k for _, k in terms)
-    per = sorted((f + (max(0, m - S) * f + m * g + a) / S, cap, k) for (_, cap, f, g, a), k in terms)
+    kf = min([max(0, m - S)] + [max(0, m * v - (v + 1) * S + 1) / v for v in interleaves(cm.p, S, m)])
+    per = sorted((f + (kf * f + m * g + a) / S, cap, k) for (_, cap, f, g, a), k in terms)
     rest2, w2 = L, 0.0
     for coef, cap, k in per:
         take = min(rest2, cap * k)
@@ -571,7 +643,7 @@ def _finish(problem: PoseidonProblem, best: tuple[float, Structure | None, list[
     t, st, layers = best
     if st is None or t == INF:
         raise InfeasibleError(_why_infeasible(problem))
-    plan = make_plan(problem, st.shapes, layers, st.m, status=status)
+    plan = make_plan(problem, st.shapes, layers, st.m, status=status, interleave=st.v)
     plan.solver = SolverInfo(name=name, stats=stats.as_dict())
     return plan
 
@@ -638,23 +710,30 @@ def megatron_configs(problem: PoseidonProblem, opts: dict[str, list[TypeOption]]
     return out
 
 
-def classic_bound(cm: CostModel, c: Classic) -> float:
-    """Return a lower bound (seconds) on the DAG time of config `c` with layers split evenly, from the
-    per-block compute times alone (no all-reduce, embedding, head, sends or recomputation, so no
-    collective model is consulted): the busiest stage's m forwards and backwards, and micro-batch
-    0's forward and backward through every stage plus the last stage's other m-1."""
+def classic_layers(L: int, S: int, v: int = 1) -> list[int]:
+    """Return the even split of L layers over S stages in multiples of the interleave v."""
+    return [v * n for n in uniform_layers(L // v, S)]
+
+
+def classic_bound(cm: CostModel, c: Classic, v: int = 1) -> float:
+    """Return a lower bound (seconds) on the DAG time of config `c` at interleave `v` with layers
+    split evenly (`classic_layers`), from the per-block compute times alone (no all-reduce,
+    embedding, head, sends or recomputation, so no collective model is consulted): the busiest
+    stage's m forwards and backwards, and micro-batch 0's forward and backward through every
+    stage (1/v of the blocks with interleave v: its first chunks) plus the last stage's other m-1."""
     L, G = cm.p.model.num_layers, cm.p.global_batch
     per = [sum(cm.layer(o.device_type, o.tp, G // (c.m * o.dp))) for o in c.options for _ in range(o.stages)]
-    n = uniform_layers(L, len(per))
+    n = classic_layers(L, len(per), v)
     busy = c.m * max(k * x for k, x in zip(n, per))
-    return max(busy, sum(k * x for k, x in zip(n, per)) + (c.m - 1) * n[-1] * per[-1])
+    return max(busy, sum(k * x for k, x in zip(n, per)) / v + (c.m - 1) * n[-1] * per[-1])
 
 
 def best_classic(cm: CostModel, configs: list[Classic],
-                 best: tuple[float, Structure | None, list[int]] = (INF, None, []),
+                 best: tuple[float, Structure | None, list[int]] = (INF, None, []), interleaved: bool = False,
                  ) -> tuple[tuple[float, Structure | None, list[int]], str, int]:
     """Return ((seconds, structure, layers) of the fastest config with layers split evenly, or `best`
-    when none is faster; its label ("" when `best` stands); the number of DAG walks).
+    when none is faster; its label ("" when `best` stands); the number of DAG walks. With
+    `interleaved`, every config is also tried at each interleave `interleaves` allows.
 
     Configs are visited in order of `classic_bound` and those whose bound, or whose path bound for
     the even split (`Structure.cut_bound`), reaches the best time are skipped without a DAG walk:
@@ -663,12 +742,14 @@ def best_classic(cm: CostModel, configs: list[Classic],
     that are skipped: at 3,000 GPUs that is most of the cost.)"""
     L = cm.p.model.num_layers
     label, walks = "", 0
-    for lb, i in sorted((classic_bound(cm, c), i) for i, c in enumerate(configs)):
+    tries = [(i, v) for i, c in enumerate(configs)
+             for v in [1] + (interleaves(cm.p, c.stages, c.m) if interleaved else [])]
+    for lb, i, v in sorted((classic_bound(cm, configs[i], v), i, v) for i, v in tries):
         if lb >= best[0]:
             break
         c = configs[i]
-        st = Structure(cm, [sh for o in c.options for sh in o.shapes], c.m)
-        layers = uniform_layers(L, st.S)
+        st = Structure(cm, [sh for o in c.options for sh in o.shapes], c.m, v)
+        layers = classic_layers(L, st.S, v)
         if st.cut_bound(layers) >= best[0]:
             continue
         t = st.time(layers)
@@ -688,7 +769,7 @@ def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int
     and the winner in `stats`."""
     configs = grid_configs(problem, opts) + (megatron_configs(problem, opts) if len(opts) > 1 else [])
     configs = [c for c in configs if num_stages is None or c.stages == num_stages]
-    best, label, walks = best_classic(cm, configs)
+    best, label, walks = best_classic(cm, configs, interleaved=True)
     stats.seeds += walks
     stats.best_from = label or stats.best_from
     deadline = INF if metis_budget_s is None else min(stats.deadline, time.perf_counter() + metis_budget_s)
@@ -745,10 +826,10 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     progress(0.0, f"{len(all_combos)} combos")
 
     def left(k: int) -> int:  # structures of the combos ranked k onwards
-        return sum(math.factorial(len(all_combos[j][1])) for _, j in ranked[k:])
+        return sum(combo_size(problem, all_combos[j]) for _, j in ranked[k:])
 
     # pass 1, breadth: every combo in bound order, each structure bounded and given a first look
-    pending: list[tuple[float, float, int, int]] = []  # (first-look seconds, bound, combo, order)
+    pending: list[tuple[float, float, int, int]] = []  # (first-look seconds, bound, combo, structure index)
     for k, (lb0, i) in enumerate(ranked if status is Status.OPTIMAL else []):
         if prune and lb0 >= best[0]:
             stats.pruned += left(k)
@@ -761,7 +842,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             break
         m, used = all_combos[i]
         built = 0
-        for order, st in enumerate(structures(problem, cm, (m, used))):
+        for order, st in enumerate(structures(problem, cm, (m, used), interleaved=True)):
             built += 1
             if not st.feasible():
                 stats.infeasible += 1
@@ -776,7 +857,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             pending.append((t, lb, i, order))
             if stats.out_of_time():
                 break
-        unbuilt = math.factorial(len(used)) - built
+        unbuilt = combo_size(problem, (m, used)) - built
         stats.structures += built + unbuilt
         stats.unvisited += unbuilt
         if k % 100 == 0:
@@ -793,9 +874,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
         if prune and lb >= best[0]:
             stats.pruned += 1
             continue
-        m, used = all_combos[i]
-        st = Structure(cm, [sh for o in next(itertools.islice(itertools.permutations(used), order, None))
-                            for sh in o.shapes], m)
+        st = _structure_at(problem, cm, all_combos[i], order)
         if prune and best[0] < INF and st.lp_bound() >= best[0]:
             stats.pruned += 1
             continue
