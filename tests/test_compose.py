@@ -101,8 +101,9 @@ def test_check_catches_plans_that_disagree(cpu_bundle: Path, tmp_path: Path) -> 
     shutil.copytree(cpu_bundle, b)
     poseidon = json.loads((b / "poseidon.json").read_text())
     # a schedule of the same stages with other micro-batches, stamped as if it belonged
-    other = gpuplan.solve(tessel_problem({**poseidon, "num_microbatches": poseidon["num_microbatches"] // 2}),
-                          solver="1f1b")
+    half = {**poseidon, "num_microbatches": poseidon["num_microbatches"] // 2}
+    other = gpuplan.solve(tessel_problem(half, split=False),
+                          solver="1f1b" if poseidon["interleave"] == 1 else "interleaved-1f1b")
     other.save(b / "tessel.json")
     _restamp(b, "tessel.json")
     codes = [v.code for v in check_bundle(b)]

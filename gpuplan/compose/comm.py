@@ -10,7 +10,9 @@ overlaps the compute the schedule really puts beside it:
 - the gradient reduction overlaps the stage's last block (with zero-bubble splits, a deferred W).
 
 With a split backward, the backward segment is the input-gradient part and a `wgt-mb{j}` segment the
-weight-gradient part. A stage on a device type Lagom does not know (a CPU) has no NCCL knobs: it gets
+weight-gradient part. With interleaved chunks, segments are per chunk (`fwd-c{c}-mb{j}`); a stage's
+activation send overlaps what follows its last chunk's forward, its gradient send what follows its
+first chunk's backward (Lagom's workload has one send per micro-batch and direction). A stage on a device type Lagom does not know (a CPU) has no NCCL knobs: it gets
 no problem (None) and keeps scale 1.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuplan.compose.pipeline import weight_fraction
+from gpuplan.compose.pipeline import virtual_stage_times, weight_fraction
 from gpuplan.models.catalog import canonical_name
 from gpuplan.models.lagom import GPU_EXTRA
 from gpuplan.models.lagom_poseidon import workload_from_poseidon
@@ -31,9 +33,11 @@ def nccl_stage(plan: dict[str, Any], stage: int) -> bool:
     return key is not None and key in GPU_EXTRA
 
 
-def _segment(block: str, j: int) -> str:
-    kind = block[0]
-    return {"F": f"fwd-mb{j}", "B": f"bwd-mb{j}", "W": f"wgt-mb{j}"}[kind]
+def _segment(block: str, j: int, n: int, v: int) -> str:
+    """Return the Lagom segment name of block instance (block, micro-batch j): fwd/bwd/wgt, with the
+    chunk when the plan interleaves v > 1 chunks over n stages."""
+    kind = {"F": "fwd", "B": "bwd", "W": "wgt"}[block[0]]
+    return f"{kind}-mb{j}" if v == 1 else f"{kind}-c{int(block[1:]) // n}-mb{j}"
 
 
 def lagom_document(plan: dict[str, Any], stage: int, problem: TesselProblem,
@@ -48,23 +52,29 @@ def lagom_document(plan: dict[str, Any], stage: int, problem: TesselProblem,
         if "communicates nothing" in str(exc):
             return None
         raise
-    st = plan["stages"][stage]
-    fwd_s, bwd_s = float(st.get("forward_s", 0.0)), float(st.get("backward_s", 0.0))
-    split = any(b.name == f"W{stage}" for b in problem.blocks)
-    w_s = bwd_s * weight_fraction(plan, st) if split else 0.0
-    compute = {"F": fwd_s, "B": bwd_s - w_s, "W": w_s}
+    n, v = len(plan["stages"]), int(plan.get("interleave", 1))
+    fwd, bwd, _ = virtual_stage_times(plan)
+    wf = weight_fraction(plan, plan["stages"][stage])
+    split = any(b.kind == "backward_weight" and b.devices == [stage] for b in problem.blocks)
+
+    def compute_s(block: str) -> float:
+        k = int(block[1:])
+        return {"F": fwd[k], "B": bwd[k] * (1 - wf) if split else bwd[k], "W": bwd[k] * wf}[block[0]]
+
     order = [(e.block, e.microbatch) for e in sorted(schedule[stage], key=lambda e: (e.start_s, e.end_s))]
-    names = [_segment(b, j) for b, j in order]
-    segments = [{"name": _segment(b, j), "compute_s": max(0.0, compute[b[0]])} for b, j in order]
+    names = [_segment(b, j, n, v) for b, j in order]
+    segments = [{"name": name, "compute_s": max(0.0, compute_s(b))} for name, (b, j) in zip(names, order)]
+    last_chunk = "" if v == 1 else f"c{v - 1}-"
+    first_chunk = "" if v == 1 else "c0-"
     following = {names[i]: names[i + 1] for i in range(len(names) - 1)}
     ops = []
     for op in fields["ops"]:
         op = dict(op)
         name = op["name"]
         if name.startswith("send-next-mb"):
-            op["overlaps"] = following.get(f"fwd-mb{name.removeprefix('send-next-mb')}")
+            op["overlaps"] = following.get(f"fwd-{last_chunk}mb{name.removeprefix('send-next-mb')}")
         elif name.startswith("send-prev-mb"):
-            op["overlaps"] = following.get(f"bwd-mb{name.removeprefix('send-prev-mb')}")
+            op["overlaps"] = following.get(f"bwd-{first_chunk}mb{name.removeprefix('send-prev-mb')}")
         elif name == "dp-grads":
             op["overlaps"] = names[-1] if names else None
         ops.append(op)

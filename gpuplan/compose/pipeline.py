@@ -46,12 +46,22 @@ def weight_fraction(plan: dict[str, Any], stage: dict[str, Any]) -> float:
     return max(0.0, min(0.5, 0.5 * share * max(0.0, bwd - recompute_s) / bwd))
 
 
-def memory_caps_mb(plan: dict[str, Any]) -> list[float]:
-    """Return, per stage, the micro-batches whose activations it may hold at once (Poseidon's 1F1B
-    count plus the memory headroom over one micro-batch's activation bytes, at most m)."""
+def base_caps_mb(plan: dict[str, Any]) -> list[float]:
+    """Return, per stage, the micro-batches' worth of activations Poseidon's own schedule holds there
+    (1F1B: S - s; interleaved: its peak chunks in flight / v)."""
+    from gpuplan.models.poseidon import in_flight
+
     stages = plan["stages"]
-    n, m = len(stages), int(plan.get("num_microbatches") or 1)
-    base = [float(min(m, n - s)) for s in range(n)]
+    n, m, v = len(stages), int(plan.get("num_microbatches") or 1), int(plan.get("interleave", 1))
+    return [float(in_flight(str(plan.get("schedule", "1f1b")), s, n, m, v)) for s in range(n)]
+
+
+def memory_caps_mb(plan: dict[str, Any]) -> list[float]:
+    """Return, per stage, the micro-batches whose activations it may hold at once (Poseidon's own count
+    plus the memory headroom over one micro-batch's activation bytes, at most m)."""
+    stages = plan["stages"]
+    m = int(plan.get("num_microbatches") or 1)
+    base = base_caps_mb(plan)
     problem = _poseidon_problem(plan)
     if problem is None:
         return base
@@ -68,44 +78,73 @@ def memory_caps_mb(plan: dict[str, Any]) -> list[float]:
     return out
 
 
+def virtual_stage_times(plan: dict[str, Any]) -> tuple[list[float], list[float], list[float]]:
+    """Return per virtual stage k = chunk * S + stage (S stages, v = the plan's interleave chunks) its
+    forward and backward seconds per micro-batch and the seconds to send its activations to k + 1
+    (Poseidon's own split: each chunk 1/v of the stage's blocks, the embedding on the first chunk,
+    the head on the last; with v = 1 the stages' figures as stated)."""
+    stages = plan["stages"]
+    n, v = len(stages), int(plan.get("interleave", 1))
+    if v == 1:
+        return ([float(st.get("forward_s", 0.0)) for st in stages], [float(st.get("backward_s", 0.0)) for st in stages],
+                [float(st.get("p2p_s", 0.0)) for st in stages[:-1]])
+    from types import SimpleNamespace
+
+    from gpuplan.models.poseidon import CostModel, StageShape, chunk_lists, p2p_s
+
+    problem = _poseidon_problem(plan)
+    if problem is None:
+        raise InputError.at(None, "problem", None, "a Poseidon plan embedding its problem (needed to split chunks)")
+    cm = CostModel(problem)
+    shapes = [StageShape(st["device_type"], int(st["tp"]), int(st["dp"]), tuple(st["gpu_ids"]), tuple(st["nodes"]))
+              for st in stages]
+    layers = [int(st["last_layer"]) - int(st["first_layer"]) for st in stages]
+    b = [int(st["micro_batch_size"]) for st in stages]
+    costs = [SimpleNamespace(forward_s=float(st["forward_s"]), backward_s=float(st["backward_s"])) for st in stages]
+    fwd, bwd = chunk_lists(cm, shapes, layers, costs, b, v)  # type: ignore[arg-type]
+    sends = [p2p_s(cm, shapes[k % n], shapes[(k + 1) % n], b[k % n]) for k in range(n * v - 1)]
+    return list(fwd), list(bwd), sends
+
+
 def tessel_problem(plan: dict[str, Any], scales: list[float] | None = None, *, split: bool = True,
                    file: str | None = None) -> TesselProblem:
-    """Return the Tessel problem of a Poseidon plan document: one device per stage, block durations in
-    seconds (compute x the stage's scale, plus the send to the neighbour), memory in micro-batches.
+    """Return the Tessel problem of a Poseidon plan document: one device per stage, one chain of virtual
+    stages (chunk c of stage s is virtual stage c * S + s, on device s), block durations in seconds
+    (compute x the stage's scale, plus the send to the neighbour), memory in micro-batches.
     split=False keeps each backward one block (Poseidon's own 1F1B view)."""
     stages = plan.get("stages") or []
     if plan.get("kind") != "poseidon" or not stages or plan.get("status") == "infeasible":
         raise InputError.at(file, "stages", plan.get("kind"), "a feasible Poseidon plan with stages")
-    if int(plan.get("interleave", 1)) > 1:
-        raise InputError.at(file, "interleave", plan.get("interleave"),
-                            "1 (the composer schedules one model chunk per stage)")
-    n, m = len(stages), int(plan.get("num_microbatches") or 1)
+    n, m, v = len(stages), int(plan.get("num_microbatches") or 1), int(plan.get("interleave", 1))
     scales = list(scales or [1.0] * n)
     if len(scales) != n:
         raise InputError.at(file, "scales", scales, f"{n} stage scales")
+    fwd, bwd, sends = virtual_stage_times(plan)
+    last = n * v - 1
     blocks: list[dict[str, Any]] = []
-    for s, st in enumerate(stages):
-        send = float(st.get("p2p_s", 0.0)) if s < n - 1 else 0.0
-        blocks.append({"name": f"F{s}", "kind": "forward", "devices": [s], "stage": s, "memory_bytes": 1,
-                       "duration_s": max(1e-9, float(st.get("forward_s", 0.0)) * scales[s] + send),
-                       "after": [f"F{s - 1}"] if s else []})
-    for s in reversed(range(n)):
-        st = stages[s]
-        send_back = float(stages[s - 1].get("p2p_s", 0.0)) if s > 0 else 0.0
-        bwd = float(st.get("backward_s", 0.0)) * scales[s]
-        w = bwd * weight_fraction(plan, st) if split else 0.0
-        after = [f"B{s + 1}"] if s < n - 1 else [f"F{n - 1}"]
+    for k in range(n * v):
+        s = k % n
+        send = sends[k] if k < last else 0.0
+        blocks.append({"name": f"F{k}", "kind": "forward", "devices": [s], "stage": k, "memory_bytes": 1,
+                       "duration_s": max(1e-9, fwd[k] * scales[s] + send), "after": [f"F{k - 1}"] if k else []})
+    for k in reversed(range(n * v)):
+        s = k % n
+        send_back = sends[k - 1] if k > 0 else 0.0
+        b_s = bwd[k] * scales[s]
+        w = b_s * weight_fraction(plan, stages[s]) if split else 0.0
+        after = [f"B{k + 1}"] if k < last else [f"F{last}"]
         if w > 0:
-            blocks.append({"name": f"B{s}", "kind": "backward_input", "devices": [s], "stage": s,
-                           "memory_bytes": 0, "duration_s": max(1e-9, bwd - w + send_back), "after": after})
-            blocks.append({"name": f"W{s}", "kind": "backward_weight", "devices": [s], "stage": s,
-                           "memory_bytes": -1, "duration_s": max(1e-9, w), "after": [f"B{s}"]})
+            blocks.append({"name": f"B{k}", "kind": "backward_input", "devices": [s], "stage": k,
+                           "memory_bytes": 0, "duration_s": max(1e-9, b_s - w + send_back), "after": after})
+            blocks.append({"name": f"W{k}", "kind": "backward_weight", "devices": [s], "stage": k,
+                           "memory_bytes": -1, "duration_s": max(1e-9, w), "after": [f"B{k}"]})
         else:
-            blocks.append({"name": f"B{s}", "kind": "backward", "devices": [s], "stage": s, "memory_bytes": -1,
-                           "duration_s": max(1e-9, bwd + send_back), "after": after})
-    caps = memory_caps_mb(plan) if split else [float(min(m, n - s)) for s in range(n)]
-    doc = {"kind": "tessel", "name": f"from poseidon plan ({n} stages{', split backward' if split else ''})",
-           "devices": n, "microbatches": m, "blocks": blocks, "memory_limit_bytes": caps}
+            blocks.append({"name": f"B{k}", "kind": "backward", "devices": [s], "stage": k, "memory_bytes": -1,
+                           "duration_s": max(1e-9, b_s + send_back), "after": after})
+    caps = memory_caps_mb(plan) if split else base_caps_mb(plan)
+    doc = {"kind": "tessel", "name": f"from poseidon plan ({n} stages{f' x {v} chunks' if v > 1 else ''}"
+                                     f"{', split backward' if split else ''})",
+           "devices": n, "microbatches": m, "blocks": blocks, "memory_limit_bytes": [c * v for c in caps]}
     return validate(TesselProblem, doc, file=file)
 
 

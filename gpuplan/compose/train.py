@@ -80,7 +80,8 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
 
     started = time.perf_counter()
     base_problem = tessel_problem(doc, split=False)
-    baseline = api.solve(base_problem, solver="1f1b", seed=seed)
+    default_schedule = "1f1b" if int(doc.get("interleave", 1)) == 1 else "interleaved-1f1b"
+    baseline = api.solve(base_problem, solver=default_schedule, seed=seed)
     base_t = composed_time_s(baseline.schedule, stage_tails_s(doc))  # type: ignore[attr-defined]
     scales = [1.0] * n
     problem = tessel_problem(doc, scales)

@@ -1,0 +1,59 @@
+"""`gpuplan export torchtitan BUNDLE -o DIR` and `gpuplan export megatron BUNDLE`: a training bundle as
+another trainer's job (gpuplan.export); a plan the trainer cannot express is refused (exit code 2)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+
+
+def register(main: click.Group) -> None:
+    """Add the `export` group."""
+    group = click.Group("export", help="Export a training bundle (`gpuplan plan train`) to a trainer.")
+    main.add_command(group)
+
+    @group.command("torchtitan")
+    @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
+    @click.option("-o", "--output", type=click.Path(file_okay=False), default="torchtitan-job", show_default=True)
+    @click.option("--module", default="llama3", show_default=True, help="torchtitan's model module (--module).")
+    @click.option("--config", "config_name", default="llama3_debugmodel", show_default=True,
+                  help="torchtitan's config_registry function (--config) holding the model's shape.")
+    def torchtitan_cmd(bundle: str, output: str, module: str, config_name: str) -> None:
+        """Write torchtitan's job overrides, the schedule CSV, NCCL env files and run.sh."""
+        from gpuplan.errors import GpuplanError
+        from gpuplan.export import torchtitan
+
+        try:
+            result = torchtitan.export(bundle, output, module=module, config=config_name)
+        except GpuplanError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        for f in result["files"]:
+            click.echo(f"written {f}")
+        for n in result["notes"]:
+            click.echo(f"note: {n}")
+
+    @group.command("megatron")
+    @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
+    @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+                  help="Also write the arguments to this file (one per line).")
+    def megatron_cmd(bundle: str, output: str | None) -> None:
+        """Print Megatron-LM's command-line arguments for the bundle (pretrain_gpt.py)."""
+        from gpuplan.errors import GpuplanError
+        from gpuplan.export import megatron
+        from gpuplan.io import atomic_write_text
+
+        try:
+            result = megatron.export(bundle)
+            if output:
+                atomic_write_text(output, "\n".join(result["args"]) + "\n")
+        except GpuplanError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        click.echo(" ".join(shlex.quote(a) for a in result["args"]))
+        for s, env in sorted(result["env"].items()):
+            click.echo(f"stage {s} env: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+        for n in result["notes"]:
+            click.echo(f"note: {n}")

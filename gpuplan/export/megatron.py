@@ -1,0 +1,67 @@
+"""Export a training bundle to Megatron-LM's command-line arguments (pretrain_gpt.py).
+
+Degrees (`--tensor-model-parallel-size`, `--pipeline-model-parallel-size`; data parallelism is the
+world size over their product), the model's shape, micro and global batch, sequence length, the
+uneven layer split as `--pipeline-model-parallel-layout` (E the embedding, t a transformer layer, L
+the loss/head, | between stages, virtual stages in pipeline order with interleaving), recomputation, sequence parallelism and flash attention.
+
+Megatron-LM runs its own 1F1B schedule: it has no way to load an arbitrary per-rank action list, so
+Tessel's schedule is not exported (the notes say so, and the export reports the 1F1B prediction).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpuplan.export.common import TrainingJob, training_job
+
+
+def layout(job: TrainingJob) -> str:
+    """Return the pipeline layout string of the job's stages (e.g. 'Et*7|t*8|t*9L')."""
+    parts = []
+    for k, (a, b) in enumerate(job.layers):
+        n = b - a
+        body = f"t*{n}" if n > 1 else ("t" if n == 1 else "")
+        parts.append(("E" if k == 0 else "") + body + ("L" if k == len(job.layers) - 1 else ""))
+    return "|".join(parts)
+
+
+def job_args(job: TrainingJob) -> list[str]:
+    """Return Megatron-LM's arguments for the job."""
+    m = job.model
+    args = ["--tensor-model-parallel-size", str(job.tp), "--pipeline-model-parallel-size", str(job.num_stages),
+            "--num-layers", str(m["num_layers"]), "--hidden-size", str(m["hidden"]),
+            "--num-attention-heads", str(m["heads"]), "--ffn-hidden-size", str(m["ffn_hidden"]),
+            "--seq-length", str(job.seq_len), "--max-position-embeddings", str(job.seq_len),
+            "--micro-batch-size", str(job.micro_batch_size), "--global-batch-size", str(job.global_batch)]
+    if m.get("kv_heads") and m["kv_heads"] != m["heads"]:
+        args += ["--group-query-attention", "--num-query-groups", str(m["kv_heads"])]
+    if m.get("gated_mlp", True):
+        args.append("--swiglu")
+    if job.num_stages > 1:
+        args += ["--pipeline-model-parallel-layout", layout(job)]
+    if job.interleave > 1:
+        args += ["--num-virtual-stages-per-pipeline-rank", str(job.interleave)]
+    if job.tp > 1:
+        args.append("--sequence-parallel")
+    if job.recompute == "full":
+        args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif job.recompute == "selective":
+        args += ["--recompute-granularity", "selective"]
+    if job.dtype == "bf16":
+        args.append("--bf16")
+    elif job.dtype == "fp16":
+        args.append("--fp16")
+    return args
+
+
+def export(bundle: str | Path) -> dict[str, Any]:
+    """Return Megatron-LM's arguments for a bundle ({"args": [...], "env": {stage: {...}}, "notes": [...]});
+    raises ExportRefused when Megatron-LM cannot express the plan."""
+    job = training_job(bundle, "Megatron-LM")
+    notes = list(job.notes)
+    notes.append("Megatron-LM runs its own 1F1B: Tessel's schedule "
+                 f"({'zero-bubble split backward' if job.split_backward else 'plain backward'}) is not exported")
+    return {"args": job_args(job), "env": job.nccl_env, "world_size": job.num_stages * job.tp * job.dp,
+            "notes": notes}
