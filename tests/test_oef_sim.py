@@ -78,6 +78,17 @@ def test_work_conserving_schedule_by_hand() -> None:
     assert three_jobs(False) == pytest.approx({"A": 300.0, "B": 500.0, "C": 1060.0})
 
 
+def test_gavel_rounds_leave_no_usable_gpu_idle() -> None:
+    from gpuplan.models.gavel_trace import load_gavel
+
+    gavel = Path(__file__).resolve().parents[1] / "examples" / "oef" / "gavel"
+    trace = load_gavel(gavel / "physical_max_min_fairness.trace", gavel / "simulation_throughputs_isolated.json",
+                       {"v100": 8, "p100": 16, "k80": 24})
+    trace = trace.model_copy(update={"jobs": trace.jobs[:40]})
+    assert simulate(trace, "gavel-maxmin", mechanism="gavel").idle_fit_rounds == 0
+    assert simulate(trace, "gavel-maxmin", mechanism="gavel", work_conserving=False).idle_fit_rounds > 0
+
+
 def test_gavel_round_ends_when_its_last_job_does() -> None:
     doc = {"cluster": {"gpus": {"V100": 1}, "gpus_per_node": 1}, "round_s": 100,
            "job_types": {"x": {"V100": 2.0}}, "jobs": [{"name": "A", "type": "x", "steps": 300}]}

@@ -45,6 +45,7 @@ class SimResult:
     min_si_ratio: float = math.inf      # worst sharing-incentive ratio over every allocation
     envy_allocations: int = 0           # allocations with at least one envy pair
     max_envy: float = 0.0               # largest relative envy over every allocation
+    idle_fit_rounds: int = 0            # rounds that left GPUs idle which a waiting job could use
 
     def figures(self) -> dict[str, float]:
         """Return the summary: avg and p95 JCT (h), makespan (h), utilisation, FTF mean/max,
@@ -59,7 +60,7 @@ class SimResult:
                 "ftf_above_1": float((rho > 1 + 1e-9).mean()), "reallocations": float(self.reallocations),
                 "useful_gpus": self.useful_gpu_s / max(self.makespan_s, 1e-9),
                 "min_si_ratio": self.min_si_ratio, "envy_allocations": float(self.envy_allocations),
-                "max_envy": self.max_envy}
+                "max_envy": self.max_envy, "idle_fit_rounds": float(self.idle_fit_rounds)}
 
 
 MECHANISMS = ("grid", "gavel")
@@ -293,6 +294,8 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
             free[k] -= j.gpus
             running[j.name] = k
         shared = _pack(trace, active, queue, running, tput, types) if space_sharing else {}
+        if any(j.name not in running and bool(((tput[j.name] > 0) & (free >= j.gpus)).any()) for j in active):
+            result.idle_fit_rounds += 1
         for j in active:
             population[j.name].append(len(active))
         end, done = t, []
