@@ -34,7 +34,11 @@ def test_two_stage_pipeline_gradients_match_one_process(schedule: str) -> None:
     prob, plan = two_stage(schedule)
     assert P.check(prob, plan) == []
     out = run_plan(prob, plan, steps=2, warmup=0, return_grads=True, timeout_s=120)
-    assert out["stage1_slowdown"] == pytest.approx(2.0)
+    # the slow type has half the peak but the same memory bandwidth: its layers are slower by the
+    # model's own time ratio, which lies between 1 (all memory-bound) and 2 (all compute-bound)
+    cm = P.CostModel(prob)
+    ratio = sum(cm.layer("cpu-slow", 1, 2)) / sum(cm.layer("cpu", 1, 2))
+    assert out["stage1_slowdown"] == pytest.approx(ratio) and 1.0 < ratio <= 2.0
     model = gpt.model(TINY, seed=0)
     tokens, targets = gpt.synthetic_batch(TINY, 8, 16, seed=0)
     gpt.lm_loss(model(tokens), targets).backward()
