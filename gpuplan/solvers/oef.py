@@ -4,7 +4,9 @@ non-cooperative strategy-proof mechanism (Partial Allocation over Nash welfare),
 
 Jobs with identical speedup vector, GPUs-at-once and weight form one *class*: every program here is
 symmetric in identical jobs and convex, so an optimum gives them equal rows, and one row per class
-suffices. EF constraints then number (#classes)^2, not (#jobs)^2.
+suffices. EF constraints then number (#classes)^2, not (#jobs)^2. With distinct jobs (a real
+cluster) that is still n^2: the EF and SI LPs go to HiGHS through solvers/oef_ef.py, which adds
+envy rows on demand from an exact oracle over all pairs and returns the full LP's optimum.
 """
 
 from __future__ import annotations
