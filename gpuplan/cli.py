@@ -304,10 +304,17 @@ def run_cmd(args: tuple[str, ...]) -> None:
     if rest and rest[0] == "--":
         rest = rest[1:]
     try:
-        plan = api.load_plan(plan_file)
-        if kind and plan.kind != kind:
-            raise GpuplanError(f"{plan_file} is a {plan.kind} plan, not {kind}")
-        result = api.run(plan, command=rest) if rest else api.run(plan)
+        if Path(plan_file).is_dir():  # a training bundle (gpuplan plan train)
+            if rest:
+                raise GpuplanError("a training bundle runs its own model; `gpuplan run BUNDLE` takes no command")
+            from gpuplan.runtime.bundle import run_bundle
+
+            result = run_bundle(plan_file)
+        else:
+            plan = api.load_plan(plan_file)
+            if kind and plan.kind != kind:
+                raise GpuplanError(f"{plan_file} is a {plan.kind} plan, not {kind}")
+            result = api.run(plan, command=rest) if rest else api.run(plan)
     except api.PlanRejected as exc:  # the plan fails check: exit as check does, nothing was started
         _fail(exc, EXIT_VIOLATIONS)
     except GpuplanError as exc:

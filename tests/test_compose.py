@@ -151,3 +151,30 @@ def test_cli_plan_train_check_show(tmp_path: Path) -> None:
     (out / "poseidon.json").write_text(json.dumps(doc))
     r = runner.invoke(main, ["check", str(out)])
     assert r.exit_code == 1 and "poseidon.json" in r.output
+
+
+@pytest.mark.slow
+def test_run_bundle_executes_the_plan(cpu_bundle: Path) -> None:
+    """The bundle runs (Poseidon's split, Tessel's schedule on gloo) and its first loss is the one-process
+    loss of the same model on the same batch: the schedule computes the model, not something else."""
+    import torch
+
+    from gpuplan.models.workload import TransformerConfig
+    from gpuplan.runtime import gpt
+    from gpuplan.runtime.bundle import run_bundle
+
+    out = run_bundle(cpu_bundle, steps=1, warmup=0)
+    assert out["measured_iteration_s"] > 0 and out["predicted_iteration_s"] > 0
+    assert all(d > 0 for name, d in out["block_durations_s"].items() if not name.startswith("B0"))
+    plan = gpuplan.load_plan(cpu_bundle / "poseidon.json")
+    from gpuplan.runtime.poseidon import runnable_config
+
+    cfg, seq, _ = runnable_config(gpuplan.plan_problem(plan))  # type: ignore[arg-type]
+    cfg = TransformerConfig.model_validate(cfg.model_dump())
+    m, mb = plan.num_microbatches, plan.stages[0].micro_batch_size  # type: ignore[attr-defined]
+    tokens, targets = gpt.synthetic_batch(cfg, m * mb, seq, seed=0)
+    model = gpt.model(cfg, 0)
+    with torch.no_grad():
+        want = sum(float(gpt.lm_loss(model(tokens[i * mb:(i + 1) * mb]), targets[i * mb:(i + 1) * mb]))
+                   for i in range(m)) / m
+    assert out["losses"][0] == pytest.approx(want, rel=1e-5)

@@ -161,3 +161,13 @@ def composed_time_s(schedule: list[list[Entry]], tails_s: list[float]) -> float:
     """Return the predicted iteration time (s): the latest over stages of the end of its last block plus
     its tail (gradient all-reduce and optimizer step)."""
     return max((max((e.end_s for e in dev), default=0.0) + tails_s[d]) for d, dev in enumerate(schedule))
+
+
+def virtual_layers(plan: dict[str, Any]) -> list[tuple[int, int]]:
+    """Return the transformer-block range [first, last) of each virtual stage k = chunk * S + stage
+    (Poseidon's chunking: chunk c of a stage holds [c L / v + first / v, c L / v + last / v))."""
+    stages = plan["stages"]
+    v = int(plan.get("interleave", 1))
+    total = int(plan["problem"]["model"]["num_layers"]) if v > 1 else 0
+    return [(c * total // v + int(s["first_layer"]) // v, c * total // v + int(s["last_layer"]) // v)
+            for c in range(v) for s in stages]

@@ -77,6 +77,7 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
     """Return the TrainingJob of a checked bundle; raise ExportRefused (naming `trainer`) when its plan
     cannot be expressed by a single-mesh trainer, InputError when the bundle fails check."""
     from gpuplan.compose.bundle import check_bundle, load_bundle
+    from gpuplan.compose.pipeline import virtual_layers
     from gpuplan.errors import InputError
     from gpuplan.runtime.tessel_actions import compute_only
 
@@ -103,11 +104,7 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
     env = {int(name.removeprefix("lagom-stage").removesuffix(".json")): dict(p.env)  # type: ignore[attr-defined]
            for name, p in plans.items() if name.startswith("lagom-stage")}
     problem = doc["problem"]
-    v = int(doc.get("interleave", 1))
-    total = int(problem["model"]["num_layers"])
-    layers = [(c * total // v + int(s["first_layer"]) // v, c * total // v + int(s["last_layer"]) // v)
-              for c in range(v) for s in stages]
-    return TrainingJob(model=problem["model"], layers=layers, interleave=v,
+    return TrainingJob(model=problem["model"], layers=virtual_layers(doc), interleave=int(doc.get("interleave", 1)),
                        tp=int(stages[0]["tp"]), dp=int(stages[0]["dp"]),
                        micro_batch_size=int(stages[0]["micro_batch_size"]),
                        num_microbatches=int(doc["num_microbatches"]), global_batch=int(problem["global_batch"]),

@@ -1,0 +1,193 @@
+"""`gpuplan run BUNDLE`: execute a training bundle with torch.distributed.
+
+Poseidon's stage split and degrees (S stages x dp replicas, tp = 1 on CPU; with interleave v each
+rank holds v chunks), Tessel's schedule through torch.distributed.pipelining's action-list runtime
+(forward, input- and weight-gradient actions in the schedule's per-rank order), the data-parallel
+gradient all-reduce and an SGD step after it. Lagom's NCCL environment is set on the workers with
+NCCL; on gloo (CPU) it is recorded and ignored, with a note. Device types a stage was planned on are
+emulated as the Poseidon runner does: a stage of a type k times slower sleeps (k - 1) x each call.
+
+Returns measured next to predicted, per iteration (the bundle's composed prediction, and the
+schedule re-timed with the block durations measured in this run) and per block.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuplan.errors import InputError
+from gpuplan.models.base import Table
+
+
+def _slowed(stage: Any, factor: float) -> None:
+    """Wrap a PipelineStage's compute calls to sleep (factor - 1) x their duration afterwards."""
+    if factor <= 1.0 + 1e-9:
+        return
+    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        call = getattr(stage, name)
+
+        def slowed(*args: Any, _call: Any = call, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            out = _call(*args, **kwargs)
+            time.sleep((factor - 1.0) * (time.perf_counter() - t0))
+            return out
+
+        setattr(stage, name, slowed)
+
+
+def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.models.workload import TransformerConfig
+    from gpuplan.runtime import gpt
+    from gpuplan.runtime import torch_pipelining as tp
+
+    cfg = TransformerConfig.model_validate(spec["config"])
+    S, dp, m, mb, seq = spec["stages"], spec["dp"], spec["m"], spec["micro_batch"], spec["seq"]
+    replica, s = divmod(rank, S)
+    pp_groups = [dist.new_group([r * S + k for k in range(S)]) for r in range(dp)]
+    dp_groups = [dist.new_group([r * S + k for r in range(dp)]) for k in range(S)]
+    ranges = spec["ranges"]
+    mine = [k for k in range(len(ranges)) if k % S == s]
+    modules = {k: gpt.stage(cfg, *ranges[k], seed=spec["seed"]) for k in mine}
+    stages = [tp.pipeline_stage(modules[k], k, len(ranges), torch.device("cpu"), group=pp_groups[replica])
+              for k in mine]
+    for st in stages:
+        _slowed(st, spec["factors"][s])
+    sched = tp.runtime_schedule(stages, m, gpt.lm_loss, {int(r): a for r, a in spec["actions"].items()},
+                                spec["format"])
+    params = [p for mod in modules.values() for p in mod.parameters()]
+    opt = torch.optim.SGD(params, lr=spec["lr"])
+    calls: list[tuple[int, str, float]] = []
+    step_s: list[float] = []
+    losses_out: list[float] = []
+    if spec["warmup"] == 0:
+        for st in stages:
+            tp.time_stage_calls(st, calls)
+        tp.time_loss_calls(sched, calls)
+    for step in range(spec["warmup"] + spec["steps"]):
+        tokens, targets = gpt.synthetic_batch(cfg, m * mb * dp, seq, seed=spec["seed"] + step)
+        part = slice(replica * m * mb, (replica + 1) * m * mb)
+        opt.zero_grad(set_to_none=True)
+        found: list[Any] = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        last = len(ranges) - 1 in mine
+        args = (tokens[part],) if 0 in mine else ()
+        sched.step(*args, target=targets[part] if last else None, losses=found if last else None)
+        if dp > 1:
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=dp_groups[s])
+                    p.grad /= dp
+        opt.step()
+        dist.barrier()
+        if step + 1 == spec["warmup"]:  # time the blocks of the measured steps only
+            for st in stages:
+                tp.time_stage_calls(st, calls)
+            tp.time_loss_calls(sched, calls)
+        if step >= spec["warmup"]:
+            step_s.append(time.perf_counter() - t0)
+            if found:
+                losses_out.append(float(sum(float(x.detach()) for x in found) / len(found)))
+    durations: dict[int, dict[str, float]] = {}
+    for k in mine:
+        for op in ("F", "B", "I", "W", "L"):
+            got = [x for st, o, x in calls if st == k and o == op]
+            if got:
+                durations.setdefault(k, {})[op] = statistics.fmean(got)
+    return {"rank": rank, "stage": s, "replica": replica, "step_s": step_s, "durations": durations,
+            "losses": losses_out}
+
+
+def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: int = 0, lr: float = 1e-3,
+               threads: int | None = 1, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Run a training bundle on local processes (gloo on CPU); return measured figures (seconds):
+    measured_iteration_s (median step), predicted_iteration_s (the bundle's composed prediction),
+    retimed_iteration_s (the schedule's order re-timed with the blocks measured in the run), per-block
+    measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
+    Refuses a bundle that fails check, or stages with tensor parallelism (the CPU executor has none)."""
+    from gpuplan import api
+    from gpuplan.compose.bundle import check_bundle, load_bundle
+    from gpuplan.compose.pipeline import stage_tails_s, virtual_layers
+    from gpuplan.models.tessel import orders_of, simulate
+    from gpuplan.runtime import contention
+    from gpuplan.runtime import tessel_actions as acts
+    from gpuplan.runtime.launch import run_workers
+    from gpuplan.runtime.poseidon import runnable_config, stage_slowdowns
+    from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
+    from gpuplan.runtime.torch_pipelining import check_version
+
+    violations = check_bundle(directory)
+    if violations:
+        raise api.PlanRejected(violations)
+    manifest, plans = load_bundle(directory)
+    poseidon, tessel = plans["poseidon.json"], plans["tessel.json"]
+    pprob = api.plan_problem(poseidon)
+    tprob = api.plan_problem(tessel)
+    stages = poseidon.stages  # type: ignore[attr-defined]
+    bad = [s.index for s in stages if s.tp != 1]
+    if bad:
+        raise InputError(f"stages {bad} use tensor parallelism; the CPU executor runs tp == 1 stages only")
+    if len({s.dp for s in stages}) != 1:
+        raise InputError(f"the executor needs the same dp in every stage, got {[s.dp for s in stages]}")
+    if len({s.micro_batch_size for s in stages}) != 1:
+        raise InputError("the executor needs one micro-batch size for every stage")
+    check_version()
+    doc = poseidon.document()
+    S, dp = len(stages), stages[0].dp
+    ranks = acts.stage_ranks(tprob)  # type: ignore[arg-type]
+    lists = acts.with_comms(acts.compute_only(tprob, tessel), ranks, tprob.microbatches)  # type: ignore[arg-type]
+    acts.check_actions(lists, ranks, tprob.microbatches)  # type: ignore[attr-defined]
+    cfg, seq, note = runnable_config(pprob)  # type: ignore[arg-type]
+    spec = {"config": cfg.model_dump(mode="json"), "ranges": virtual_layers(doc), "stages": S, "dp": dp,
+            "m": poseidon.num_microbatches, "micro_batch": stages[0].micro_batch_size,  # type: ignore[attr-defined]
+            "seq": seq, "actions": lists, "format": "compute_comms", "seed": seed, "lr": lr, "steps": steps,
+            "warmup": warmup, "factors": stage_slowdowns(pprob, poseidon)}  # type: ignore[arg-type]
+    envs = {int(n.removeprefix("lagom-stage").removesuffix(".json")): dict(p.env)  # type: ignore[attr-defined]
+            for n, p in plans.items() if n.startswith("lagom-stage")}
+    notes = [f"model {note}"] if note else []
+    if envs:
+        notes.append("Lagom's NCCL settings are recorded and ignored: gloo (CPU) has no NCCL knobs")
+    before = contention.quiet_window()
+    with contention.ContentionMonitor() as monitor:
+        results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
+    step_s = [max(r["step_s"][i] for r in results) for i in range(steps)]
+    measured = statistics.median(step_s)
+    times = {k: t for r in results if r["replica"] == 0 for k, t in r["durations"].items()}
+    durations: dict[str, float] = {}
+    for b in tprob.blocks:  # type: ignore[attr-defined]
+        t = times.get(b.stage, {})
+        loss = t.get("L", 0.0) if b.kind == "forward" else 0.0
+        durations[b.name] = t.get(acts.KIND_CODE[b.kind], 0.0) + loss
+    timed = simulate(tprob, orders_of(tessel.schedule), durations)  # type: ignore[arg-type, attr-defined]
+    tails = stage_tails_s(doc, [float(x) for x in manifest["scales"]])
+    retimed = max(max((e.end_s for e in dev), default=0.0) + tails[d] for d, dev in enumerate(timed))
+    predicted = float(manifest["predicted"]["iteration_time_s"])
+    out: dict[str, Any] = {"world_size": S * dp, "stages": S, "steps": steps, "measured_iteration_s": measured,
+                           "measured_steps_s": step_s, "predicted_iteration_s": predicted,
+                           "error": rel_error(predicted, measured), "retimed_iteration_s": retimed,
+                           "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,
+                           "losses": [x for r in results for x in r["losses"]], "lagom_env": envs, "notes": notes}
+    out.update(contention.report(before, monitor.window, step_s))
+    rows = [["composed prediction (the bundle)", predicted, measured, pct(rel_error(predicted, measured))],
+            ["the schedule re-timed with this run's blocks (checks the order)", retimed, measured,
+             pct(rel_error(retimed, measured))]]
+    brows = [[b.name, b.kind, b.devices[0], b.duration_s * 1e3, durations[b.name] * 1e3,
+              pct(rel_error(b.duration_s, durations[b.name])) if durations[b.name] > 0 else "-"]
+             for b in tprob.blocks]  # type: ignore[attr-defined]
+    out["report"] = [Table(f"iteration: predicted vs measured (median of {steps} steps)",
+                           ["prediction", "predicted_s", "measured_s", "error"], rows),
+                     Table("blocks per stage: planned vs measured (ms)",
+                           ["block", "kind", "stage device", "plan", "measured", "error"], brows),
+                     machine_table(out)]
+    warnings = list(notes)
+    if off(predicted, measured):
+        warnings.append(f"the composed prediction {predicted:.4g} s is {pct(rel_error(predicted, measured))} off the "
+                        f"measured {measured:.4g} s (more than {TOLERANCE:.0%})")
+    out["warnings"] = warnings + contention_warnings(out)
+    return out
