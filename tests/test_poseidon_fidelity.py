@@ -66,7 +66,7 @@ def test_search_recomputes_only_where_memory_forces_it() -> None:
 def test_search_recomputes_where_it_pays_although_a_plan_fits_without() -> None:
     """Long sequences on V100s without flash: every plan without recomputation needs tp 8; selective
     recomputation lets tp 2 x dp 4 fit, which is faster, and the search takes it."""
-    cfg = scaled(model_config("gpt3-1.3b"), num_layers=8, hidden=2048)
+    cfg = scaled(model_config("gpt3-1.3b"), num_layers=8, hidden=2048).model_copy(update={"max_seq_len": 8192})
     doc = {"kind": "poseidon", "cluster": {"gpus": {"V100": 8}, "gpus_per_node": 8}, "model": cfg.model_dump(),
            "global_batch": 8, "seq_len": 8192, "max_stages": 4, "max_microbatches": 16,
            "flash_attention": False, "sequence_parallel": False}

@@ -82,3 +82,71 @@ def test_no_interleave_when_the_space_forbids_it() -> None:
     prob = uniform_problem()
     assert SP.interleaves(prob, 8, 4) == []  # micro-batches not a multiple of the stages
     assert SP.interleaves(prob, 8, 8) == [2, 4]  # 32 layers: 4 per stage, v divides it
+
+
+# ------------------------------------------------------------------------------------------------
+# check rejects TP degrees that split neither the heads nor the node; bad inputs get clear errors
+# ------------------------------------------------------------------------------------------------
+
+def _h100_problem(**extra: object) -> P.PoseidonProblem:
+    doc = {"kind": "poseidon", "cluster": {"gpus": {"H100": 8}, "gpus_per_node": 8}, "model": "llama2-7b",
+           "global_batch": 12, "seq_len": 2048, **extra}
+    return api.load_problem(doc, "poseidon")  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("tp", [3, 6])
+def test_check_rejects_a_tp_that_divides_neither_the_node_nor_the_heads(tp: int) -> None:
+    prob = _h100_problem()
+    ids = tuple(range(tp))
+    shapes = [P.StageShape("H100", tp, 1, ids, ("H100-0",))]
+    plan = P.make_plan(prob, shapes, [prob.model.num_layers], 12)  # times recomputed consistently
+    kinds = {v.code for v in P.check(prob, plan)}
+    assert "tp_divides" in kinds
+    why = next(v.message for v in P.check(prob, plan) if v.code == "tp_divides")
+    assert f"tp {tp}" in why and "32 attention heads" in why
+
+
+def test_check_rejects_a_tp_that_divides_the_heads_but_not_the_node() -> None:
+    prob = api.load_problem({"kind": "poseidon", "model": "llama2-7b", "global_batch": 12, "seq_len": 2048,
+                             "cluster": {"nodes": [{"name": "a", "gpus": {"H100": 6}}]}}, "poseidon")
+    shapes = [P.StageShape("H100", 4, 1, (0, 1, 2, 3), ("a",))]
+    plan = P.make_plan(prob, shapes, [prob.model.num_layers], 12)
+    why = [v.message for v in P.check(prob, plan) if v.code == "tp_divides"]
+    assert why and "node's GPU count (6" in why[0]
+
+
+def test_search_never_produces_a_tp_the_heads_do_not_allow() -> None:
+    cfg = scaled(model_config("gpt3-1.3b"), num_layers=8).model_copy(update={"heads": 12, "kv_heads": None})
+    doc = {"kind": "poseidon", "cluster": {"gpus": {"H100": 8}, "gpus_per_node": 8}, "model": cfg.model_dump(),
+           "global_batch": 16, "seq_len": 1024}
+    prob = api.load_problem(doc, "poseidon")
+    assert all(12 % o.tp == 0 for os in SP.type_options(prob).values() for o in os)  # no tp 8
+    plan = api.solve(prob, solver="poseidon")
+    assert api.check(prob, plan) == [] and all(12 % s.tp == 0 for s in plan.stages)
+
+
+@pytest.mark.parametrize("cluster", [{"gpus": {"H100": 0}}, {"nodes": []},
+                                     {"nodes": [{"name": "empty", "gpus": {"H100": 0}}]}])
+def test_a_cluster_without_gpus_is_a_clear_error(cluster: dict) -> None:
+    from gpuplan.errors import InputError
+
+    with pytest.raises(InputError, match="at least one GPU") as exc:
+        api.load_problem({"kind": "poseidon", "cluster": cluster, "model": "llama2-7b", "global_batch": 8,
+                          "seq_len": 1024}, "poseidon")
+    assert "cluster" in str(exc.value)
+
+
+def test_a_sequence_above_the_models_maximum_is_refused() -> None:
+    from gpuplan.errors import InputError
+
+    with pytest.raises(InputError, match="seq_len.*4096 tokens for llama2-7b, not 8192"):
+        _h100_problem(seq_len=8192)
+
+
+def test_a_prime_batch_above_max_microbatches_names_the_microbatch_space() -> None:
+    from gpuplan.errors import InfeasibleError
+
+    prob = _h100_problem(global_batch=1031)
+    with pytest.raises(InfeasibleError, match="micro-batch space.*global_batch 1031.*max_microbatches 1024"):
+        SP.solve_poseidon(prob, progress=lambda *a: None)
+    assert "micro-batch" not in SP._why_infeasible(_h100_problem(global_batch=1024))  # a real memory reason

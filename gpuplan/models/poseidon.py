@@ -87,6 +87,16 @@ class PoseidonProblem(Problem):
         return data
 
     @model_validator(mode="after")
+    def _devices_and_sequence(self) -> "PoseidonProblem":
+        if not self.cluster.devices:
+            nodes = ", ".join(f"{n.name}: {dict(n.gpus)}" for n in self.cluster.nodes) or "no nodes"
+            raise ValueError(f"at cluster: at least one GPU to train on; the cluster has none ({nodes})")
+        if self.seq_len > self.model.max_seq_len:
+            raise ValueError(f"at seq_len: at most the model's maximum sequence length, {self.model.max_seq_len} "
+                             f"tokens for {self.model.name}, not {self.seq_len}")
+        return self
+
+    @model_validator(mode="after")
     def _costs_cover_types(self) -> "PoseidonProblem":
         if self.layer_costs is not None:
             have = {c.device_type for c in self.layer_costs.costs if c.part == "layer"}
@@ -658,6 +668,27 @@ def make_plan(problem: PoseidonProblem, shapes: list[StageShape], layers: list[i
 # check: written from the constraints, recomputing everything from the problem
 # ------------------------------------------------------------------------------------------------
 
+def tp_fits(problem: PoseidonProblem, tp: int, node_counts: list[int]) -> str:
+    """Return why tensor-parallel degree `tp` cannot split the model or the nodes ("" when it can):
+    Megatron splits attention heads and key/value heads evenly across the TP ranks, and TP groups tile
+    each node's devices of the stage's type (`node_counts`: how many each node used holds)."""
+    cfg = problem.model
+    if cfg.heads % tp or cfg.kv % tp:
+        return (f"tp {tp} does not divide the model's {cfg.heads} attention heads"
+                + (f" and {cfg.kv} key/value heads" if cfg.kv != cfg.heads else ""))
+    bad = sorted({c for c in node_counts if c % tp})
+    if bad:
+        return f"tp {tp} does not divide the node's GPU count ({', '.join(map(str, bad))} of the type per node)"
+    return ""
+
+
+def _tp_violations(problem: PoseidonProblem, s: StagePlan, devices: dict[int, Any]) -> list[Violation]:
+    nodes = {devices[g].node for g in s.gpu_ids if g in devices}
+    counts = [sum(1 for d in devices.values() if d.node == n and d.type == s.device_type) for n in sorted(nodes)]
+    why = tp_fits(problem, s.tp, counts) if s.tp > 1 else ""
+    return [Violation("tp_divides", f"stage {s.index}: {why}", {"stage": s.index, "tp": s.tp})] if why else []
+
+
 def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
     """Return the broken constraints of `plan`: devices used once and of the stated type, layers
     covered once in order, degrees that divide, batch that splits, interleave that fits, memory within
@@ -693,6 +724,7 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
                                  {"stage": s.index}))
         if s.tp > problem.max_tp:
             out.append(Violation("degrees", f"stage {s.index}: tp {s.tp} above max_tp {problem.max_tp}"))
+        out += _tp_violations(problem, s, devices)
         for r in range(s.dp):
             group = {devices[g].node for g in s.gpu_ids[r * s.tp:(r + 1) * s.tp] if g in devices}
             if len(group) > 1:

@@ -21,7 +21,7 @@ from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape,
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
-                                     stage_memory)
+                                     stage_memory, tp_fits)
 from gpuplan.models.poseidon_cost import RECOMPUTE_MODES
 from gpuplan.registry import Progress, register_solver
 
@@ -57,7 +57,8 @@ def type_options(problem: PoseidonProblem) -> dict[str, list[TypeOption]]:
             t = 1
             while t <= min(n, problem.max_tp):
                 groups = [devs[i:i + t] for i in range(0, len(devs), t)]
-                if n % t == 0 and all(len({d.node for d in g}) == 1 for g in groups):
+                if n % t == 0 and all(len({d.node for d in g}) == 1 for g in groups) and not tp_fits(
+                        problem, t, [sum(1 for d in devs if d.node == node) for node in {d.node for d in devs}]):
                     shapes = tuple(StageShape(dtype, t, n // t, tuple(d.id for d in devs[i * n:(i + 1) * n]),
                                               tuple(dict.fromkeys(d.node for d in devs[i * n:(i + 1) * n])))
                                    for i in range(k))
@@ -648,7 +649,26 @@ def _finish(problem: PoseidonProblem, best: tuple[float, Structure | None, list[
     return plan
 
 
+def _smallest_microbatch(problem: PoseidonProblem) -> int:
+    """Return the smallest per-replica micro-batch (sequences) the space allows: G / (m dp) over the
+    micro-batch counts m (divisors of G up to max_microbatches) and the data-parallel degrees."""
+    G = problem.global_batch
+    dps = {o.dp for os in type_options(problem).values() for o in os} or {1}
+    return min(G // (m * dp) for m in microbatch_counts(problem) for dp in dps if G % (m * dp) == 0)
+
+
 def _why_infeasible(problem: PoseidonProblem) -> str:
+    b = _smallest_microbatch(problem)
+    states = problem.model.layer_params() * problem.model.num_layers * CostModel(problem).state_bytes_per_param
+    room = sum(problem.cluster.type_of(d.type).memory_bytes for d in problem.cluster.devices) * problem.memory_fraction
+    if b > 1 and states < room:  # the micro-batch space, not the model's size, is what no stage can hold
+        G, M = problem.global_batch, problem.max_microbatches
+        counts = microbatch_counts(problem)
+        return (f"no plan of the search space fits because of the micro-batch space: global_batch {G} splits "
+                f"into micro-batch counts {counts[:8]}{' ...' if len(counts) > 8 else ''} (the divisors of {G} "
+                f"up to max_microbatches {M}), so every stage holds micro-batches of at least {b} sequences "
+                f"({b} x {problem.seq_len} tokens of activations per in-flight micro-batch); use a global batch "
+                f"with more divisors or raise max_microbatches (to {G} for micro-batches of one sequence)")
     cm = CostModel(problem)
     cfg = problem.model
     per_layer = cfg.layer_params() * cm.state_bytes_per_param
