@@ -1,0 +1,140 @@
+"""Composed training plans (gpuplan plan train): Poseidon -> Tessel -> Lagom against the defaults.
+
+Section (a), per cluster (the shipped heterogeneous examples and 2-3 GPU-type clusters of 64-512
+GPUs): the composed plan's predicted iteration time against Poseidon + 1F1B + NCCL defaults and
+against the best classic configuration (the `megatron` and `3d` baselines: equal stages and degrees)
++ 1F1B + NCCL defaults, and the wall time each step's search took.
+Section (b), on this machine: a composed CPU plan of 2-4 stages (profiled here) run with gloo,
+measured against predicted (target: within 15 %).
+
+Run: .venv/bin/python benchmarks/plan_bench.py [--quick] [--skip-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuplan import api
+from gpuplan.compose import compose, write_bundle
+from gpuplan.models.base import Table
+from gpuplan.render import table_text
+
+ROOT = Path(__file__).resolve().parents[1]
+NET = {"bandwidth_GBps": "200 Gbps", "latency_s": "5 us", "nics_per_node": 8}
+
+
+def _cluster(nodes: dict[str, int]) -> dict[str, Any]:
+    out = []
+    for gpu, count in nodes.items():
+        out += [{"name": f"{gpu.lower()}-{i}", "gpus": {gpu: 8}} for i in range(count)]
+    return {"nodes": out, "inter_node": NET}
+
+
+LARGE = [  # (name, nodes of 8 GPUs per type, model, global batch, sequence)
+    ("64 GPUs: 4 H100 + 4 A100 nodes", {"H100": 4, "A100-80GB": 4}, "llama2-7b", 256, 4096),
+    ("256 GPUs: 16 H100 + 12 A100 + 4 L40S nodes", {"H100": 16, "A100-80GB": 12, "L40S": 4}, "llama2-13b", 512, 4096),
+    ("512 GPUs: 32 H200 + 32 H100 nodes", {"H200": 32, "H100": 32}, "llama2-70b", 1024, 4096),
+]
+SHIPPED = [("h100-a100-small.yaml", None, None, None), ("a100-v100-t4.yaml", None, None, None),
+           ("cluster-l4-a10.yaml", "gpt3-1.3b", 64, 2048)]  # a cluster file only: model, batch, sequence
+
+
+def best_classic(problem: Any, time_limit_s: float) -> tuple[str, float]:
+    """Return (solver, iteration s) of the best classic equal-stage configuration that applies."""
+    best = ("none", float("inf"))
+    for row in api.compare(problem, solvers=["megatron", "3d"], time_limit_s=time_limit_s):
+        name, plan, _ = row
+        if plan is not None and plan.ok and plan.iteration_time_s < best[1]:  # type: ignore[attr-defined]
+            best = (name, plan.iteration_time_s)  # type: ignore[attr-defined]
+    return best
+
+
+def section_a(quick: bool, time_limit_s: float) -> None:
+    from gpuplan.compose import training_problem
+
+    cases: list[tuple[str, Any]] = [(f"{f}" + (f" ({m})" if m else ""), training_problem(
+        str(ROOT / "examples/poseidon" / f), m, batch=b, seq=q)) for f, m, b, q in SHIPPED]
+    for name, nodes, model, batch, seq in (LARGE[:2] if quick else LARGE):
+        doc = {"kind": "poseidon", "cluster": _cluster(nodes), "model": model, "global_batch": batch, "seq_len": seq}
+        cases.append((name, api.load_problem(doc)))
+    rows, steps = [], []
+    for name, problem in cases:
+        t0 = time.perf_counter()
+        poseidon = api.solve(problem, solver="poseidon", time_limit_s=time_limit_s)
+        t_pos = time.perf_counter() - t0
+        if not poseidon.ok:
+            rows.append([name, "infeasible", "-", "-", "-", "-", "-"])
+            continue
+        comp = compose(poseidon, time_limit_s=time_limit_s)
+        classic_name, classic_s = best_classic(problem, time_limit_s)
+        p = comp.predicted
+        shape = " | ".join(f"{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L"  # type: ignore[attr-defined]
+                           for s in poseidon.stages)  # type: ignore[attr-defined]
+        rows.append([name, shape + f" m={poseidon.num_microbatches} v={poseidon.interleave}",  # type: ignore[attr-defined]
+                     p["iteration_time_s"], p["baseline_iteration_time_s"],
+                     f"{100 * (1 - p['iteration_time_s'] / p['baseline_iteration_time_s']):.2f}%",
+                     f"{classic_s:.4g} ({classic_name})",
+                     f"{100 * (1 - p['iteration_time_s'] / classic_s):.2f}%"])
+        steps.append([name, t_pos, comp.step_times_s["tessel_s"], comp.step_times_s["lagom_s"], comp.rounds,
+                      "yes" if comp.converged else "no",
+                      f"{100 * (1 - p['tessel_iteration_time_s'] / p['baseline_iteration_time_s']):.2f}%",
+                      f"{100 * (1 - p['iteration_time_s'] / p['tessel_iteration_time_s']):.2f}%"])
+        print(f"  done: {name}", file=sys.stderr, flush=True)
+    print(table_text(Table("(a) predicted iteration time (s): composed vs Poseidon + 1F1B + NCCL defaults vs best "
+                           "classic config + 1F1B + NCCL defaults",
+                           ["cluster", "Poseidon plan", "composed s", "Poseidon+1F1B+NCCL s", "gain",
+                            "classic s (solver)", "gain vs classic"], rows)))
+    print(table_text(Table("(a) search wall time per step (s) and each step's own gain",
+                           ["cluster", "Poseidon s", "Tessel s", "Lagom s", "rounds", "fixed point",
+                            "Tessel gain", "Lagom gain"], steps)))
+
+
+def section_b(quick: bool) -> None:
+    from click.testing import CliRunner
+
+    from gpuplan.cli import main
+    from gpuplan.compose import plan_training
+    from gpuplan.runtime.bundle import run_bundle
+
+    example = ROOT / "examples/poseidon/cpu-two-types.yaml"
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prof = Path(tmp) / "profile.json"
+        r = CliRunner().invoke(main, ["profile", "--quick", "--for", str(example), "--emulate", "cpu-slow2x=cpu*2",
+                                      "-o", str(prof)])
+        if r.exit_code != 0:
+            print(f"(b) profile failed: {r.output}")
+            return
+        for stages in ([2] if quick else [2, 4]):
+            bundle = Path(tmp) / f"b{stages}"
+            doc = {**api.load_problem(example).document(), "max_stages": stages}
+            problem = api.load_problem(doc)
+            comp = plan_training(problem, profile=prof, output=bundle, time_limit_s=10)
+            got = run_bundle(bundle, steps=3 if quick else 5)
+            rows.append([f"{len(comp.poseidon.stages)} stages x v={comp.poseidon.interleave}",  # type: ignore[attr-defined]
+                         got["predicted_iteration_s"], got["retimed_iteration_s"], got["measured_iteration_s"],
+                         f"{100 * got['error']:+.1f}%", f"{100 * got['retimed_error']:+.1f}%",
+                         "yes" if got.get("contended") else "no"])
+    print(table_text(Table("(b) this machine (gloo, CPU): composed plan measured vs predicted (error = (predicted - "
+                           "measured) / measured)",
+                           ["plan", "predicted s", "re-timed s", "measured s", "error", "re-timed error",
+                            "contended"], rows)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="Two large clusters, one CPU run, shorter limits.")
+    ap.add_argument("--skip-run", action="store_true", help="Skip section (b) (the CPU run).")
+    args = ap.parse_args()
+    section_a(args.quick, 5.0 if args.quick else 15.0)
+    if not args.skip_run:
+        section_b(args.quick)
+
+
+if __name__ == "__main__":
+    main()
