@@ -150,3 +150,29 @@ def test_a_prime_batch_above_max_microbatches_names_the_microbatch_space() -> No
     with pytest.raises(InfeasibleError, match="micro-batch space.*global_batch 1031.*max_microbatches 1024"):
         SP.solve_poseidon(prob, progress=lambda *a: None)
     assert "micro-batch" not in SP._why_infeasible(_h100_problem(global_batch=1024))  # a real memory reason
+
+
+# ------------------------------------------------------------------------------------------------
+# The Metis baseline follows Metis' balancer: embedding and head costed as layers
+# ------------------------------------------------------------------------------------------------
+
+def test_metis_partition_counts_the_embedding_and_head_as_layers() -> None:
+    """Two equal stages: Metis' balancer splits its L + 2 layers evenly, so the stage that also holds
+    the (costly, large-vocabulary) head gets fewer blocks than a split of the blocks alone."""
+    cfg = scaled(model_config("qwen3-1.7b"), num_layers=10)
+    doc = {"kind": "poseidon", "cluster": {"gpus": {"H100": 2}, "gpus_per_node": 2}, "model": cfg.model_dump(),
+           "global_batch": 8, "seq_len": 2048, "max_tp": 1}
+    prob = api.load_problem(doc, "poseidon")
+    cm = P.CostModel(prob)
+    opt = next(o for o in SP.type_options(prob)["H100"] if o.stages == 2)
+    st = SP.Structure(cm, list(opt.shapes), 8)
+    w = SP._metis_unit_costs(st)
+    assert w[1][-1] > w[1][1] > 0  # the head costs more than one block
+    n = SP.metis_partition(st)
+    assert sum(n) == cfg.num_layers and n[0] > n[1]
+    units = [n[0] + 1, n[1] + 1]
+    times = [sum(w[0][:units[0]]), sum(w[1][units[0]:])]
+    # no single move of a block across the boundary lowers the slower stage (the local moves' fixpoint)
+    for d in (-1, 1):
+        cut = units[0] + d
+        assert max(times) <= max(sum(w[0][:cut]), sum(w[1][cut:])) + 1e-15

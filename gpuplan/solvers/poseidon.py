@@ -960,28 +960,108 @@ def metis_cost(st: Structure, layers: list[int]) -> float:
     return (st.m - 1) * max(E) + sum(E) + max(tail) + sum(st.p2p)
 
 
+METIS_SUBUNITS = 7  # Metis' `hallucination`: every layer split into this many sub-units when balancing
+METIS_MOVES = 3  # local boundary moves after the sub-unit fill
+METIS_REPAIRS = 3  # memory-repair attempts
+
+
+def _metis_unit_costs(st: Structure) -> list[list[float]]:
+    """Return per stage s the forward+backward seconds of every one of Metis' L + 2 layers on that
+    stage's devices (Metis costs the embedding and the head as layers: unit 0 and unit L + 1)."""
+    L, cm = st.cm.p.model.num_layers, st.cm
+    out = []
+    for sh, b, c in zip(st.shapes, st.b, st.c):
+        emb = sum(cm.extras(sh.device_type, sh.tp, b, True, False))
+        head = sum(cm.extras(sh.device_type, sh.tp, b, False, True))
+        out.append([emb] + [c] * L + [head])
+    return out
+
+
+def _metis_stage_times(w: list[list[float]], bounds: list[int]) -> list[float]:
+    """Return each stage's seconds for the unit cut `bounds` (stage s holds units bounds[s]..bounds[s+1])."""
+    return [sum(w[s][bounds[s]:bounds[s + 1]]) for s in range(len(w))]
+
+
 def metis_partition(st: Structure) -> list[int]:
-    """Return Metis' layer partition: shares proportional to stage speed 1/c, largest remainder,
-    then memory repair (move layers off stages above their cap to stages with room)."""
-    L = st.cm.p.model.num_layers
-    speed = [1.0 / c for c in st.c]
-    raw = [L * v / sum(speed) for v in speed]
-    n = [max(1, int(x)) for x in raw]
-    for s in sorted(range(st.S), key=lambda s: raw[s] - int(raw[s]), reverse=True):
-        if sum(n) >= L:
+    """Return the transformer blocks per stage Metis' LayerComputeBalancer gives (SamsungLabs/Metis),
+    over its L + 2 layers (embedding and head costed as layers, on the first and last stage):
+
+    1. each stage's capacity is its normalised speed, 1 / (its seconds for the whole model);
+    2. every layer is split into METIS_SUBUNITS sub-units, filled in order into stages 0..S-2 up to
+       their share of the work (timed on the stage's devices), the rest to the last stage; a layer goes to the stage holding most of its
+       sub-units (every stage keeps one block or more);
+    3. up to METIS_MOVES local moves of one layer across a boundary, off the slowest stage, while
+       they lower the slowest stage's time;
+    4. memory repair (up to METIS_REPAIRS rounds): a stage over its memory cap keeps what fits and
+       the surplus goes to the stages with room, fastest first.
+
+    Unlike the public planner, each stage is costed at its real position and device memory is
+    checked per device, not pooled per stage."""
+    L, S = st.cm.p.model.num_layers, st.S
+    U = L + 2
+    w = _metis_unit_costs(st)
+    speed = [1.0 / sum(ws) for ws in w]
+    owner_count = [[0] * S for _ in range(U)]
+    filled, s = 0.0, 0
+    # stage s's share of the work: speed_s / sum(speed) of the model, i.e. that much of its own time
+    quota = [sum(w[k]) * v / sum(speed) for k, v in enumerate(speed)]
+    for sub in range(METIS_SUBUNITS * U):
+        u = sub // METIS_SUBUNITS
+        cost = w[s][u] / METIS_SUBUNITS
+        while s < S - 1 and filled + cost > quota[s] * (1 + 1e-12):
+            s, filled = s + 1, 0.0
+            cost = w[s][u] / METIS_SUBUNITS
+        owner_count[u][s] += 1
+        filled += cost
+    owner = [max(range(S), key=lambda k: (cnt[k], -k)) for cnt in owner_count]
+    owner = [max(owner[: u + 1]) for u in range(U)]  # contiguous, in pipeline order
+    units = [sum(1 for o in owner if o == k) for k in range(S)]
+    blocks = [units[0] - 1] + units[1:-1] + [units[-1] - 1] if S > 1 else [L]
+    blocks = _at_least_one(blocks, L)
+
+    def bounds(n: list[int]) -> list[int]:
+        out = [0, n[0] + 1]
+        for k in range(1, S):
+            out.append(out[-1] + n[k] + (1 if k == S - 1 else 0))
+        return out
+
+    for _ in range(METIS_MOVES):
+        times = _metis_stage_times(w, bounds(blocks))
+        slow = max(range(S), key=lambda k: times[k])
+        best, cand = max(times), None
+        for nb in (slow - 1, slow + 1):
+            if 0 <= nb < S and blocks[slow] > 1:
+                n = list(blocks)
+                n[slow] -= 1
+                n[nb] += 1
+                t = max(_metis_stage_times(w, bounds(n)))
+                if t < best:
+                    best, cand = t, n
+        if cand is None:
             break
-        n[s] += 1
+        blocks = cand
+    for _ in range(METIS_REPAIRS):
+        over = [k for k in range(S) if blocks[k] > st.nmax[k]]
+        if not over:
+            break
+        for k in over:
+            surplus = blocks[k] - st.nmax[k]
+            blocks[k] = st.nmax[k]
+            for r in sorted((r for r in range(S) if blocks[r] < st.nmax[r]), key=lambda r: -speed[r]):
+                give = min(surplus, st.nmax[r] - blocks[r])
+                blocks[r] += give
+                surplus -= give
+            blocks[k] += surplus  # no room left anywhere: stays over (the plan does not fit)
+    return blocks
+
+
+def _at_least_one(n: list[int], L: int) -> list[int]:
+    """Return counts with every stage holding one block or more, the total kept at L (taken from the
+    largest stages)."""
+    n = [max(1, x) for x in n]
     while sum(n) > L:
-        s = max(range(st.S), key=lambda s: n[s])
-        n[s] -= 1
-    for s in range(st.S):
-        while n[s] > st.nmax[s]:
-            room = [r for r in range(st.S) if n[r] < st.nmax[r]]
-            if not room:
-                return n
-            r = max(room, key=lambda r: speed[r])
-            n[s] -= 1
-            n[r] += 1
+        k = max(range(len(n)), key=lambda k: n[k])
+        n[k] -= 1
     return n
 
 
