@@ -20,6 +20,7 @@ from gpuplan.render import plan_header, print_tables
 EXIT_VIOLATIONS = 1
 EXIT_INPUT = 2
 EXIT_INFEASIBLE = 3
+EXIT_MISSING_EXTRA = 4
 
 
 def _command_modules() -> list[Any]:
@@ -196,6 +197,7 @@ Exit codes:
   1  the plan has violations (check; run refuses such a plan)
   2  bad input, option or output path: one line naming the file, field, value and expectation
   3  the problem is infeasible (the plan file says why)
+  4  an optional dependency is missing: the message names the extra (pip install 'gpuplan[torch]')
   gpuplan run ... -- COMMAND exits with COMMAND's own exit code."""
 
 
@@ -208,6 +210,13 @@ class _Main(click.Group):
             return super().invoke(ctx)
         except GpuplanError as exc:
             _fail(exc)
+        except ModuleNotFoundError as exc:  # an optional dependency: name the extra that brings it
+            from gpuplan.extras import missing_extra
+
+            err = missing_extra(exc)
+            if err is None:
+                raise
+            _fail(err, EXIT_MISSING_EXTRA)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
