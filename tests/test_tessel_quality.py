@@ -182,7 +182,7 @@ def test_every_cpsat_call_of_tessel_is_load_independent(monkeypatch: pytest.Monk
         return real(model, **kw)  # type: ignore[arg-type]
     monkeypatch.setattr(solvers, "solve_cpsat", spy)
     prob = problem("interleaved", 3, 12, f=1, b=2, chunks=3, memory=11)
-    solvers.solve_tessel(prob, progress=no_progress, polish_s=0.5)
+    solvers.solve_tessel(prob, progress=no_progress, polish_s=0.5, floor=False)  # every search runs
     assert calls
     for kw in calls:  # no wall clock, one worker, a deterministic-time budget
         assert kw.get("time_limit_s") is None and kw.get("workers") == 1 and kw.get("deterministic_limit")

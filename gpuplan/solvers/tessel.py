@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpuplan.errors import InfeasibleError, SolverError
@@ -26,6 +26,47 @@ from gpuplan.solvers.backends import solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
 
 EXACT_MAX_INSTANCES = 600
+# CP-SAT deterministic-time units per second of one free core, on the repetend models: measured 0.41-0.59
+# units per CPU second (4-8 devices, budgets 0.5-2 units) on the project's 2-core machine; the low end, so
+# that a budget of X units takes at most about X / DET_PER_WALL_S seconds on an idle core
+DET_PER_WALL_S = 0.4
+CPSAT_SHARE = 0.5  # under a time limit, the share of it that the period probes' CP-SAT budgets add up to
+GUARD_END = 0.9  # under a time limit, no step starts that would end past this share of it (the rest: the plan)
+
+
+@dataclass
+class Clock:
+    """The wall-clock guard of one solve: under a time limit, a step starts only when it should end
+    (by its estimated cost, or the longest schedule-building step timed so far, in s) before GUARD_END
+    of the limit; `cut` names the steps it skipped. Without a limit (limit_s None) every step runs, so
+    the plan depends on the input and seed only."""
+
+    started: float
+    limit_s: float | None
+    cut: list[str] = field(default_factory=list)
+    step_s: float = 0.0
+
+    def left_s(self) -> float:
+        """Return the seconds left before the guard (inf without a limit)."""
+        if self.limit_s is None:
+            return math.inf
+        return self.started + GUARD_END * self.limit_s - time.perf_counter()
+
+    def allows(self, step: str, cost_s: float | None = None) -> bool:
+        """Return whether `step` (estimated cost_s seconds; default the longest step so far) may start and
+        leave half a step for assembling the plan; record it in `cut` when not."""
+        if self.left_s() >= (self.step_s if cost_s is None else cost_s) + self.step_s / 2:
+            return True
+        self.cut.append(step)
+        return False
+
+    def timed(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Return fn(*args, **kwargs), keeping the longest duration (s) as the estimate of the next step."""
+        at = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.step_s = max(self.step_s, time.perf_counter() - at)
 
 
 @dataclass(frozen=True)
@@ -176,6 +217,33 @@ def _critical_path(problem: TesselProblem, t: Ticks) -> int:
     return max(end.values())
 
 
+def memory_period_bound(problem: TesselProblem, t: Ticks) -> int:
+    """Return a lower bound on the period (ticks) from memory: in the steady state a device holds, on
+    average over a period, sum(units x holding time) / P of memory, where each allocation is held at
+    least the longest dependency path from its block's start to its freeing block's start (see
+    holding_pairs); the average is at most the peak, hence at most the limit. 0 where it does not apply."""
+    order = topological_order(problem.blocks) or []
+    succ: dict[str, list[str]] = {n: [] for n in order}
+    for b in problem.blocks:
+        for a in b.after:
+            succ[a].append(b.name)
+    best = 0
+    for d in range(problem.devices):
+        pairs = holding_pairs(problem, t, d) if t.limit[d] else None
+        if not pairs:
+            continue
+        held = 0
+        for a, f, units in pairs:
+            dist = {a: 0}
+            for n in order[order.index(a):]:
+                if n in dist:
+                    for x in succ[n]:
+                        dist[x] = max(dist.get(x, 0), dist[n] + t.dur[n])
+            held += units * dist.get(f, 0)
+        best = max(best, -(-held // t.limit[d]))  # type: ignore[operator]
+    return best
+
+
 def sequential_pattern(problem: TesselProblem, t: Ticks) -> Pattern | None:
     """Return the trivial repetend: one micro-batch after the other in topological order (period = the
     sum of all durations, every lag 0), or None when that order exceeds a device's memory limit."""
@@ -195,43 +263,74 @@ def sequential_pattern(problem: TesselProblem, t: Ticks) -> Pattern | None:
     return Pattern(at, start, {n: 0 for n in start}, at)
 
 
+def probe_budget(problem: TesselProblem, t: Ticks, time_limit_s: float, clock: Clock | None) -> float:
+    """Return the deterministic-time budget (CP-SAT units) of one period probe: a share of the search's
+    limit capped at a quarter unit per device (at least 0.2); under a wall-clock limit (clock.limit_s)
+    also at most CPSAT_SHARE of it, converted at DET_PER_WALL_S, over the probes a doubling plus a
+    bisection over [busy bound, sum of durations] may need."""
+    per_call = max(0.2, min(time_limit_s / 8, 0.25 * problem.devices))
+    if clock is not None and clock.limit_s is not None:
+        span = max(2, sum(t.dur.values()) - max(_busy(problem, t)) + 2)
+        probes = 2 * math.ceil(math.log2(span)) + 2  # doubling, bisection, latency pass, grouped pattern
+        per_call = min(per_call, max(0.01, CPSAT_SHARE * clock.limit_s * DET_PER_WALL_S / probes))
+    return per_call
+
+
+def _busy(problem: TesselProblem, t: Ticks) -> list[int]:
+    """Return each device's work per micro-batch (ticks)."""
+    return [sum(t.dur[n] for n in names) for names in _on_device(problem)]
+
+
 def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed: int,
                   progress: Callable[..., None], latency_search_s: float = 0.0,
-                  chains: list[list[str]] | None = None) -> tuple[Pattern, dict[str, Any]]:
+                  chains: list[list[str]] | None = None, clock: Clock | None = None
+                  ) -> tuple[Pattern, dict[str, Any]]:
     """Return a repetend of smallest period (ticks) and stats; at that period, the one of shortest
     one-micro-batch latency found in latency_search_s deterministic time (default: a tenth of one
     search step's).
 
-    The period starts at the busy-time bound max_d sum of durations on d and grows (doubling, then
+    The period starts at the larger of two bounds proven without a solver call, the busy time
+    max_d sum of durations on d and the memory bound (memory_period_bound), and grows (doubling, then
     bisection) until the cyclic model is feasible. The largest period, the sum of all durations, always
     has a solution when the problem is feasible: one micro-batch at a time (built directly when the
-    topological order fits the memory, else asked of CP-SAT). Raises InfeasibleError with numbers only
-    when CP-SAT proves that no order of one micro-batch at a time fits the memory, and SolverError when
-    it cannot decide that in the time limit.
+    topological order fits the memory, else asked of CP-SAT). Each probe gets probe_budget; under a
+    `clock` with a limit no probe starts that could end past its guard (the periods not probed are left
+    unproven, and the smallest feasible period found so far stands). Raises InfeasibleError with numbers
+    only when CP-SAT proves that no order of one micro-batch at a time fits the memory, and SolverError
+    when it cannot decide that in the time limit.
     """
-    busy = [sum(t.dur[n] for n in names) for names in _on_device(problem)]
-    lower = max(busy)
+    clock = clock or Clock(time.perf_counter(), None)
+    busy_bound = max(_busy(problem, t))
+    mem_bound = memory_period_bound(problem, t)
+    lower = max(busy_bound, mem_bound)
     upper = sum(t.dur.values())
     tried: list[int] = []
     unknown: list[int] = []
-    per_call = max(0.2, min(time_limit_s / 8, 0.25 * problem.devices))  # deterministic-time units
+    per_call = probe_budget(problem, t, time_limit_s, clock)  # deterministic-time units
+    cost_s = per_call / DET_PER_WALL_S
 
     def feasible(period: int) -> Pattern | None:
         tried.append(period)
         progress(None, f"repetend: trying period {period} ticks")
         return _repetend_at(problem, t, period, per_call, seed, optimise=False, unknown=unknown, chains=chains)
 
-    found, bad, step, period = None, lower - 1, 1, lower
-    while period < upper:  # `upper` itself is settled below
+    found, bad, step, period = None, lower - 1, 1, min(lower, upper)
+    while period < upper and clock.allows(f"period probe {period}", cost_s):  # `upper` is settled below
         found = feasible(period)
         if found:
             break
         bad, period, step = period, min(upper, period + step), step * 2
     if found is None:
-        found = sequential_pattern(problem, t) or _one_at_a_time(problem, t, upper, time_limit_s, seed, tried)
+        found = sequential_pattern(problem, t) or _one_at_a_time(
+            problem, t, upper, time_limit_s if clock.limit_s is None else
+            max(0.05, min(time_limit_s, clock.left_s() * DET_PER_WALL_S)), seed, tried)
     lo, hi = bad + 1, found.period
+    not_probed: list[int] = []  # [first, last] period left unprobed by the wall-clock guard
     while lo < hi:
         mid = (lo + hi) // 2
+        if not clock.allows(f"period probe {mid}", cost_s):
+            not_probed = [lo, hi - 1]
+            break
         p = feasible(mid)
         if p:
             found, hi = p, mid
@@ -239,12 +338,15 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
             lo = mid + 1
     # the feasibility answers leave the lags arbitrary (micro-batches kept in flight for nothing, which
     # the completion cannot undo): shorten one micro-batch's latency at that period, from the pattern
-    short = _repetend_at(problem, t, found.period, latency_search_s or per_call / 10, seed, optimise=True, hint=found,
-                         chains=chains)
-    if short is not None and short.span < found.span:
-        found = short
-    return found, {"period_lower_bound_ticks": lower, "periods_tried": tried, "tick_s": t.tick_s,
-                  "periods_undecided": unknown, "period_proven_minimal": not unknown}
+    budget = latency_search_s or per_call / 10
+    if clock.allows("latency pass", budget / DET_PER_WALL_S):
+        short = _repetend_at(problem, t, found.period, budget, seed, optimise=True, hint=found, chains=chains)
+        if short is not None and short.span < found.span:
+            found = short
+    return found, {"period_lower_bound_ticks": busy_bound, "period_memory_bound_ticks": mem_bound,
+                   "periods_tried": tried, "tick_s": t.tick_s, "probe_budget": per_call,
+                   "periods_undecided": sorted(set(unknown)), "periods_not_probed": not_probed,
+                   "period_proven_minimal": not unknown and not not_probed}
 
 
 def _one_at_a_time(problem: TesselProblem, t: Ticks, upper: int, time_limit_s: float, seed: int,
@@ -456,7 +558,8 @@ def _fits(problem: TesselProblem, schedule: list[list[Entry]]) -> bool:
 RANK = {"backward_input": 0, "backward": 0, "forward": 1, "backward_weight": 2, "other": 1}
 
 
-def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], dict[str, Any]]:
+def complete(problem: TesselProblem, pat: Pattern, clock: Clock | None = None
+             ) -> tuple[list[list[Entry]], dict[str, Any]]:
     """Return the best full schedule (s) built around the repetend, and what each candidate gave.
 
     Candidates: the pattern unrolled and left-shifted; and list schedules of all N micro-batches at
@@ -464,27 +567,32 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
     an instance's unrolled start time, optionally after its kind (input gradients before forwards
     before weight gradients), with at most `window` micro-batches admitted ahead of the oldest
     unfinished one (window = the pattern's micro-batches in flight, + 0..3, or unbounded); and the
-    same list schedules of the reversed problem, read backwards (see reversed_problem).
+    same list schedules of the reversed problem, read backwards (see reversed_problem). Under a `clock`
+    with a limit the unrolled pattern is always built; a candidate after it starts only when the clock
+    allows one more schedule (the skipped ones are listed in clock.cut).
     """
+    clock = clock or Clock(time.perf_counter(), None)
     base = {(b.name, i): pat.at(b.name, i) for b in problem.blocks for i in range(problem.microbatches)}
     kinds = {b.name: b.kind for b in problem.blocks}
     width = pat.in_flight()
     found: dict[str, float] = {}
-    best = _unrolled(problem, pat)
-    found["unrolled"] = makespan_s(best)
+    best = clock.timed(_unrolled, problem, pat)
+    found["unrolled"] = best_s = makespan_s(best)
     priorities: dict[str, Callable[[str, int], tuple]] = {
         "time": lambda n, i: (base[(n, i)], n),
         "kind": lambda n, i: (RANK[kinds[n]], base[(n, i)], n)}
     for pname, prio in priorities.items():
         for window in (None, width, width + 1, width + 2, width + 3):
+            if not clock.allows(f"completion {pname}/{window}"):
+                continue
             try:
-                cand = classic.list_schedule(problem, prio, window=window)
+                cand = clock.timed(classic.list_schedule, problem, prio, window=window)
             except InfeasibleError:
                 found[f"{pname}/{window}"] = float("nan")
                 continue
-            found[f"{pname}/{window}"] = makespan_s(cand)
-            if makespan_s(cand) < makespan_s(best) - 1e-9 and _fits(problem, cand):
-                best = cand
+            found[f"{pname}/{window}"] = cand_s = makespan_s(cand)
+            if cand_s < best_s - 1e-9 and _fits(problem, cand):
+                best, best_s = cand, cand_s
     # the same in reverse: schedule the reversed problem (dependencies flipped, memory negated) from
     # the end, with the reversed pattern's priorities, then run its per-device orders forwards. This
     # packs the cool-down as tightly as the forward pass packs the warm-up.
@@ -493,16 +601,18 @@ def complete(problem: TesselProblem, pat: Pattern) -> tuple[list[list[Entry]], d
     rbase = {(b.name, i): -pat.at(b.name, n - 1 - i) - dur[b.name] / 1e6 for b in problem.blocks for i in range(n)}
     for window in (None, width, width + 1, width + 2, width + 3):
         key = f"reverse/{window}"
+        if not clock.allows(f"completion {key}"):
+            continue
         try:
-            back = classic.list_schedule(rev, lambda a, i: (rbase[(a, i)], a), window=window)
+            back = clock.timed(classic.list_schedule, rev, lambda a, i: (rbase[(a, i)], a), window=window)
             orders = [[(e.block, n - 1 - e.microbatch) for e in sorted(dev, key=lambda e: -e.end_s)] for dev in back]
             cand = simulate(problem, orders)
         except (InfeasibleError, DeadlockError):
             found[key] = float("nan")
             continue
-        found[key] = makespan_s(cand)
-        if makespan_s(cand) < makespan_s(best) - 1e-9 and _fits(problem, cand):
-            best = cand
+        found[key] = cand_s = makespan_s(cand)
+        if cand_s < best_s - 1e-9 and _fits(problem, cand):
+            best, best_s = cand, cand_s
     return best, {"completion_candidates_s": found}
 
 
@@ -537,8 +647,16 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
 
     floor=True also runs every baseline that applies (cheap list schedules) and returns the best of
     them when it is shorter, so Tessel is never worse than a baseline on the same input; stats
-    `schedule_from` names where the schedule came from. Every CP-SAT call runs on one worker under a
-    deterministic-time limit only, so the plan does not depend on the machine's load.
+    `schedule_from` names where the schedule came from. When the best baseline already meets the lower
+    bound no repetend can beat it: it is returned as optimal without a search (stats `search_skipped`).
+    Every CP-SAT call runs on one worker under a deterministic-time limit only, so the plan does not
+    depend on the machine's load.
+
+    time_limit_s (wall seconds) sizes those deterministic budgets (see probe_budget) and arms a
+    wall-clock guard (Clock): no step (period probe, completion candidate, baseline, grouped search)
+    starts that could end past GUARD_END of the limit; the best plan in hand is then returned with status
+    time_limit (stats `time_limit_cut` names the skipped steps). Without a limit the guard is off and the
+    budgets are those of a 20 s limit. A plan can differ under load only when the guard cut the search.
 
     When the completed schedule misses the lower bound, a second search looks for a repetend of p
     micro-batches per period (p devices; see grouped) and keeps it when its schedule is shorter.
@@ -550,21 +668,54 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     meets the lower bound). Plan times are seconds; stats hold ticks and timings.
     """
     started = time.perf_counter()
+    clock = Clock(started, time_limit_s)
+    spans: dict[int, tuple[list[list[Entry]], float]] = {}
+
+    def span(schedule: list[list[Entry]]) -> float:  # makespan_s, once per schedule (long runs: ~0.1 s each)
+        if id(schedule) not in spans:
+            spans[id(schedule)] = (schedule, makespan_s(schedule))
+        return spans[id(schedule)][1]
+
     limit = float(time_limit_s or 20.0)
     t = integerize(problem)
     bound = lower_bound_s(problem)
-    base_plan = best_baseline(problem)  # the floor, and the seed of the grouped repetend
-    pat, stats = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, progress=progress,
-                               latency_search_s=latency_search_s)
-    stats["repetend_search_s"] = time.perf_counter() - started
-    if completion:
-        progress(0.6, "completing warm-up and cool-down")
-        schedule, more = complete(problem, pat)
+    base_plan = best_baseline(problem, clock)  # the floor, and the seed of the grouped repetend
+    stats: dict[str, Any] = {}
+    skip = floor and base_plan is not None and base_plan.makespan_s <= bound * (1 + 1e-9)
+    pat, own = _baseline_pattern(problem, t, base_plan) if skip and base_plan is not None else (None, False)
+    if skip and base_plan is not None and pat is not None:
+        # no repetend can beat a schedule at the lower bound: return it, with the repetend it repeats
+        stats.update(search_skipped=f"{base_plan.schedule_name} meets the lower bound {bound:g} s",
+                     best_baseline={base_plan.schedule_name: base_plan.makespan_s},
+                     schedule_from=base_plan.schedule_name, search_s=time.perf_counter() - started)
+        rep = _record(problem, t, base_plan.schedule, pat, window=own)
+        plan = make_plan(problem, base_plan.schedule, "tessel", Status.OPTIMAL, rep)
+        plan.predicted["search_s"] = stats["search_s"]
+        plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period, "group": pat.group,
+                                                       "time_limit_cut": clock.cut[:20]})
+        progress(1.0, "done")
+        return plan
+    try:
+        pat, more = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, progress=progress,
+                                  latency_search_s=latency_search_s, clock=clock)
         stats.update(more)
-    else:
-        schedule = _unrolled(problem, pat)
+    except SolverError:
+        if not (floor and base_plan is not None and clock.cut):
+            raise
+        pat = None  # the guard stopped the search before any repetend: the floor stands
+    stats["repetend_search_s"] = time.perf_counter() - started
+    schedule: list[list[Entry]] | None = None
+    # the unrolled repetend is one more schedule of N micro-batches: with a floor in hand, only if time allows
+    if pat is not None and (base_plan is None or not floor or clock.allows("completion")):
+        if completion:
+            progress(0.6, "completing warm-up and cool-down")
+            schedule, more = complete(problem, pat, clock)
+            stats.update(more)
+        else:
+            schedule = clock.timed(_unrolled, problem, pat)
     group = _group_size(problem)
-    if group > 1 and makespan_s(schedule) > bound * (1 + 1e-9):
+    if pat is not None and schedule is not None and group > 1 and span(schedule) > bound * (1 + 1e-9) \
+            and clock.allows("grouped repetend"):
         # a repetend of `group` micro-batches per period can express patterns one micro-batch cannot
         # (interleaved 1F1B runs micro-batches in groups of p). The free grouped search is too hard for
         # CP-SAT in the budget, so it is seeded by the best baseline's periodic steady state at `group`
@@ -574,65 +725,113 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
         gt = grouped_ticks(t, group)
         period = group * stats["period_lower_bound_ticks"]
         # the steady state does not depend on N: read it from the shortest baseline with a periodic one
-        # on a run long enough to have it (SEED_GROUPS groups), else from this run's best baseline
+        # on a run of SEED_GROUPS groups (its cost does not grow with N), else from this run's best baseline
         seed_pat, seeded_by = None, None
-        longer = problem.model_copy(update={"microbatches": max(problem.microbatches, SEED_GROUPS * group)})
-        sources = [(longer, plan_) for plan_ in baseline_plans(longer)]
+        longer = problem.model_copy(update={"microbatches": SEED_GROUPS * group})
+        sources = [(longer, plan_) for plan_ in baseline_plans(longer, clock)]
         for src, src_plan in sources + [(problem, base_plan)]:
             if src_plan is not None and seed_pat is None:
                 seed_pat = pattern_from_schedule(src, gt, src_plan.schedule, group, period)
                 seeded_by = f"{src_plan.schedule_name} at N={src.microbatches}"
-        gpat = None if seed_pat is None else _repetend_at(
-            gp, gt, period, max(0.2, min(limit / 8, 0.25 * problem.devices)), seed, optimise=False, hint=seed_pat,
-            chains=chains)
+        budget = probe_budget(problem, t, limit, clock)
+        gpat = None if seed_pat is None or not clock.allows("grouped pattern", budget / DET_PER_WALL_S) else \
+            _repetend_at(gp, gt, period, budget, seed, optimise=False, hint=seed_pat, chains=chains)
         stats["grouped"] = {"group": group, "period_ticks": period, "seeded_by": seeded_by if seed_pat else None,
                             "found": gpat is not None}
-        if gpat is not None:
+        if gpat is not None and clock.allows("grouped completion"):
             gpat.group = group
             try:
-                gsched, gmore = complete(problem, gpat) if completion else (_unrolled(problem, gpat), {})
+                gsched, gmore = complete(problem, gpat, clock) if completion else \
+                    (clock.timed(_unrolled, problem, gpat), {})
             except InfeasibleError as exc:
                 stats["grouped"]["error"] = str(exc)[:200]
             else:
-                stats["grouped"]["makespan_s"] = makespan_s(gsched)
-                if makespan_s(gsched) < makespan_s(schedule) - 1e-9:
+                stats["grouped"]["makespan_s"] = span(gsched)
+                if span(gsched) < span(schedule) - 1e-9:
                     pat, schedule = gpat, gsched
                     stats.update(gmore)
         stats["repetend_search_s"] = time.perf_counter() - started
-    width = pat.in_flight()
-    stats["polish_skipped_at_bound"] = makespan_s(schedule) <= bound * (1 + 1e-9)
-    if polish_s > 0 and problem.microbatches > 1 and not stats["polish_skipped_at_bound"]:
+    width = pat.in_flight() if pat is not None else 0
+    at_bound = schedule is not None and span(schedule) <= bound * (1 + 1e-9)
+    stats["polish_skipped_at_bound"] = at_bound
+    if polish_s > 0 and problem.microbatches > 1 and schedule is not None and not at_bound \
+            and clock.allows("polish", polish_s / DET_PER_WALL_S):
         n = problem.microbatches
         free = set(range(min(n, width))) | set(range(max(0, n - width), n))
         base = _tick_starts(schedule, t.tick_s)
         try:
-            orders2, res = schedule_cpsat(problem, t, base, round(makespan_s(schedule) / t.tick_s) + 1, free=free,
+            orders2, res = schedule_cpsat(problem, t, base, round(span(schedule) / t.tick_s) + 1, free=free,
                                           time_limit_s=polish_s, seed=seed, workers=workers, deterministic=True)
             sched2 = simulate(problem, orders2)
-            if makespan_s(sched2) < makespan_s(schedule) - 1e-9 and _fits(problem, sched2):
+            if span(sched2) < span(schedule) - 1e-9 and _fits(problem, sched2):
                 schedule = sched2
             stats["polish_status"] = res.status.value
         except Exception as exc:  # noqa: BLE001 - polishing is optional; keep the completed plan
             stats["polish_error"] = str(exc)[:200]
     stats["schedule_from"] = "repetend"
-    if floor:  # never worse than a baseline run on the same input: the best one is the floor
-        if base_plan is not None:
-            stats["best_baseline"] = {base_plan.schedule_name: base_plan.makespan_s}
-            if base_plan.makespan_s < makespan_s(schedule) - 1e-9:
-                schedule = base_plan.schedule
-                stats["schedule_from"] = base_plan.schedule_name
+    if floor and base_plan is not None:  # never worse than a baseline run on the same input: the best is the floor
+        stats["best_baseline"] = {base_plan.schedule_name: base_plan.makespan_s}
+        if schedule is None or base_plan.makespan_s < span(schedule) - 1e-9:
+            schedule = base_plan.schedule
+            stats["schedule_from"] = base_plan.schedule_name
+    assert schedule is not None  # without a floor the unrolled repetend is always built
     stats["search_s"] = time.perf_counter() - started
-    window = _window(problem, schedule, pat.period * t.tick_s) if stats["schedule_from"] == "repetend" else None
-    rep = Repetend(period_s=pat.period * t.tick_s / pat.group, offset_s={n: v * t.tick_s for n, v in pat.start.items()},
-                   lag=dict(pat.lag), window_s=window, copies=max(0, (problem.microbatches - width) // pat.group + 1),
-                   group=pat.group)
-    at_bound = makespan_s(schedule) <= bound * (1 + 1e-9)  # then proven optimal
-    plan = make_plan(problem, schedule, "tessel", Status.OPTIMAL if at_bound else Status.FEASIBLE, rep)
+    rep = None if pat is None else _record(problem, t, schedule, pat, window=stats["schedule_from"] == "repetend")
+    at_bound = span(schedule) <= bound * (1 + 1e-9)  # then proven optimal
+    status, message = Status.OPTIMAL if at_bound else Status.FEASIBLE, ""
+    if clock.cut and not at_bound:
+        status = Status.TIME_LIMIT
+        message = (f"time limit {time_limit_s:g} s: the best plan in hand ({stats['schedule_from']}); "
+                   f"{len(clock.cut)} step(s) not started, first: {clock.cut[0]}")
+    stats["time_limit_cut"] = clock.cut[:20]
+    plan = make_plan(problem, schedule, "tessel", status, rep, message=message)
     plan.predicted["search_s"] = stats["search_s"]
-    plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period, "group": pat.group,
+    plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period if pat else None,
+                                                   "group": pat.group if pat else None,
                                                    "microbatches_in_flight": width})
     progress(1.0, "done")
     return plan
+
+
+def _record(problem: TesselProblem, t: Ticks, schedule: list[list[Entry]], pat: Pattern, window: bool) -> Repetend:
+    """Return the plan's Repetend (s) of a pattern; `window` marks one period of the schedule's steady state."""
+    return Repetend(period_s=pat.period * t.tick_s / pat.group,
+                    offset_s={n: v * t.tick_s for n, v in pat.start.items()}, lag=dict(pat.lag),
+                    window_s=_window(problem, schedule, pat.period * t.tick_s) if window else None,
+                    copies=max(0, (problem.microbatches - pat.in_flight()) // pat.group + 1), group=pat.group)
+
+
+def steady_pattern(problem: TesselProblem, t: Ticks, schedule: list[list[Entry]]) -> Pattern | None:
+    """Return the repetend a schedule already repeats (ticks): one micro-batch every busy period, else a
+    group of p every p busy periods (see pattern_from_schedule); None when its steady state is neither."""
+    busy = max(_busy(problem, t))
+    for group in sorted({1, _group_size(problem)}):
+        pat = pattern_from_schedule(problem, grouped_ticks(t, group), schedule, group, group * busy)
+        if pat is not None and group == 1:  # the keys of one micro-batch per period are the block names
+            pat = Pattern(pat.period, {k[:-2]: v for k, v in pat.start.items()},
+                          {k[:-2]: v for k, v in pat.lag.items()}, pat.span)
+        if pat is not None:
+            return pat
+    return None
+
+
+def _baseline_pattern(problem: TesselProblem, t: Ticks, plan: TesselPlan) -> tuple[Pattern | None, bool]:
+    """Return the repetend a baseline's schedule repeats (see steady_pattern) and whether it was read from
+    the plan itself, else from the same baseline on a run of SEED_GROUPS groups of p micro-batches (the
+    steady state does not depend on N; short runs may have none); (None, False) when neither repeats."""
+    pat = steady_pattern(problem, t, plan.schedule)
+    if pat is not None:
+        return pat, True
+    build, applicable = BASELINES[plan.schedule_name]
+    longer = problem.model_copy(update={"microbatches": SEED_GROUPS * max(1, problem.devices)})
+    if pat is None and longer.microbatches > problem.microbatches and applicable(longer) is None:
+        try:
+            sched = build(longer)
+        except (InfeasibleError, DeadlockError):
+            return None, False
+        if _fits(longer, sched):
+            pat = steady_pattern(longer, t, sched)
+    return pat, False
 
 
 def _window(problem: TesselProblem, schedule: list[list[Entry]], period_s: float) -> tuple[float, float] | None:
@@ -817,24 +1016,28 @@ def _register_baseline(name: str, build: Callable[[TesselProblem], list[list[Ent
                     description=description)
 
 
-def baseline_plans(problem: TesselProblem) -> list[TesselPlan]:
+def baseline_plans(problem: TesselProblem, clock: Clock | None = None) -> list[TesselPlan]:
     """Return the plan of every baseline that applies and fits the memory, shortest first (ties in
-    registration order)."""
+    registration order). Under a `clock` with a limit, once one plan is in hand a baseline starts only
+    when the clock allows one more schedule (the skipped ones are listed in clock.cut)."""
+    clock = clock or Clock(time.perf_counter(), None)
     plans: list[TesselPlan] = []
     for name, (build, applicable) in BASELINES.items():
         if applicable(problem) is not None:
             continue
+        if plans and not clock.allows(f"baseline {name}"):
+            continue
         try:
-            plans.append(_checked(problem, build(problem), name))
+            plans.append(clock.timed(lambda: _checked(problem, build(problem), name)))
         except (InfeasibleError, DeadlockError):
             continue
     return sorted(plans, key=lambda plan: plan.makespan_s)
 
 
-def best_baseline(problem: TesselProblem) -> TesselPlan | None:
+def best_baseline(problem: TesselProblem, clock: Clock | None = None) -> TesselPlan | None:
     """Return the shortest plan of every baseline that applies and fits the memory (None when none does);
-    ties go to the first registered."""
-    plans = baseline_plans(problem)
+    ties go to the first registered. `clock`: see baseline_plans."""
+    plans = baseline_plans(problem, clock)
     return plans[0] if plans else None
 
 

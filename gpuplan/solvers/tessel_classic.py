@@ -264,7 +264,8 @@ def list_schedule(problem: TesselProblem, priority: Callable[[str, int], tuple],
             for d in b.devices:
                 free[d] = end
                 level[d] += b.memory_bytes
-                out[d].append(Entry(block=b.name, microbatch=started[1], start_s=t, end_s=end))
+                # built from checked numbers: skip pydantic's validation (most of the time on long runs)
+                out[d].append(Entry.model_construct(block=b.name, microbatch=started[1], start_s=t, end_s=end))
             heapq.heappush(events, (end, started[0], started[1]))
             placed += 1
             continue
