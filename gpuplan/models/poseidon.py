@@ -28,7 +28,7 @@ from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
 from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, embedding_times, head_times,
-                                          layer_times, memory_s, model_flops_per_sample)
+                                          layer_times, memory_s, model_flops_per_sample, stage_call_s)
 from gpuplan.models.poseidon_dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
                                          peak_chunks_in_flight, stage_order, topological_ops)
 from gpuplan.models.profile import LayerCost, LayerTable, Profile, bus_factor, cluster_document
@@ -523,8 +523,9 @@ def stage_cost(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: i
         if mem <= cap:
             break
     params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
-    fwd = n_layers * f1 + ef
-    bwd = n_layers * (g1 + cm.recompute_s(shape.device_type, shape.tp, b, mode)) + eg
+    of, ob = stage_call_s(p.layer_costs, shape.device_type)  # the pipeline runtime, once per call
+    fwd = n_layers * f1 + ef + of
+    bwd = n_layers * (g1 + cm.recompute_s(shape.device_type, shape.tp, b, mode)) + eg + ob
     grad = cm.dp_allreduce_s(shape, params * cm.wbytes)
     ar = grad + (tied_s if first or last else 0.0)
     opt = cm.tail_s(shape, n_layers, first, last, num_stages) - grad
@@ -566,9 +567,10 @@ def chunk_lists(cm: CostModel, shapes: list[StageShape], layers: list[int], cost
     fwd, bwd = [0.0] * (S * v), [0.0] * (S * v)
     for s, (sh, c) in enumerate(zip(shapes, costs)):
         ef, eg = cm.extras(sh.device_type, sh.tp, b[s], s == 0, s == S - 1)  # embedding or head (S > 1)
+        of, ob = stage_call_s(cm.p.layer_costs, sh.device_type)  # every chunk is a call of its own
         for ch in range(v):
-            fwd[ch * S + s] = (c.forward_s - ef) / v
-            bwd[ch * S + s] = (c.backward_s - eg) / v
+            fwd[ch * S + s] = (c.forward_s - ef - of) / v + of
+            bwd[ch * S + s] = (c.backward_s - eg - ob) / v + ob
         k = 0 if s == 0 else S * v - 1 if s == S - 1 else -1
         if k >= 0:
             fwd[k] += ef

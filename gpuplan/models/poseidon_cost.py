@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from gpuplan.models.cluster import DeviceType
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig
+
+if TYPE_CHECKING:
+    from gpuplan.models.profile import LayerTable
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
@@ -355,3 +358,14 @@ def model_flops_per_sample(cfg: TransformerConfig, seq: int, recompute: str = "n
     elif recompute == "selective":
         extra = cfg.num_layers * 4.0 * seq * seq * cfg.heads * cfg.dhead
     return 3.0 * fwd + extra
+
+
+def stage_call_s(table: "LayerTable | None", device_type: str) -> tuple[float, float]:
+    """Return (forward_s, backward_s) the pipeline runtime adds to each forward / backward call of a
+    stage on `device_type`: the measured per-call overhead of a layer table (0 without one, or for a
+    table measured before the overhead was), times the type's emulated slowdown (a run of an
+    emulated type sleeps in proportion to the whole call, overhead included)."""
+    if table is None:
+        return 0.0, 0.0
+    factor = table.slowdowns.get(device_type, 1.0)
+    return table.stage_call_forward_s * factor, table.stage_call_backward_s * factor

@@ -152,6 +152,10 @@ class LayerTable(Schema):
     slowdowns: dict[str, float] = Field(default_factory=dict, description="device type -> the factor by which "
                                         "a run emulates it on the measured device (1 for a measured type); "
                                         "set when a problem's declared types are mapped onto a profile")
+    stage_call_forward_s: Seconds = Field(default=0.0, ge=0, description="what the pipeline runtime "
+                                          "(torch.distributed.pipelining) adds to each forward call of a stage "
+                                          "over calling its modules directly, measured (0 in older profiles)")
+    stage_call_backward_s: Seconds = Field(default=0.0, ge=0, description="the same per backward call")
 
 
 class EmulatedType(Schema):

@@ -207,8 +207,13 @@ def _per_application(spread: Any, chain: int) -> Any:
 
 
 def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int = 5,
-                progress: Callable[[str], None] | None = None) -> LayerTable:
-    """Return the LayerTable of `plan` measured on `device` (times in s, activations in bytes)."""
+                progress: Callable[[str], None] | None = None, stage_calls: bool = True) -> LayerTable:
+    """Return the LayerTable of `plan` measured on `device` (times in s, activations in bytes).
+
+    With `stage_calls`, also the pipeline runtime's overhead per forward and per backward call of a
+    stage (`gpuplan.profiling.stage_calls`, at the smallest micro-batch and sequence, where the
+    difference of two timings is least blurred by the compute's own noise), in seconds.
+    """
     import torch
 
     tdtype = getattr(torch, TORCH_DTYPES[plan.dtype])
@@ -225,9 +230,18 @@ def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int 
                                        forward_s=fwd.median_s, backward_s=bwd.median_s, activation_bytes=act,
                                        forward_spread=fwd.rel_spread, backward_spread=bwd.rel_spread,
                                        peak_bytes=peak))
+    calls = {}
+    if stage_calls:
+        from gpuplan.profiling.stage_calls import stage_call_overhead
+
+        if progress is not None:
+            progress("layers: pipeline runtime overhead per stage call")
+        over = stage_call_overhead(plan.config, min(plan.micro_batches), min(plan.seq_lens), device, tdtype,
+                                   clock=clock_for(device))
+        calls = {"stage_call_forward_s": over.forward_s, "stage_call_backward_s": over.backward_s}
     return LayerTable(model=plan.config.name, config=plan.config.model_dump(mode="json"),
                       scaled_from=plan.scaled_from, scaling_note=plan.note, dtype=plan.dtype, costs=costs,
-                      clock=clock_for(device))
+                      clock=clock_for(device), **calls)
 
 
 def predicted_stack_s(table: LayerTable, layers: int, micro_batch: int, seq_len: int) -> float:
