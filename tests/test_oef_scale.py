@@ -174,3 +174,28 @@ def test_rounds_for_ten_thousand_jobs_are_fast() -> None:
     assert time.perf_counter() - started < 20          # about 3 s on a shared 2-core machine
     used = [sum(len(ids) for _, _, ids in rnd) for rnd in rounds]
     assert max(used) <= a.capacity.sum()
+
+
+def test_grouped_restriction_is_envy_free_and_below_the_optimum() -> None:
+    from gpuplan.solvers.oef_groups import group_jobs, grouped_ef_lp
+
+    problem = api.load_problem(distinct_doc(np.random.default_rng(8), 120, 4))
+    a = arrays(problem)
+    E = equal_share(a)
+    ref = utilities(a, E)
+    rho = a.weight / a.gpus
+    labels = group_jobs(a.V, a.usable, rho, 12)
+    assert 12 <= labels.max() + 1 <= 120
+    X, stats = grouped_ef_lp(a.V, a.usable, a.gpus, a.capacity, rho, ref, labels)
+    assert X is not None and stats["groups"] == labels.max() + 1
+    assert envy_pairs(a, X)[0] == 0
+    assert (utilities(a, X) >= ref * (1 - 1e-7) - 1e-9).all()
+    assert ((a.gpus[:, None] * X).sum(axis=0) <= a.capacity * (1 + 1e-9)).all()
+    best = solve_ef_lp(a.V, a.usable, a.gpus, a.capacity, rho, ref, E)
+    assert efficiency(a, E) - 1e-6 <= efficiency(a, X) <= best.upper_bound * (1 + 1e-9)
+    stopped = solve_ef_lp(a.V, a.usable, a.gpus, a.capacity, rho, ref, E, max_rounds=1, groups=12,
+                          time_limit_s=600)
+    assert stopped.status is Status.TIME_LIMIT
+    assert stopped.stats["plan_from"] in ("grouped restriction", "mix with the equal split")
+    assert envy_pairs(a, np.clip(stopped.Y, 0, None))[0] == 0
+    assert efficiency(a, stopped.Y) >= efficiency(a, X) - 1e-6

@@ -81,7 +81,7 @@ def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
 
 def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None,
                   time_limit_s: float | None = None, method: str = "cuts", fallback: np.ndarray | None = None,
-                  tie_break: str = "solver") -> tuple[np.ndarray, Status, dict[str, Any]]:
+                  tie_break: str = "solver", groups: int = 0) -> tuple[np.ndarray, Status, dict[str, Any]]:
     """Return the class rows (time fractions, classes x types) of an LP policy, its status, stats.
 
     fairness: 'ef' (max efficiency s.t. SI and EF), 'si' (s.t. SI), 'none' (max efficiency),
@@ -101,7 +101,8 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
                          value=tie_break, expected="solver | efficiency")
     k, m = c.V.shape
     if fairness in ("ef", "si") and method == "cuts" and si_ref is not None:
-        return ef_cutting_planes(c, si_ref, time_limit_s, fallback=fallback, envy=fairness == "ef")
+        return ef_cutting_planes(c, si_ref, time_limit_s, fallback=fallback, envy=fairness == "ef",
+                                 groups=groups)
     import cvxpy as cp
 
     M = _matrices(c)
@@ -145,19 +146,20 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
 
 
 def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None = None,
-                      fallback: np.ndarray | None = None, envy: bool = True
+                      fallback: np.ndarray | None = None, envy: bool = True, groups: int = 0
                       ) -> tuple[np.ndarray, Status, dict[str, Any]]:
     """Return (class rows, status, stats) of max efficiency s.t. SI (and EF when `envy`).
 
     Row generation with an exact separation oracle over all class pairs (see solvers/oef_ef.py):
     the result is the full LP's optimum. `fallback` (class rows of an envy-free, SI allocation,
     e.g. the equal split) is what a time limit mixes the last relaxed optimum with; then the status
-    is TIME_LIMIT and stats carry the certified gap and a `message`.
+    is TIME_LIMIT and stats carry the certified gap and a `message`. groups > 0: with a time limit,
+    also try the EF LP restricted to that many groups of similar jobs (solvers/oef_groups.py).
     """
     from gpuplan.solvers.oef_ef import solve_ef_lp
 
     res = solve_ef_lp(c.V, c.usable, c.count * c.gpus, c.capacity, c.weight / c.gpus, si_ref, fallback,
-                      envy=envy, time_limit_s=time_limit_s)
+                      envy=envy, time_limit_s=time_limit_s, groups=groups)
     stats = dict(res.stats)
     if res.message:
         stats["message"] = res.message
@@ -275,20 +277,21 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
 def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
     def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
               progress: Callable[[float | None, str], None], method: str = "cuts", tie_break: str = "solver",
-              **_: Any) -> OefPlan:
+              groups: int = 0, **_: Any) -> OefPlan:
         a = arrays(problem)
         c = classes(a)
         progress(0.1, f"{policy}: {len(a.names)} jobs in {len(c.count)} classes")
         E = equal_share(a)[c.first]
         ref = (c.V * E).sum(axis=1)
         Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=time_limit_s,
-                                         method=method, fallback=E, tie_break=tie_break)
+                                         method=method, fallback=E, tie_break=tie_break, groups=int(groups))
         message = str(stats.pop("message", ""))
         return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,
                      stats=stats, progress=progress, message=message)
 
     solve.__doc__ = (f"Return the {policy} plan (LP, HiGHS; option method=cvxpy|cuts for the EF LP, "
-                     "tie_break=solver|efficiency for the max-min LPs).")
+                     "tie_break=solver|efficiency for the max-min LPs, groups=N: with a time limit, also try "
+                     "one bundle per group of similar jobs for the EF LP).")
     return solve
 
 
