@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 import sys
 from contextlib import contextmanager
@@ -13,8 +14,9 @@ import click
 
 from gpuplan import api, registry
 from gpuplan.commands import ProblemInputs, default_inputs
-from gpuplan.errors import GpuplanError
+from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.base import Table
+from gpuplan.cliout import STDOUT, emit_json, json_option, say, setup_logging, table_doc
 from gpuplan.render import plan_header, print_tables
 
 EXIT_VIOLATIONS = 1
@@ -58,6 +60,52 @@ def _progress(enabled: bool) -> Iterator[registry.Progress]:
                        description=message or "solving")
 
         yield update
+
+
+_LOG = logging.getLogger("gpuplan.cli")
+
+# The shipped example each kind's --help shows (solve, compare).
+_EXAMPLES = {
+    "oef": "examples/oef/four-tenants.yaml",
+    "poseidon": "examples/poseidon/h100-a100-small.yaml",
+    "tessel": "examples/tessel/1f1b-4.yaml",
+    "lagom": "examples/lagom/small.yaml",
+    "aurora": "examples/aurora/small-2regions.yaml",
+}
+
+
+def _article(word: str) -> str:
+    """Return 'an' before a vowel sound, else 'a' (\"an aurora problem\", \"a tessel problem\")."""
+    return "an" if word[:1].lower() in "aeio" else "a"
+
+
+def _example(kind: str, verb: str) -> str:
+    """Return the epilog of `gpuplan solve|compare KIND --help`: a worked example and the exit codes."""
+    example = _EXAMPLES.get(kind, f"examples/{kind}/INPUT.yaml")
+    if verb == "solve":
+        lines = [f"  gpuplan solve {kind} {example} -o {kind}-plan.json",
+                 f"  gpuplan solve {kind} {example} --json | jq .objective"]
+    else:
+        lines = [f"  gpuplan compare {kind} {example} --png compare.png",
+                 f"  gpuplan compare {kind} {example} --json > table.json"]
+    return "\b\nExamples:\n" + "\n".join(lines) + "\n\n" + EXIT_CODES_HELP
+
+
+def _show_progress(quiet: bool, json_out: str | None) -> bool:
+    """Return whether to draw a progress bar: on a terminal (stderr), unless -q or the global -q."""
+    ctx = click.get_current_context(silent=True)
+    root_quiet = bool(ctx and ctx.find_root().params.get("quiet"))
+    return not quiet and not root_quiet and sys.stderr.isatty()
+
+
+def _plan_doc(plan: Any, plan_file: str, tables: list[Table]) -> dict[str, Any]:
+    """Return the JSON document of a plan for solve/show: plan_file, kind, status, objective_name,
+    objective, predicted, solver, seed, solve_time_s, message, input_digest, tables."""
+    return {"plan_file": plan_file, "kind": plan.kind, "status": plan.status.value,
+            "objective_name": plan.objective_name, "objective": plan.objective, "predicted": plan.predicted,
+            "solver": plan.solver.name if plan.solver else None, "seed": plan.solver.seed if plan.solver else None,
+            "solve_time_s": plan.solver.wall_time_s if plan.solver else None, "message": plan.message,
+            "input_digest": plan.input_digest, "tables": [table_doc(t) for t in tables]}
 
 
 def _fail(exc: Exception, code: int = EXIT_INPUT) -> None:
@@ -128,10 +176,11 @@ def _common_solve(kind: str) -> list[click.Parameter]:
 def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
     def callback(solver: str | None, output: str, time_limit: float | None, seed: int,
                  profile: str | None = None, quiet: bool = False, option: tuple[str, ...] = (),
-                 **values: Any) -> None:
+                 json_out: str | None = None, **values: Any) -> None:
         try:
             problem = _build_problem(spec, values, profile)
-            with _progress(not quiet) as progress:
+            _LOG.info("solving %s with %s", kind, solver or "the default solver")
+            with _progress(_show_progress(quiet, json_out)) as progress:
                 plan = api.solve(problem, solver=solver, time_limit_s=time_limit, seed=seed,
                                  progress=progress, **_parse_options(option))
             plan.save(output)
@@ -141,8 +190,10 @@ def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
         tables = [plan_header(plan)]
         if plan.ok and model.describe is not None:
             tables += model.describe(problem, plan)[:1]
-        print_tables(tables)
-        click.echo(f"plan written to {output}")
+        if json_out != STDOUT:
+            print_tables(tables)
+        emit_json("solve", _plan_doc(plan, output, tables), json_out)
+        say(f"plan written to {output}", json_out)
         if not plan.ok:
             sys.exit(EXIT_INFEASIBLE)
 
@@ -151,18 +202,22 @@ def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
                      help=f"One of: {', '.join(s.name for s in registry.solvers(kind))}."),
         click.Option(["-o", "--output"], default=f"{kind}-plan.json", show_default=True,
                      type=click.Path(dir_okay=False), help="Where to write the plan (JSON)."),
-        click.Option(["--option"], multiple=True, help="Solver option KEY=VALUE (repeatable)."),
+        click.Option(["--option"], multiple=True,
+                     help=f"Solver option KEY=VALUE (repeatable; `gpuplan list --options {kind}` lists "
+                          "each solver's options with types and defaults)."),
+        json_option(),
     ] + _common_solve(kind)
-    return click.Command(kind, params=params, callback=callback,
-                         help=f"Solve a {kind} problem. {spec.help}")
+    return click.Command(kind, params=params, callback=callback, epilog=_example(kind, "solve"),
+                         help=f"Solve {_article(kind)} {kind} problem. {spec.help}")
 
 
 def _compare_command(kind: str, spec: ProblemInputs) -> click.Command:
     def callback(solvers: str | None, json_out: str | None, time_limit: float | None, seed: int,
-                 profile: str | None = None, quiet: bool = False, **values: Any) -> None:
+                 profile: str | None = None, quiet: bool = False, png: str | None = None,
+                 **values: Any) -> None:
         try:
             problem = _build_problem(spec, values, profile)
-            with _progress(not quiet) as progress:
+            with _progress(_show_progress(quiet, json_out)) as progress:
                 rows = api.compare(problem, solvers=solvers.split(",") if solvers else None,
                                    time_limit_s=time_limit, seed=seed, progress=progress)
         except GpuplanError as exc:
@@ -173,21 +228,25 @@ def _compare_command(kind: str, spec: ProblemInputs) -> click.Command:
         columns = [c for c in columns if c != "solve_time_s"] + ["solve_time_s"]
         table = Table(f"{kind}: every solver on the same input", ["solver", "status"] + columns,
                       [[name, s.get("status")] + [s.get(c) for c in columns] for name, _, s in rows])
-        print_tables([table])
-        if json_out:
-            import json
+        if json_out != STDOUT:
+            print_tables([table])
+        emit_json("compare", [{"solver": n, **s} for n, _, s in rows], json_out)
+        if png:
+            from gpuplan.viz import compare_figure
 
-            from gpuplan.io import atomic_write_text
-
-            atomic_write_text(json_out, json.dumps([{"solver": n, **s} for n, _, s in rows], indent=1,
-                                                   default=str))
+            try:
+                compare_figure(kind, rows, Path(png))
+            except GpuplanError as exc:
+                _fail(exc)
+            say(f"figure written to {png}", json_out)
 
     params = list(spec.params) + [
         click.Option(["--solvers"], default=None, help="Comma-separated subset of solvers (default: all)."),
-        click.Option(["--json", "json_out"], default=None, type=click.Path(dir_okay=False),
-                     help="Also write the table as JSON."),
+        json_option(),
+        click.Option(["--png"], type=click.Path(dir_okay=False), default=None,
+                     help="Also draw a bar chart of every solver's objective to a PNG file."),
     ] + _common_solve(kind)
-    return click.Command(kind, params=params, callback=callback,
+    return click.Command(kind, params=params, callback=callback, epilog=_example(kind, "compare"),
                          help=f"Solve one {kind} input with the paper's method and every baseline. {spec.help}")
 
 
@@ -219,10 +278,19 @@ class _Main(click.Group):
             _fail(err, EXIT_MISSING_EXTRA)
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="\b\nExamples:\n  gpuplan solve oef examples/oef/four-tenants.yaml -o plan.json\n"
+                    "  gpuplan check plan.json --json\n  gpuplan show plan.json --png plan.png\n"
+                    "  gpuplan list --options oef\n  gpuplan doctor\n\n" + EXIT_CODES_HELP)
 @click.version_option(package_name="gpuplan")
-def main() -> None:
-    """gpuplan: placement and scheduling plans for measured GPU clusters."""
+@click.option("-v", "--verbose", count=True, help="More log messages on stderr (-vv: debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr: no progress bars, no info.")
+def main(verbose: int, quiet: bool) -> None:
+    """gpuplan: placement and scheduling plans for measured GPU clusters.
+
+    Every verb prints tables on stdout (plain text when stdout is not a terminal); --json prints one
+    JSON document instead (keys documented in docs/index.md, Scripting)."""
+    setup_logging(-1 if quiet else verbose)
 
 
 @main.group()
@@ -239,18 +307,31 @@ def compare() -> None:
 @click.argument("plan_file", type=click.Path())
 @click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None,
               help="The problem file (default: the problem stored in the plan).")
-def check_cmd(plan_file: str, input_file: str | None) -> None:
+@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
+              help="Print {command, plan_file, kind, status, valid, violations} as JSON (or write it to FILE).")
+def check_cmd(plan_file: str, input_file: str | None, json_out: str | None = None) -> None:
     """Re-validate a plan with its model's own check, independently of the solver that made it.
-    PLAN_FILE may be a training bundle (directory from `gpuplan plan train`): each plan and their agreement."""
+    PLAN_FILE may be a training bundle (directory from `gpuplan plan train`): each plan and their agreement.
+
+    \b
+    Examples:
+      gpuplan check oef-plan.json
+      gpuplan check oef-plan.json --input examples/oef/four-tenants.yaml --json
+    Exit codes: 0 valid, 1 violations, 2 unreadable plan or input."""
     try:
         if Path(plan_file).is_dir():  # a training bundle (gpuplan.compose)
             from gpuplan.commands.plan import check_bundle_cli
 
             return check_bundle_cli(plan_file)
+        _refuse_profile(plan_file)
         plan = api.load_plan(plan_file)
         violations = api.check(input_file, plan)
     except GpuplanError as exc:
         _fail(exc)
+    emit_json("check", {"plan_file": plan_file, "kind": plan.kind, "status": plan.status.value,
+                        "valid": not violations, "violations": [str(v) for v in violations]}, json_out)
+    if json_out == STDOUT:
+        sys.exit(EXIT_VIOLATIONS if violations else 0)
     if not violations:
         click.echo(f"{plan_file}: valid ({plan.kind}, {plan.status.value})")
         return
@@ -263,20 +344,35 @@ def check_cmd(plan_file: str, input_file: str | None) -> None:
 @main.command("show")
 @click.argument("plan_file", type=click.Path())
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="Also draw the plan to a PNG file.")
-def show_cmd(plan_file: str, png: str | None) -> None:
+@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
+              help="Print the plan's figures and tables as one JSON document (or write it to FILE): the keys "
+                   "of `solve --json` plus valid, violations and png.")
+def show_cmd(plan_file: str, png: str | None, json_out: str | None = None) -> None:
     """Print a plan as readable tables; --png draws it. A plan that fails check shows only its header
     and violations (exit code 1): its tables would describe figures that do not hold. PLAN_FILE may be
-    a training bundle (directory): --png draws its composed timeline."""
+    a training bundle (directory): --png draws its composed timeline.
+
+    \b
+    Examples:
+      gpuplan show oef-plan.json --png oef.png
+      gpuplan show oef-plan.json --json | jq '.tables[1].rows'
+    Exit codes: 0 shown, 1 the plan fails check, 2 unreadable plan."""
     try:
         if Path(plan_file).is_dir():  # a training bundle (gpuplan.compose)
             from gpuplan.commands.plan import show_bundle_cli
 
             return show_bundle_cli(plan_file, png)
+        _refuse_profile(plan_file)
         plan = api.load_plan(plan_file)
         problem = api.plan_problem(plan)
         model = registry.model(plan.kind)
         tables = [plan_header(plan)]
         violations = api.check(None, plan)
+        if violations and json_out:
+            emit_json("show", {**_plan_doc(plan, plan_file, tables), "valid": False,
+                               "violations": [str(v) for v in violations], "png": None}, json_out)
+            if json_out == STDOUT:
+                sys.exit(EXIT_VIOLATIONS)
         if violations:
             print_tables(tables)
             click.echo(f"{plan_file}: {len(violations)} violation(s); only the header is shown")
@@ -285,27 +381,59 @@ def show_cmd(plan_file: str, png: str | None) -> None:
             sys.exit(EXIT_VIOLATIONS)
         if plan.ok and model.describe is not None:
             tables += model.describe(problem, plan)
-        print_tables(tables)
+        if json_out != STDOUT:
+            print_tables(tables)
         if png:
             if model.draw is None:
                 raise GpuplanError(f"{plan.kind} plans have no drawing")
             if not plan.ok:
                 raise GpuplanError("an infeasible plan has nothing to draw")
             model.draw(problem, plan, Path(png))
-            click.echo(f"figure written to {png}")
+            say(f"figure written to {png}", json_out)
+        emit_json("show", {**_plan_doc(plan, plan_file, tables), "valid": True, "violations": [],
+                           "png": png}, json_out)
     except GpuplanError as exc:
         _fail(exc)
+
+
+def _refuse_profile(path: str) -> None:
+    """Raise InputError pointing to `gpuplan profile show` when `path` is a profile, not a plan; return None."""
+    from gpuplan.errors import InputError
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(200)
+    except OSError:
+        return  # load_plan reports the unreadable file
+    if b'"kind": "profile"' in head or b'"kind":"profile"' in head:
+        raise InputError(f"{path} is a profile (from `gpuplan profile`), not a plan; "
+                         f"print it with: gpuplan profile show {path}", file=path, field="kind", value="profile")
 
 
 @main.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run_cmd(args: tuple[str, ...]) -> None:
-    """Execute a plan with torch.distributed: gpuplan run [KIND] PLAN [-- COMMAND...].
+    """Execute a plan with torch.distributed: gpuplan run [KIND] PLAN [--option KEY=VALUE]... [--json[=FILE]]
+    [-- COMMAND...].
 
     The plan is checked first (as `gpuplan check PLAN` does); a plan with violations is refused with
-    exit code 1 before any process starts.
+    exit code 1 before any process starts. Needs the torch extra (pip install 'gpuplan[torch]').
+
+    --option KEY=VALUE (repeatable) sets a runner option, e.g. steps=5, warmup=1, threads=2,
+    calibrate=3, timeout_s=300, check_grads=true (tessel), return_grads=true (poseidon);
+    `gpuplan list --options KIND` lists every run option of KIND with its type and default, and an
+    unknown or mistyped one is refused. --json prints the measured figures as one JSON document
+    {command, plan_file, kind, result} (result: the runner's figures; its tables as title/columns/rows).
+
+    \b
+    Examples:
+      gpuplan run tessel-plan.json --option steps=5 --option threads=1
+      gpuplan run poseidon-plan.json --json > measured.json
+      gpuplan run lagom-plan.json -- torchrun --nproc-per-node 2 train.py
+    Exit codes: 0 ran, 1 the plan fails check, 2 bad input or option, 4 torch missing;
+    with -- COMMAND, COMMAND's own exit code.
     """
-    items = list(args)
+    items, json_out, option_pairs = _run_flags(list(args))
     kind = items.pop(0) if len(items) >= 2 and items[0] in registry.kinds() else None
     if not items:
         _fail(GpuplanError("usage: gpuplan run [KIND] PLAN [-- COMMAND...]"))
@@ -318,17 +446,41 @@ def run_cmd(args: tuple[str, ...]) -> None:
                 raise GpuplanError("a training bundle runs its own model; `gpuplan run BUNDLE` takes no command")
             from gpuplan.runtime.bundle import run_bundle
 
-            result = run_bundle(plan_file)
+            bundle_options = _parse_options(option_pairs)
+            import inspect
+
+            known = [n for n in inspect.signature(run_bundle).parameters if n != "directory"]
+            for name in bundle_options:
+                if name not in known:
+                    raise InputError(f"run option {name!r}: a training bundle's run has no such option; "
+                                     f"expected one of: {', '.join(known)}", field=f"option.{name}")
+            result = run_bundle(plan_file, **bundle_options)
         else:
             plan = api.load_plan(plan_file)
             if kind and plan.kind != kind:
                 raise GpuplanError(f"{plan_file} is a {plan.kind} plan, not {kind}")
-            result = api.run(plan, command=rest) if rest else api.run(plan)
+            run_options = _parse_options(option_pairs)
+            if run_options:
+                from gpuplan.run_options import check_run_options
+
+                check_run_options(plan.kind, run_options)
+            _LOG.info("running %s with options %s", plan_file, run_options)
+            result = (api.run(plan, command=rest, **run_options) if rest else api.run(plan, **run_options))
     except api.PlanRejected as exc:  # the plan fails check: exit as check does, nothing was started
         _fail(exc, EXIT_VIOLATIONS)
     except GpuplanError as exc:
         _fail(exc)
+    if json_out is not None:
+        emit_json("run", {"plan_file": plan_file, "kind": kind or _plan_kind(plan_file),
+                          "result": {k: ([table_doc(t) if isinstance(t, Table) else t for t in v]
+                                         if k == "report" and isinstance(v, list) else v)
+                                     for k, v in result.items()}}, json_out)
     report = [t for t in result.get("report", []) if isinstance(t, Table)]
+    if json_out == STDOUT:
+        code = result.get("returncode") if rest else None
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            sys.exit(code if code > 0 else 128 - code)
+        return
     if report:  # the runner's own tables: predicted next to measured, and the machine
         print_tables(report)
         if result.get("verdict"):
@@ -344,14 +496,103 @@ def run_cmd(args: tuple[str, ...]) -> None:
         sys.exit(code if code > 0 else 128 - code)  # killed by signal N: 128 + N, as shells report it
 
 
+def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]]:
+    """Split `gpuplan run`'s raw arguments before `--` into (the rest, --json destination or None,
+    the --option KEY=VALUE pairs); raise BadParameter when --option has no value."""
+    out: list[str] = []
+    json_out: str | None = None
+    pairs: list[str] = []
+    i = 0
+    while i < len(items):
+        a = items[i]
+        if a == "--":
+            out += items[i:]
+            break
+        if a == "--json":
+            json_out = STDOUT
+        elif a.startswith("--json="):
+            json_out = a.split("=", 1)[1] or STDOUT
+        elif a in ("--option", "-O"):
+            if i + 1 >= len(items):
+                raise click.BadParameter("expected KEY=VALUE after --option", param_hint="--option")
+            pairs.append(items[i + 1])
+            i += 1
+        elif a.startswith("--option="):
+            pairs.append(a.split("=", 1)[1])
+        else:
+            out.append(a)
+        i += 1
+    return out, json_out, tuple(pairs)
+
+
+def _plan_kind(plan_file: str) -> str | None:
+    """Return the kind a plan file states (None for a bundle or an unreadable file)."""
+    try:
+        return str(api.load_plan(plan_file).kind)
+    except (GpuplanError, OSError):
+        return None
+
+
 @main.command("list")
-def list_cmd() -> None:
-    """List the models and their solvers."""
+@click.option("--options", "options_kind", default=None, metavar="KIND",
+              help="List each solver's options of KIND (and its run options) with types and defaults.")
+@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
+              help="Print {command, solvers: [{kind, solver, role, default, description}]} as JSON; with "
+                   "--options: {command, kind, options: [{scope, name, type, default}]}.")
+def list_cmd(options_kind: str | None = None, json_out: str | None = None) -> None:
+    """List the models and their solvers; --options KIND lists the options of KIND's solvers
+    (`solve KIND --option KEY=VALUE`) and of its runner (`run PLAN --option KEY=VALUE`).
+
+    \b
+    Examples:
+      gpuplan list
+      gpuplan list --options poseidon
+      gpuplan list --json | jq -r '.solvers[].solver'
+    Exit codes: 0 listed, 2 unknown KIND."""
+    if options_kind is not None:
+        return _list_options(options_kind, json_out)
     rows = []
     for kind in registry.kinds():
         for s in registry.solvers(kind):
             rows.append([kind, s.name, s.role, "yes" if s.default else "", s.description])
-    print_tables([Table("models and solvers", ["kind", "solver", "role", "default", "what"], rows)])
+    emit_json("list", {"solvers": [dict(zip(("kind", "solver", "role", "default", "description"),
+                                            [r[0], r[1], r[2], r[3] == "yes", r[4]])) for r in rows]}, json_out)
+    if json_out != STDOUT:
+        print_tables([Table("models and solvers", ["kind", "solver", "role", "default", "what"], rows)])
+
+
+def _list_options(kind: str, json_out: str | None) -> None:
+    """Print (or emit as JSON) every option of `kind`'s solvers and runner with its type and default."""
+    from gpuplan.run_options import annotations_of, describe_default, runner_function, runner_options
+
+    try:
+        specs = registry.solvers(kind)
+    except GpuplanError as exc:
+        _fail(exc)
+    rows: list[list[Any]] = []
+    for s in specs:
+        types = annotations_of(s.fn)
+        for name, default in sorted(registry.solver_options(s).items()):
+            rows.append([f"solve --solver {s.name}", name, *describe_default(default, types.get(name, ""))])
+    notes: list[str] = []
+    if registry.model(kind).runner is not None:
+        try:
+            types = annotations_of(runner_function(kind))
+            for name, default in sorted(runner_options(kind).items()):
+                rows.append(["run", name, *describe_default(default, types.get(name, ""))])
+        except ModuleNotFoundError as exc:  # the runner needs torch
+            from gpuplan.extras import missing_extra
+
+            err = missing_extra(exc)
+            if err is None:
+                raise
+            notes.append(f"run options not listed: {err}")
+    emit_json("list", {"kind": kind, "options": [dict(zip(("scope", "name", "type", "default"), r))
+                                                 for r in rows], "notes": notes}, json_out)
+    if json_out != STDOUT:
+        print_tables([Table(f"{kind}: options (--option KEY=VALUE)", ["for", "option", "type", "default"], rows)])
+        for n in notes:
+            click.echo(f"note: {n}")
 
 
 def _attach() -> None:

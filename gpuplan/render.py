@@ -43,15 +43,21 @@ def plan_header(plan: Plan) -> Table:
 
 
 def print_tables(tables: list[Table], console: Any = None) -> None:
-    """Print tables with rich (plain text when the output is not a terminal)."""
+    """Print tables: box-drawn with rich on a terminal, aligned plain text (no box drawing, whole
+    cells) when stdout is piped or captured; return None."""
     from rich.console import Console
     from rich.table import Table as RichTable
 
     if console is None:
         import sys
 
-        # Piped or captured output keeps whole cells instead of rich's 80-column guess.
-        console = Console() if sys.stdout.isatty() else Console(width=200)
+        if not sys.stdout.isatty():
+            import click
+
+            for t in tables:
+                click.echo(table_text(t) + "\n")
+            return
+        console = Console()
     for t in tables:
         rt = RichTable(title=t.title, title_justify="left")
         for c in t.columns:
@@ -65,9 +71,12 @@ def table_text(table: Table) -> str:
     """Return a table as aligned plain text (for benchmarks and docs)."""
     cells = [table.columns] + [[fmt(v) for v in r] for r in table.rows]
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(table.columns))]
+    # numbers right-aligned, text (and the header) left-aligned
+    numeric = [[isinstance(v, (int, float)) and not isinstance(v, bool) for v in r] for r in table.rows]
     lines = [table.title] if table.title else []
     for j, row in enumerate(cells):
-        lines.append("  ".join(str(c).rjust(w) if j else str(c).ljust(w) for c, w in zip(row, widths)))
+        lines.append("  ".join(str(c).rjust(w) if j and i < len(numeric[j - 1]) and numeric[j - 1][i]
+                               else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -46,14 +46,23 @@ def parse_gavel_cluster(spec: str) -> dict[str, int]:
 @click.option("--space-sharing", is_flag=True,
               help="With --mechanism gavel: pack waiting jobs onto running jobs' GPUs by measured co-location "
                    "throughputs (a Gavel throughput file's pairs, or the trace's `colocated`).")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), default=None,
-              help="Also write the figures (and each job's JCT) as JSON.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Print the figures as one JSON document on stdout (or write it to FILE): a list with one "
+                   "row per policy: policy, avg_jct_h, p95_jct_h, makespan_h, utilisation, ..., jct_s (per job).")
+@click.option("--png", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the CDF of job completion times per policy to a PNG file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace: str | None,
                  gavel_throughputs: str | None, gavel_cluster: str, mechanism: str | None, resolve_every_s: float,
                  normalisation: str | None, reference_type: str | None, space_sharing: bool, json_out: str | None,
-                 quiet: bool) -> None:
-    """Simulate a job trace round by round under each policy; print JCT, makespan, utilisation, fairness."""
+                 quiet: bool, png: str | None = None) -> None:
+    """Simulate a job trace round by round under each policy; print JCT, makespan, utilisation, fairness.
+
+    \b
+    Examples:
+      gpuplan simulate oef examples/oef/trace-100.yaml --policy oef --policy gavel-maxmin --png jct.png
+      gpuplan simulate oef examples/oef/trace-100.yaml --json > figures.json
+    Exit codes: 0 simulated, 2 bad trace or option."""
     from gpuplan.io import atomic_write_text
     from gpuplan.models.base import validate
     from gpuplan.models.oef_trace import Trace, load_trace
@@ -89,7 +98,7 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
             registry.solver("oef", name)
         rows, out = [], []
         for name in names:
-            if not quiet:
+            if not quiet and json_out != "-":
                 click.echo(f"simulating {name} ...", err=True)
             res = simulate(trace, name, mechanism=mechanism, resolve_every_s=resolve_every_s,
                            space_sharing=space_sharing)
@@ -102,12 +111,22 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
         from gpuplan.cli import _fail
 
         _fail(exc)
-    print_tables([Table(f"oef: simulated {len(trace.jobs)} jobs of {source} ({mechanism} rounds)",
-                        ["policy", "avg JCT (h)", "p95 JCT (h)", "makespan (h)", "utilisation", "useful GPUs",
-                         "FTF mean", "FTF max", "worst SI ratio", "allocations with envy", "re-allocations"],
-                        rows)])
-    if json_out:
-        atomic_write_text(json_out, json.dumps(out, indent=1))
+    from gpuplan.cliout import emit_json, say
+
+    if json_out != "-":
+        print_tables([Table(f"oef: simulated {len(trace.jobs)} jobs of {source} ({mechanism} rounds)",
+                            ["policy", "avg JCT (h)", "p95 JCT (h)", "makespan (h)", "utilisation", "useful GPUs",
+                             "FTF mean", "FTF max", "worst SI ratio", "allocations with envy", "re-allocations"],
+                            rows)])
+    emit_json("simulate", out, json_out)
+    if png:
+        from pathlib import Path
+
+        from gpuplan.viz import jct_cdf_figure
+
+        jct_cdf_figure(f"oef: JCT of {len(trace.jobs)} jobs ({mechanism} rounds)",
+                       {o["policy"]: list(o["jct_s"].values()) for o in out}, Path(png))
+        say(f"figure written to {png}", json_out)
 
 
 def register(main: click.Group) -> None:

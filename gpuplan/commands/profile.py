@@ -177,13 +177,36 @@ def merge_cmd(profiles: tuple[str, ...], links: tuple[str, ...], output: str) ->
 
 @profile.command("show")
 @click.argument("profile_file", type=click.Path(dir_okay=False))
-def show_cmd(profile_file: str) -> None:
-    """Print a profile as tables."""
+@click.option("--png", type=click.Path(dir_okay=False), default=None,
+              help="Also draw the matmul throughput and collective time curves (with their fits) to a PNG file.")
+@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Print {command, profile_file, tables: [{title, columns, rows}]} as JSON (or write it to FILE).")
+def show_cmd(profile_file: str, png: str | None = None, json_out: str | None = None) -> None:
+    """Print a profile as tables; --png draws its curves.
+
+    \b
+    Examples:
+      gpuplan profile show examples/profile/cpu-2core-quick.json --png profile.png
+      gpuplan profile show profile.json --json
+    Exit codes: 0 shown, 2 unreadable profile."""
+    from pathlib import Path
+
+    from gpuplan.cliout import emit_json, say, table_doc
     from gpuplan.models.profile import load_profile, summary_tables
     from gpuplan.render import print_tables
 
     try:
-        print_tables(summary_tables(load_profile(profile_file)))
+        loaded = load_profile(profile_file)
+        tables = summary_tables(loaded)
+        if json_out != "-":
+            print_tables(tables)
+        emit_json("profile show", {"profile_file": profile_file, "tables": [table_doc(t) for t in tables]},
+                  json_out)
+        if png:
+            from gpuplan.viz import profile_figure
+
+            profile_figure(loaded, Path(png))
+            say(f"figure written to {png}", json_out)
     except GpuplanError as exc:
         _fail(str(exc))
 

@@ -1,0 +1,87 @@
+"""Output conventions shared by every `gpuplan` verb: `--json [FILE]`, logging for -v/-q.
+
+`--json` alone (or `--json -`) prints one JSON document on stdout and nothing else there (messages go
+to stderr); `--json FILE` writes the document to FILE and keeps the tables on stdout. A document is a mapping
+whose first key is `command` (the verb, e.g. "solve"), or for compare and simulate a list of rows
+(one per solver or policy); the keys are listed in docs/index.md ("Scripting"); tables appear as
+{"title", "columns", "rows"} with raw numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from typing import Any
+
+import click
+
+from gpuplan.models.base import Table
+
+STDOUT = "-"
+LOG = logging.getLogger("gpuplan")
+
+
+def json_option() -> click.Option:
+    """Return the `--json [FILE]` option (value 'json_out': None, '-' for stdout, or a path)."""
+    return click.Option(["--json", "json_out"], is_flag=False, flag_value=STDOUT, default=None,
+                        metavar="[FILE]",
+                        help="Print one JSON document on stdout (nothing else goes there), or with FILE "
+                             "write it to FILE. Keys: see docs/index.md, Scripting.")
+
+
+def jsonable(value: Any) -> Any:
+    """Return `value` with every non-finite float as None and unknown objects as text (JSON-safe)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if hasattr(value, "model_dump"):
+        return jsonable(value.model_dump(mode="json"))
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):  # enums
+        return value.value
+    return str(value)
+
+
+def table_doc(table: Table) -> dict[str, Any]:
+    """Return a table as {"title", "columns", "rows"} with raw (unformatted) cell values."""
+    return {"title": table.title, "columns": list(table.columns), "rows": jsonable(table.rows)}
+
+
+def emit_json(command: str, doc: dict[str, Any] | list[Any], dest: str | None) -> None:
+    """Write the document as JSON to stdout (dest '-') or atomically to the file `dest`; a mapping gets
+    "command": command as its first key (compare and simulate write a list of rows, one per solver or
+    policy, as they always have); return None (does nothing when dest is None)."""
+    if dest is None:
+        return
+    body = {"command": command, **doc} if isinstance(doc, dict) else doc
+    text = json.dumps(jsonable(body), indent=1) + "\n"
+    if dest == STDOUT:
+        click.echo(text, nl=False)
+    else:
+        from gpuplan.io import atomic_write_text
+
+        atomic_write_text(dest, text)
+
+
+def say(message: str, json_out: str | None) -> None:
+    """Echo a human message: on stdout normally, on stderr when stdout carries the JSON document."""
+    click.echo(message, err=json_out == STDOUT)
+
+
+def setup_logging(verbosity: int) -> None:
+    """Configure the `gpuplan` logger on stderr: -1 (-q) warnings only, 0 warnings, 1 (-v) info,
+    2 (-vv) debug; return None."""
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    if verbosity < 0:
+        level = logging.ERROR
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    LOG.handlers[:] = [handler]
+    LOG.setLevel(level)
+    LOG.propagate = False

@@ -1,0 +1,172 @@
+"""Figures shared across kinds: one palette, one legend convention, every axis with its unit.
+
+Convention: the legend sits outside the axes on the right (never over data); titles say what is
+drawn and on which input; time axes are in seconds (or a stated multiple); the same thing has the
+same colour in every kind (PALETTE). Solver roles and policies get the colours of ROLE_COLOURS
+and SERIES in a fixed order. matplotlib is imported only when a figure is drawn (the `plot` extra).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpuplan.errors import InputError
+
+# One colour per meaning, for every kind's figures (colour-blind safe: Okabe-Ito).
+PALETTE: dict[str, str] = {
+    "forward": "#0072B2",      # blue
+    "backward": "#E69F00",     # orange (backward input gradient, or whole backward)
+    "weight": "#009E73",       # green (weight gradient / split backward W)
+    "comm": "#CC79A7",         # purple-pink: collectives and transfers
+    "exposed": "#D55E00",      # vermilion: communication not hidden behind compute
+    "idle": "#BBBBBB",         # grey
+    "repetend": "#F0E442",     # yellow band
+    "measured": "#000000",     # black: measured points
+    "predicted": "#56B4E9",    # sky blue: model predictions
+}
+
+# Series (policies, solvers, dtypes) in a fixed order.
+SERIES: tuple[str, ...] = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#D55E00", "#56B4E9", "#F0E442",
+                           "#000000", "#999999")
+
+ROLE_COLOURS: dict[str, str] = {"paper": "#0072B2", "variant": "#56B4E9", "exact": "#009E73",
+                                "baseline": "#999999"}
+
+
+def series_colour(i: int) -> str:
+    """Return the i-th series colour (cycles)."""
+    return SERIES[i % len(SERIES)]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def legend_outside(ax: Any, **kwargs: Any) -> None:
+    """Place the legend of `ax` outside the axes on the right, so it never hides data; return None."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, **kwargs)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    from gpuplan.io import atomic_write_figure
+
+    fig.tight_layout()
+    return atomic_write_figure(fig, path)
+
+
+def compare_figure(kind: str, rows: Sequence[tuple[str, Any, dict[str, Any]]], path: Path) -> Path:
+    """Draw a bar chart of every solver's objective (rows as returned by gpuplan.compare: (solver,
+    plan, summary)) to `path`; solvers without a solution get an empty slot labelled with their status.
+    Return the path. The axis is labelled with the plan's objective name (its unit included)."""
+    from gpuplan import registry
+
+    roles = {s.name: s.role for s in registry.solvers(kind)}
+    names, values, colours, notes = [], [], [], []
+    objective_name = ""
+    for name, plan, summary in rows:
+        value = getattr(plan, "objective", None) if plan is not None else None
+        objective_name = objective_name or (getattr(plan, "objective_name", "") if plan is not None else "")
+        ok = plan is not None and getattr(plan, "ok", False) and value is not None and math.isfinite(value)
+        names.append(name)
+        values.append(float(value) if ok else 0.0)
+        colours.append(ROLE_COLOURS.get(roles.get(name, "baseline"), "#999999"))
+        notes.append("" if ok else str(summary.get("status", "no plan")))
+    if not names:
+        raise InputError("compare --png: no solver ran, nothing to draw", field="--solvers")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(names) + 2), 4.2))
+    bars = ax.bar(range(len(names)), values, color=colours, edgecolor="black", linewidth=0.4)
+    for i, (b, note) in enumerate(zip(bars, notes)):
+        text = note if note else f"{values[i]:.4g}"
+        ax.annotate(text[:28], (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+                    fontsize=7, rotation=90 if note else 0, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    import textwrap
+
+    ax.set_ylabel("\n".join(textwrap.wrap(objective_name or "objective", 34)), fontsize=9)
+    ax.set_title(f"{kind}: every solver's objective on the same input")
+    from matplotlib.patches import Patch
+
+    used = [r for r in ROLE_COLOURS if r in {roles.get(n, "baseline") for n in names}]
+    ax.legend(handles=[Patch(color=ROLE_COLOURS[r], label=r) for r in used], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, title="solver role")
+    ax.margins(y=0.15)
+    return _save(fig, path)
+
+
+def jct_cdf_figure(title: str, jct_by_policy: dict[str, Sequence[float]], path: Path) -> Path:
+    """Draw the empirical CDF of job completion times (hours) per policy to `path`; return the path."""
+    if not jct_by_policy or not any(len(v) for v in jct_by_policy.values()):
+        raise InputError("simulate --png: no job finished, nothing to draw", field="--png")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, (policy, values) in enumerate(jct_by_policy.items()):
+        hours = sorted(v / 3600.0 for v in values)
+        if not hours:
+            continue
+        fractions = [(k + 1) / len(hours) for k in range(len(hours))]
+        ax.step(hours, fractions, where="post", color=series_colour(i), label=policy, linewidth=1.4)
+    ax.set_xlabel("job completion time (h)")
+    ax.set_ylabel("fraction of jobs finished (CDF)")
+    ax.set_ylim(0, 1.02)
+    if max(max(v) for v in jct_by_policy.values() if len(v)) / max(min(min(v) for v in jct_by_policy.values()
+                                                                         if len(v)), 1e-9) > 100:
+        ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    legend_outside(ax, title="policy")
+    return _save(fig, path)
+
+
+def profile_figure(profile: Any, path: Path) -> Path:
+    """Draw a profile: matmul throughput (TFLOP/s) against matrix size per device type and dtype, and
+    each collective's measured time (s) against message size (bytes) with its alpha-beta fit. Return
+    the path."""
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.4))
+    i = 0
+    for dt in profile.device_types:
+        by_dtype: dict[str, list[Any]] = {}
+        for point in dt.matmul:
+            by_dtype.setdefault(point.dtype, []).append(point)
+        for dtype, points in by_dtype.items():
+            points.sort(key=lambda p: p.n)
+            ax1.plot([p.n for p in points], [p.tflops for p in points], marker="o", color=series_colour(i),
+                     label=f"{dt.name} {dtype}")
+            i += 1
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("square matmul size n (n x n x n)")
+    ax1.set_ylabel("measured throughput (TFLOP/s)")
+    ax1.set_ylim(bottom=0)
+    ax1.set_title("matmul: measured throughput")
+    ax1.grid(alpha=0.3)
+    if i:
+        legend_outside(ax1)
+    for j, c in enumerate(profile.collectives):
+        colour = series_colour(j)
+        sizes = [p.size_bytes for p in c.points]
+        label = f"{c.op} {c.backend} x{c.group_size} ({c.scope.replace('_', '-')})"
+        ax2.plot(sizes, [p.timing.median_s for p in c.points], "o", color=colour, markersize=4,
+                 label=f"{label}: measured (median)")
+        if c.fit is not None and sizes:
+            lo, hi = min(sizes), max(sizes)
+            xs = [lo * (hi / lo) ** (k / 40) for k in range(41)] if hi > lo else [lo]
+            ax2.plot(xs, [c.fit.time_s(x) for x in xs], "-", color=colour, linewidth=1,
+                     label=f"fit: {c.fit.alpha_s * 1e6:.3g} us + size / {c.fit.bandwidth_GBps:.3g} GB/s")
+    ax2.set_xscale("log", base=2)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("message size (bytes)")
+    ax2.set_ylabel("time (s)")
+    ax2.set_title("collectives: measured time and alpha-beta fit")
+    ax2.grid(alpha=0.3)
+    if profile.collectives:
+        legend_outside(ax2)
+    fig.suptitle(f"profile of {profile.host} (torch {profile.torch_version})", fontsize=10)
+    return _save(fig, path)

@@ -1,0 +1,161 @@
+"""Scripting and figures: --json documents hold their documented keys, piped output has no box
+drawing, solver and run options are listed with types and defaults, run options are validated,
+every --png writes a PNG, --help shows a worked example and the exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpuplan.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+OEF = str(ROOT / "examples/oef/four-tenants.yaml")
+LAGOM = str(ROOT / "examples/lagom/small.yaml")
+PROFILE = str(ROOT / "examples/profile/cpu-2core-quick.json")
+BOX = set("│┃─━┏┓┗┛┌┐└┘├┤┬┴┼╭╮╯╰═║")
+
+PLAN_KEYS = {"command", "plan_file", "kind", "status", "objective_name", "objective", "predicted", "solver",
+             "seed", "solve_time_s", "message", "input_digest", "tables"}
+
+
+def invoke(*args: object) -> tuple[int, str]:
+    """Run `gpuplan ARGS` (stdout not a terminal); return the exit code and stdout."""
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    return r.exit_code, r.stdout
+
+
+def _png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:4] == b"\x89PNG" and len(data) > 5000
+
+
+@pytest.fixture(scope="module")
+def oef_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    plan = tmp_path_factory.mktemp("plans") / "oef.json"
+    code, out = invoke("solve", "oef", OEF, "-o", plan, "-q")
+    assert code == 0, out
+    return plan
+
+
+def test_solve_json_is_one_document_with_documented_keys(tmp_path: Path) -> None:
+    plan = tmp_path / "p.json"
+    code, out = invoke("solve", "oef", OEF, "-o", plan, "--json")
+    assert code == 0
+    doc = json.loads(out)  # the whole of stdout is one document
+    assert PLAN_KEYS <= set(doc) and doc["command"] == "solve" and doc["status"] == "optimal"
+    assert doc["objective"] == pytest.approx(json.loads(plan.read_text())["objective"])
+    assert all({"title", "columns", "rows"} <= set(t) for t in doc["tables"])
+
+
+def test_check_show_list_json(oef_plan: Path, tmp_path: Path) -> None:
+    code, out = invoke("check", oef_plan, "--json")
+    assert code == 0
+    assert json.loads(out) == {"command": "check", "plan_file": str(oef_plan), "kind": "oef",
+                               "status": "optimal", "valid": True, "violations": []}
+    png = tmp_path / "s.png"
+    code, out = invoke("show", oef_plan, "--json", "--png", png)
+    doc = json.loads(out)
+    assert code == 0 and PLAN_KEYS | {"valid", "violations", "png"} <= set(doc) and doc["png"] == str(png)
+    _png(png)
+    titles = [t["title"] for t in doc["tables"]]
+    assert "plan" in titles and len(titles) > 1
+    code, out = invoke("list", "--json")
+    rows = json.loads(out)["solvers"]
+    assert code == 0 and {"kind", "solver", "role", "default", "description"} <= set(rows[0])
+    assert {r["kind"] for r in rows} >= {"oef", "poseidon", "tessel", "lagom", "aurora"}
+
+
+def test_check_json_reports_violations_with_exit_1(oef_plan: Path, tmp_path: Path) -> None:
+    doc = json.loads(oef_plan.read_text())
+    doc["objective"] = doc["objective"] * 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    code, out = invoke("check", bad, "--json")
+    got = json.loads(out)
+    assert code == 1 and got["valid"] is False and got["violations"]
+
+
+def test_compare_json_and_png(tmp_path: Path) -> None:
+    png = tmp_path / "c.png"
+    code, out = invoke("compare", "oef", OEF, "-q", "--json", "--png", png)
+    assert code == 0
+    rows = json.loads(out)
+    assert {"solver", "status"} <= set(rows[0]) and {r["solver"] for r in rows} >= {"oef", "max-throughput"}
+    _png(png)
+    target = tmp_path / "c.json"  # --json FILE still writes the file and prints the table
+    code, out = invoke("compare", "lagom", LAGOM, "-q", "--json", target)
+    assert code == 0 and "nccl-default" in out and json.loads(target.read_text())
+
+
+def test_piped_output_has_no_box_drawing(oef_plan: Path) -> None:
+    for args in (("show", oef_plan), ("list",), ("list", "--options", "oef"), ("profile", "show", PROFILE)):
+        code, out = invoke(*args)
+        assert code == 0, out
+        assert not BOX & set(out), args
+        assert out.strip()
+
+
+def test_list_options_types_and_defaults() -> None:
+    code, out = invoke("list", "--options", "poseidon", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    rows = {(r["scope"], r["name"]): r for r in doc["options"]}
+    assert rows[("solve --solver poseidon", "prune")]["type"] == "bool"
+    assert rows[("solve --solver poseidon", "prune")]["default"] == "True"
+    assert rows[("run", "steps")]["type"] == "int" and rows[("run", "steps")]["default"] == "3"
+    code, out = invoke("list", "--options", "nope")
+    assert code == 2
+
+
+def test_run_options_are_validated_before_running(tmp_path: Path) -> None:
+    plan = tmp_path / "t.json"
+    assert invoke("solve", "tessel", ROOT / "examples/tessel/hand-2.yaml", "-o", plan, "-q")[0] == 0
+    r = CliRunner().invoke(main, ["run", str(plan), "--option", "stepz=2"])
+    assert r.exit_code == 2 and "stepz" in r.output and "steps" in r.output
+    r = CliRunner().invoke(main, ["run", str(plan), "--option", "steps=two"])
+    assert r.exit_code == 2 and "expected a int" in r.output
+
+
+def test_simulate_json_and_png(tmp_path: Path) -> None:
+    trace = tmp_path / "t.yaml"
+    text = (ROOT / "examples/oef/trace-100.yaml").read_text()
+    head, jobs = text.split("\njobs:\n")
+    trace.write_text(head + "\njobs:\n" + "\n".join(jobs.splitlines()[:8]) + "\n")
+    png = tmp_path / "jct.png"
+    code, out = invoke("simulate", "oef", trace, "--policy", "oef", "--policy", "equal-share", "-q",
+                       "--json", "--png", png)
+    assert code == 0
+    rows = json.loads(out)
+    assert [r["policy"] for r in rows] == ["oef", "equal-share"] and rows[0]["avg_jct_h"] > 0
+    _png(png)
+
+
+def test_profile_show_png_json_and_show_points_to_it(tmp_path: Path) -> None:
+    png = tmp_path / "p.png"
+    code, out = invoke("profile", "show", PROFILE, "--png", png, "--json")
+    assert code == 0 and json.loads(out)["tables"]
+    _png(png)
+    r = CliRunner().invoke(main, ["show", PROFILE])
+    assert r.exit_code == 2 and "gpuplan profile show" in r.output
+
+
+def test_help_has_examples_and_exit_codes() -> None:
+    for args in (["solve", "aurora"], ["compare", "oef"], ["check"], ["show"], ["run"], ["list"],
+                 ["simulate", "oef"], ["profile", "show"], []):
+        r = CliRunner().invoke(main, args + ["--help"])
+        assert r.exit_code == 0
+        assert "Example" in r.output and "Exit codes" in r.output, args
+    r = CliRunner().invoke(main, ["solve", "aurora", "--help"])
+    assert "Solve an aurora problem" in r.output
+    assert "--option KEY=VALUE" in CliRunner().invoke(main, ["run", "--help"]).output
+
+
+def test_verbose_logs_on_stderr(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["-v", "solve", "oef", OEF, "-o", str(tmp_path / "p.json"), "--json"])
+    assert r.exit_code == 0
+    json.loads(r.stdout)
+    assert "solving oef" in r.stderr
