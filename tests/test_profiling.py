@@ -165,6 +165,9 @@ def test_layer_table_on_cpu_small() -> None:
     assert parts["layer"].activation_bytes == block_saved_bytes(cfg, 1, 16)
     assert all(c.forward_s > 0 and c.backward_s > 0 for c in table.costs)
     assert predicted_stack_s(table, 3, 1, 16) == pytest.approx(3 * (parts["layer"].forward_s + parts["layer"].backward_s))
+    # the pipeline runtime's per-call overhead was measured too (a small part of a block's call)
+    assert 0.0 <= table.stage_call_forward_s < parts["layer"].forward_s + 1e-3
+    assert 0.0 <= table.stage_call_backward_s < parts["layer"].backward_s + 1e-3
     with pytest.raises(KeyError):
         predicted_stack_s(table, 3, 4, 16)
 
@@ -325,3 +328,38 @@ def test_shipped_example_profile_and_problem() -> None:
     assert problem.cluster.capacity() == {"cpu": 2} and problem.cluster.source == "profile"
     plan = api.solve(problem, time_limit_s=10)
     assert plan.ok and api.check(problem, plan) == []
+
+
+# ---- the pipeline runtime's per-call overhead ------------------------------------------------------
+
+def test_stage_call_overhead_round_trips_and_old_profiles_load_without_it(tmp_path) -> None:
+    from gpuplan.models.profile import load_profile
+
+    shipped = Path(__file__).resolve().parent.parent / "examples" / "profile" / "cpu-2core-quick.json"
+    doc = json.loads(shipped.read_text())
+    assert all("stage_call_forward_s" not in t for t in doc["layers"])  # written before the field existed
+    old = load_profile(shipped)
+    assert old.layers and all(t.stage_call_forward_s == 0.0 == t.stage_call_backward_s for t in old.layers)
+    table = old.layers[0].model_copy(update={"stage_call_forward_s": 1.5e-4, "stage_call_backward_s": 2.5e-4})
+    again = load_profile(old.model_copy(update={"layers": [table]}).save(tmp_path / "p.json")).layers[0]
+    assert (again.stage_call_forward_s, again.stage_call_backward_s) == (1.5e-4, 2.5e-4)
+    bad = dict(doc, layers=[dict(doc["layers"][0], stage_call_backward_s=-1e-3)])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(InputError, match="stage_call_backward_s"):
+        load_profile(tmp_path / "bad.json")
+    assert LayerTable.model_validate({"model": "m", "config": {}, "costs": []}).stage_call_backward_s == 0.0
+
+
+def test_stage_call_overhead_is_the_pipeline_call_minus_the_direct_call() -> None:
+    import torch
+
+    from gpuplan.profiling.stage_calls import stage_call_overhead
+
+    torch.set_num_threads(1)
+    cfg = scaled(model_config("llama3-8b"), num_layers=2, hidden=128, vocab=256)
+    out = stage_call_overhead(cfg, 1, 16, "cpu", torch.float32, clock="cpu", rounds=3)
+    assert out.calls == 3 * 4  # 4 micro-batches per round, rounds after the warm-up
+    assert out.pipeline_forward_s > 0 and out.direct_forward_s > 0 and out.direct_backward_s > 0
+    assert out.forward_s == max(0.0, out.pipeline_forward_s - out.direct_forward_s)
+    assert out.backward_s == max(0.0, out.pipeline_backward_s - out.direct_backward_s)
+    assert not torch.distributed.is_initialized()  # the one-rank group it made is gone

@@ -326,3 +326,45 @@ def test_a_one_node_gpu_profile_serves_a_declared_multi_node_cluster() -> None:
     assert prob.cluster.intra_link("A100-80GB-1").bandwidth_GBps == 150.0  # the profiled node's link
     assert prob.cluster.inter_node.bandwidth_GBps == 25  # as declared: the profile measured no inter-node link
     assert prob.cluster.type_of("A100-80GB").peak("bf16") == 250.0 and prob.layer_costs.slowdowns == {"A100-80GB": 1.0}
+
+
+# ---- 4. the pipeline runtime's per-call overhead, measured by the profiler -----------------------
+
+def _with_stage_calls(profile: Profile, forward_s: float, backward_s: float) -> Profile:
+    tables = [t.model_copy(update={"stage_call_forward_s": forward_s, "stage_call_backward_s": backward_s})
+              for t in profile.layers]
+    return profile.model_copy(update={"layers": tables})
+
+
+@pytest.mark.parametrize("interleave", [1, 2])
+def test_the_stage_call_overhead_is_added_once_per_forward_and_backward_call(interleave: int) -> None:
+    deep = TINY.model_copy(update={"num_layers": 8})
+    plain = P.with_profile(two_types(deep), cpu_profile(deep, emulate=SLOW2X))
+    over = P.with_profile(two_types(deep), _with_stage_calls(cpu_profile(deep, emulate=SLOW2X), 0.001, 0.003))
+    assert over.layer_costs.stage_call_forward_s == 0.001 and over.layer_costs.stage_call_backward_s == 0.003
+    shapes = [P.StageShape("cpu", 1, 1, (0,), ("cpu0",)), P.StageShape("cpu-slow2x", 1, 1, (1,), ("cpu0",))]
+    for layers in ([6, 2], [2, 6], [4, 4]):  # the same per stage whatever its layer count
+        a = P.evaluate(P.CostModel(plain), shapes, layers, 2, interleave=interleave)
+        b = P.evaluate(P.CostModel(over), shapes, layers, 2, interleave=interleave)
+        for s, factor in enumerate((1.0, 2.0)):  # an emulated type sleeps in proportion to the whole call
+            assert b.stages[s].forward_s - a.stages[s].forward_s == pytest.approx(0.001 * factor, rel=1e-9)
+            assert b.stages[s].backward_s - a.stages[s].backward_s == pytest.approx(0.003 * factor, rel=1e-9)
+        # each chunk of an interleaved stage is a call of its own: v calls, each with the overhead once
+        fa, ga = P.chunk_lists(P.CostModel(plain), shapes, layers, a.stages, [1, 1], interleave)
+        fb, gb = P.chunk_lists(P.CostModel(over), shapes, layers, b.stages, [1, 1], interleave)
+        for k in range(2 * interleave):
+            factor = 1.0 if k % 2 == 0 else 2.0
+            assert fb[k] - fa[k] == pytest.approx(0.001 * factor, rel=1e-9)
+            assert gb[k] - ga[k] == pytest.approx(0.003 * factor, rel=1e-9)
+        assert b.iteration_time_s > a.iteration_time_s
+
+
+def test_a_plan_solved_with_the_overhead_states_it_and_check_recomputes_it() -> None:
+    prob = P.with_profile(two_types(TINY), _with_stage_calls(cpu_profile(TINY, emulate=SLOW2X), 0.002, 0.004))
+    plan = api.solve(prob, num_stages=2)
+    assert plan.ok and api.check(prob, plan) == []
+    plain = P.with_profile(two_types(TINY), cpu_profile(TINY, emulate=SLOW2X))
+    assert api.check(plain, plan) != []  # the same plan's figures do not hold without the overhead
+    # the plan round-trips through JSON with the overhead in its embedded problem's layer table
+    again = P.PoseidonProblem.model_validate(json.loads(json.dumps(prob.document())))
+    assert again.layer_costs.stage_call_backward_s == 0.004 and api.check(again, plan) == []
