@@ -333,7 +333,9 @@ def summary_tables(profile: Profile) -> list[Table]:
     for t in profile.layers:
         rows = [[c.part, c.micro_batch, c.seq_len, c.forward_s * 1e3, c.backward_s * 1e3,
                  c.activation_bytes / 2**20, c.forward_spread, c.backward_spread] for c in t.costs]
-        tables.append(Table(f"layers of {t.model} ({t.dtype}, {t.clock} clock)", ["part", "micro-batch", "seq", "forward ms",
+        calls = (f"; pipeline runtime per stage call: forward {t.stage_call_forward_s * 1e3:.3g} ms, backward "
+                 f"{t.stage_call_backward_s * 1e3:.3g} ms")
+        tables.append(Table(f"layers of {t.model} ({t.dtype}, {t.clock} clock{calls})", ["part", "micro-batch", "seq", "forward ms",
                                                                  "backward ms", "activations MiB", "fwd spread",
                                                                  "bwd spread"], rows))
     if profile.emulated:
