@@ -107,7 +107,6 @@ def test_missing_extra_maps_only_known_modules() -> None:
     assert missing_extra(ModuleNotFoundError("x", name="gpuplan.nothing")) is None
 
 
-@pytest.mark.slow
 def test_doctor_without_torch(tmp_path: Path) -> None:
     """`gpuplan doctor --json` works without torch and says profile and run need the torch extra."""
     out = _run_without_torch('''

@@ -159,3 +159,20 @@ def test_verbose_logs_on_stderr(tmp_path: Path) -> None:
     assert r.exit_code == 0
     json.loads(r.stdout)
     assert "solving oef" in r.stderr
+
+
+def test_doctor_json_says_what_works() -> None:
+    """doctor --json holds the documented keys; with torch installed (the test extra) profile works,
+    and the torch facts agree with torch itself."""
+    import torch
+
+    code, out = invoke("doctor", "--json")
+    doc = json.loads(out)
+    assert code == 0 and {"python", "cpus", "host_memory_bytes", "host_free_bytes", "torch", "matplotlib",
+                          "commands"} <= set(doc)
+    assert doc["torch"]["version"] == str(torch.__version__)
+    assert len(doc["torch"]["cuda_devices"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert doc["commands"]["profile"]["works"] is True and doc["commands"]["solve"]["works"] is True
+    assert doc["host_free_bytes"] is None or 0 < doc["host_free_bytes"] <= doc["host_memory_bytes"]
+    code, out = invoke("doctor")
+    assert code == 0 and "commands" in out and "gloo" in out
