@@ -400,6 +400,8 @@ def _refuse_profile(path: str) -> None:
     """Raise InputError pointing to `gpuplan profile show` when `path` is a profile, not a plan; return None."""
     from gpuplan.errors import InputError
 
+    if not Path(path).is_file():  # never open a FIFO or device here: load_plan refuses those
+        return
     try:
         with open(path, "rb") as f:
             head = f.read(200)
