@@ -176,3 +176,23 @@ def test_metis_partition_counts_the_embedding_and_head_as_layers() -> None:
     for d in (-1, 1):
         cut = units[0] + d
         assert max(times) <= max(sum(w[0][:cut]), sum(w[1][cut:])) + 1e-15
+
+
+# ------------------------------------------------------------------------------------------------
+# The process pool keeps the optimum
+# ------------------------------------------------------------------------------------------------
+
+def test_process_pool_search_finds_the_serial_optimum_and_accounts_for_every_structure() -> None:
+    doc = {"kind": "poseidon", "cluster": {"gpus": {"A100-80GB": 4, "V100": 4, "T4": 4}, "gpus_per_node": 4,
+                                           "inter_node": {"bandwidth_GBps": "50 Gbps"}},
+           "model": scaled(model_config("gpt3-1.3b"), num_layers=8).model_dump(), "global_batch": 16,
+           "seq_len": 1024, "max_stages": 6, "max_microbatches": 8}
+    prob = api.load_problem(doc, "poseidon")
+    serial = api.solve(prob, solver="poseidon", workers=1)
+    pooled = api.solve(prob, solver="poseidon", workers=2)
+    assert pooled.iteration_time_s == pytest.approx(serial.iteration_time_s, rel=1e-12)
+    assert pooled.status == serial.status and api.check(prob, pooled) == []
+    st = pooled.solver.stats
+    assert st["evaluated"] + st["pruned"] + st["infeasible"] + st["unvisited"] == st["structures"]
+    assert st["structures"] == serial.solver.stats["structures"] == SP.count_structures(prob)
+    assert "2 processes" in str(st["best_from"])

@@ -462,6 +462,7 @@ class CostModel:
         return 2.0 * b * self.p.seq_len * self.cfg.vocab * 4 / tp
 
 
+@lru_cache(maxsize=65536)
 def in_flight(schedule: str, stage: int, num_stages: int, m: int, interleave: int = 1) -> float:
     """Return the most micro-batches' worth of a stage's activations held at once under the schedule
     (with interleave v, chunk-activations / v: each chunk holds 1/v of the stage's layers)."""

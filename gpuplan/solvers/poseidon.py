@@ -196,8 +196,16 @@ class Structure:
         self.e = [f + g for f, g in zip(self.ef, self.eg)]
         self.p2p = [_p2p(cm, shapes[s], shapes[s + 1], self.b[s]) for s in range(S - 1)]
         # sends between virtual stages k and k + 1 (k = chunk * S + stage); = p2p when v = 1
-        self.vp2p = [_p2p(cm, shapes[k % S], shapes[(k + 1) % S], self.b[k % S]) for k in range(S * v - 1)]
-        self._rt = self.round_trip()
+        self.vp2p = self.p2p if v == 1 else [_p2p(cm, shapes[k % S], shapes[(k + 1) % S], self.b[k % S])
+                                             for k in range(S * v - 1)]
+        self._rt_cache: list[tuple[list[float], float]] | None = None
+
+    @property
+    def _rt(self) -> list[tuple[list[float], float]]:
+        """The round trips (`round_trip`), built on first use (most structures are pruned before)."""
+        if self._rt_cache is None:
+            self._rt_cache = self.round_trip()
+        return self._rt_cache
 
     def tail(self, s: int, n: int) -> float:
         """Return stage s's exact all-reduce + optimizer seconds with n blocks (the tied-embedding
@@ -286,7 +294,7 @@ class Structure:
             spare -= k
         return total
 
-    def lower_bound(self) -> float:
+    def lower_bound(self, cutoff: float = INF) -> float:
         """Return a lower bound (seconds) on the iteration time of every layer mapping of this structure.
 
         Paths of the DAG that exist whatever the cuts are (see docs/poseidon.md), each a lower bound
@@ -297,14 +305,19 @@ class Structure:
             backward down to stage 0 (with interleave v: through their first chunks, 1/v of the blocks);
         (3) the round trips of `round_trip`, combined with weights pi (uniform, and 1/own weight):
             T >= sum_q pi_q RT_q(n) for every cut, and the weighted sum is minimised exactly.
+        With a finite `cutoff` it returns as soon as one bound reaches it (still a lower bound).
         """
         m = self.m
-        w1, _ = self.minmax_partition([m * c + a for c, a in zip(self.c, self.a)],
-                                      [m * e + a0 for e, a0 in zip(self.e, self.a0)])
         last = self.S - 1
         per = [self.c[s] / self.v if s < last else m * self.c[s] for s in range(self.S)]
         base = sum(self.e[s] for s in range(last)) + m * self.e[last] + 2 * sum(self.p2p)
         w2 = self._min_linear(per, base)
+        if w2 >= cutoff:  # the caller prunes at `cutoff`: the rest cannot change that
+            return w2
+        w1, _ = self.minmax_partition([m * c + a for c, a in zip(self.c, self.a)],
+                                      [m * e + a0 for e, a0 in zip(self.e, self.a0)])
+        if w1 >= cutoff:
+            return max(w1, w2)
         rt = self._rt
         best = max(w1, w2)
         for pi in ([1.0] * self.S, [1.0 / coef[q] for q, (coef, _) in enumerate(rt)]):
@@ -358,10 +371,12 @@ class Structure:
         b1 = max(m * E[s] + layers[s] * self.a[s] + self.a0[s] for s in range(self.S))
         b2 = sum(n * c / v + e for n, c, e in zip(layers[:last], self.c, self.e)) + 2 * sum(self.p2p) + m * E[last]
         # round trips in O(S): sum_s f_s n_s + sum_{s>q} g_s n_s + own_q n_q + const_q
+        rt = self._rt  # builds _own too
+        own = self._own
         fsum = sum(f * n for f, n in zip(self.f, layers))
         gsuf, b3 = 0.0, 0.0
         for q in range(last, -1, -1):
-            b3 = max(b3, fsum + gsuf + self._own[q] * layers[q] + self._rt[q][1])
+            b3 = max(b3, fsum + gsuf + own[q] * layers[q] + rt[q][1])
             gsuf += self.g[q] * layers[q] / v
         return max(b1, b2, b3)
 
@@ -373,6 +388,13 @@ class Structure:
         interleave v each chunk runs 1/v of the stage's blocks; the embedding sits on the first
         virtual stage, the head on the last (gpuplan.models.poseidon.chunk_lists).
         """
+        key = tuple(layers)
+        memo = self.__dict__.setdefault("_times", {})
+        if key not in memo:  # the descent revisits mappings
+            memo[key] = self._time(layers)
+        return memo[key]  # type: ignore[no-any-return]
+
+    def _time(self, layers: list[int]) -> float:
         v = self.v
         if any(n < v or n > k or n % v for n, k in zip(layers, self.nmax)):
             return INF
@@ -792,6 +814,8 @@ def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int
     best, label, walks = best_classic(cm, configs, interleaved=True)
     stats.seeds += walks
     stats.best_from = label or stats.best_from
+    if metis_budget_s is not None and metis_budget_s <= 0:
+        return best
     deadline = INF if metis_budget_s is None else min(stats.deadline, time.perf_counter() + metis_budget_s)
     metis_stats = Stats()
     found, _ = _metis_search(problem, cm, metis_stats, deadline, num_stages, opts)
@@ -806,12 +830,13 @@ SEED_SHARE = 0.1  # most of the time limit the Metis seed may take (the classic 
 
 def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
                    progress: Progress, cuts: str = "ridge", prune: bool = True, num_stages: int | None = None,
-                   **_: Any) -> PoseidonPlan:
+                   workers: int | None = None, **_: Any) -> PoseidonPlan:
     """Return the best plan of the space by best-first branch and bound, anytime.
 
     The incumbent is first seeded with the best of the baselines on the same input (`_seed`: every
     classic TP x PP x DP configuration and the Megatron-style mixes, always to the end, then the
-    Metis-style search within SEED_SHARE of the time limit), so the plan is never slower than them.
+    Metis-style search within SEED_SHARE of the time limit; none without a limit), so the plan is
+    never slower than them.
     Pass 1 (breadth) visits the combos (m and the per-type stage splits) in order of `combo_bound`
     and gives every structure of a combo (its type orders) a first look: `quick_map`, two DAG walks.
     Pass 2 (depth) maps the layers of the structures left (`ridge_map`), fastest first look first.
@@ -823,13 +848,17 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     `time_limit_s` runs out the best plan seen is returned with status TIME_LIMIT (OPTIMAL only
     when every combo was visited or pruned). With prune=False every structure is evaluated (the
     exhaustive reference); cuts="all" maps layers by trying every cut set instead of the ridge
-    walk; num_stages fixes the pipeline depth (seeds included).
+    walk; num_stages fixes the pipeline depth (seeds included). `workers` > 1 (default: every core
+    when the space has POOL_MIN_STRUCTURES structures or more) searches the combos in a process pool
+    sharing the best time as the pruning bound (`_solve_pooled`); 1 searches in this process.
     """
     started = time.perf_counter()
     stats = Stats(deadline=INF if time_limit_s is None else started + time_limit_s)
     cm = CostModel(problem)
     opts = type_options(problem)  # one set of options for the whole solve (caches key them by id)
-    best = _seed(problem, cm, stats, num_stages, None if time_limit_s is None else SEED_SHARE * time_limit_s,
+    # without a time limit the search runs to its proven optimum, which no seed can beat: the Metis
+    # seed (a whole enumeration of its own) would only cost time
+    best = _seed(problem, cm, stats, num_stages, 0.0 if time_limit_s is None else SEED_SHARE * time_limit_s,
                  opts)
     progress(0.0, f"seeded with {stats.best_from}: {best[0]:.4g} s")
     mapper = ridge_map if cuts == "ridge" else all_cuts_map
@@ -844,6 +873,9 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
         ranked.append((combo_bound(cm, c) if prune else 0.0, i))
     ranked.sort()
     progress(0.0, f"{len(all_combos)} combos")
+    n_workers = _pool_size(workers, sum(combo_size(problem, c) for c in all_combos))
+    if prune and status is Status.OPTIMAL and n_workers > 1 and ranked:
+        return _solve_pooled(problem, cm, opts, all_combos, ranked, best, stats, mapper, n_workers, time_limit_s)
 
     def left(k: int) -> int:  # structures of the combos ranked k onwards
         return sum(combo_size(problem, all_combos[j]) for _, j in ranked[k:])
@@ -867,7 +899,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             if not st.feasible():
                 stats.infeasible += 1
                 continue
-            lb = st.lower_bound() if prune else 0.0
+            lb = st.lower_bound(best[0]) if prune else 0.0
             if prune and lb >= best[0]:
                 stats.pruned += 1
                 continue
@@ -911,6 +943,149 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
                           f"fits, and the search stopped after {stats.structures - stats.unvisited} structures "
                           f"({stats.unvisited} left unvisited); not a proof of infeasibility, raise time_limit_s")
     return _finish(problem, best, stats, "poseidon", status)
+
+
+POOL_MIN_STRUCTURES = 5000  # below this a process pool's start-up costs more than it saves
+
+
+def _pool_size(workers: int | None, n_structures: int) -> int:
+    """Return the number of processes to search with: `workers` when given, else every core (at most
+    8) when the space is large enough to pay for the pool, else 1."""
+    if workers is not None:
+        return max(1, int(workers))
+    if n_structures < POOL_MIN_STRUCTURES:
+        return 1
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cores))
+
+
+_POOL: dict[str, Any] = {}  # the forked workers' view of the solve (set before the pool forks)
+
+
+def _solve_pooled(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[TypeOption]],
+                  all_combos: list[Combo], ranked: list[tuple[float, int]],
+                  best: tuple[float, Structure | None, list[int]], stats: Stats, mapper: Any, n_workers: int,
+                  time_limit_s: float | None) -> PoseidonPlan:
+    """Return the best plan of the combos `ranked` (bound, index) searched by `n_workers` forked
+    processes: worker w takes the combos ranked w, w + n, w + 2n, ... (so each sees combos in bound
+    order), and every structure is bounded, given a first look and ridge-mapped depth first. The best
+    time found by any worker is shared (a lock-protected double) and prunes in every worker, which
+    keeps the optimum: a bound prunes only what cannot beat a time some plan reaches. Ties between
+    equally fast plans go to the lowest (combo rank, structure index)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    if ctx is None:  # no fork (Windows, macOS spawn): the serial search
+        return solve_poseidon(problem, time_limit_s=time_limit_s, progress=lambda *a: None, workers=1)
+    shared = ctx.Value("d", best[0])
+    _POOL.update(problem=problem, cm=cm, combos=all_combos, ranked=ranked, shared=shared, mapper=mapper,
+                 deadline=stats.deadline, step=n_workers)
+    try:
+        with ctx.Pool(n_workers) as pool:
+            results = pool.map(_pooled_worker, range(n_workers))
+    finally:
+        _POOL.clear()
+    status = Status.OPTIMAL
+    found: tuple[float, int, int, list[int]] | None = None
+    for r in results:
+        for key in ("structures", "pruned", "evaluated", "dag_evaluations", "cuts_pruned", "infeasible",
+                    "unvisited"):
+            setattr(stats, key, getattr(stats, key) + r["stats"][key])
+        if r["cut"]:
+            status = Status.TIME_LIMIT
+        if r["best"] is not None and (found is None or r["best"][:3] < found[:3]):
+            found = r["best"]
+    if found is not None and found[0] < best[0] - 1e-12 * found[0]:
+        t, rank, index, layers = found
+        st = _structure_at(problem, cm, all_combos[ranked[rank][1]], index)
+        best, stats.best_from = (t, st, layers), "search"
+    stats.best_from += f" ({n_workers} processes)"
+    if best[1] is None and status is Status.TIME_LIMIT:
+        raise SolverError(f"no plan found within the time limit of {time_limit_s:g} s: no classic configuration "
+                          f"fits, and the search stopped after {stats.structures - stats.unvisited} structures "
+                          f"({stats.unvisited} left unvisited); not a proof of infeasibility, raise time_limit_s")
+    return _finish(problem, best, stats, "poseidon", status)
+
+
+def _pooled_worker(w: int) -> dict[str, Any]:
+    """Search the combos ranked w, w + step, ... (see `_solve_pooled`); return this worker's counters,
+    its best (seconds, rank, structure index, layers) or None, and whether the deadline cut it short."""
+    g = _POOL
+    problem, cm, shared, mapper = g["problem"], g["cm"], g["shared"], g["mapper"]
+    stats = Stats(deadline=g["deadline"])
+    ranked = g["ranked"]
+    mine = list(range(w, len(ranked), g["step"]))
+    found: tuple[float, int, int, list[int]] | None = None
+    cut = False
+
+    def incumbent() -> float:
+        return float(shared.value)
+
+    def offer(t: float, k: int, index: int, layers: list[int]) -> None:
+        nonlocal found
+        if found is None or (t, k, index) < found[:3]:
+            found = (t, k, index, layers)
+        with shared.get_lock():
+            if t < shared.value:
+                shared.value = t
+
+    # pass 1, breadth: this worker's combos in bound order, every structure bounded and given a first look
+    pending: list[tuple[float, float, int, int]] = []
+    for pos, k in enumerate(mine):
+        lb0, i = ranked[k]
+        if lb0 >= incumbent() or stats.out_of_time():  # the rest of this worker's combos rank higher still
+            rest = sum(combo_size(problem, g["combos"][ranked[j][1]]) for j in mine[pos:])
+            stats.structures += rest
+            if lb0 >= incumbent():
+                stats.pruned += rest
+            else:
+                stats.unvisited += rest
+                cut = True
+            break
+        combo = g["combos"][i]
+        size = combo_size(problem, combo)
+        for index in range(size):
+            if stats.out_of_time():
+                stats.unvisited += size - index
+                stats.structures += size - index
+                cut = True
+                break
+            st = _structure_at(problem, cm, combo, index)
+            stats.structures += 1
+            if not st.feasible():
+                stats.infeasible += 1
+                continue
+            lb = st.lower_bound(incumbent())
+            if lb >= incumbent():
+                stats.pruned += 1
+                continue
+            t, layers = quick_map(st, stats)
+            offer(t, k, index, layers)
+            pending.append((t, lb, k, index))
+        if cut:
+            break
+    # pass 2, depth: the ridge mapping of what is left, most promising first look first
+    pending.sort()
+    for c, (_, lb, k, index) in enumerate(pending):
+        if stats.out_of_time():
+            stats.unvisited += len(pending) - c
+            cut = True
+            break
+        if lb >= incumbent():
+            stats.pruned += 1
+            continue
+        st = _structure_at(problem, cm, g["combos"][ranked[k][1]], index)
+        if st.lp_bound() >= incumbent():
+            stats.pruned += 1
+            continue
+        t, layers = mapper(st, stats)
+        stats.evaluated += 1
+        offer(t, k, index, layers)
+        if stats.out_of_time():
+            cut = True
+    return {"stats": stats.as_dict(), "best": found, "cut": cut}
 
 
 def solve_exhaustive(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
