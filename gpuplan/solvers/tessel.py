@@ -681,18 +681,20 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     bound = lower_bound_s(problem)
     base_plan = best_baseline(problem, clock)  # the floor, and the seed of the grouped repetend
     stats: dict[str, Any] = {}
-    skip = floor and base_plan is not None and base_plan.makespan_s <= bound * (1 + 1e-9)
-    pat, own = _baseline_pattern(problem, t, base_plan) if skip and base_plan is not None else (None, False)
-    if skip and base_plan is not None and pat is not None:
-        # no repetend can beat a schedule at the lower bound: return it, with the repetend it repeats
+    if floor and base_plan is not None and base_plan.makespan_s <= bound * (1 + 1e-9):
+        # no repetend can beat a schedule at the lower bound: return it, with the repetend it repeats (None
+        # when its steady state does not repeat, e.g. GPipe at small N)
+        pat, own = _baseline_pattern(problem, t, base_plan)
         stats.update(search_skipped=f"{base_plan.schedule_name} meets the lower bound {bound:g} s",
                      best_baseline={base_plan.schedule_name: base_plan.makespan_s},
-                     schedule_from=base_plan.schedule_name, search_s=time.perf_counter() - started)
-        rep = _record(problem, t, base_plan.schedule, pat, window=own)
+                     schedule_from=base_plan.schedule_name, search_s=time.perf_counter() - started,
+                     time_limit_cut=clock.cut[:20], period_ticks=pat.period if pat else None,
+                     group=pat.group if pat else None,
+                     period_proven_minimal=pat is not None and pat.period == pat.group * max(_busy(problem, t)))
+        rep = None if pat is None else _record(problem, t, base_plan.schedule, pat, window=own)
         plan = make_plan(problem, base_plan.schedule, "tessel", Status.OPTIMAL, rep)
         plan.predicted["search_s"] = stats["search_s"]
-        plan.solver = SolverInfo(name="tessel", stats={**stats, "period_ticks": pat.period, "group": pat.group,
-                                                       "time_limit_cut": clock.cut[:20]})
+        plan.solver = SolverInfo(name="tessel", stats=stats)
         progress(1.0, "done")
         return plan
     try:
