@@ -61,10 +61,36 @@ def _solve_lagom(doc: dict[str, Any], seed: int) -> tuple[Plan, float]:
     return plan, float(default.iteration_s)  # type: ignore[attr-defined]
 
 
-def _solve_tessel(problem: Any, time_limit_s: float, seed: int) -> Plan:
+def _solve_tessel(problem: Any, time_limit_s: float, seed: int, previous: Plan | None = None,
+                  tails_s: list[float] | None = None) -> Plan:
+    """Return Tessel's schedule of `problem`, or the `previous` schedule's per-device order re-timed with
+    this problem's durations when that ends sooner (Tessel's search is a heuristic under a time limit:
+    shorter blocks must never give a longer schedule)."""
     from gpuplan import api
+    from gpuplan.io import digest
+    from gpuplan.models.plan import SolverInfo, Status
+    from gpuplan.models.tessel import DeadlockError, make_plan, simulate
 
-    return api.solve(problem, solver="tessel", time_limit_s=time_limit_s, seed=seed)
+    plan = api.solve(problem, solver="tessel", time_limit_s=time_limit_s, seed=seed)
+    if previous is None or not plan.ok:
+        return plan
+    try:
+        again = simulate(problem, orders_of(previous.schedule))  # type: ignore[attr-defined]
+    except DeadlockError:
+        return plan
+    kept = make_plan(problem, again, previous.schedule_name, Status.FEASIBLE)  # type: ignore[attr-defined]
+    tails_s = tails_s or [0.0] * problem.devices
+    longer = composed_time_s(kept.schedule, tails_s) >= composed_time_s(plan.schedule, tails_s) - 1e-12  # type: ignore[attr-defined]
+    stamped = {"solver": plan.solver, "problem": plan.problem, "input_digest": plan.input_digest}
+    if longer or api.check(problem, kept.model_copy(update=stamped)):
+        return plan
+    kept.solver = SolverInfo(name=plan.solver.name if plan.solver else "tessel", seed=seed,
+                             time_limit_s=time_limit_s, wall_time_s=plan.solver.wall_time_s if plan.solver else 0.0,
+                             stats={"schedule_from": "the previous round's order, re-timed (shorter than the "
+                                                     "new search's)"})
+    kept.problem = problem.document()
+    kept.input_digest = digest(kept.problem)
+    return kept
 
 
 def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_rounds: int = 4,
@@ -116,7 +142,8 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
         scales = new_scales
         t0 = time.perf_counter()
         new_problem = tessel_problem(doc, scales)
-        new_sched = _solve_tessel(new_problem, time_limit_s, seed)
+        new_sched = _solve_tessel(new_problem, time_limit_s, seed, previous=sched,
+                                  tails_s=stage_tails_s(doc, scales))
         timings["tessel_s"] += time.perf_counter() - t0
         same_order = orders_of(new_sched.schedule) == orders_of(sched.schedule)  # type: ignore[attr-defined]
         problem, sched = new_problem, new_sched

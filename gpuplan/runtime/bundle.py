@@ -7,7 +7,8 @@ gradient all-reduce and an SGD step after it. Lagom's NCCL environment is set on
 NCCL; on gloo (CPU) it is recorded and ignored, with a note. Device types a stage was planned on are
 emulated as the Poseidon runner does: a stage of a type k times slower sleeps (k - 1) x each call.
 
-Returns measured next to predicted, per iteration (the bundle's composed prediction, and the
+Returns measured next to predicted, per iteration (the bundle's composed prediction; the same with
+this machine's core sharing measured just before the launch, as the Poseidon runner does; and the
 schedule re-timed with the block durations measured in this run) and per block.
 """
 
@@ -118,7 +119,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     from gpuplan.runtime import contention
     from gpuplan.runtime import tessel_actions as acts
     from gpuplan.runtime.launch import run_workers
-    from gpuplan.runtime.poseidon import runnable_config, stage_slowdowns
+    from gpuplan.runtime.poseidon import measure_core_sharing, runnable_config, stage_slowdowns
     from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
     from gpuplan.runtime.torch_pipelining import check_version
 
@@ -154,6 +155,15 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     if envs:
         notes.append("Lagom's NCCL settings are recorded and ignored: gloo (CPU) has no NCCL knobs")
     before = contention.quiet_window()
+    # this machine's core sharing, measured just before the launch: the speed of one worker while all
+    # S x dp compute at once (1.0 = alone), so the prediction for here is known before the run
+    rates = measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size, processes=S * dp,
+                                 threads=threads or 1)
+    shared = {b.name: b.duration_s / max(1e-9, rates[-1]) for b in tprob.blocks}  # type: ignore[attr-defined]
+    tails = stage_tails_s(doc, [float(x) for x in manifest["scales"]])
+    here = simulate(tprob, orders_of(tessel.schedule), shared)  # type: ignore[arg-type, attr-defined]
+    predicted_here = max(max((e.end_s for e in dev), default=0.0) + tails[d] / max(1e-9, rates[-1])
+                         for d, dev in enumerate(here))
     with contention.ContentionMonitor() as monitor:
         results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
     step_s = [max(r["step_s"][i] for r in results) for i in range(steps)]
@@ -165,16 +175,19 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
         loss = t.get("L", 0.0) if b.kind == "forward" else 0.0
         durations[b.name] = t.get(acts.KIND_CODE[b.kind], 0.0) + loss
     timed = simulate(tprob, orders_of(tessel.schedule), durations)  # type: ignore[arg-type, attr-defined]
-    tails = stage_tails_s(doc, [float(x) for x in manifest["scales"]])
     retimed = max(max((e.end_s for e in dev), default=0.0) + tails[d] for d, dev in enumerate(timed))
     predicted = float(manifest["predicted"]["iteration_time_s"])
     out: dict[str, Any] = {"world_size": S * dp, "stages": S, "steps": steps, "measured_iteration_s": measured,
                            "measured_steps_s": step_s, "predicted_iteration_s": predicted,
-                           "error": rel_error(predicted, measured), "retimed_iteration_s": retimed,
+                           "error": rel_error(predicted, measured), "core_sharing_rate": rates[-1],
+                           "predicted_here_iteration_s": predicted_here,
+                           "predicted_here_error": rel_error(predicted_here, measured), "retimed_iteration_s": retimed,
                            "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,
                            "losses": [x for r in results for x in r["losses"]], "lagom_env": envs, "notes": notes}
     out.update(contention.report(before, monitor.window, step_s))
     rows = [["composed prediction (the bundle)", predicted, measured, pct(rel_error(predicted, measured))],
+            [f"the same with this machine's core sharing (x 1/{rates[-1]:.3g}, measured before the run)",
+             predicted_here, measured, pct(rel_error(predicted_here, measured))],
             ["the schedule re-timed with this run's blocks (checks the order)", retimed, measured,
              pct(rel_error(retimed, measured))]]
     brows = [[b.name, b.kind, b.devices[0], b.duration_s * 1e3, durations[b.name] * 1e3,
