@@ -176,3 +176,20 @@ def test_doctor_json_says_what_works() -> None:
     assert doc["host_free_bytes"] is None or 0 < doc["host_free_bytes"] <= doc["host_memory_bytes"]
     code, out = invoke("doctor")
     assert code == 0 and "commands" in out and "gloo" in out
+
+
+@pytest.mark.slow
+def test_gallery_script_draws_every_figure(tmp_path: Path) -> None:
+    """docs/make_gallery.py (the script that regenerates docs/gallery.md) draws every figure."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_gallery", ROOT / "docs" / "make_gallery.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    page = tmp_path / "gallery.md"
+    paths = module.build(time_limit_s=10.0, out_dir=tmp_path / "gallery", page=page)
+    assert len(paths) >= 9
+    text = page.read_text()
+    for path in paths:
+        _png(path)
+        assert f"gallery/{path.name}" in text

@@ -8,7 +8,9 @@ from pathlib import Path
 from gpuplan.compose.bundle import load_bundle
 from gpuplan.compose.pipeline import composed_time_s, stage_tails_s
 
-COLOURS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green", "tail": "tab:gray"}
+from gpuplan.viz import PALETTE  # noqa: E402  (one palette across kinds)
+
+COLOURS = {"F": PALETTE["forward"], "B": PALETTE["backward"], "W": PALETTE["weight"], "tail": PALETTE["idle"]}
 
 
 def draw_bundle(directory: str | Path, path: Path) -> None:

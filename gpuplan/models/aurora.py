@@ -597,18 +597,21 @@ def draw(problem: AuroraProblem, plan: AuroraPlan, path: Any) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from gpuplan.viz import PALETTE, legend_outside
+
     names = problem.worker_names()
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(names) + 1.5))
+    fig, ax = plt.subplots(figsize=(9.5, 0.4 * len(names) + 1.8))
     for i, w in enumerate(names):
         f = plan.arrival_s.get(w, 0.0)
         gen = plan.rollout.get(w, 0) * problem.seconds_per_sample(w)
-        ax.barh(i, f, color="tab:orange", label="weights arrive" if i == 0 else None)
-        ax.barh(i, gen, left=0 if plan.staleness else f, color="tab:blue", alpha=0.6,
-                label="rollout" if i == 0 else None)
+        ax.barh(i, f, color=PALETTE["comm"], label="weights arrive (transfer)" if i == 0 else None)
+        ax.barh(i, gen, left=0 if plan.staleness else f, color=PALETTE["forward"], alpha=0.6,
+                label="rollout (generation)" if i == 0 else None)
     ax.axvline(plan.predicted.get("step_time_s", 0), color="k", ls="--", label="step time")
     ax.set_yticks(range(len(names)), names)
-    ax.set_xlabel("seconds")
-    ax.legend(loc="lower right")
+    ax.set_xlabel("time within the step (s)")
+    ax.set_title(f"{problem.name or 'aurora'}: weight arrival and rollout per worker (staleness {plan.staleness})")
+    legend_outside(ax)
     fig.tight_layout()
     from gpuplan.io import atomic_write_figure
 

@@ -90,11 +90,14 @@ def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
     thetas = plan.thetas()
     idx = {o.name: i for i, o in enumerate(comp.ops)}
     fig, ax = plt.subplots(figsize=(12, 2.8))
-    colors = {"compute": "#4c72b0", "comm": "#dd8452", "exposed": "#c44e52", "idle": "#999999"}
+    from gpuplan.viz import PALETTE
+
+    colors = {"compute": PALETTE["forward"], "comm": PALETTE["comm"], "exposed": PALETTE["exposed"],
+              "idle": PALETTE["idle"]}
     for w, win in zip(plan.windows, comp.windows):
         start = w.start_s * 1e3
         if win.compute_us:
-            ax.broken_barh([(start, w.compute_s * 1e3)], (10, 8), facecolors="#4c72b0" if w.bound != "comm" else "#8fa8d0",
+            ax.broken_barh([(start, w.compute_s * 1e3)], (10, 8), facecolors=colors["compute"] if w.bound != "comm" else "#8fa8d0",
                            edgecolor="white", linewidth=0.3)
         t = start
         stretch = 1 + comp.consts.psi if win.compute_us else 1.0

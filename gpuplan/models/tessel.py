@@ -514,8 +514,10 @@ def describe(problem: TesselProblem, plan: TesselPlan) -> list[Table]:
     return tables
 
 
-KIND_COLOURS = {"forward": "#4C72B0", "backward": "#C44E52", "backward_input": "#DD8452",
-                "backward_weight": "#55A868", "other": "#8172B3"}
+from gpuplan.viz import PALETTE  # noqa: E402  (one palette across kinds)
+
+KIND_COLOURS = {"forward": PALETTE["forward"], "backward": PALETTE["backward"], "backward_input": PALETTE["backward"],
+                "backward_weight": PALETTE["weight"], "other": PALETTE["comm"]}
 
 
 def draw(problem: TesselProblem, plan: TesselPlan, path: Path) -> None:
