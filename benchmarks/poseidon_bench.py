@@ -1,6 +1,7 @@
 """Poseidon benchmark: search time and pruning, optimality gap against exhaustive search, throughput
-against the baselines, the ridge layer mapping against every cut set, and predicted vs measured
-iteration time of CPU pipeline runs. Run: .venv/bin/python benchmarks/poseidon_bench.py [--quick]
+against the baselines, search time on unseen clusters (one process vs a process pool), the ridge
+layer mapping against every cut set, and predicted vs measured iteration time of CPU pipeline runs.
+Run: .venv/bin/python benchmarks/poseidon_bench.py [--quick] [--section unseen ...]
 """
 
 from __future__ import annotations
@@ -82,6 +83,56 @@ def search_section(quick: bool) -> None:
                              secs]])))
 
 
+def cpu_s() -> float:
+    """Return the CPU seconds this process and its finished children (the search's pool) have used."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
+UNSEEN = [  # clusters and models the search was not tuned on: 3-4 types, 64 and 256 GPUs
+    ("64 GPUs: 24 H100 + 24 A100-40GB + 16 L4", {"H100": 24, "A100-40GB": 24, "L4": 16}, "llama2-13b", 128, None),
+    ("64 GPUs: 16 H100 + 16 A100-80GB + 16 L40S + 16 L4", {"H100": 16, "A100-80GB": 16, "L40S": 16, "L4": 16},
+     "qwen3-8b", 128, None),
+    ("64 GPUs: 16 H200 + 32 A100-40GB + 16 L40S", {"H200": 16, "A100-40GB": 32, "L40S": 16}, "llama3-8b", 256, None),
+    ("256 GPUs: 64 each of H200, H100, A100-80GB, L40S", {"H200": 64, "H100": 64, "A100-80GB": 64, "L40S": 64},
+     "qwen3-32b", 512, 60.0),
+]
+
+
+def unseen_section(quick: bool) -> None:
+    """Search time on unseen clusters, in this process (workers=1) and on every core (process pool):
+    CPU seconds (this process and its pool), wall seconds, the pool's wall-clock speed-up, and
+    whether both found the same plan time."""
+    import os
+
+    rows = []
+    for name, gpus, model, batch, limit in UNSEEN[:1] if quick else UNSEEN:
+        prob = problem(gpus, model, batch)
+        runs = []
+        for workers in (1, None):
+            c0, w0 = cpu_s(), time.perf_counter()
+            plan = api.solve(prob, solver="poseidon", workers=workers, time_limit_s=limit)
+            runs.append((plan, cpu_s() - c0, time.perf_counter() - w0))
+        (p1, c1, w1), (pn, cn, wn) = runs
+        target = 60.0 if sum(gpus.values()) > 64 else 10.0
+        rows.append([name, model, SP.count_structures(prob), p1.status.value, f"{c1:.1f}", f"{w1:.1f}",
+                     pn.status.value, f"{cn:.1f}", f"{wn:.1f}", f"{w1 / wn:.2f}x",
+                     "yes" if math.isclose(p1.iteration_time_s, pn.iteration_time_s, rel_tol=1e-9) else
+                     f"{pn.iteration_time_s / p1.iteration_time_s:.4f}",
+                     "yes" if wn <= target and pn.status.value == "optimal" else f"NO (> {target:g} s)",
+                     f"{pn.iteration_time_s:.4g} s, v={pn.interleave}"])
+        print(f"  {name}: {' | '.join(f'{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L' for s in pn.stages)}, "
+              f"m={pn.num_microbatches}, interleave {pn.interleave}", flush=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(table_text(Table(f"unseen clusters: search in one process vs a process pool on {cores} cores (CPU = this "
+                           "process + its pool; a time limit of 60 s at 256 GPUs)",
+                           ["instance", "model", "structures", "1 proc status", "1 proc CPU s", "1 proc wall s",
+                            "pool status", "pool CPU s", "pool wall s", "pool speed-up", "same optimum",
+                            "goal met", "plan"], rows)))
+
+
 def ridge_section(quick: bool) -> None:
     cases = [({"A100-80GB": 8, "V100": 8}, "gpt3-1.3b", 64), ({"A100-80GB": 8, "V100": 4, "T4": 4}, "gpt3-2.7b", 64)]
     rows = []
@@ -151,9 +202,14 @@ def cpu_section(quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller instances, fewer runs")
+    ap.add_argument("--section", choices=["search", "unseen", "ridge", "cpu"], action="append",
+                    help="run only these sections (default: all)")
     args = ap.parse_args()
-    print("note: timings on a 2-core machine shared with one other engineer's jobs; times are noisy\n")
-    for section in (search_section, ridge_section, cpu_section):
+    print("note: timings on a 2-core machine shared with other engineers' jobs; times are noisy\n")
+    sections = {"search": search_section, "unseen": unseen_section, "ridge": ridge_section, "cpu": cpu_section}
+    for key, section in sections.items():
+        if args.section and key not in args.section:
+            continue
         t0 = time.perf_counter()
         section(args.quick)
         print(f"({section.__name__}: {time.perf_counter() - t0:.1f} s)\n", flush=True)

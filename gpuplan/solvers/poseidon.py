@@ -1163,8 +1163,8 @@ def metis_partition(st: Structure) -> list[int]:
 
     1. each stage's capacity is its normalised speed, 1 / (its seconds for the whole model);
     2. every layer is split into METIS_SUBUNITS sub-units, filled in order into stages 0..S-2 up to
-       their share of the work (timed on the stage's devices), the rest to the last stage; a layer goes to the stage holding most of its
-       sub-units (every stage keeps one block or more);
+       their share of the work (timed on the stage's devices), the rest to the last stage; a layer
+       goes to the stage holding most of its sub-units (every stage keeps one block or more);
     3. up to METIS_MOVES local moves of one layer across a boundary, off the slowest stage, while
        they lower the slowest stage's time;
     4. memory repair (up to METIS_REPAIRS rounds): a stage over its memory cap keeps what fits and
