@@ -226,11 +226,15 @@ def _compare_command(kind: str, spec: ProblemInputs) -> click.Command:
         for _, _, summary in rows:
             columns += [c for c in summary if c not in columns and c != "status"]
         columns = [c for c in columns if c != "solve_time_s"] + ["solve_time_s"]
+        reasons = {name: plan.message for name, plan, _ in rows  # why a solver found no plan
+                   if plan is not None and not plan.ok and plan.message}
         table = Table(f"{kind}: every solver on the same input", ["solver", "status"] + columns,
-                      [[name, s.get("status")] + [s.get(c) for c in columns] for name, _, s in rows])
+                      [[name, f"{s.get('status')}: {reasons[name]}" if name in reasons else s.get("status")]
+                       + [s.get(c) for c in columns] for name, _, s in rows])
         if json_out != STDOUT:
             print_tables([table])
-        emit_json("compare", [{"solver": n, **s} for n, _, s in rows], json_out)
+        emit_json("compare", [{"solver": n, **s, **({"reason": reasons[n]} if n in reasons else {})}
+                              for n, _, s in rows], json_out)
         if png:
             from gpuplan.viz import compare_figure
 

@@ -77,7 +77,8 @@ def compare_figure(kind: str, rows: Sequence[tuple[str, Any, dict[str, Any]]], p
         names.append(name)
         values.append(float(value) if ok else 0.0)
         colours.append(ROLE_COLOURS.get(roles.get(name, "baseline"), "#999999"))
-        notes.append("" if ok else str(summary.get("status", "no plan")))
+        reason = getattr(plan, "message", "") if plan is not None and not ok else ""
+        notes.append("" if ok else str(summary.get("status", "no plan")) + (f": {reason}" if reason else ""))
     if not names:
         raise InputError("compare --png: no solver ran, nothing to draw", field="--solvers")
     plt = _pyplot()
@@ -85,7 +86,7 @@ def compare_figure(kind: str, rows: Sequence[tuple[str, Any, dict[str, Any]]], p
     bars = ax.bar(range(len(names)), values, color=colours, edgecolor="black", linewidth=0.4)
     for i, (b, note) in enumerate(zip(bars, notes)):
         text = note if note else f"{values[i]:.4g}"
-        ax.annotate(text[:28], (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+        ax.annotate(text if len(text) <= 48 else text[:47] + "…", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
                     fontsize=7, rotation=90 if note else 0, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
     import textwrap

@@ -549,23 +549,36 @@ def draw(problem: OefProblem, plan: OefPlan, path: Path) -> None:
     fig, axes = plt.subplots(1, 2 if plan.rounds else 1, figsize=(13 if plan.rounds else 7, 5), squeeze=False)
     ax = axes[0][0]
     bottom = np.zeros(n)
+    from gpuplan.viz import legend_outside, series_colour
+
     for j, t in enumerate(a.types):
         gpus = a.gpus[:n] * X[:n, j]
-        ax.barh(range(n), gpus, left=bottom, label=t)
+        ax.barh(range(n), gpus, left=bottom, label=t, color=series_colour(j))
         bottom += gpus
     ax.set_yticks(range(n), a.names[:n], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("GPUs held on average (time fraction x GPUs)")
     ax.set_title(f"{plan.policy or plan.kind}: shares per job")
-    ax.legend(fontsize=8)
+    legend_outside(ax, title="GPU type")
     if plan.rounds:
         grid = np.full((len(problem.cluster.devices), len(plan.rounds)), np.nan)
         for r, rnd in enumerate(plan.rounds):
             for i, _, ids in rnd:
                 grid[ids, r] = i
         ax2 = axes[0][1]
-        ax2.imshow(grid, aspect="auto", interpolation="nearest", cmap="tab20")
-        ax2.set_xlabel("round")
+        from matplotlib.colors import ListedColormap
+        from matplotlib.patches import Patch
+        from matplotlib.ticker import MaxNLocator
+
+        jobs_seen = sorted({int(i) for i in grid[~np.isnan(grid)]})
+        cmap = ListedColormap([plt.get_cmap("tab20")(k % 20) for k in range(max(len(a.names), 1))])
+        ax2.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap, vmin=-0.5,
+                   vmax=max(len(a.names), 1) - 0.5)
+        ax2.set_xlabel("round (index)")
+        ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if len(jobs_seen) <= 20:  # a key is readable up to 20 jobs; beyond, colours repeat
+            ax2.legend(handles=[Patch(color=cmap(k), label=a.names[k]) for k in jobs_seen], title="job",
+                       loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
         first: dict[str, list[int]] = {}
         for d in problem.cluster.devices:
             first.setdefault(d.type, []).append(d.id)
