@@ -157,3 +157,25 @@ def test_the_cli_holds_the_time_limit_in_a_subprocess(tmp_path: Path) -> None:
     assert plan["status"] == "time_limit"
     assert plan["solver"]["wall_time_s"] <= 5 * 1.1 + SLACK_S
     assert elapsed <= 5 * 1.1 + 15  # start-up, writing and showing a 4096-micro-batch plan on a shared machine
+
+
+def test_exact_shares_its_limit_with_the_tessel_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, object] = {}
+    real_tessel, real_cpsat = solvers.solve_tessel, solvers.schedule_cpsat
+
+    def slow_tessel(problem: TesselProblem, **kw: object) -> object:
+        seen["tessel_limit_s"] = kw.get("time_limit_s")
+        time.sleep(1.0)  # a hint that takes a second of the limit
+        return real_tessel(problem, **kw)  # type: ignore[arg-type]
+
+    def cpsat(*args: object, **kw: object) -> object:
+        seen["cpsat_limit_s"] = kw["time_limit_s"]
+        return real_cpsat(*args, **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(solvers, "solve_tessel", slow_tessel)
+    monkeypatch.setattr(solvers, "schedule_cpsat", cpsat)
+    prob = problem("tp_pp", 4, 8, memory=8)
+    plan = api.solve(prob, solver="exact", time_limit_s=3.0)
+    assert not check(prob, plan)
+    assert seen["tessel_limit_s"] == pytest.approx(solvers.EXACT_HINT_SHARE * 3.0)
+    assert float(seen["cpsat_limit_s"]) <= 3.0 - 1.0  # type: ignore[arg-type]
+    assert plan.solver.wall_time_s <= 3.0 * 1.1 + SLACK_S

@@ -26,6 +26,7 @@ from gpuplan.solvers.backends import solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
 
 EXACT_MAX_INSTANCES = 600
+EXACT_HINT_SHARE = 0.4  # of exact's time limit, the share Tessel's hint may use (its guard's limit)
 # CP-SAT deterministic-time units per second of one free core, on the repetend models: measured 0.41-0.59
 # units per CPU second (4-8 devices, budgets 0.5-2 units) on the project's 2-core machine; the low end, so
 # that a budget of X units takes at most about X / DET_PER_WALL_S seconds on an idle core
@@ -850,11 +851,16 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
     started from the best of Tessel's schedule and every applicable baseline as a hint and upper bound;
     without one CP-SAT searches alone within the sequential horizon (N times the sum of all durations).
     predicted["proven_bound_s"] is the makespan bound (s) CP-SAT proved (or the model's lower bound),
-    so the gap of any schedule to the optimum is known even when the time limit stops the search."""
+    so the gap of any schedule to the optimum is known even when the time limit stops the search.
+    Under time_limit_s (wall s) Tessel's hint runs under EXACT_HINT_SHARE of it and CP-SAT gets what
+    is left (at least a tenth); without one, Tessel runs unlimited and CP-SAT gets 30 s."""
+    started = time.perf_counter()
     limit = float(time_limit_s or 30.0)
     t = integerize(problem)
-    try:
-        hint: TesselPlan | None = solve_tessel(problem, seed=seed, progress=progress, workers=workers)
+    try:  # under a time limit Tessel gets EXACT_HINT_SHARE of it, CP-SAT the rest
+        hint: TesselPlan | None = solve_tessel(
+            problem, time_limit_s=None if time_limit_s is None else EXACT_HINT_SHARE * limit, seed=seed,
+            progress=progress, workers=workers)
     except (InfeasibleError, SolverError):  # the exact model decides on its own
         hint = None
     tessel_hint = hint is not None
@@ -870,7 +876,8 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
         base, horizon = {}, problem.microbatches * sum(t.dur.values())
     progress(0.3, "exact CP-SAT schedule")
     try:
-        orders, res = schedule_cpsat(problem, t, base, horizon, free=None, time_limit_s=limit, seed=seed,
+        left = limit if time_limit_s is None else max(0.1 * limit, limit - (time.perf_counter() - started))
+        orders, res = schedule_cpsat(problem, t, base, horizon, free=None, time_limit_s=left, seed=seed,
                                      workers=workers)
     except SolverError:  # nothing better found in time: the hint stands, unproven
         if hint is None:
