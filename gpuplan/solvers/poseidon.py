@@ -950,7 +950,11 @@ POOL_MIN_STRUCTURES = 5000  # below this a process pool's start-up costs more th
 
 def _pool_size(workers: int | None, n_structures: int) -> int:
     """Return the number of processes to search with: `workers` when given, else every core (at most
-    8) when the space is large enough to pay for the pool, else 1."""
+    8) when the space is large enough to pay for the pool, else 1; 1 where processes cannot fork."""
+    import multiprocessing as mp
+
+    if "fork" not in mp.get_all_start_methods():
+        return 1
     if workers is not None:
         return max(1, int(workers))
     if n_structures < POOL_MIN_STRUCTURES:
@@ -976,9 +980,7 @@ def _solve_pooled(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[
     equally fast plans go to the lowest (combo rank, structure index)."""
     import multiprocessing as mp
 
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    if ctx is None:  # no fork (Windows, macOS spawn): the serial search
-        return solve_poseidon(problem, time_limit_s=time_limit_s, progress=lambda *a: None, workers=1)
+    ctx = mp.get_context("fork")  # the workers inherit the cost model's caches (`_pool_size` checks)
     shared = ctx.Value("d", best[0])
     _POOL.update(problem=problem, cm=cm, combos=all_combos, ranked=ranked, shared=shared, mapper=mapper,
                  deadline=stats.deadline, step=n_workers)
