@@ -171,3 +171,45 @@ def profile_figure(profile: Any, path: Path) -> Path:
         legend_outside(ax2)
     fig.suptitle(f"profile of {profile.host} (torch {profile.torch_version})", fontsize=10)
     return _save(fig, path)
+
+
+def relay_tree(ax: Any, edges: Sequence[tuple[str, str, float]], arrival_s: dict[str, float],
+               region: dict[str, str], root: str) -> None:
+    """Draw a relay tree on `ax` as a transfer timeline: each node at the time (s) it holds the whole
+    payload (the root at 0), one row per node in depth-first order; an arrow per edge (parent, child,
+    rate in Gb/s) labelled with its rate; nodes coloured by region with a key outside. Return None."""
+    children: dict[str, list[str]] = {}
+    for parent, child, _ in edges:
+        children.setdefault(parent, []).append(child)
+    order: list[str] = []
+
+    def visit(node: str) -> None:
+        order.append(node)
+        for c in sorted(children.get(node, []), key=lambda c: arrival_s.get(c, 0.0)):
+            visit(c)
+
+    visit(root)
+    row = {n: i for i, n in enumerate(order)}
+    regions = list(dict.fromkeys(region.get(n, "?") for n in order))
+    colour = {r: series_colour(i) for i, r in enumerate(regions)}
+    x = {n: (0.0 if n == root else arrival_s.get(n, 0.0)) for n in order}
+    for parent, child, gbps in edges:
+        if parent not in row or child not in row:
+            continue
+        ax.annotate("", xy=(x[child], row[child]), xytext=(x[parent], row[parent]),
+                    arrowprops={"arrowstyle": "->", "color": PALETTE["comm"], "lw": 1.2})
+        ax.text((x[parent] + x[child]) / 2, (row[parent] + row[child]) / 2, f"{gbps:.3g} Gb/s", fontsize=7,
+                ha="center", va="bottom", color="#444444")
+    seen: set[str] = set()
+    for n in order:
+        r = region.get(n, "?")
+        ax.scatter([x[n]], [row[n]], s=90, color=colour[r], edgecolor="black", zorder=3,
+                   label=r if r not in seen else None)
+        seen.add(r)
+    ax.set_yticks(range(len(order)), order)
+    ax.invert_yaxis()
+    ax.set_xlabel("time the whole payload is held (s)")
+    ax.set_title("relay tree: who sends to whom, and when each worker has the weights", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    ax.margins(x=0.12, y=0.1)
+    legend_outside(ax, title="region")

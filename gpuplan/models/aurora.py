@@ -597,15 +597,18 @@ def draw(problem: AuroraProblem, plan: AuroraPlan, path: Any) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from gpuplan.viz import PALETTE, legend_outside
+    from gpuplan.viz import PALETTE, legend_outside, relay_tree
 
     names = problem.worker_names()
-    fig, ax = plt.subplots(figsize=(9.5, 0.4 * len(names) + 1.8))
+    fig, (tree_ax, ax) = plt.subplots(1, 2, figsize=(16, 0.45 * len(names) + 2.2))
+    nodes = [TRAINER] + names
+    relay_tree(tree_ax, [(e.parent, e.child, e.rate_GBps * 8) for e in plan.edges], plan.arrival_s,
+               {n: problem.region_of(n) for n in nodes}, TRAINER)
     for i, w in enumerate(names):
         f = plan.arrival_s.get(w, 0.0)
         gen = plan.rollout.get(w, 0) * problem.seconds_per_sample(w)
-        ax.barh(i, f, color=PALETTE["comm"], label="weights arrive (transfer)" if i == 0 else None)
-        ax.barh(i, gen, left=0 if plan.staleness else f, color=PALETTE["forward"], alpha=0.6,
+        ax.barh(i - 0.2, f, height=0.4, color=PALETTE["comm"], label="weights arrive (transfer)" if i == 0 else None)
+        ax.barh(i + 0.2, gen, height=0.4, left=0 if plan.staleness else f, color=PALETTE["forward"],
                 label="rollout (generation)" if i == 0 else None)
     ax.axvline(plan.predicted.get("step_time_s", 0), color="k", ls="--", label="step time")
     ax.set_yticks(range(len(names)), names)
