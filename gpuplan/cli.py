@@ -429,17 +429,19 @@ def run_cmd(args: tuple[str, ...]) -> None:
     calibrate=3, timeout_s=300, check_grads=true (tessel), return_grads=true (poseidon);
     `gpuplan list --options KIND` lists every run option of KIND with its type and default, and an
     unknown or mistyped one is refused. --json prints the measured figures as one JSON document
-    {command, plan_file, kind, result} (result: the runner's figures; its tables as title/columns/rows).
+    {command, plan_file, kind, result} (result: the runner's figures; its tables as title/columns/rows). --png FILE draws predicted next to measured (per stage or block, and the
+    iteration) from the run's report tables.
 
     \b
     Examples:
+      gpuplan run tessel-plan.json --png measured.png
       gpuplan run tessel-plan.json --option steps=5 --option threads=1
       gpuplan run poseidon-plan.json --json > measured.json
       gpuplan run lagom-plan.json -- torchrun --nproc-per-node 2 train.py
     Exit codes: 0 ran, 1 the plan fails check, 2 bad input or option, 4 torch missing;
     with -- COMMAND, COMMAND's own exit code.
     """
-    items, json_out, option_pairs = _run_flags(list(args))
+    items, json_out, option_pairs, png = _run_flags(list(args))
     kind = items.pop(0) if len(items) >= 2 and items[0] in registry.kinds() else None
     if not items:
         _fail(GpuplanError("usage: gpuplan run [KIND] PLAN [-- COMMAND...]"))
@@ -482,6 +484,14 @@ def run_cmd(args: tuple[str, ...]) -> None:
                                          if k == "report" and isinstance(v, list) else v)
                                      for k, v in result.items()}}, json_out)
     report = [t for t in result.get("report", []) if isinstance(t, Table)]
+    if png:
+        from gpuplan.viz import run_figure
+
+        try:
+            run_figure(f"gpuplan run {plan_file}: predicted vs measured", report, Path(png))
+        except GpuplanError as exc:
+            _fail(exc)
+        say(f"figure written to {png}", json_out)
     if json_out == STDOUT:
         code = result.get("returncode") if rest else None
         if isinstance(code, int) and not isinstance(code, bool) and code != 0:
@@ -502,12 +512,13 @@ def run_cmd(args: tuple[str, ...]) -> None:
         sys.exit(code if code > 0 else 128 - code)  # killed by signal N: 128 + N, as shells report it
 
 
-def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]]:
+def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...], str | None]:
     """Split `gpuplan run`'s raw arguments before `--` into (the rest, --json destination or None,
-    the --option KEY=VALUE pairs); raise BadParameter when --option has no value."""
+    the --option KEY=VALUE pairs, the --png FILE or None); raise BadParameter when a value is missing."""
     out: list[str] = []
     json_out: str | None = None
     pairs: list[str] = []
+    pairs_png: list[str] = []
     i = 0
     while i < len(items):
         a = items[i]
@@ -518,6 +529,11 @@ def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]
             json_out = STDOUT
         elif a.startswith("--json="):
             json_out = a.split("=", 1)[1] or STDOUT
+        elif a == "--png":
+            if i + 1 >= len(items):
+                raise click.BadParameter("expected a FILE after --png", param_hint="--png")
+            pairs_png.append(items[i + 1])
+            i += 1
         elif a in ("--option", "-O"):
             if i + 1 >= len(items):
                 raise click.BadParameter("expected KEY=VALUE after --option", param_hint="--option")
@@ -528,7 +544,7 @@ def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]
         else:
             out.append(a)
         i += 1
-    return out, json_out, tuple(pairs)
+    return out, json_out, tuple(pairs), (pairs_png[-1] if pairs_png else None)
 
 
 def _plan_kind(plan_file: str) -> str | None:

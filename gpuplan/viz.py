@@ -213,3 +213,57 @@ def relay_tree(ax: Any, edges: Sequence[tuple[str, str, float]], arrival_s: dict
     ax.grid(axis="x", alpha=0.3)
     ax.margins(x=0.12, y=0.1)
     legend_outside(ax, title="region")
+
+
+def _series_pairs(columns: Sequence[str]) -> list[tuple[str, list[int], int]]:
+    """Return (what, predicted column indices, measured column index) for each measured column of a
+    report table whose predictions sit beside it ("fwd plan", "fwd shared" next to "fwd measured";
+    "predicted_s" next to "measured_s"; "plan" next to "measured")."""
+    out = []
+    for m, name in enumerate(columns):
+        low = name.lower()
+        if "measured" not in low or "error" in low or "/" in low:
+            continue
+        prefix = low.replace("measured", "").replace("_s", "").strip(" _")
+        preds = [i for i, c in enumerate(columns) if i != m and "error" not in c.lower() and "/" not in c
+                 and any(w in c.lower() for w in ("plan", "predicted", "shared"))
+                 and c.lower().replace("predicted", "").replace("plan", "").replace("shared", "")
+                 .replace("_s", "").strip(" _") == prefix]
+        if preds:
+            out.append((prefix, preds, m))
+    return out
+
+
+def run_figure(title: str, tables: Sequence[Any], path: Path) -> Path:
+    """Draw predicted next to measured for every report table of `gpuplan run` that pairs them (one
+    panel per table, one group of bars per row: each prediction, then the measurement in black).
+    Units follow the table: columns ending in _s are seconds, tables titled '(ms...' are ms. Return
+    the path; raise InputError when no table pairs a prediction with a measurement."""
+    panels = [(t, _series_pairs(t.columns)) for t in tables]
+    panels = [(t, pairs) for t, pairs in panels if pairs and t.rows]
+    if not panels:
+        raise InputError("run --png: the run reported no predicted-vs-measured table to draw", field="--png")
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.2 * len(panels) + 0.6), squeeze=False)
+    for ax, (table, pairs) in zip(axes[:, 0], panels):
+        series: list[tuple[str, int, str]] = []
+        for what, preds, m in pairs:
+            for k, p in enumerate(preds):
+                series.append((table.columns[p], p, series_colour(k + 1) if k else PALETTE["predicted"]))
+            series.append((table.columns[m], m, PALETTE["measured"]))
+        width = 0.8 / len(series)
+        labels = [" ".join(str(c) for c in row[:2] if isinstance(c, str)) or str(row[0]) for row in table.rows]
+        for j, (name, col, colour) in enumerate(series):
+            values = [row[col] if isinstance(row[col], (int, float)) and not isinstance(row[col], bool) else 0.0
+                      for row in table.rows]
+            ax.bar([i + (j - (len(series) - 1) / 2) * width for i in range(len(values))], values, width,
+                   color=colour, label=name, edgecolor="black", linewidth=0.3)
+        ax.set_xticks(range(len(labels)), [lab[:40] for lab in labels], fontsize=7, rotation=15, ha="right")
+        unit = "s" if any(table.columns[c].endswith("_s") for _, c, _ in series) else (
+            "ms" if "(ms" in table.title else "value as in the table")
+        ax.set_ylabel(f"time ({unit})" if unit in ("s", "ms") else unit)
+        head = table.title.split(";")[0][:110]
+        ax.set_title(head + ")" * (head.count("(") - head.count(")")), fontsize=9, loc="left")
+        legend_outside(ax)
+    fig.suptitle(title, fontsize=11)
+    return _save(fig, path)

@@ -193,3 +193,25 @@ def test_gallery_script_draws_every_figure(tmp_path: Path) -> None:
     for path in paths:
         _png(path)
         assert f"gallery/{path.name}" in text
+
+
+def test_run_figure_pairs_predictions_with_measurements(tmp_path: Path) -> None:
+    """run --png's chart finds the predicted/measured column pairs of the runners' report tables
+    (tessel's predicted_s/measured_s and plan/measured, poseidon's fwd plan/fwd shared/fwd measured)."""
+    from gpuplan.models.base import Table
+    from gpuplan.viz import _series_pairs, run_figure
+
+    assert _series_pairs(["prediction", "predicted_s", "measured_s", "error"]) == [("", [1], 2)]
+    assert _series_pairs(["block", "kind", "devices", "plan", "measured", "error"]) == [("", [3], 4)]
+    cols = ["stage", "type", "fwd plan", "fwd shared", "fwd measured", "fwd error", "bwd plan", "bwd measured",
+            "fwd compute plan / CPU time"]
+    assert _series_pairs(cols) == [("fwd", [2, 3], 4), ("bwd", [6], 7)]
+    tables = [Table("step: predicted vs measured (median of 3 steps; error)", ["prediction", "predicted_s",
+                                                                               "measured_s", "error"],
+                    [["makespan", 0.4, 1.5, "-74%"]]),
+              Table("machine", ["what", "value"], [["cores", 2]])]
+    _png(run_figure("run", tables, tmp_path / "r.png"))
+    from gpuplan.errors import InputError
+
+    with pytest.raises(InputError, match="no predicted-vs-measured"):
+        run_figure("run", tables[1:], tmp_path / "none.png")
