@@ -98,6 +98,21 @@ def _show_progress(quiet: bool, json_out: str | None) -> bool:
     return not quiet and not root_quiet and sys.stderr.isatty()
 
 
+@contextmanager
+def _spinner(message: str, enabled: bool) -> Iterator[None]:
+    """Show a spinner with the elapsed time on stderr while the block runs (a no-op when disabled)."""
+    if not enabled:
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        bar.add_task(message, total=None)
+        yield
+
+
 def _plan_doc(plan: Any, plan_file: str, tables: list[Table]) -> dict[str, Any]:
     """Return the JSON document of a plan for solve/show: plan_file, kind, status, objective_name,
     objective, predicted, solver, seed, solve_time_s, message, input_digest, tables."""
@@ -462,7 +477,8 @@ def run_cmd(args: tuple[str, ...]) -> None:
                 if name not in known:
                     raise InputError(f"run option {name!r}: a training bundle's run has no such option; "
                                      f"expected one of: {', '.join(known)}", field=f"option.{name}")
-            result = run_bundle(plan_file, **bundle_options)
+            with _spinner(f"running the bundle {plan_file}", _show_progress(False, json_out)):
+                result = run_bundle(plan_file, **bundle_options)
         else:
             plan = api.load_plan(plan_file)
             if kind and plan.kind != kind:
@@ -473,7 +489,8 @@ def run_cmd(args: tuple[str, ...]) -> None:
 
                 check_run_options(plan.kind, run_options)
             _LOG.info("running %s with options %s", plan_file, run_options)
-            result = (api.run(plan, command=rest, **run_options) if rest else api.run(plan, **run_options))
+            with _spinner(f"running {plan_file}", _show_progress(False, json_out) and not rest):
+                result = (api.run(plan, command=rest, **run_options) if rest else api.run(plan, **run_options))
     except api.PlanRejected as exc:  # the plan fails check: exit as check does, nothing was started
         _fail(exc, EXIT_VIOLATIONS)
     except GpuplanError as exc:
