@@ -528,7 +528,10 @@ def describe(problem: OefProblem, plan: OefPlan) -> list[Table]:
     figures = [["policy", plan.policy], ["guarantees", ", ".join(plan.guarantees) or "-"],
                ["efficiency (slowest-GPU equivalents)", f["efficiency"]],
                ["worst sharing-incentive ratio", f["min_si_ratio"]], ["envy pairs", f["envy_pairs"]],
-               ["largest envy", f["max_envy"]], ["Pareto improvement (efficiency gain)", f["pareto_gain"]]]
+               ["largest envy (relative: U_i(X_k) / U_i(X_i) - 1; huge when a job gets almost nothing)",
+                f["max_envy"]],
+               ["Pareto gap (efficiency a reallocation lowering no job would add, fraction; 0 = Pareto "
+                "efficient; envy-freeness can forbid it)", f["pareto_gain"]]]
     figures += [[f"{t} GPUs used", v] for t, v in f["gpus_used"].items()]
     if plan.rounds:
         figures += [["rounds", len(plan.rounds)], ["largest round-share gap", f["round_gap"]],
