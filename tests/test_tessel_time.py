@@ -179,3 +179,22 @@ def test_exact_shares_its_limit_with_the_tessel_hint(monkeypatch: pytest.MonkeyP
     assert seen["tessel_limit_s"] == pytest.approx(solvers.EXACT_HINT_SHARE * 3.0)
     assert float(seen["cpsat_limit_s"]) <= 3.0 - 1.0  # type: ignore[arg-type]
     assert plan.solver.wall_time_s <= 3.0 * 1.1 + SLACK_S
+
+
+@pytest.mark.parametrize("shape,p,chunks,memory", [("1f1b", 4, 2, 4), ("vshape", 4, 2, 8), ("interleaved", 4, 2, 11),
+                                                   ("interleaved", 3, 3, None), ("tp_pp", 4, 2, 8)])
+def test_a_constructed_pattern_is_a_valid_repetend(shape: str, p: int, chunks: int, memory: float | None) -> None:
+    prob = problem(shape, p, 12, chunks=chunks, memory=memory)
+    t = solvers.integerize(prob)
+    busy = max(sum(t.dur[n] for n in names) for names in solvers._on_device(prob))
+    for period in range(busy, sum(t.dur.values()) + 1):
+        pat = solvers.modulo_pattern(prob, t, period)
+        if pat is None:
+            continue
+        for b in prob.blocks:  # dependencies hold between absolute offsets
+            for a in b.after:
+                assert pat.at(b.name, 0) >= pat.at(a, 0) + t.dur[a]
+        plan = solvers.make_plan(prob, solvers._unrolled(prob, pat), "tessel", "feasible")
+        assert not check(prob, plan), (shape, period)  # unrolled over N: memory and overlaps hold
+    pat, stats = solvers.find_repetend(prob, t, time_limit_s=2.0, seed=0, progress=no_progress)
+    assert set(stats["periods_constructed"]) <= set(stats["periods_tried"])

@@ -210,6 +210,82 @@ def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: fl
     return Pattern(period, {n: v(s[n]) for n in s}, {n: v(k[n]) for n in k}, v(span))
 
 
+def modulo_pattern(problem: TesselProblem, t: Ticks, period: int) -> Pattern | None:
+    """Return a repetend at `period` (ticks) built without a solver, or None. Two constructions: every
+    block in topological order at the earliest time after its dependencies whose slot modulo the period
+    is free on all its devices (greedy modulo scheduling); and, when every block sits on one device,
+    each device's blocks packed back to back in the order of their as-soon-as-possible start modulo the
+    period, each lag then the smallest after its dependencies. A pattern is kept only when it satisfies
+    every constraint of the cyclic model (_repetend_at): lags within its bound, memory under each limit."""
+    order = topological_order(problem.blocks) or []
+    if any(sum(t.dur[n] for n in names) > period for names in _on_device(problem)):
+        return None
+    for build in (_greedy_offsets, _packed_offsets):
+        off = build(problem, t, period, order)
+        if off is not None and (pat := _valid_pattern(problem, t, period, off)) is not None:
+            return pat
+    return None
+
+
+def _greedy_offsets(problem: TesselProblem, t: Ticks, period: int, order: list[str]) -> dict[str, int] | None:
+    """Return absolute tick offsets of greedy modulo scheduling in topological order (see modulo_pattern)."""
+    used = [[False] * period for _ in range(problem.devices)]
+    off: dict[str, int] = {}
+    for n in order:
+        b = problem.block(n)
+        earliest = max((off[a] + t.dur[a] for a in b.after), default=0)
+        for at in range(earliest, earliest + period):
+            slots = [(at + j) % period for j in range(t.dur[n])]
+            if all(not used[d][x] for d in b.devices for x in slots):
+                for d in b.devices:
+                    for x in slots:
+                        used[d][x] = True
+                off[n] = at
+                break
+        else:
+            return None
+    return off
+
+
+def _packed_offsets(problem: TesselProblem, t: Ticks, period: int, order: list[str]) -> dict[str, int] | None:
+    """Return absolute tick offsets of each device's blocks packed by as-soon-as-possible phase, lags the
+    smallest after the dependencies (see modulo_pattern); None when a block spans several devices."""
+    if any(len(b.devices) != 1 for b in problem.blocks):
+        return None
+    asap: dict[str, int] = {}
+    for n in order:
+        asap[n] = max((asap[a] + t.dur[a] for a in problem.block(n).after), default=0)
+    phase: dict[str, int] = {}
+    for names in _on_device(problem):
+        at = 0
+        for n in sorted(names, key=lambda n: (asap[n] % period, asap[n], n)):
+            phase[n], at = at, at + t.dur[n]
+    off: dict[str, int] = {}
+    for n in order:
+        earliest = max((off[a] + t.dur[a] for a in problem.block(n).after), default=0)
+        off[n] = phase[n] + period * max(0, -(-(earliest - phase[n]) // period))
+    return off
+
+
+def _valid_pattern(problem: TesselProblem, t: Ticks, period: int, off: dict[str, int]) -> Pattern | None:
+    """Return the pattern of absolute offsets (ticks) when it meets the cyclic model's lag bound and
+    steady-state memory limits (no overlap modulo the period holds by construction), else None."""
+    kmax = min(len(problem.blocks), 2 * -(-_critical_path(problem, t) // period) + 2)
+    lag = {n: v // period for n, v in off.items()}
+    if max(lag.values()) > kmax:
+        return None
+    start = {n: v % period for n, v in off.items()}
+    for d, names in enumerate(_on_device(problem)):
+        if t.limit[d] is None:
+            continue
+        in_flight = -sum(t.mem[n] * lag[n] for n in names)
+        for a in names:
+            if t.mem[a] > 0 and t.mem[a] + sum(t.mem[x] for x in names if x != a and start[x] <= start[a]) \
+                    + in_flight > t.limit[d]:
+                return None
+    return Pattern(period, start, lag, max(v + t.dur[n] for n, v in off.items()))
+
+
 def _critical_path(problem: TesselProblem, t: Ticks) -> int:
     """Return the longest dependency chain of one micro-batch, in ticks."""
     end: dict[str, int] = {}
@@ -307,12 +383,16 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     upper = sum(t.dur.values())
     tried: list[int] = []
     unknown: list[int] = []
+    constructed: list[int] = []  # periods settled by modulo_pattern, without CP-SAT
     per_call = probe_budget(problem, t, time_limit_s, clock)  # deterministic-time units
     cost_s = per_call / DET_PER_WALL_S
 
     def feasible(period: int) -> Pattern | None:
         tried.append(period)
         progress(None, f"repetend: trying period {period} ticks")
+        if chains is None and (quick := modulo_pattern(problem, t, period)) is not None:
+            constructed.append(period)  # no solver call needed
+            return quick
         return _repetend_at(problem, t, period, per_call, seed, optimise=False, unknown=unknown, chains=chains)
 
     found, bad, step, period = None, lower - 1, 1, min(lower, upper)
@@ -345,7 +425,8 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
         if short is not None and short.span < found.span:
             found = short
     return found, {"period_lower_bound_ticks": busy_bound, "period_memory_bound_ticks": mem_bound,
-                   "periods_tried": tried, "tick_s": t.tick_s, "probe_budget": per_call,
+                   "periods_tried": tried, "periods_constructed": constructed, "tick_s": t.tick_s,
+                   "probe_budget": per_call,
                    "periods_undecided": sorted(set(unknown)), "periods_not_probed": not_probed,
                    "period_proven_minimal": not unknown and not not_probed}
 
