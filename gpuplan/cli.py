@@ -91,6 +91,16 @@ def _example(kind: str, verb: str) -> str:
     return "\b\nExamples:\n" + "\n".join(lines) + "\n\n" + EXIT_CODES_HELP
 
 
+def _option_keys(kind: str) -> str:
+    """Return 'Keys: solver: a, b; other: c.' listing each solver's option names (for --help)."""
+    parts = []
+    for s in registry.solvers(kind):
+        names = sorted(registry.solver_options(s))
+        if names:
+            parts.append(f"{s.name}: {', '.join(names)}")
+    return ("Keys: " + "; ".join(parts) + ".") if parts else "No solver of this kind takes options."
+
+
 def _show_progress(quiet: bool, json_out: str | None) -> bool:
     """Return whether to draw a progress bar: on a terminal (stderr), unless -q or the global -q."""
     ctx = click.get_current_context(silent=True)
@@ -219,7 +229,7 @@ def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
                      type=click.Path(dir_okay=False), help="Where to write the plan (JSON)."),
         click.Option(["--option"], multiple=True,
                      help=f"Solver option KEY=VALUE (repeatable; `gpuplan list --options {kind}` lists "
-                          "each solver's options with types and defaults)."),
+                          f"them with types and defaults). {_option_keys(kind)}"),
         json_option(),
     ] + _common_solve(kind)
     return click.Command(kind, params=params, callback=callback, epilog=_example(kind, "solve"),

@@ -152,6 +152,13 @@ def test_help_has_examples_and_exit_codes() -> None:
     r = CliRunner().invoke(main, ["solve", "aurora", "--help"])
     assert "Solve an aurora problem" in r.output
     assert "--option KEY=VALUE" in CliRunner().invoke(main, ["run", "--help"]).output
+    solve_help = " ".join(CliRunner().invoke(main, ["solve", "poseidon", "--help"]).output.split())
+    from gpuplan import registry
+
+    for spec in registry.solvers("poseidon"):  # each solver's option keys, as the registry reads them
+        names = sorted(registry.solver_options(spec))
+        if names:
+            assert f"{spec.name}: {', '.join(names)}" in solve_help
 
 
 def test_verbose_logs_on_stderr(tmp_path: Path) -> None:
