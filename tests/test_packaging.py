@@ -123,3 +123,26 @@ def test_doctor_without_torch(tmp_path: Path) -> None:
     assert doc["commands"]["solve"]["works"] is True
     assert doc["commands"]["profile"]["works"] is False
     assert "gpuplan[torch]" in doc["commands"]["profile"]["why"]
+
+
+def test_png_without_matplotlib_names_the_plot_extra(tmp_path: Path) -> None:
+    """Without matplotlib (the `plot` extra) tables still show; --png exits 4 naming gpuplan[plot]."""
+    script = tmp_path / "child.py"
+    script.write_text(BLOCKER.replace('("torch", "safetensors")', '("torch", "safetensors", "matplotlib")')
+                      + textwrap.dedent(f'''
+        import json
+        from click.testing import CliRunner
+        from gpuplan.cli import main
+
+        plan = {str(tmp_path / "p.json")!r}
+        r = CliRunner()
+        solved = r.invoke(main, ["solve", "oef", {EXAMPLES["oef"]!r}, "-o", plan, "-q"])
+        shown = r.invoke(main, ["show", plan])
+        drawn = r.invoke(main, ["show", plan, "--png", {str(tmp_path / "p.png")!r}])
+        print(json.dumps([solved.exit_code, shown.exit_code, drawn.exit_code, drawn.output]))
+    '''))
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    solved, shown, drawn, text = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (solved, shown, drawn) == (0, 0, 4), text
+    assert "pip install 'gpuplan[plot]'" in text
