@@ -834,7 +834,9 @@ def draw(problem: PoseidonProblem, plan: PoseidonPlan, path: Path) -> None:
 
     from gpuplan.io import atomic_write_figure
 
-    colors = {"F": "#4c72b0", "B": "#dd8452", "AR": "#55a868"}
+    from gpuplan.viz import PALETTE
+
+    colors = {"F": PALETTE["forward"], "B": PALETTE["backward"], "AR": PALETTE["comm"]}
     fig, ax = plt.subplots(figsize=(12, 1.0 + 0.5 * len(plan.stages)))
     for s, kind, j, a, b in timeline(problem, plan):
         ax.barh(s, (b - a) * 1e3, left=a * 1e3, color=colors[kind], edgecolor="white", linewidth=0.3)
@@ -844,7 +846,7 @@ def draw(problem: PoseidonProblem, plan: PoseidonPlan, path: Path) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
     ax.set_title(f"{plan.schedule}, {plan.num_microbatches} micro-batches, iteration {plan.iteration_time_s * 1e3:.1f} ms"
-                 " (blue forward, orange backward, green all-reduce + optimizer)")
+                 " (blue forward, orange backward, pink all-reduce + optimizer)")
     fig.tight_layout()
     atomic_write_figure(fig, path, dpi=120)
 
