@@ -222,3 +222,19 @@ def test_run_figure_pairs_predictions_with_measurements(tmp_path: Path) -> None:
 
     with pytest.raises(InputError, match="no predicted-vs-measured"):
         run_figure("run", tables[1:], tmp_path / "none.png")
+
+
+@pytest.mark.slow
+def test_run_json_and_png_end_to_end(tmp_path: Path) -> None:
+    """gpuplan run PLAN --option steps=1 --json --png: one document with the documented keys (the
+    measured figures under result, report tables as title/columns/rows) and a predicted-vs-measured PNG."""
+    plan = tmp_path / "t.json"
+    assert invoke("solve", "tessel", ROOT / "examples/tessel/hand-2.yaml", "-o", plan, "-q")[0] == 0
+    png = tmp_path / "run.png"
+    code, out = invoke("run", plan, "--option", "steps=1", "--option", "threads=1", "--json", "--png", png)
+    assert code == 0, out
+    doc = json.loads(out)
+    assert {"command", "plan_file", "kind", "result"} <= set(doc) and doc["kind"] == "tessel"
+    assert doc["result"]["measured_step_s"] > 0
+    assert all({"title", "columns", "rows"} <= set(t) for t in doc["result"]["report"])
+    _png(png)
