@@ -238,3 +238,29 @@ def test_run_json_and_png_end_to_end(tmp_path: Path) -> None:
     assert doc["result"]["measured_step_s"] > 0
     assert all({"title", "columns", "rows"} <= set(t) for t in doc["result"]["report"])
     _png(png)
+
+
+def test_doctor_reads_cuda_devices_and_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a (stubbed) CUDA device and NCCL, doctor lists the device with its free memory, NCCL's
+    version, and says run uses NCCL (no GPU is needed for this test)."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.doctor import diagnose, tables
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: types.SimpleNamespace(name="NVIDIA H200", total_memory=140 * gib, major=9, minor=0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (100 * gib, 140 * gib))
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 21, 5))
+    report = diagnose()
+    assert report["torch"]["cuda_devices"] == [{"index": 0, "name": "NVIDIA H200", "memory_bytes": 140 * gib,
+                                                "free_bytes": 100 * gib, "capability": "9.0"}]
+    assert report["torch"]["nccl"] == {"available": True, "version": "2.21.5"}
+    assert "nccl" in report["commands"]["run"]["why"] and "1 CUDA GPU" in report["commands"]["profile"]["why"]
+    assert [t.title for t in tables(report)] == ["this machine", "CUDA devices", "commands"]
