@@ -7,8 +7,6 @@ Gavel's round mechanism.
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from gpuplan import registry
@@ -63,7 +61,6 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
       gpuplan simulate oef examples/oef/trace-100.yaml --policy oef --policy gavel-maxmin --png jct.png
       gpuplan simulate oef examples/oef/trace-100.yaml --json > figures.json
     Exit codes: 0 simulated, 2 bad trace or option."""
-    from gpuplan.io import atomic_write_text
     from gpuplan.models.base import validate
     from gpuplan.models.oef_trace import Trace, load_trace
     from gpuplan.solvers.oef_sim import simulate
