@@ -66,13 +66,22 @@ def test_cpsat_budgets_follow_the_limit(monkeypatch: pytest.MonkeyPatch) -> None
     limit = 2.0
     plan = solvers.solve_tessel(prob, progress=no_progress, time_limit_s=limit, floor=False)
     assert calls and not check(prob, plan)
-    total = 0.0
-    for kw in calls:  # deterministic: one worker, no wall clock, a budget sized from the limit
+    pool = solvers.CPSAT_SHARE * limit * solvers.DET_PER_WALL_S
+    for kw in calls:  # deterministic: one worker, no wall clock, at most half the units left
         assert kw.get("time_limit_s") is None and kw.get("workers") == 1
-        budget = float(kw["deterministic_limit"])  # type: ignore[arg-type]
-        assert 0 < budget <= solvers.CPSAT_SHARE * limit * solvers.DET_PER_WALL_S
-        total += budget
-    assert total <= limit * solvers.DET_PER_WALL_S  # the probes' budgets fit the limit at the calibration
+        assert 0 < float(kw["deterministic_limit"]) <= pool / 2  # type: ignore[arg-type]
+    assert 0 <= plan.solver.stats["cpsat_units_left"] < pool
+
+
+def test_the_clock_shares_out_the_deterministic_units() -> None:
+    clock = solvers.Clock(time.perf_counter(), 10.0)
+    pool = solvers.CPSAT_SHARE * 10.0 * solvers.DET_PER_WALL_S
+    assert clock.det_budget(100.0) == pytest.approx(pool / 2) and clock.det_budget(0.1) == pytest.approx(0.1)
+    clock.det_spent(pool / 2)
+    assert clock.det_budget(100.0) == pytest.approx(pool / 4)
+    clock.det_spent(10 * pool)
+    assert clock.det_left == 0 and clock.det_budget(1.0) == pytest.approx(0.01)
+    assert solvers.Clock(time.perf_counter(), None).det_budget(3.0) == 3.0  # no limit: the default budget
 
 
 def test_a_limit_that_does_not_cut_keeps_the_plan_deterministic() -> None:

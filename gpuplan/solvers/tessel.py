@@ -46,6 +46,20 @@ class Clock:
     limit_s: float | None
     cut: list[str] = field(default_factory=list)
     step_s: float = 0.0
+    det_left: float = math.inf  # CP-SAT deterministic units left to the repetend searches
+
+    def __post_init__(self) -> None:
+        if self.limit_s is not None:
+            self.det_left = CPSAT_SHARE * self.limit_s * DET_PER_WALL_S
+
+    def det_budget(self, default: float) -> float:
+        """Return the deterministic budget (CP-SAT units) of the next call: `default`, under a limit at most
+        half of what is left (at least 0.01)."""
+        return default if math.isinf(self.det_left) else max(0.01, min(default, self.det_left / 2))
+
+    def det_spent(self, units: float) -> None:
+        """Record deterministic units (CP-SAT) used by a call."""
+        self.det_left = max(0.0, self.det_left - units)
 
     def left_s(self) -> float:
         """Return the seconds left before the guard (inf without a limit)."""
@@ -140,11 +154,12 @@ class Pattern:
 
 def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: float, seed: int,
                  optimise: bool, unknown: list[int] | None = None, hint: Pattern | None = None,
-                 chains: list[list[str]] | None = None) -> Pattern | None:
+                 chains: list[list[str]] | None = None, clock: Clock | None = None) -> Pattern | None:
     """Solve the cyclic model at a fixed period; return the pattern or None when none is found
     (the period is appended to `unknown` when the time limit ran out without a proof). `hint`, a
     pattern at the same period, seeds the search. `chains` lists the copies of one block in a grouped
-    problem (see grouped): they start in micro-batch order, the last before the next period's first."""
+    problem (see grouped): they start in micro-batch order, the last before the next period's first.
+    `clock` is charged the deterministic units used (the whole budget when no pattern is returned)."""
     from ortools.sat.python import cp_model
 
     m = cp_model.CpModel()
@@ -201,11 +216,17 @@ def _repetend_at(problem: TesselProblem, t: Ticks, period: int, time_limit_s: fl
         # same pattern on an idle machine and under load
         res = solve_cpsat(m, time_limit_s=None, deterministic_limit=time_limit_s, seed=seed, workers=1)
     except InfeasibleError:
+        if clock is not None:
+            clock.det_spent(time_limit_s)
         return None
     except SolverError:
+        if clock is not None:
+            clock.det_spent(time_limit_s)
         if unknown is not None:
             unknown.append(period)
         return None
+    if clock is not None:
+        clock.det_spent(res.solver.ResponseProto().deterministic_time)
     v = res.solver.value
     return Pattern(period, {n: v(s[n]) for n in s}, {n: v(k[n]) for n in k}, v(span))
 
@@ -340,17 +361,12 @@ def sequential_pattern(problem: TesselProblem, t: Ticks) -> Pattern | None:
     return Pattern(at, start, {n: 0 for n in start}, at)
 
 
-def probe_budget(problem: TesselProblem, t: Ticks, time_limit_s: float, clock: Clock | None) -> float:
-    """Return the deterministic-time budget (CP-SAT units) of one period probe: a share of the search's
-    limit capped at a quarter unit per device (at least 0.2); under a wall-clock limit (clock.limit_s)
-    also at most CPSAT_SHARE of it, converted at DET_PER_WALL_S, over the probes a doubling plus a
-    bisection over [busy bound, sum of durations] may need."""
-    per_call = max(0.2, min(time_limit_s / 8, 0.25 * problem.devices))
-    if clock is not None and clock.limit_s is not None:
-        span = max(2, sum(t.dur.values()) - max(_busy(problem, t)) + 2)
-        probes = 2 * math.ceil(math.log2(span)) + 2  # doubling, bisection, latency pass, grouped pattern
-        per_call = min(per_call, max(0.01, CPSAT_SHARE * clock.limit_s * DET_PER_WALL_S / probes))
-    return per_call
+def probe_budget(problem: TesselProblem) -> float:
+    """Return the default deterministic-time budget (CP-SAT units) of one period probe: a quarter unit
+    per device, between 0.2 and 2. Under a wall-clock limit each call gets at most half of the units left
+    (Clock.det_budget): CPSAT_SHARE of the limit at DET_PER_WALL_S, minus what earlier calls used
+    (deterministic too: one worker)."""
+    return max(0.2, min(2.0, 0.25 * problem.devices))
 
 
 def _busy(problem: TesselProblem, t: Ticks) -> list[int]:
@@ -370,7 +386,8 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     max_d sum of durations on d and the memory bound (memory_period_bound), and grows (doubling, then
     bisection) until the cyclic model is feasible. The largest period, the sum of all durations, always
     has a solution when the problem is feasible: one micro-batch at a time (built directly when the
-    topological order fits the memory, else asked of CP-SAT). Each probe gets probe_budget; under a
+    topological order fits the memory, else asked of CP-SAT). A period a constructed pattern settles
+    (modulo_pattern) needs no solver call. Each probe gets probe_budget (Clock.det_budget); under a
     `clock` with a limit no probe starts that could end past its guard (the periods not probed are left
     unproven, and the smallest feasible period found so far stands). Raises InfeasibleError with numbers
     only when CP-SAT proves that no order of one micro-batch at a time fits the memory, and SolverError
@@ -384,8 +401,7 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     tried: list[int] = []
     unknown: list[int] = []
     constructed: list[int] = []  # periods settled by modulo_pattern, without CP-SAT
-    per_call = probe_budget(problem, t, time_limit_s, clock)  # deterministic-time units
-    cost_s = per_call / DET_PER_WALL_S
+    per_call = probe_budget(problem)  # deterministic-time units
 
     def feasible(period: int) -> Pattern | None:
         tried.append(period)
@@ -393,10 +409,14 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
         if chains is None and (quick := modulo_pattern(problem, t, period)) is not None:
             constructed.append(period)  # no solver call needed
             return quick
-        return _repetend_at(problem, t, period, per_call, seed, optimise=False, unknown=unknown, chains=chains)
+        return _repetend_at(problem, t, period, clock.det_budget(per_call), seed, optimise=False, unknown=unknown,
+                            chains=chains, clock=clock)
+
+    def cost_s() -> float:
+        return clock.det_budget(per_call) / DET_PER_WALL_S
 
     found, bad, step, period = None, lower - 1, 1, min(lower, upper)
-    while period < upper and clock.allows(f"period probe {period}", cost_s):  # `upper` is settled below
+    while period < upper and clock.allows(f"period probe {period}", cost_s()):  # `upper` is settled below
         found = feasible(period)
         if found:
             break
@@ -409,7 +429,7 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
     not_probed: list[int] = []  # [first, last] period left unprobed by the wall-clock guard
     while lo < hi:
         mid = (lo + hi) // 2
-        if not clock.allows(f"period probe {mid}", cost_s):
+        if not clock.allows(f"period probe {mid}", cost_s()):
             not_probed = [lo, hi - 1]
             break
         p = feasible(mid)
@@ -419,14 +439,15 @@ def find_repetend(problem: TesselProblem, t: Ticks, *, time_limit_s: float, seed
             lo = mid + 1
     # the feasibility answers leave the lags arbitrary (micro-batches kept in flight for nothing, which
     # the completion cannot undo): shorten one micro-batch's latency at that period, from the pattern
-    budget = latency_search_s or per_call / 10
+    budget = clock.det_budget(latency_search_s or per_call / 10)
     if clock.allows("latency pass", budget / DET_PER_WALL_S):
-        short = _repetend_at(problem, t, found.period, budget, seed, optimise=True, hint=found, chains=chains)
+        short = _repetend_at(problem, t, found.period, budget, seed, optimise=True, hint=found, chains=chains,
+                             clock=clock)
         if short is not None and short.span < found.span:
             found = short
     return found, {"period_lower_bound_ticks": busy_bound, "period_memory_bound_ticks": mem_bound,
                    "periods_tried": tried, "periods_constructed": constructed, "tick_s": t.tick_s,
-                   "probe_budget": per_call,
+                   "probe_budget": per_call, "cpsat_units_left": None if math.isinf(clock.det_left) else clock.det_left,
                    "periods_undecided": sorted(set(unknown)), "periods_not_probed": not_probed,
                    "period_proven_minimal": not unknown and not not_probed}
 
@@ -734,11 +755,12 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
     Every CP-SAT call runs on one worker under a deterministic-time limit only, so the plan does not
     depend on the machine's load.
 
-    time_limit_s (wall seconds) sizes those deterministic budgets (see probe_budget) and arms a
-    wall-clock guard (Clock): no step (period probe, completion candidate, baseline, grouped search)
-    starts that could end past GUARD_END of the limit; the best plan in hand is then returned with status
-    time_limit (stats `time_limit_cut` names the skipped steps). Without a limit the guard is off and the
-    budgets are those of a 20 s limit. A plan can differ under load only when the guard cut the search.
+    time_limit_s (wall seconds) caps those deterministic budgets (CPSAT_SHARE of it at DET_PER_WALL_S
+    units per second, shared out by Clock.det_budget; see probe_budget) and arms a wall-clock guard
+    (Clock): no step (period probe, completion candidate, baseline, grouped search) starts that could end
+    past GUARD_END of the limit; the best plan in hand is then returned with status time_limit (stats
+    `time_limit_cut` names the skipped steps). Without a limit the guard is off and every call gets its
+    default budget. A plan can differ under load only when the guard cut the search.
 
     When the completed schedule misses the lower bound, a second search looks for a repetend of p
     micro-batches per period (p devices; see grouped) and keeps it when its schedule is shorter.
@@ -817,9 +839,9 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
             if src_plan is not None and seed_pat is None:
                 seed_pat = pattern_from_schedule(src, gt, src_plan.schedule, group, period)
                 seeded_by = f"{src_plan.schedule_name} at N={src.microbatches}"
-        budget = probe_budget(problem, t, limit, clock)
+        budget = clock.det_budget(probe_budget(problem))
         gpat = None if seed_pat is None or not clock.allows("grouped pattern", budget / DET_PER_WALL_S) else \
-            _repetend_at(gp, gt, period, budget, seed, optimise=False, hint=seed_pat, chains=chains)
+            _repetend_at(gp, gt, period, budget, seed, optimise=False, hint=seed_pat, chains=chains, clock=clock)
         stats["grouped"] = {"group": group, "period_ticks": period, "seeded_by": seeded_by if seed_pat else None,
                             "found": gpat is not None}
         if gpat is not None and clock.allows("grouped completion"):
