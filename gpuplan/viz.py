@@ -127,11 +127,15 @@ def jct_cdf_figure(title: str, jct_by_policy: dict[str, Sequence[float]], path: 
 
 
 def profile_figure(profile: Any, path: Path) -> Path:
-    """Draw a profile: matmul throughput (TFLOP/s) against matrix size per device type and dtype, and
-    each collective's measured time (s) against message size (bytes) with its alpha-beta fit. Return
-    the path."""
+    """Draw a profile: matmul throughput (TFLOP/s) against matrix size per device type and dtype,
+    each collective's measured time (s) against message size (bytes) with its alpha-beta fit, and
+    (when the profile timed layers) one transformer layer's forward and backward time (ms) against
+    the micro-batch size. Return the path."""
     plt = _pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.4))
+    layer_costs = [c for t in getattr(profile, "layers", []) for c in t.costs if c.part == "layer" and c.tp == 1]
+    rows = 3 if layer_costs else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(11, 3.6 * rows + 0.5))
+    ax1, ax2 = axes[0], axes[1]
     i = 0
     for dt in profile.device_types:
         by_dtype: dict[str, list[Any]] = {}
@@ -169,6 +173,28 @@ def profile_figure(profile: Any, path: Path) -> Path:
     ax2.grid(alpha=0.3)
     if profile.collectives:
         legend_outside(ax2)
+    if layer_costs:
+        ax3 = axes[2]
+        markers = "osD^v<>"
+        groups: dict[tuple[str, int], list[Any]] = {}
+        for c in layer_costs:
+            groups.setdefault((c.device_type, c.seq_len), []).append(c)
+        for g, ((device, seq), costs) in enumerate(sorted(groups.items())):
+            costs.sort(key=lambda c: c.micro_batch)
+            mb = [c.micro_batch for c in costs]
+            ax3.plot(mb, [c.forward_s * 1e3 for c in costs], marker=markers[g % len(markers)],
+                     color=PALETTE["forward"], label=f"{device}, seq {seq}: forward")
+            ax3.plot(mb, [c.backward_s * 1e3 for c in costs], marker=markers[g % len(markers)], linestyle="--",
+                     color=PALETTE["backward"], label=f"{device}, seq {seq}: backward")
+        from matplotlib.ticker import MaxNLocator
+
+        ax3.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax3.set_xlabel("micro-batch size (sequences)")
+        ax3.set_ylabel("time per layer (ms)")
+        ax3.set_ylim(bottom=0)
+        ax3.set_title("one transformer layer: measured time", fontsize=10)
+        ax3.grid(alpha=0.3)
+        legend_outside(ax3)
     fig.suptitle(f"profile of {profile.host} (torch {profile.torch_version})", fontsize=10)
     return _save(fig, path)
 
