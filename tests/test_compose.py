@@ -178,3 +178,21 @@ def test_run_bundle_executes_the_plan(cpu_bundle: Path) -> None:
         want = sum(float(gpt.lm_loss(model(tokens[i * mb:(i + 1) * mb]), targets[i * mb:(i + 1) * mb]))
                    for i in range(m)) / m
     assert out["losses"][0] == pytest.approx(want, rel=1e-5)
+
+
+def test_shared_cores_time() -> None:
+    """With every rate 1 the core-sharing time is the schedule's own; two blocks at half speed take twice."""
+    from gpuplan.models.tessel import orders_of
+    from gpuplan.runtime.bundle import shared_cores_time_s
+
+    plan = gpuplan.solve("poseidon", str(CPU), time_limit_s=5).document()
+    prob = tessel_problem(plan)
+    sched = gpuplan.solve(prob, time_limit_s=3)
+    tails = stage_tails_s(plan)
+    alone = shared_cores_time_s(prob, orders_of(sched.schedule), [1.0, 1.0], tails)
+    assert alone == pytest.approx(composed_time_s(sched.schedule, tails))
+    halved = shared_cores_time_s(prob, orders_of(sched.schedule), [1.0, 0.5], tails)
+    assert alone < halved < 2 * alone
+    pair = gpuplan.load_problem({"kind": "tessel", "devices": 2, "microbatches": 1, "blocks": [
+        {"name": "a", "devices": [0], "duration_s": 1.0}, {"name": "b", "devices": [1], "duration_s": 1.0}]})
+    assert shared_cores_time_s(pair, [[("a", 0)], [("b", 0)]], [1.0, 0.5], [0.0, 0.0]) == pytest.approx(2.0)
