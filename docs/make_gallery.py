@@ -83,7 +83,8 @@ def build(time_limit_s: float = 20.0, out_dir: Path = OUT, page: Path = PAGE) ->
     written.append(png)
     lines += ["## Profile (`gpuplan profile show FILE --png FILE`)", "",
               f"`gpuplan profile show {PROFILE} --png profile.png`: matmul throughput against size, and each",
-              "collective's measured time against message size with the alpha-beta fit the solvers use.", "",
+              "collective's measured time against message size with the alpha-beta fit the solvers use, and one",
+              "transformer layer's forward and backward time against the micro-batch size.", "",
               f"![profile]({_rel(png)})", ""]
     page.write_text("\n".join(lines))
     return written
