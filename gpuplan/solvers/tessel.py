@@ -69,8 +69,9 @@ class Clock:
 
     def allows(self, step: str, cost_s: float | None = None) -> bool:
         """Return whether `step` (estimated cost_s seconds; default the longest step so far) may start and
-        leave half a step for assembling the plan; record it in `cut` when not."""
-        if self.left_s() >= (self.step_s if cost_s is None else cost_s) + self.step_s / 2:
+        leave one more step's time for assembling the plan (steps vary: a list schedule takes up to twice a
+        simulation); record it in `cut` when not."""
+        if self.left_s() >= (self.step_s if cost_s is None else cost_s) + self.step_s:
             return True
         self.cut.append(step)
         return False
