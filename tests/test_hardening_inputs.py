@@ -281,7 +281,7 @@ def test_solve_poseidon_names_a_missing_file() -> None:
 
 def test_unknown_solver_option_is_refused(tmp_path: Path) -> None:
     refused(solve_oef(FOUR, tmp_path / "plan.json", "--option", "no_such_option=1"), "no_such_option",
-            "expected one of: method")
+            "expected one of:", "method")
     assert not (tmp_path / "plan.json").exists()
 
 
