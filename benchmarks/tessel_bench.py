@@ -6,7 +6,8 @@ v = 2, 3, 4 chunks and an unsplit backward F=1, B=2) and 8-64 micro-batches: Tes
 divided by each applicable baseline's and by the exact optimum (where CP-SAT proves it in the
 limit), the gap to the exact optimum / its proven bound, where Tessel's schedule came from (its
 repetend, or a baseline as its floor), ZB-H1 next to the zero-bubble paper's closed form, peak
-memory, search time; then measured vs predicted step time of a CPU run under
+memory, search time; two long runs (N = 2048) under a short time limit (the solver's wall time
+against it); then measured vs predicted step time of a CPU run under
 torch.distributed.pipelining. Every schedule solves at the same memory limit.
 
     .venv/bin/python benchmarks/tessel_bench.py [--quick]
@@ -88,6 +89,23 @@ def solve_row(shape: str, p: int, n: int, exact_s: float) -> list[list[object]]:
              exact_txt, gap, bound_gap, zb_txt, "; ".join(ratios)]]
 
 
+def time_limit_lines() -> list[str]:
+    """Return one line per long run solved under a short time limit: the solver's recorded wall time (s)
+    against the limit, the status and how many steps the wall-clock guard skipped."""
+    lines = []
+    for shape, p, n, limit in [("tp_pp", 4, 2048, 3.0), ("1f1b", 4, 2048, 1.0)]:
+        prob = placement(shape, p, n, float(2 * p))
+        plan = api.solve(prob, solver="tessel", time_limit_s=limit)
+        assert not api.check(prob, plan)
+        stats = plan.solver.stats if plan.solver else {}
+        wall = plan.solver.wall_time_s if plan.solver else float("nan")
+        lines.append(f"time limit {limit:g} s on {shape}-{p}, N={n}: solver {wall:.2f} s, status {plan.status.value}, "
+                     f"makespan {plan.makespan_s:g} from {stats.get('schedule_from')}, "
+                     f"{len(stats.get('time_limit_cut', []))} step(s) skipped "
+                     f"({'held' if wall <= 1.1 * limit else 'MISSED'} within 10%)")
+    return lines
+
+
 def cpu_runs(quick: bool) -> Table:
     """Return measured vs predicted step times of Tessel plans executed on CPU processes (gloo)."""
     rows = []
@@ -167,6 +185,8 @@ def main() -> None:
     if zb:
         print(f"zb-h1 at the zero-bubble paper's closed form m(F+B+W) + (p-1)(F+B-W): "
               f"{sum(float(a) == float(b) for a, b in zb)} of {len(zb)} rows")
+    for line in time_limit_lines():
+        print(line)
     print(f"(solver part took {time.perf_counter() - started:.0f} s on a shared 2-core machine; timings are noisy)")
     if not args.no_run:
         print()
