@@ -7,19 +7,24 @@ calibration. gloo on CPU processes; NCCL when every rank has its own CUDA device
 from __future__ import annotations
 
 import os
-import socket
 import traceback
+from datetime import timedelta
 from typing import Any, Callable
 
 # Keep queue.get from blocking forever when a worker dies without answering.
 _POLL_S = 0.5
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def rendezvous_store(timeout_s: float) -> Any:
+    """Return a master torch.distributed.TCPStore on 127.0.0.1, bound to a port the OS picked.
+
+    The parent holds it for the workers' whole life, so the port cannot be taken by another
+    process between choosing it and binding it (a free-port probe followed by a later bind can).
+    Its `port` attribute is what the workers connect to.
+    """
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def _worker(rank: int, world_size: int, backend: str, port: int, threads: int | None,
@@ -33,8 +38,8 @@ def _worker(rank: int, world_size: int, backend: str, port: int, threads: int | 
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size)
+        store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=300))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
         try:
             result = fn(rank, world_size, *args)
         finally:
@@ -64,7 +69,8 @@ def run_workers(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = free_port()
+    store = rendezvous_store(timeout_s)
+    port = int(store.port)
     procs = [ctx.Process(target=_worker, args=(r, world_size, backend, port, threads, fn, args, q,
                                                  dict(env or {})), daemon=False)
              for r in range(world_size)]
@@ -93,4 +99,5 @@ def run_workers(fn: Callable[..., Any], world_size: int, *, args: tuple[Any, ...
             if p.is_alive():
                 p.kill()
                 p.join()
+        del store  # closes the rendezvous port
     return [results[r] for r in range(world_size)]
