@@ -53,7 +53,7 @@ class Shape(Schema):
     backward_weight_s: float = Field(default=0.0, ge=0,
                                      description="> 0 splits backward into B (input) and W (weight)")
     tp_s: float = Field(default=1.0, gt=0, description="tp_pp: forward time of each all-device block")
-    activation_bytes: float = Field(default=1.0, gt=0, description="memory a forward block keeps")
+    activation_bytes: Bytes = Field(default=1.0, gt=0, description="memory a forward block keeps (bytes)")
     inference: bool = False
 
 
@@ -499,13 +499,13 @@ def summarize(problem: TesselProblem, plan: TesselPlan) -> dict[str, Any]:
 def describe(problem: TesselProblem, plan: TesselPlan) -> list[Table]:
     """Return tables for `gpuplan show`: per-device figures, the repetend, and the first entries."""
     busy = problem.busy_s()
-    rows = [[d, len(dev), busy[d] * problem.microbatches, plan.peak_memory_bytes[d] if plan.peak_memory_bytes else 0,
-             problem.limit(d),
+    rows = [[d, len(dev), busy[d] * problem.microbatches,
+             (plan.peak_memory_bytes[d] if plan.peak_memory_bytes else 0.0) / 2**30, problem.limit(d) / 2**30,
              " ".join(f"{e.block}#{e.microbatch}" for e in dev[:8]) + (" ..." if len(dev) > 8 else "")]
             for d, dev in enumerate(plan.schedule)]
     tables = [Table(f"tessel schedule '{plan.schedule_name}': makespan {plan.makespan_s:g} s, "
                     f"bubble ratio {plan.bubble_ratio:.3f}",
-                    ["device", "instances", "busy_s", "peak_memory_bytes", "limit_bytes", "order (first 8)"], rows)]
+                    ["device", "instances", "busy_s", "peak_memory_GiB", "limit_GiB", "order (first 8)"], rows)]
     if plan.repetend is not None:
         r = plan.repetend
         tables.append(Table(f"repetend: period {r.period_s:g} s, {r.copies} copies",
