@@ -164,7 +164,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=None, help="inputs per size (default 3, quick 1)")
     ap.add_argument("--distinct-only", action="store_true", help="only section 4 (distinct jobs)")
     ap.add_argument("--ef-limit", type=float, default=60.0, help="time limit of oef on distinct jobs (s)")
+    ap.add_argument("--gavel-only", action="store_true",
+                    help="only section 5 (every policy on Gavel's traces; Gavel's own simulator beside them when "
+                         "GAVEL_SCHEDULER_DIR and GAVEL_PYTHON are set, see oef_gavel_bench.py)")
+    ap.add_argument("--skip-gavel", action="store_true", help="leave out section 5")
     args = ap.parse_args()
+    if args.gavel_only:
+        gavel_section(args.quick)
+        return
     distinct_sizes = [1000] if args.quick else [1000, 5000, 10000]
     if args.distinct_only:
         warm = api.load_problem(distinct_problem(np.random.default_rng(0), 10, 3))
@@ -217,6 +224,22 @@ def main() -> None:
     trace_section(args.quick)
     print()
     distinct_section(distinct_sizes, args.ef_limit)
+    if not args.skip_gavel:
+        print()
+        gavel_section(args.quick)
+
+
+def gavel_section(quick: bool) -> None:
+    """Print section 5: every policy on Gavel's public and generated traces (oef_gavel_bench.py)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from oef_gavel_bench import section_gavel
+
+    print("5. Gavel's traces: every policy, Gavel's round mechanism, Gavel's own simulator where it can run")
+    for line in section_gavel(quick):
+        print(line, flush=True)
 
 
 def trace_section(quick: bool) -> None:
