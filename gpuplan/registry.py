@@ -158,23 +158,31 @@ def solver_options(spec: SolverSpec) -> dict[str, Any]:
 def check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
     """Refuse solver options the solver does not read, or of another type than its default;
     return None when every option is known. Raises InputError naming the option and the known ones."""
+    check_against_signature(solver_options(spec), options, f"solver {spec.name!r} of {spec.kind}", "option")
+
+
+def check_against_signature(known: dict[str, Any], options: dict[str, Any], owner: str, label: str) -> None:
+    """Refuse an option missing from `known` (name -> default, as read from a signature) or of another
+    type than its default; return None when all are known. `owner` and `label` word the error
+    ("solver 'oef' of oef", "option"). Raises InputError naming the option, the value and what is expected."""
     from gpuplan.errors import InputError
 
-    known = solver_options(spec)
     for name, value in options.items():
         if name not in known:
             names = ", ".join(sorted(known)) or "none"
-            raise InputError(f"option {name!r}: solver {spec.name!r} of {spec.kind} has no such option; "
-                             f"expected one of: {names}", field=f"option.{name}", value=value, expected=names)
+            raise InputError(f"{label} {name!r}: {owner} has no such option; expected one of: {names}",
+                             field=f"option.{name}", value=value, expected=names)
         default = known[name]
         if default is None or default is inspect.Parameter.empty:
             continue
-        ok = (isinstance(value, bool) if isinstance(default, bool) else
-              isinstance(value, (int, float)) and not isinstance(value, bool) if isinstance(default, float) else
-              isinstance(value, type(default)) and not isinstance(value, bool) if isinstance(default, int) else
-              isinstance(value, type(default)))
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, type(default)) and not isinstance(value, bool)
         if not ok:
-            raise InputError(f"option {name!r}: got {value!r}; expected a {type(default).__name__} "
+            raise InputError(f"{label} {name!r}: got {value!r}; expected a {type(default).__name__} "
                              f"(default {default!r})", field=f"option.{name}", value=value,
                              expected=type(default).__name__)
 

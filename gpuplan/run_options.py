@@ -34,25 +34,7 @@ def runner_options(kind: str) -> dict[str, Any]:
 def check_run_options(kind: str, options: dict[str, Any]) -> None:
     """Refuse options the runner of `kind` does not read, or of another type than its default; return
     None when all are known. Raises InputError naming the option, the value and what is expected."""
-    known = runner_options(kind)
-    for name, value in options.items():
-        if name not in known:
-            names = ", ".join(sorted(known)) or "none"
-            raise InputError(f"run option {name!r}: the {kind} runner has no such option; expected one of: "
-                             f"{names}", field=f"option.{name}", value=value, expected=names)
-        default = known[name]
-        if default is None or default is inspect.Parameter.empty:
-            continue
-        if isinstance(default, bool):
-            ok = isinstance(value, bool)
-        elif isinstance(default, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, type(default)) and not isinstance(value, bool)
-        if not ok:
-            raise InputError(f"run option {name!r}: got {value!r}; expected a {type(default).__name__} "
-                             f"(default {default!r})", field=f"option.{name}", value=value,
-                             expected=type(default).__name__)
+    registry.check_against_signature(runner_options(kind), options, f"the {kind} runner", "run option")
 
 
 def annotations_of(fn: Callable[..., Any]) -> dict[str, str]:

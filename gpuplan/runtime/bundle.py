@@ -21,22 +21,7 @@ from typing import Any
 
 from gpuplan.errors import InputError
 from gpuplan.models.base import Table
-
-
-def _slowed(stage: Any, factor: float) -> None:
-    """Wrap a PipelineStage's compute calls to sleep (factor - 1) x their duration afterwards."""
-    if factor <= 1.0 + 1e-9:
-        return
-    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
-        call = getattr(stage, name)
-
-        def slowed(*args: Any, _call: Any = call, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            out = _call(*args, **kwargs)
-            time.sleep((factor - 1.0) * (time.perf_counter() - t0))
-            return out
-
-        setattr(stage, name, slowed)
+from gpuplan.runtime.poseidon import slow_down_stage
 
 
 def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates: list[float],
@@ -93,7 +78,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     stages = [tp.pipeline_stage(modules[k], k, len(ranges), torch.device("cpu"), group=pp_groups[replica])
               for k in mine]
     for st in stages:
-        _slowed(st, spec["factors"][s])
+        slow_down_stage(st, spec["factors"][s])
     sched = tp.runtime_schedule(stages, m, gpt.lm_loss, {int(r): a for r, a in spec["actions"].items()},
                                 spec["format"])
     params = [p for mod in modules.values() for p in mod.parameters()]

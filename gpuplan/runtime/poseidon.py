@@ -75,7 +75,7 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
 
     fwd/bwd are the stages' per-micro-batch times including the emulated slowdown (uncontended
     seconds x factor): an op computes for time/factor of CPU work, then sleeps (factor - 1) x the
-    time its compute took, as `_slow_down` does; sleeping and sends (p2p, seconds) use no core.
+    time its compute took, as `slow_down_stage` does; sleeping and sends (p2p, seconds) use no core.
     Each stage's tail (all-reduce + optimizer) is CPU work after its last op. This
     equals the DAG longest path (`iteration_time_fast`) when every rate is 1. When `record` is a
     list, appends (stage, "F"|"B", start_s, end_s) of every op, its emulated sleep included."""
@@ -127,12 +127,15 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
                 phase[s] = "idle"
 
 
-def _slow_down(stage: Any, factor: float) -> None:
-    """Wrap a PipelineStage's compute calls to sleep (factor - 1) x their duration afterwards."""
+def slow_down_stage(stage: Any, factor: float) -> None:
+    """Wrap a PipelineStage's compute calls (forward, backward, and the weight-gradient half of a
+    split backward where torch has it) to sleep (factor - 1) x their duration afterwards."""
     if factor <= 1.0 + 1e-9:
         return
-    for name in ("forward_one_chunk", "backward_one_chunk"):
-        call = getattr(stage, name)
+    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        call = getattr(stage, name, None)
+        if call is None:
+            continue
 
         def slowed(*args: Any, _call: Any = call, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
@@ -188,7 +191,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     first, last = spec["ranges"][s]
     module = gpt.stage(cfg, first, last, spec["seed"])
     stage = PipelineStage(module, s, S, torch.device("cpu"), group=pp_groups[replica])
-    _slow_down(stage, spec["factors"][s])
+    slow_down_stage(stage, spec["factors"][s])
     cpu_sink: list[tuple[str, float]] = []
     _cpu_time_calls(stage, cpu_sink)
     sink: list[tuple[int, str, float]] = []

@@ -138,13 +138,19 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
             active.remove(j)
             changed = True
         t += trace.round_s
-        result.rounds += 1
-        if result.rounds >= max_rounds:
-            raise RuntimeError(f"{policy}: trace not finished after {max_rounds} rounds")
-        if result.rounds % 25 == 0:
-            progress(len(result.jct_s) / len(jobs), f"{policy}: {len(result.jct_s)}/{len(jobs)} jobs done")
+        _count_round(result, policy, max_rounds, len(jobs), progress)
     _finish(result, jobs, tput, capacity, population, busy)
     return result
+
+
+def _count_round(result: Any, policy: str, max_rounds: int, n_jobs: int, progress: Any) -> None:
+    """Count one more round of `result`, report progress every 25 rounds, and raise RuntimeError past
+    `max_rounds` (a trace that never finishes); return None."""
+    result.rounds += 1
+    if result.rounds >= max_rounds:
+        raise RuntimeError(f"{policy}: trace not finished after {max_rounds} rounds")
+    if result.rounds % 25 == 0:
+        progress(len(result.jct_s) / n_jobs, f"{policy}: {len(result.jct_s)}/{n_jobs} jobs done")
 
 
 def _finish(result: SimResult, jobs: list[Any], tput: dict[str, np.ndarray], capacity: np.ndarray,
@@ -329,11 +335,7 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
         if not running:                     # nothing fits (cannot happen for valid traces): wait a round
             end = t + trace.round_s
         t = end
-        result.rounds += 1
-        if result.rounds >= max_rounds:
-            raise RuntimeError(f"{policy}: trace not finished after {max_rounds} rounds")
-        if result.rounds % 25 == 0:
-            progress(len(result.jct_s) / len(jobs), f"{policy}: {len(result.jct_s)}/{len(jobs)} jobs done")
+        _count_round(result, policy, max_rounds, len(jobs), progress)
     _finish(result, jobs, tput, capacity, population, busy)
     return result
 
