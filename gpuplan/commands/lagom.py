@@ -1,4 +1,5 @@
-"""`gpuplan lagom-calibrate`: fit Lagom's group figures and measure compute-under-communication here."""
+"""`gpuplan lagom-calibrate`: fit Lagom's group figures and measure compute-under-communication here; and
+how `gpuplan solve|compare lagom` read their input (a Lagom problem file or a Poseidon plan file)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,27 @@ import sys
 from typing import Any
 
 import click
+
+from gpuplan.commands import ProblemInputs
+from gpuplan.models.base import Problem
+
+
+def _build(input: str, stage: int | None = None, **_: Any) -> Problem:
+    """Return the LagomProblem in INPUT: a Lagom problem file, or a Poseidon plan file (one stage)."""
+    from gpuplan.compose.lagom_input import load_lagom_input
+
+    return load_lagom_input(input, stage)
+
+
+INPUTS = ProblemInputs(
+    "lagom",
+    [click.Argument(["input"], type=click.Path(dir_okay=False)),
+     click.Option(["--stage"], type=click.IntRange(0), default=None,
+                  help="With a Poseidon plan: the stage whose collectives to tune (default: the bottleneck "
+                       "stage among those on NCCL GPUs; a CPU stage is refused: gloo has no NCCL knobs).")],
+    _build,
+    help="INPUT is a lagom problem file (YAML or JSON) or a Poseidon plan file (JSON, from `gpuplan solve "
+         "poseidon`): its stage's workload, as a `from_poseidon:` document builds it.")
 
 
 def _channel_counts(text: str, most: int) -> list[int]:
