@@ -154,7 +154,10 @@ class LayerTable(Schema):
                                         "set when a problem's declared types are mapped onto a profile")
     stage_call_forward_s: Seconds = Field(default=0.0, ge=0, description="what the pipeline runtime "
                                           "(torch.distributed.pipelining) adds to each forward call of a stage "
-                                          "over calling its modules directly, measured (0 in older profiles)")
+                                          "over calling its modules directly, measured in a multi-rank pipeline "
+                                          "of one-block stages sending activations and gradients to each other, "
+                                          "against the same block called directly by those ranks at once "
+                                          "(0 in older profiles)")
     stage_call_backward_s: Seconds = Field(default=0.0, ge=0, description="the same per backward call")
 
 

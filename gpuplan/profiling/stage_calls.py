@@ -2,18 +2,26 @@
 
 `gpuplan run` executes each stage with a `PipelineStage` under a schedule: every micro-batch's
 forward goes through `forward_one_chunk` and its backward through `backward_one_chunk` (argument
-handling, the stage's input and output bookkeeping, autograd over the stage's outputs). The layer
+handling, the stage's input and output bookkeeping, the received activations and gradients, autograd
+over the stage's outputs, the input gradient a later stage computes for the one before). The layer
 table times the modules called directly. This module measures the difference, per forward and per
-backward call, the way the runner executes stages but without communication: a one-stage schedule
-(`ScheduleGPipe`) in a process group of one rank, whose stage holds one transformer block.
+backward call, the way the runner executes stages: a pipeline of `ranks` processes (2 or 3 by
+default: a first, a last and, with 3, a middle stage) whose stages each hold one transformer block,
+under `Schedule1F1B` with the activations and gradients sent between the ranks (gloo on CPU, NCCL
+on CUDA). A one-rank group (one GPU) runs a one-stage `ScheduleGPipe`, without communication.
 
-In each round one schedule step runs `micro_batches` micro-batches, its calls timed by wrapping
-`forward_one_chunk` / `backward_one_chunk` as the runner's own timing does, then the same block is
-called directly on the same micro-batches (forward, then the backward of the same scalar loss the
-schedule uses). Rounds interleave the two so a change of machine load between them does not pass
-for an overhead. Clock: process CPU time on a one-thread CPU (as the layer table), wall time
-otherwise (CUDA synchronised around each call). The overhead is the difference of the medians,
-never below zero.
+In each round one schedule step runs `micro_batches` micro-batches on every rank, its calls timed by
+wrapping `forward_one_chunk` / `backward_one_chunk` as the runner's own timing does; then every rank
+calls its block directly on as many micro-batches at the same time (forward, then the backward of
+the output, the input requiring a gradient on every stage but the first, as in the pipeline), so
+the direct calls run with the same number of processes computing together as the pipeline's at
+most. Rounds interleave the two so a change of machine load does not pass for an overhead. Clock:
+process CPU time on a one-thread CPU (as the layer table; it includes the CPU time of gloo's own
+threads), wall time otherwise (CUDA synchronised around each call). The overhead is the median of
+all ranks' pipeline calls minus the median of their direct calls, never below zero. The same block
+called directly by one rank at a time is timed too (`alone_*`): the difference between the two
+direct medians is what processes computing together cost each other, which `gpuplan run`'s
+prediction takes from its measured core-sharing rates, not from this per-call term.
 """
 
 from __future__ import annotations
@@ -27,7 +35,11 @@ from gpuplan.models.workload import TransformerConfig
 
 @dataclass(frozen=True)
 class StageCallOverhead:
-    """Per-call overhead of the pipeline runtime (seconds) and the medians it is the difference of."""
+    """Per-call overhead of the pipeline runtime (seconds) and the medians it is the difference of.
+
+    `direct_*`: the block called directly by every rank at once; `alone_*`: by one rank at a time
+    (equal to `direct_*` with one rank); `ranks`: the pipeline's processes; `calls`: pipeline
+    forward calls timed over all ranks."""
 
     forward_s: float
     backward_s: float
@@ -36,6 +48,9 @@ class StageCallOverhead:
     direct_forward_s: float
     direct_backward_s: float
     calls: int
+    alone_forward_s: float = 0.0
+    alone_backward_s: float = 0.0
+    ranks: int = 1
 
 
 def _call_timer(device: Any, clock: str) -> Callable[[Callable[[], Any]], tuple[Any, float]]:
@@ -59,18 +74,22 @@ def _call_timer(device: Any, clock: str) -> Callable[[Callable[[], Any]], tuple[
     return run
 
 
-def measure_in_group(config: TransformerConfig, micro_batch: int, seq_len: int, device: Any, dtype: Any, *,
-                     clock: str, micro_batches: int = 4, rounds: int = 8, warmup: int = 2) -> StageCallOverhead:
-    """Return the StageCallOverhead (seconds) of a one-block stage at (micro_batch, seq_len), measured
-    in the current process, which must be the only rank of an initialised default process group."""
+def measure_rank(config: TransformerConfig, micro_batch: int, seq_len: int, device: Any, dtype: Any, *,
+                 clock: str, micro_batches: int = 4, rounds: int = 8, warmup: int = 2) -> dict[str, list[float]]:
+    """Return this rank's timings (seconds per call) of a one-block stage at (micro_batch, seq_len):
+    "pipeline_F"/"pipeline_B" (calls of the schedule), "direct_F"/"direct_B" (the block called by
+    every rank at once), "alone_F"/"alone_B" (called by one rank at a time). The current process
+    must be a rank of an initialised default process group; every rank calls this together."""
     import torch
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from gpuplan.runtime import gpt
 
-    torch.manual_seed(0)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(rank)
     module = gpt.Stage(gpt.block(config, 0)).to(device=device, dtype=dtype)
-    stage = PipelineStage(module, 0, 1, torch.device(device))
+    stage = PipelineStage(module, rank, world, torch.device(device))
     timer = _call_timer(device, clock)
     calls: dict[str, list[float]] = {"F": [], "B": []}
     for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
@@ -86,72 +105,92 @@ def measure_in_group(config: TransformerConfig, micro_batch: int, seq_len: int, 
     def loss(y: Any, target: Any) -> Any:  # a scalar whose backward costs next to nothing
         return y.sum()
 
-    schedule = ScheduleGPipe(stage, micro_batches, loss_fn=loss)
-    g = torch.Generator().manual_seed(micro_batch * 100003 + seq_len)
+    schedule = (Schedule1F1B if world > 1 else ScheduleGPipe)(stage, micro_batches, loss_fn=loss)
+    g = torch.Generator().manual_seed(micro_batch * 100003 + seq_len + rank)
     x = torch.randn(micro_batches * micro_batch, seq_len, config.hidden, generator=g).to(device=device, dtype=dtype)
     target = torch.zeros(micro_batches * micro_batch, device=device)
     chunks = [x[i * micro_batch:(i + 1) * micro_batch] for i in range(micro_batches)]
-    direct: dict[str, list[float]] = {"F": [], "B": []}
-    pipe: dict[str, list[float]] = {"F": [], "B": []}
+
+    def direct(sink: dict[str, list[float]]) -> None:
+        for chunk in chunks:
+            inp = chunk.detach().clone().requires_grad_(rank > 0)  # later stages compute the input gradient
+            y, tf = timer(lambda: module(inp))
+            _, tb = timer(lambda: y.backward(torch.ones_like(y)))
+            sink["F"].append(tf)
+            sink["B"].append(tb)
+
+    out: dict[str, list[float]] = {f"{what}_{k}": [] for what in ("pipeline", "direct", "alone") for k in "FB"}
     for r in range(warmup + rounds):
         calls["F"].clear()
         calls["B"].clear()
-        schedule.step(x, target=target, losses=[])
-        fwd, bwd = [], []
-        for chunk in chunks:
-            inp = chunk.detach().clone()
-            y, tf = timer(lambda: module(inp))
-            _, tb = timer(lambda: y.sum().backward())
-            fwd.append(tf)
-            bwd.append(tb)
+        dist.barrier()
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=target, losses=[])
+        else:
+            schedule.step()
+        together: dict[str, list[float]] = {"F": [], "B": []}
+        dist.barrier()
+        direct(together)
+        alone: dict[str, list[float]] = {"F": [], "B": []}
+        for turn in range(world):
+            dist.barrier()
+            if turn == rank:
+                direct(alone)
         module.zero_grad(set_to_none=True)
         if r >= warmup:
-            pipe["F"] += calls["F"]
-            pipe["B"] += calls["B"]
-            direct["F"] += fwd
-            direct["B"] += bwd
-    med = {k: (statistics.median(pipe[k]), statistics.median(direct[k])) for k in ("F", "B")}
-    return StageCallOverhead(forward_s=max(0.0, med["F"][0] - med["F"][1]),
-                             backward_s=max(0.0, med["B"][0] - med["B"][1]),
-                             pipeline_forward_s=med["F"][0], pipeline_backward_s=med["B"][0],
-                             direct_forward_s=med["F"][1], direct_backward_s=med["B"][1],
-                             calls=len(pipe["F"]))
+            for k in "FB":
+                out[f"pipeline_{k}"] += calls[k]
+                out[f"direct_{k}"] += together[k]
+                out[f"alone_{k}"] += alone[k]
+    dist.barrier()
+    return out
+
+
+def overhead_from(per_rank: list[dict[str, list[float]]]) -> StageCallOverhead:
+    """Return the StageCallOverhead (seconds) of the ranks' timings (`measure_rank`'s results):
+    medians over all ranks' calls, the overhead being pipeline minus direct, never below zero."""
+    med = {key: statistics.median(v for r in per_rank for v in r[key]) for key in per_rank[0]}
+    return StageCallOverhead(forward_s=max(0.0, med["pipeline_F"] - med["direct_F"]),
+                             backward_s=max(0.0, med["pipeline_B"] - med["direct_B"]),
+                             pipeline_forward_s=med["pipeline_F"], pipeline_backward_s=med["pipeline_B"],
+                             direct_forward_s=med["direct_F"], direct_backward_s=med["direct_B"],
+                             alone_forward_s=med["alone_F"], alone_backward_s=med["alone_B"],
+                             calls=sum(len(r["pipeline_F"]) for r in per_rank), ranks=len(per_rank))
 
 
 def _worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int, device: str,
-            dtype_name: str, clock: str, rounds: int) -> dict[str, Any]:
+            dtype_name: str, clock: str, rounds: int) -> dict[str, list[float]]:
     import torch
 
-    out = measure_in_group(TransformerConfig.model_validate(config_doc), micro_batch, seq_len, device,
-                           getattr(torch, dtype_name), clock=clock, rounds=rounds)
-    return out.__dict__
+    if device.startswith("cuda"):
+        device = f"cuda:{rank}"
+        torch.cuda.set_device(device)
+    return measure_rank(TransformerConfig.model_validate(config_doc), micro_batch, seq_len, device,
+                        getattr(torch, dtype_name), clock=clock, rounds=rounds)
 
 
 def stage_call_overhead(config: TransformerConfig, micro_batch: int, seq_len: int, device: Any, dtype: Any, *,
-                        clock: str, rounds: int = 8) -> StageCallOverhead:
+                        clock: str, rounds: int = 8, ranks: int = 3) -> StageCallOverhead:
     """Return the pipeline runtime's per-call overhead (seconds per forward / backward call of a stage)
     at (micro_batch, seq_len) on `device` in torch dtype `dtype`, timed with `clock`.
 
-    Without a process group, one of a single rank (gloo on CPU, NCCL on CUDA) is made in this process
-    for the measurement and destroyed afterwards; inside one (a torchrun rank, a runner's worker),
-    the measurement runs in a fresh one-rank process with this process's torch threads.
+    Measured in `ranks` fresh processes (as many as there are GPUs at most on CUDA; each with this
+    process's torch threads) forming a pipeline of one-block stages that send activations and
+    gradients to each other, as `gpuplan run`'s workers do.
     """
     import torch
-    import torch.distributed as dist
 
-    backend = "nccl" if str(device).startswith("cuda") else "gloo"
-    if dist.is_available() and dist.is_initialized():
-        from gpuplan.runtime.launch import run_workers
+    from gpuplan.runtime.launch import run_workers
 
-        dtype_name = str(dtype).removeprefix("torch.")
-        res = run_workers(_worker, 1, args=(config.model_dump(mode="json"), micro_batch, seq_len, str(device),
-                                            dtype_name, clock, rounds),
-                          backend=backend, threads=torch.get_num_threads(), timeout_s=600)[0]
-        return StageCallOverhead(**res)
-    from gpuplan.runtime.launch import free_port
-
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    try:
-        return measure_in_group(config, micro_batch, seq_len, device, dtype, clock=clock, rounds=rounds)
-    finally:
-        dist.destroy_process_group()
+    cuda = str(device).startswith("cuda")
+    if ranks < 1:
+        raise ValueError(f"stage_call_overhead: ranks={ranks}; expected 1 or more")
+    if cuda:
+        ranks = max(1, min(ranks, torch.cuda.device_count()))
+    dtype_name = str(dtype).removeprefix("torch.")
+    per_rank = run_workers(_worker, ranks, args=(config.model_dump(mode="json"), micro_batch, seq_len, str(device),
+                                                 dtype_name, clock, rounds),
+                           backend="nccl" if cuda else "gloo", threads=torch.get_num_threads(), timeout_s=600)
+    return overhead_from(per_rank)
