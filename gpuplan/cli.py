@@ -351,7 +351,7 @@ def check_cmd(plan_file: str, input_file: str | None, json_out: str | None = Non
         if Path(plan_file).is_dir():  # a training bundle (gpuplan.compose)
             from gpuplan.commands.plan import check_bundle_cli
 
-            return check_bundle_cli(plan_file)
+            return check_bundle_cli(plan_file, json_out)
         _refuse_profile(plan_file)
         plan = api.load_plan(plan_file)
         violations = api.check(input_file, plan)
@@ -390,7 +390,7 @@ def show_cmd(plan_file: str, png: str | None, json_out: str | None = None) -> No
         if Path(plan_file).is_dir():  # a training bundle (gpuplan.compose)
             from gpuplan.commands.plan import show_bundle_cli
 
-            return show_bundle_cli(plan_file, png)
+            return show_bundle_cli(plan_file, png, json_out)
         _refuse_profile(plan_file)
         plan = api.load_plan(plan_file)
         problem = api.plan_problem(plan)
@@ -575,7 +575,12 @@ def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]
 
 
 def _plan_kind(plan_file: str) -> str | None:
-    """Return the kind a plan file states (None for a bundle or an unreadable file)."""
+    """Return the kind a plan file states ("training-bundle" for a bundle directory, None for an unreadable
+    file)."""
+    if Path(plan_file).is_dir():
+        from gpuplan.compose.bundle import BUNDLE_KIND
+
+        return BUNDLE_KIND
     try:
         return str(api.load_plan(plan_file).kind)
     except (GpuplanError, OSError):

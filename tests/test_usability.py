@@ -264,3 +264,132 @@ def test_doctor_reads_cuda_devices_and_nccl(monkeypatch: pytest.MonkeyPatch) -> 
     assert report["torch"]["nccl"] == {"available": True, "version": "2.21.5"}
     assert "nccl" in report["commands"]["run"]["why"] and "1 CUDA GPU" in report["commands"]["profile"]["why"]
     assert [t.title for t in tables(report)] == ["this machine", "CUDA devices", "commands"]
+
+
+# --json on the model-specific verbs and on training bundles (keys: docs/index.md, Scripting)
+
+POSEIDON = ROOT / "examples/poseidon/h100-a100-small.yaml"
+CPU_POSEIDON = ROOT / "examples/poseidon/cpu-two-types.yaml"
+BUNDLE_KEYS = {"command", "plan_file", "kind", "predicted", "gains", "tables"}
+
+
+def _tables_ok(doc: dict) -> bool:
+    return all({"title", "columns", "rows"} <= set(t) for t in doc["tables"])
+
+
+@pytest.fixture(scope="module")
+def cpu_bundle(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A training bundle of the shipped CPU Poseidon example, from `plan train --json`."""
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    code, text = invoke("plan", "train", CPU_POSEIDON, "--time-limit", 5, "-o", out, "--json")
+    assert code == 0, text
+    return out, json.loads(text)
+
+
+def test_plan_train_json(cpu_bundle: tuple[Path, dict]) -> None:
+    out, doc = cpu_bundle
+    assert BUNDLE_KEYS | {"bundle"} <= set(doc) and doc["command"] == "plan train"
+    assert doc["bundle"] == doc["plan_file"] == str(out) and doc["kind"] == "training-bundle"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert doc["predicted"] == pytest.approx(manifest["predicted"]) and _tables_ok(doc)
+    assert [g["step"] for g in doc["gains"]] == [g["step"] for g in manifest["gains"]]
+
+
+def test_check_and_show_bundle_json(cpu_bundle: tuple[Path, dict], tmp_path: Path) -> None:
+    out, _ = cpu_bundle
+    code, text = invoke("check", out, "--json")
+    assert code == 0, text
+    assert json.loads(text) == {"command": "check", "plan_file": str(out), "kind": "training-bundle",
+                                "status": None, "valid": True, "violations": []}
+    code, text = invoke("show", out, "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert BUNDLE_KEYS | {"valid", "violations", "png"} <= set(doc) and doc["command"] == "show"
+    assert doc["valid"] is True and doc["png"] is None and _tables_ok(doc)
+    # a tampered bundle: check --json says so with exit code 1, show --json too, and nothing else on stdout
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    plan = json.loads((bad / "poseidon.json").read_text())
+    plan["num_microbatches"] += 1
+    (bad / "poseidon.json").write_text(json.dumps(plan))
+    code, text = invoke("check", bad, "--json")
+    doc = json.loads(text)
+    assert code == 1 and doc["valid"] is False and doc["violations"]
+    code, text = invoke("show", bad, "--json")
+    assert code == 1 and json.loads(text)["valid"] is False
+
+
+@pytest.mark.slow
+def test_run_bundle_json(cpu_bundle: tuple[Path, dict]) -> None:
+    out, _ = cpu_bundle
+    code, text = invoke("run", out, "--option", "steps=1", "--option", "warmup=0", "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert set(doc) == {"command", "plan_file", "kind", "result"} and doc["kind"] == "training-bundle"
+    assert doc["result"]["measured_iteration_s"] > 0
+
+
+def test_evaluate_poseidon_json(tmp_path: Path) -> None:
+    plan = tmp_path / "p.json"
+    code, text = invoke("evaluate", "poseidon", POSEIDON, "--config", "tp=2,pp=2,dp=1,mb=1,recompute=none",
+                        "-o", plan, "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert {"command", "configuration", "iteration_time_s", "throughput_samples_per_s", "tokens_per_s",
+            "model_tflops_per_gpu", "mfu", "bubble_fraction", "search", "plan_file", "tables"} <= set(doc)
+    assert doc["command"] == "evaluate poseidon" and doc["search"] is None and doc["plan_file"] == str(plan)
+    saved = json.loads(plan.read_text())
+    assert doc["iteration_time_s"] == pytest.approx(saved["objective"]) and doc["configuration"]["tp"] == 2
+    assert 0 < doc["mfu"] < 1 and _tables_ok(doc)
+
+
+def test_export_json(tmp_path: Path) -> None:
+    import gpuplan
+    from gpuplan.compose import compose, write_bundle
+
+    one_node = {"kind": "poseidon", "cluster": {"nodes": [{"name": "h0", "gpus": {"H100": 4}}]},
+                "model": "gpt3-1.3b", "global_batch": 16, "seq_len": 1024}
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, compose(gpuplan.evaluate_config(one_node, "tp=2,pp=2,dp=1,mb=1,recompute=none"),
+                                 time_limit_s=3))
+    code, text = invoke("export", "megatron", bundle, "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert set(doc) == {"command", "bundle", "output", "args", "env", "notes"} and doc["command"] == "export megatron"
+    assert doc["args"][doc["args"].index("--tensor-model-parallel-size") + 1] == "2" and doc["output"] is None
+    out = tmp_path / "tt"
+    code, text = invoke("export", "torchtitan", bundle, "-o", out, "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert set(doc) == {"command", "bundle", "output", "files", "notes"} and doc["command"] == "export torchtitan"
+    assert doc["files"] and all(Path(f).is_file() for f in doc["files"])
+
+
+def test_delta_json(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    g = torch.Generator().manual_seed(0)
+    old = {"w": torch.randn(200, 100, generator=g)}
+    new = {"w": old["w"].clone()}
+    new["w"][0, :5] += 1
+    safetensors_torch.save_file(old, str(tmp_path / "old.safetensors"))
+    safetensors_torch.save_file(new, str(tmp_path / "new.safetensors"))
+    old_f, new_f, delta = tmp_path / "old.safetensors", tmp_path / "new.safetensors", tmp_path / "d.delta"
+    code, text = invoke("delta", "encode", old_f, new_f, "-o", delta, "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert {"command", "output", "delta_bytes", "dense_bytes", "elements", "changed", "density", "ratio",
+            "records", "encodings", "encode_s", "import_s"} <= set(doc)
+    assert doc["command"] == "delta encode" and doc["changed"] == 5 and doc["delta_bytes"] == delta.stat().st_size
+    code, text = invoke("delta", "decode", old_f, delta, "-o", tmp_path / "n.safetensors", "--json")
+    assert code == 0, text
+    assert json.loads(text) == {"command": "delta decode", "output": str(tmp_path / "n.safetensors"), "tensors": 1,
+                                "format": "safetensors", "digests_verified": True}
+    code, text = invoke("delta", "stats", old_f, new_f, "--json")
+    assert code == 0, text
+    doc = json.loads(text)
+    assert {"command", "dense_bytes", "delta_bytes", "ratio", "entropy_bound_bytes", "of_bound", "encodings",
+            "tables"} <= set(doc) and doc["command"] == "delta stats" and _tables_ok(doc)
+    assert doc["tables"][0]["rows"] == [["w", doc["tables"][0]["rows"][0][1], 20000, 5, pytest.approx(0.025)]]

@@ -11,7 +11,11 @@ import time
 
 import click
 
+from gpuplan.cliout import STDOUT, emit_json, say, table_doc
 from gpuplan.errors import GpuplanError
+
+_JSON = click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
+                     help="Print one JSON document on stdout (or write it to FILE); keys: docs/index.md, Scripting.")
 
 
 def _fail(message: str) -> None:
@@ -31,8 +35,11 @@ def delta() -> None:
 @click.option("--no-compress", is_flag=True, help="Do not zlib-compress the values' top byte plane.")
 @click.option("--chunk-elems", type=click.IntRange(64, 1 << 28), default=None,
               help="Elements per chunk record (default 524288).")
-def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: int | None) -> None:
-    """Write the delta that turns checkpoint OLD into checkpoint NEW."""
+@_JSON
+def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: int | None,
+               json_out: str | None = None) -> None:
+    """Write the delta that turns checkpoint OLD into checkpoint NEW; --json prints {command, output,
+    delta_bytes, dense_bytes, elements, changed, density, ratio, records, encodings, encode_s, import_s}."""
     from gpuplan.io import atomic_write_bytes
     from gpuplan.runtime import delta as D
     from gpuplan.runtime.delta_io import encode_files
@@ -48,10 +55,11 @@ def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: 
         s = D.stats(blob)
     except GpuplanError as exc:
         _fail(str(exc))
-    click.echo(f"{output}: {s['delta_bytes']:,} bytes, {s['changed']:,} of {s['elements']:,} elements changed "
-               f"({100 * s['density']:.3f}%), {s['ratio']:.1f}x smaller than the dense checkpoint, "
-               f"{time.perf_counter() - started:.2f} s to read, encode and write (plus {import_s:.2f} s "
-               f"importing torch)")
+    encode_s = time.perf_counter() - started
+    emit_json("delta encode", {"output": output, **s, "encode_s": encode_s, "import_s": import_s}, json_out)
+    say(f"{output}: {s['delta_bytes']:,} bytes, {s['changed']:,} of {s['elements']:,} elements changed "
+        f"({100 * s['density']:.3f}%), {s['ratio']:.1f}x smaller than the dense checkpoint, "
+        f"{encode_s:.2f} s to read, encode and write (plus {import_s:.2f} s importing torch)", json_out)
 
 
 @delta.command("decode")
@@ -59,8 +67,10 @@ def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: 
 @click.argument("delta_file", metavar="DELTA", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="The checkpoint to write (same format as OLD).")
-def decode_cmd(old: str, delta_file: str, output: str) -> None:
-    """Apply DELTA to checkpoint OLD and write the result, bit-identical to the encoder's NEW."""
+@_JSON
+def decode_cmd(old: str, delta_file: str, output: str, json_out: str | None = None) -> None:
+    """Apply DELTA to checkpoint OLD and write the result, bit-identical to the encoder's NEW; --json prints
+    {command, output, tensors, format, digests_verified}."""
     from gpuplan.runtime.delta_io import decode_file, save_checkpoint
 
     try:
@@ -68,14 +78,18 @@ def decode_cmd(old: str, delta_file: str, output: str) -> None:
         save_checkpoint(output, ckpt)
     except GpuplanError as exc:
         _fail(str(exc))
-    click.echo(f"{output}: {len(ckpt.arrays)} tensors written ({ckpt.format}), digests verified")
+    emit_json("delta decode", {"output": output, "tensors": len(ckpt.arrays), "format": ckpt.format,
+                               "digests_verified": True}, json_out)
+    say(f"{output}: {len(ckpt.arrays)} tensors written ({ckpt.format}), digests verified", json_out)
 
 
 @delta.command("stats")
 @click.argument("old", type=click.Path(dir_okay=False))
 @click.argument("new", type=click.Path(dir_okay=False))
-def stats_cmd(old: str, new: str) -> None:
-    """Print how many elements changed per tensor and the delta size next to its entropy bound."""
+@_JSON
+def stats_cmd(old: str, new: str, json_out: str | None = None) -> None:
+    """Print how many elements changed per tensor and the delta size next to its entropy bound; --json
+    prints {command, dense_bytes, delta_bytes, ratio, entropy_bound_bytes, of_bound, encodings, tables}."""
     import numpy as np
 
     from gpuplan.models.base import Table
@@ -100,8 +114,13 @@ def stats_cmd(old: str, new: str) -> None:
                                    "encodings"],
                     [[s["dense_bytes"], s["delta_bytes"], s["ratio"], bound, bound / s["delta_bytes"],
                       ", ".join(f"{k}: {v}" for k, v in sorted(s["encodings"].items()))]])
-    print_tables([Table("changed elements per tensor", ["tensor", "dtype", "elements", "changed", "percent"],
-                        rows), summary])
+    tables = [Table("changed elements per tensor", ["tensor", "dtype", "elements", "changed", "percent"], rows),
+              summary]
+    emit_json("delta stats", {"dense_bytes": s["dense_bytes"], "delta_bytes": s["delta_bytes"], "ratio": s["ratio"],
+                              "entropy_bound_bytes": bound, "of_bound": bound / s["delta_bytes"],
+                              "encodings": s["encodings"], "tables": [table_doc(t) for t in tables]}, json_out)
+    if json_out != STDOUT:
+        print_tables(tables)
 
 
 def register(main: click.Group) -> None:

@@ -8,6 +8,11 @@ import sys
 
 import click
 
+from gpuplan.cliout import STDOUT, emit_json, say
+
+_JSON = click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
+                     help="Print one JSON document on stdout (or write it to FILE); keys: docs/index.md, Scripting.")
+
 
 def register(main: click.Group) -> None:
     """Add the `export` group."""
@@ -20,8 +25,10 @@ def register(main: click.Group) -> None:
     @click.option("--module", default="llama3", show_default=True, help="torchtitan's model module (--module).")
     @click.option("--config", "config_name", default="llama3_debugmodel", show_default=True,
                   help="torchtitan's config_registry function (--config) holding the model's shape.")
-    def torchtitan_cmd(bundle: str, output: str, module: str, config_name: str) -> None:
-        """Write torchtitan's job overrides, the schedule CSV, NCCL env files and run.sh."""
+    @_JSON
+    def torchtitan_cmd(bundle: str, output: str, module: str, config_name: str, json_out: str | None = None) -> None:
+        """Write torchtitan's job overrides, the schedule CSV, NCCL env files and run.sh; --json prints
+        {command, bundle, output, files, notes}."""
         from gpuplan.errors import GpuplanError
         from gpuplan.export import torchtitan
 
@@ -30,17 +37,21 @@ def register(main: click.Group) -> None:
         except GpuplanError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        emit_json("export torchtitan", {"bundle": bundle, "output": output, "files": [str(f) for f in result["files"]],
+                                        "notes": list(result["notes"])}, json_out)
         for f in result["files"]:
-            click.echo(f"written {f}")
+            say(f"written {f}", json_out)
         for n in result["notes"]:
-            click.echo(f"note: {n}")
+            say(f"note: {n}", json_out)
 
     @group.command("megatron")
     @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
     @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
                   help="Also write the arguments to this file (one per line).")
-    def megatron_cmd(bundle: str, output: str | None) -> None:
-        """Print Megatron-LM's command-line arguments for the bundle (pretrain_gpt.py)."""
+    @_JSON
+    def megatron_cmd(bundle: str, output: str | None, json_out: str | None = None) -> None:
+        """Print Megatron-LM's command-line arguments for the bundle (pretrain_gpt.py); --json prints
+        {command, bundle, output, args, env, notes}."""
         from gpuplan.errors import GpuplanError
         from gpuplan.export import megatron
         from gpuplan.io import atomic_write_text
@@ -52,6 +63,11 @@ def register(main: click.Group) -> None:
         except GpuplanError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
+        emit_json("export megatron", {"bundle": bundle, "output": output, "args": list(result["args"]),
+                                      "env": {str(k): v for k, v in sorted(result["env"].items())},
+                                      "notes": list(result["notes"])}, json_out)
+        if json_out == STDOUT:
+            return
         click.echo(" ".join(shlex.quote(a) for a in result["args"]))
         for s, env in sorted(result["env"].items()):
             click.echo(f"stage {s} env: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))

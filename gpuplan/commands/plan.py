@@ -40,11 +40,31 @@ def bundle_tables(manifest: dict[str, Any]) -> list[Any]:
     return [stages, gains_table(manifest), steps]
 
 
-def check_bundle_cli(path: str) -> None:
-    """Check a bundle and print the verdict; exit 1 on violations."""
+def bundle_doc(path: str, manifest: dict[str, Any] | None, tables: list[Any]) -> dict[str, Any]:
+    """Return the JSON fields every bundle document shares: plan_file, kind ("training-bundle"),
+    predicted (iteration times in s and gains as fractions), gains (one row per step) and tables."""
+    from gpuplan.cliout import table_doc
+    from gpuplan.compose.bundle import BUNDLE_KIND
+
+    manifest = manifest or {}
+    return {"plan_file": path, "kind": BUNDLE_KIND, "predicted": manifest.get("predicted"),
+            "gains": manifest.get("gains", []), "tables": [table_doc(t) for t in tables]}
+
+
+def check_bundle_cli(path: str, json_out: str | None = None) -> None:
+    """Check a bundle and print the verdict (with `json_out`, the document {command, plan_file, kind,
+    status, valid, violations} as `check --json` prints it, status null); exit 1 on violations."""
+    from gpuplan.cliout import STDOUT, emit_json
     from gpuplan.compose import check_bundle
+    from gpuplan.compose.bundle import BUNDLE_KIND
 
     violations = check_bundle(path)
+    emit_json("check", {"plan_file": path, "kind": BUNDLE_KIND, "status": None, "valid": not violations,
+                        "violations": [str(v) for v in violations]}, json_out)
+    if json_out == STDOUT:
+        if violations:
+            sys.exit(1)
+        return
     if not violations:
         click.echo(f"{path}: valid (training bundle: poseidon + tessel + lagom agree)")
         return
@@ -54,24 +74,35 @@ def check_bundle_cli(path: str) -> None:
     sys.exit(1)
 
 
-def show_bundle_cli(path: str, png: str | None) -> None:
-    """Print a bundle's tables; with `png` draw the composed timeline. Exit 1 when it fails check."""
+def show_bundle_cli(path: str, png: str | None, json_out: str | None = None) -> None:
+    """Print a bundle's tables; with `png` draw the composed timeline; with `json_out` emit {command,
+    plan_file, kind, predicted, gains, tables, valid, violations, png}. Exit 1 when it fails check."""
+    from gpuplan.cliout import STDOUT, emit_json, say
     from gpuplan.compose import check_bundle, read_manifest
     from gpuplan.render import print_tables
 
     violations = check_bundle(path)
+    if violations and json_out:
+        emit_json("show", {**bundle_doc(path, None, []), "valid": False,
+                           "violations": [str(v) for v in violations], "png": None}, json_out)
+        if json_out == STDOUT:
+            sys.exit(1)
     if violations:
         click.echo(f"{path}: {len(violations)} violation(s); nothing is shown")
         for v in violations:
             click.echo(f"  {v}")
         sys.exit(1)
     manifest = read_manifest(path)
-    print_tables(bundle_tables(manifest))
+    tables = bundle_tables(manifest)
+    if json_out != STDOUT:
+        print_tables(tables)
     if png:
         from gpuplan.compose.view import draw_bundle
 
         draw_bundle(path, Path(png))
-        click.echo(f"figure written to {png}")
+        say(f"figure written to {png}", json_out)
+    emit_json("show", {**bundle_doc(path, manifest, tables), "valid": True, "violations": [], "png": png},
+              json_out)
 
 
 def register(main: click.Group) -> None:
@@ -93,12 +124,16 @@ def register(main: click.Group) -> None:
     @click.option("--time-limit", "time_limit", type=float, default=20.0, show_default=True,
                   help="Time limit of each solve (s).")
     @click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True)
+    @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+                  help="Print {command, bundle, plan_file, kind, predicted, gains, tables} as JSON (or write "
+                       "it to FILE); see docs/index.md, Scripting.")
     def train(cluster: str, model: str | None, batch: int | None, seq: int | None, profile: str | None,
-              output: str, time_limit: float, seed: int) -> None:
+              output: str, time_limit: float, seed: int, json_out: str | None = None) -> None:
         """Poseidon's parallel plan, Tessel's schedule of its stages, Lagom's NCCL settings for the
         collectives beside that schedule (iterated to a fixed point); writes a bundle and prints each
         step's predicted gain. CLUSTER is a cluster file, preset or whole poseidon problem file; MODEL a
         catalog name or model file."""
+        from gpuplan.cliout import STDOUT, emit_json, say
         from gpuplan.compose import plan_training, read_manifest
         from gpuplan.errors import GpuplanError, InfeasibleError
         from gpuplan.render import print_tables
@@ -115,5 +150,9 @@ def register(main: click.Group) -> None:
         except GpuplanError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)
-        print_tables(bundle_tables(read_manifest(output)))
-        click.echo(f"bundle written to {output}")
+        manifest = read_manifest(output)
+        tables = bundle_tables(manifest)
+        if json_out != STDOUT:
+            print_tables(tables)
+        emit_json("plan train", {"bundle": output, **bundle_doc(output, manifest, tables)}, json_out)
+        say(f"bundle written to {output}", json_out)

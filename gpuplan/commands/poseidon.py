@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from gpuplan.cliout import json_option
 from gpuplan.commands import ProblemInputs
 from gpuplan.errors import InputError
 from gpuplan.models.base import Problem
@@ -70,11 +71,13 @@ INPUTS = ProblemInputs("poseidon", [
 
 
 def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_limit: float | None,
-                       allow_over_memory: bool, **values: Any) -> None:
-    """Evaluate one fixed configuration; print its figures (and the search's plan with --vs-search)."""
+                       allow_over_memory: bool, json_out: str | None = None, **values: Any) -> None:
+    """Evaluate one fixed configuration; print its figures (and the search's plan with --vs-search), or
+    with `json_out` the document of docs/index.md (Scripting); return None."""
     import sys
 
     from gpuplan import api
+    from gpuplan.cliout import STDOUT, emit_json, say, table_doc
     from gpuplan.errors import GpuplanError
     from gpuplan.models.base import Table
     from gpuplan.models.poseidon import describe
@@ -84,6 +87,11 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
         problem = build(**values)
         plan = api.evaluate_config(problem, config, check_memory=not allow_over_memory)
         fixed = api.plan_problem(plan)
+        figures = {"configuration": plan.solver.options if plan.solver else {},
+                   "iteration_time_s": plan.iteration_time_s,
+                   **{k: plan.predicted[k] for k in ("throughput_samples_per_s", "tokens_per_s",
+                                                     "model_tflops_per_gpu", "mfu", "bubble_fraction")}}
+        search: dict[str, Any] | None = None
         rows = [["configuration", (plan.solver.options if plan.solver else {})],
                 ["iteration_time_s", plan.iteration_time_s],
                 ["throughput_samples_per_s", plan.predicted["throughput_samples_per_s"]],
@@ -93,22 +101,28 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
         if vs_search:
             best = api.solve(problem, time_limit_s=time_limit)
             if best.ok:
+                shape = (" | ".join(f"{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L:{s.recompute}"
+                                    for s in best.stages) + f" m={best.num_microbatches}")
+                search = {"status": best.status.value, "iteration_time_s": best.iteration_time_s, "shape": shape,
+                          "config_over_search": plan.iteration_time_s / best.iteration_time_s}
                 rows += [["search iteration_time_s", best.iteration_time_s],
-                         ["search shape", " | ".join(f"{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L:"
-                                                     f"{s.recompute}" for s in best.stages)
-                          + f" m={best.num_microbatches}"],
+                         ["search shape", shape],
                          ["config time / search time", plan.iteration_time_s / best.iteration_time_s]]
             else:
+                search = {"status": best.status.value, "message": best.message}
                 rows.append(["search", f"{best.status.value}: {best.message}"])
         if output:
             plan.save(output)
     except GpuplanError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
-    table = Table("poseidon: fixed configuration", ["figure", "value"], rows)
-    print_tables([table] + describe(fixed, plan))  # type: ignore[arg-type]
+    tables = [Table("poseidon: fixed configuration", ["figure", "value"], rows)] + describe(fixed, plan)  # type: ignore[arg-type]
+    if json_out != STDOUT:
+        print_tables(tables)
+    emit_json("evaluate poseidon", {**figures, "search": search, "plan_file": output,
+                                    "tables": [table_doc(t) for t in tables]}, json_out)
     if output:
-        click.echo(f"plan written to {output}")
+        say(f"plan written to {output}", json_out)
 
 
 def register(main: click.Group) -> None:
@@ -127,6 +141,7 @@ def register(main: click.Group) -> None:
                      help="Evaluate even when a stage needs more memory than the device has."),
         click.Option(["-o", "--output"], default=None, type=click.Path(dir_okay=False),
                      help="Also write the plan (JSON)."),
+        json_option(),
     ]
     group.add_command(click.Command("poseidon", params=params, callback=_evaluate_callback,
                                     help="Predict a fixed Megatron-style configuration (iteration time, "
