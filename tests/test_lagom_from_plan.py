@@ -67,3 +67,9 @@ def test_bad_stage_and_stage_on_a_problem_file(plans: dict[str, Path]) -> None:
     assert r.exit_code == 2 and "0..3" in r.stderr
     r = CliRunner().invoke(main, ["solve", "lagom", str(ROOT / "examples/lagom/small.yaml"), "--stage", "0", "-q"])
     assert r.exit_code == 2 and "--stage" in r.stderr
+
+
+def test_a_poseidon_problem_is_pointed_to_solve_poseidon_first() -> None:
+    src = ROOT / "examples/poseidon/h100-a100-small.yaml"
+    r = CliRunner().invoke(main, ["solve", "lagom", str(src), "-q"])
+    assert r.exit_code == 2 and "solve poseidon" in r.stderr and "'stages'" in r.stderr

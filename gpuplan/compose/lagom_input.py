@@ -49,7 +49,10 @@ def lagom_problem_from_plan(plan: dict[str, Any], stage: int | None = None, file
     from gpuplan import api
 
     if not is_poseidon_plan(plan):
-        raise InputError.at(file, "kind", plan.get("kind"), "a solved Poseidon plan (kind poseidon, with stages)")
+        hint = (f" (this is a Poseidon problem: solve it first, `gpuplan solve poseidon {file} -o plan.json`)"
+                if plan.get("kind") == "poseidon" and file else "")
+        field = "stages" if plan.get("kind") == "poseidon" else "kind"
+        raise InputError.at(file, field, plan.get(field), "a solved Poseidon plan (kind poseidon, with stages)" + hint)
     n = len(plan["stages"])
     if stage is None:
         stage = nccl_bottleneck_stage(plan, file)
