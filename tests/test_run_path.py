@@ -368,3 +368,13 @@ def test_a_plan_solved_with_the_overhead_states_it_and_check_recomputes_it() -> 
     # the plan round-trips through JSON with the overhead in its embedded problem's layer table
     again = P.PoseidonProblem.model_validate(json.loads(json.dumps(prob.document())))
     assert again.layer_costs.stage_call_backward_s == 0.004 and api.check(again, plan) == []
+
+
+def test_cold_op_cost_is_measured_only_when_workers_outnumber_the_cores() -> None:
+    from gpuplan.runtime.poseidon import measure_cold_op_s, runnable_config
+
+    cfg, seq, _ = runnable_config(two_types(TINY))
+    assert measure_cold_op_s(cfg, seq_len=seq, micro_batch=1, processes=2, cores=2) == (0.0, 0.0)  # nothing spawned
+    fwd, bwd = measure_cold_op_s(cfg, seq_len=seq, micro_batch=1, processes=3, cores=1, window_s=0.2)
+    # seconds of CPU time per call (a tiny block's call is well under 10 ms), never negative
+    assert 0.0 <= fwd < 0.01 and 0.0 <= bwd < 0.01

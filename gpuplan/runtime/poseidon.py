@@ -280,7 +280,9 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     and op order with the workers sharing `cores` CPU cores (default: the cores this process may
     use: `sharing`, the speed of a worker while k workers compute, given or measured just before
     the launch by `measure_core_sharing`), by `contended_iteration_s`: figures known before the
-    run. "measured_fastest_iteration_s" is the fastest step, the one least disturbed by other jobs
+    run. When the workers outnumber the cores, each forward and backward call there also costs the
+    extra CPU time of a call after a wait on cores others kept busy (`measure_cold_op_s`, measured
+    just before the launch; "cold_forward_s" / "cold_backward_s", s; 0 with `sharing` given). "measured_fastest_iteration_s" is the fastest step, the one least disturbed by other jobs
     on a shared machine.
 
     With calibrate > 0 the workers first time their stage standalone (`calibrate` repeats, all at
@@ -318,6 +320,9 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     before = contention.quiet_window()
     rates = sharing or measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
                                             processes=S * dp, threads=threads)
+    # an op after a wait (a receive, an emulated sleep) with every core taken by other workers
+    cold = (0.0, 0.0) if sharing else measure_cold_op_s(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
+                                                 processes=S * dp, cores=cpu_cores(), threads=threads)
     with contention.ContentionMonitor() as monitor:
         results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
     step_s = [max(r["iters"][i][0] for r in results) for i in range(steps)]
@@ -331,8 +336,12 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     out["core_sharing_rates"] = rates
     p2p, tails = [st.p2p_s for st in stages], [st.allreduce_s + st.optimizer_s for st in stages]
     replay: list[tuple[int, str, float, float]] = []
+    out["cold_forward_s"], out["cold_backward_s"] = cold
+    # every forward and backward call of a stage follows a wait (a receive, an emulated sleep): its
+    # measured extra CPU time, as work the emulated sleep stretches too
     out["predicted_cpu_iteration_s"] = contended_iteration_s(
-        [st.forward_s for st in stages], [st.backward_s for st in stages], p2p, tails,
+        [st.forward_s + cold[0] * f for st, f in zip(stages, spec["factors"])],
+        [st.backward_s + cold[1] * f for st, f in zip(stages, spec["factors"])], p2p, tails,
         plan.num_microbatches, plan.schedule, spec["factors"],
         [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)], record=replay)
     out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
@@ -488,6 +497,69 @@ def measure_core_sharing(config: TransformerConfig, *, seq_len: int, micro_batch
                                                         window_s), threads=threads, timeout_s=600)
     alone = per[0][0]
     return [alone / statistics.median(per[r][k - 1] for r in range(k)) for k in range(1, processes + 1)]
+
+
+def _cold_op_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,
+                    window_s: float) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.runtime import gpt
+
+    cfg = TransformerConfig.model_validate({**config_doc, "num_layers": 3})
+    block = gpt.stage(cfg, 1, 2, seed=rank)  # one middle block: no embedding, no head
+    x = torch.randn(micro_batch, seq_len, cfg.hidden, generator=torch.Generator().manual_seed(rank))
+
+    def call(fn: Any) -> tuple[Any, float, float]:
+        c0, w0 = time.process_time(), time.perf_counter()
+        out = fn()
+        return out, time.process_time() - c0, time.perf_counter() - w0
+
+    def op(wait: bool) -> tuple[float, float]:  # (forward, backward) CPU seconds, each call after a wait
+        y, cf, wf = call(lambda: block(x.clone().requires_grad_(True)))
+        if wait:
+            time.sleep(wf)
+        _, cb, wb = call(lambda: y.backward(torch.ones_like(y)))
+        if wait:
+            time.sleep(wb)
+        return cf, cb
+
+    for _ in range(3):
+        op(False)
+    per_op: list[float] = []
+    for others_busy in (False, True):  # rank 0 waits after each call as long as the call took
+        dist.barrier()
+        cpu: list[tuple[float, float]] = []
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < window_s or (rank == 0 and len(cpu) < 2):
+            if rank == 0:
+                cpu.append(op(True))
+            elif others_busy:
+                op(False)
+            else:
+                time.sleep(window_s)
+        dist.barrier()
+        per_op += [statistics.median(c[0] for c in cpu), statistics.median(c[1] for c in cpu)] if cpu else [0.0, 0.0]
+    return per_op
+
+
+def measure_cold_op_s(config: TransformerConfig, *, seq_len: int, micro_batch: int, processes: int,
+                      cores: int, threads: int = 1, window_s: float = 0.5) -> tuple[float, float]:
+    """Return (forward_s, backward_s): the extra process CPU time (s) a forward / backward call costs
+    when it follows a wait during which every core was busy with the run's other workers, over one
+    following a wait on idle cores; (0, 0) when `processes` <= `cores` (a waiting worker's core
+    stays free). Measured with one gpt block, each call followed by a sleep as long as it took, in
+    one process while min(processes, cores + 1) - 1 others sleep, then loop the block (someone
+    else ran on its core meanwhile: caches refilled, or the process moved); never below 0."""
+    from gpuplan.runtime.launch import run_workers
+
+    if processes <= cores:
+        return 0.0, 0.0
+    per = run_workers(_cold_op_worker, min(processes, cores + 1),
+                      args=(config.model_dump(mode="json"), micro_batch, seq_len, window_s),
+                      threads=threads, timeout_s=600)
+    quiet_f, quiet_b, busy_f, busy_b = per[0]
+    return max(0.0, busy_f - quiet_f), max(0.0, busy_b - quiet_b)
 
 
 def _profile_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batches: list[int], seq_len: int,
