@@ -87,7 +87,9 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
             shape = " | ".join(f"{st.device_type}:{st.num_layers}L" for st in plan.stages)
             lines.append(f"{s} stages ({shape}, m={plan.num_microbatches}, {out['world_size']} workers on "
                          f"{out['cores']} cores, sharing rates measured before the run "
-                         f"{[round(r, 2) for r in out['core_sharing_rates']]}):")
+                         f"{[round(r, 2) for r in out['core_sharing_rates']]}, extra CPU time per call after a wait on busy "
+                         f"cores: forward {out['cold_forward_s'] * 1e3:.3f} ms, backward "
+                         f"{out['cold_backward_s'] * 1e3:.3f} ms):")
             lines.append(f"  iteration: plan {plan.iteration_time_s:.4f} s ({_pct(plan.iteration_time_s / meas - 1)}), "
                          f"plan on idle cores {out['predicted_idle_cpu_iteration_s']:.4f} s "
                          f"({_pct(out['predicted_idle_cpu_iteration_s'] / meas - 1)}), plan with measured sharing "
