@@ -89,7 +89,7 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
                          f"{out['cores']} cores, sharing rates measured before the run "
                          f"{[round(r, 2) for r in out['core_sharing_rates']]}, extra CPU time per call after a wait on busy "
                          f"cores: forward {out['cold_forward_s'] * 1e3:.3f} ms, backward "
-                         f"{out['cold_backward_s'] * 1e3:.3f} ms):")
+                         f"{out['cold_backward_s'] * 1e3:.3f} ms; wake-up delay {out['wake_s'] * 1e3:.3f} ms):")
             lines.append(f"  iteration: plan {plan.iteration_time_s:.4f} s ({_pct(plan.iteration_time_s / meas - 1)}), "
                          f"plan on idle cores {out['predicted_idle_cpu_iteration_s']:.4f} s "
                          f"({_pct(out['predicted_idle_cpu_iteration_s'] / meas - 1)}), plan with measured sharing "

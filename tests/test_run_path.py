@@ -378,3 +378,20 @@ def test_cold_op_cost_is_measured_only_when_workers_outnumber_the_cores() -> Non
     fwd, bwd = measure_cold_op_s(cfg, seq_len=seq, micro_batch=1, processes=3, cores=1, window_s=0.2)
     # seconds of CPU time per call (a tiny block's call is well under 10 ms), never negative
     assert 0.0 <= fwd < 0.01 and 0.0 <= bwd < 0.01
+
+
+def test_wake_delay_is_charged_only_to_a_stage_waiting_idle_for_its_input() -> None:
+    from gpuplan.runtime.poseidon import contended_iteration_s, measure_wake_s, runnable_config
+
+    args = ([1.0, 1.0], [2.0, 2.0], [0.0], [0.0, 0.0], 1, "1f1b", [1.0, 1.0], [1.0, 1.0])
+    # one micro-batch: stage 1 waits for F0 (woken late), stage 0 waits for B1 (woken late)
+    assert contended_iteration_s(*args) == pytest.approx(6.0)
+    assert contended_iteration_s(*args, wake_s=0.25) == pytest.approx(6.5)
+    # two micro-batches, stage 1 slow: stage 1's second forward input arrives while it is busy
+    two = ([1.0, 3.0], [1.0, 3.0], [0.0], [0.0, 0.0], 2, "gpipe", [1.0, 1.0], [1.0, 1.0])
+    record: list = []
+    contended_iteration_s(*two, record=record, wake_s=0.25)
+    starts = sorted(s for st, kind, s, e in record if st == 1 and kind == "F")
+    assert starts == pytest.approx([1.25, 4.25])  # the first waited idle (+0.25), the second did not
+    cfg, seq, _ = runnable_config(two_types(TINY))
+    assert measure_wake_s(cfg, seq_len=seq, micro_batch=1, processes=2, cores=2) == 0.0  # nothing spawned

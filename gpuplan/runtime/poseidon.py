@@ -68,7 +68,7 @@ def cpu_cores() -> int:
 
 def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
                           schedule: str, factors: list[float], rates: list[float],
-                          record: list[tuple[int, str, float, float]] | None = None) -> float:
+                          record: list[tuple[int, str, float, float]] | None = None, wake_s: float = 0.0) -> float:
     """Return the iteration time (s) of the DAG's op order when the S stage processes share the CPU
     cores: while k ops compute, each runs at rates[k-1] of its uncontended speed (processor sharing;
     min(1, cores / k) for ideal cores, or `measure_core_sharing`'s measured rates).
@@ -78,7 +78,9 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
     time its compute took, as `slow_down_stage` does; sleeping and sends (p2p, seconds) use no core.
     Each stage's tail (all-reduce + optimizer) is CPU work after its last op. This
     equals the DAG longest path (`iteration_time_fast`) when every rate is 1. When `record` is a
-    list, appends (stage, "F"|"B", start_s, end_s) of every op, its emulated sleep included."""
+    list, appends (stage, "F"|"B", start_s, end_s) of every op, its emulated sleep included.
+    `wake_s`: seconds a stage waiting idle for a message starts after it arrives (the scheduler's
+    wake-up delay; 0 by default); not charged when the message arrives while the stage is busy."""
     from gpuplan.models.poseidon import _flat_ops
 
     S = len(fwd)
@@ -91,6 +93,15 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
     pos = [0] * S
     # per stage: phase "idle" | "cpu" | "sleep" | "tail" | "done", remaining work or wake-up time
     phase, left, began, t = ["idle"] * S, [0.0] * S, [0.0] * S, 0.0
+    idle_since = [0.0] * S
+
+    def ready(s: int) -> float:  # when stage s's next op may start (its input arrived, s awake)
+        _, _, _, dep, send = ops[queue[s][pos[s]]]
+        if dep < 0:
+            return 0.0
+        arrival = end[dep] + sends[send]
+        return arrival + (wake_s if send >= 0 and arrival > idle_since[s] else 0.0)
+
     while True:
         for s in range(S):  # start every op whose dependency has arrived
             if phase[s] != "idle":
@@ -99,7 +110,7 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
                 phase[s], left[s] = "tail", tail[s]
                 continue
             _, is_f, _, dep, send = ops[queue[s][pos[s]]]
-            if dep < 0 or end[dep] + sends[send] <= t + 1e-15:
+            if dep < 0 or ready(s) <= t + 1e-15:
                 phase[s], began[s] = "cpu", t
                 left[s] = (fwd[s] if is_f else bwd[s]) / factors[s]
         busy = [s for s in range(S) if phase[s] in ("cpu", "tail")]
@@ -107,8 +118,7 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
             return t
         rate = rates[min(len(busy), len(rates)) - 1] if busy else 1.0
         step = min([left[s] / rate for s in busy] + [left[s] - t for s in range(S) if phase[s] == "sleep"]
-                   + [end[ops[queue[s][pos[s]]][3]] + sends[ops[queue[s][pos[s]]][4]] - t for s in range(S)
-                      if phase[s] == "idle" and pos[s] < len(queue[s])])
+                   + [ready(s) - t for s in range(S) if phase[s] == "idle" and pos[s] < len(queue[s])])
         step = max(step, 0.0)
         t += step
         for s in busy:
@@ -124,7 +134,7 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
                 if record is not None:
                     record.append((s, "F" if ops[queue[s][pos[s]]][1] else "B", began[s], t))
                 pos[s] += 1
-                phase[s] = "idle"
+                phase[s], idle_since[s] = "idle", t
 
 
 def slow_down_stage(stage: Any, factor: float) -> None:
@@ -282,7 +292,9 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     the launch by `measure_core_sharing`), by `contended_iteration_s`: figures known before the
     run. When the workers outnumber the cores, each forward and backward call there also costs the
     extra CPU time of a call after a wait on cores others kept busy (`measure_cold_op_s`, measured
-    just before the launch; "cold_forward_s" / "cold_backward_s", s; 0 with `sharing` given). "measured_fastest_iteration_s" is the fastest step, the one least disturbed by other jobs
+    just before the launch; "cold_forward_s" / "cold_backward_s", s; 0 with `sharing` given), and a
+    stage waiting idle for a message starts after the scheduler's wake-up delay on busy cores
+    (`measure_wake_s`, measured likewise; "wake_s", s). "measured_fastest_iteration_s" is the fastest step, the one least disturbed by other jobs
     on a shared machine.
 
     With calibrate > 0 the workers first time their stage standalone (`calibrate` repeats, all at
@@ -323,6 +335,8 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     # an op after a wait (a receive, an emulated sleep) with every core taken by other workers
     cold = (0.0, 0.0) if sharing else measure_cold_op_s(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
                                                  processes=S * dp, cores=cpu_cores(), threads=threads)
+    wake = 0.0 if sharing else measure_wake_s(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
+                                              processes=S * dp, cores=cpu_cores(), threads=threads)
     with contention.ContentionMonitor() as monitor:
         results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
     step_s = [max(r["iters"][i][0] for r in results) for i in range(steps)]
@@ -337,13 +351,14 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     p2p, tails = [st.p2p_s for st in stages], [st.allreduce_s + st.optimizer_s for st in stages]
     replay: list[tuple[int, str, float, float]] = []
     out["cold_forward_s"], out["cold_backward_s"] = cold
+    out["wake_s"] = wake
     # every forward and backward call of a stage follows a wait (a receive, an emulated sleep): its
     # measured extra CPU time, as work the emulated sleep stretches too
     out["predicted_cpu_iteration_s"] = contended_iteration_s(
         [st.forward_s + cold[0] * f for st, f in zip(stages, spec["factors"])],
         [st.backward_s + cold[1] * f for st, f in zip(stages, spec["factors"])], p2p, tails,
         plan.num_microbatches, plan.schedule, spec["factors"],
-        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)], record=replay)
+        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)], record=replay, wake_s=wake)
     out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
     # the same on idle cores (min(1, cores / k) for k workers computing): what a quiet machine gives
     out["predicted_idle_cpu_iteration_s"] = contended_iteration_s(
@@ -560,6 +575,56 @@ def measure_cold_op_s(config: TransformerConfig, *, seq_len: int, micro_batch: i
                       threads=threads, timeout_s=600)
     quiet_f, quiet_b, busy_f, busy_b = per[0]
     return max(0.0, busy_f - quiet_f), max(0.0, busy_b - quiet_b)
+
+
+def _wake_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,
+                 messages: int) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.runtime import gpt
+
+    cfg = TransformerConfig.model_validate({**config_doc, "num_layers": 3})
+    block = gpt.stage(cfg, 1, 2, seed=rank)
+    x = torch.randn(micro_batch, seq_len, cfg.hidden, generator=torch.Generator().manual_seed(rank))
+    gap_s = 0.005  # the receiver blocks this long before each message, as a stage waiting for its input
+    out: list[float] = []
+    for busy in (False, True):
+        dist.barrier()
+        stamp, latency, t0 = torch.zeros(1, dtype=torch.float64), [], time.perf_counter()
+        if rank == world - 2:  # the sender
+            for _ in range(messages):
+                time.sleep(gap_s)
+                stamp[0] = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process
+                dist.send(stamp, world - 1)
+        elif rank == world - 1:  # the receiver
+            for _ in range(messages):
+                dist.recv(stamp, world - 2)
+                latency.append(time.perf_counter() - float(stamp[0]))
+        elif busy:  # the others keep every core busy for longer than the messages take
+            while time.perf_counter() - t0 < 3 * messages * gap_s:
+                y = block(x.clone().requires_grad_(True))
+                y.backward(torch.ones_like(y))
+        dist.barrier()
+        out.append(statistics.mean(latency) if latency else 0.0)
+    return out
+
+
+def measure_wake_s(config: TransformerConfig, *, seq_len: int, micro_batch: int, processes: int, cores: int,
+                   threads: int = 1, messages: int = 60) -> float:
+    """Return the wake-up delay (s) of a worker blocked waiting for a message while the run's other
+    workers keep every core busy: the mean time from a send to the receiver running again, minus
+    the same on idle cores; 0 when `processes` <= `cores`. Measured with `cores` processes looping
+    one gpt block's forward+backward while one process sends `messages` time-stamped messages,
+    5 ms apart, to another blocked in gloo's recv; never below 0."""
+    from gpuplan.runtime.launch import run_workers
+
+    if processes <= cores:
+        return 0.0
+    per = run_workers(_wake_worker, cores + 2, args=(config.model_dump(mode="json"), micro_batch, seq_len, messages),
+                      threads=threads, timeout_s=600)
+    idle, busy = per[-1]
+    return max(0.0, busy - idle)
 
 
 def _profile_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batches: list[int], seq_len: int,
