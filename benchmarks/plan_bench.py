@@ -7,7 +7,7 @@ against the best classic configuration (the `megatron` and `3d` baselines: equal
 Section (b), on this machine: a composed CPU plan of 2-4 stages (profiled here) run with gloo,
 measured against predicted (target: within 15 %).
 
-Run: .venv/bin/python benchmarks/plan_bench.py [--quick] [--skip-run]
+Run: .venv/bin/python benchmarks/plan_bench.py [--quick] [--skip-run | --run-only]
 """
 
 from __future__ import annotations
@@ -152,8 +152,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="Two large clusters, one CPU run, shorter limits.")
     ap.add_argument("--skip-run", action="store_true", help="Skip section (b) (the CPU run).")
+    ap.add_argument("--run-only", action="store_true", help="Only section (b) (the CPU run).")
     args = ap.parse_args()
-    section_a(args.quick, 5.0 if args.quick else 15.0)
+    if not args.run_only:
+        section_a(args.quick, 5.0 if args.quick else 15.0)
     if not args.skip_run:
         section_b(args.quick)
 

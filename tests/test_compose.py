@@ -196,3 +196,28 @@ def test_shared_cores_time() -> None:
     pair = gpuplan.load_problem({"kind": "tessel", "devices": 2, "microbatches": 1, "blocks": [
         {"name": "a", "devices": [0], "duration_s": 1.0}, {"name": "b", "devices": [1], "duration_s": 1.0}]})
     assert shared_cores_time_s(pair, [[("a", 0)], [("b", 0)]], [1.0, 0.5], [0.0, 0.0]) == pytest.approx(2.0)
+
+
+def test_shared_cores_wake_and_extra() -> None:
+    """The wake-up delay is charged to a device idle when its input arrives, not to a busy one; the
+    extra CPU time per call lengthens that block (times computed by hand)."""
+    from gpuplan.runtime.bundle import shared_cores_time_s
+
+    chain = gpuplan.load_problem({"kind": "tessel", "devices": 2, "microbatches": 1, "blocks": [
+        {"name": "a", "devices": [0], "duration_s": 1.0}, {"name": "b", "devices": [1], "duration_s": 1.0,
+                                                            "after": ["a"]},
+        {"name": "c", "devices": [0], "duration_s": 1.0, "after": ["b"]}]})
+    orders = [[("a", 0), ("c", 0)], [("b", 0)]]
+    assert shared_cores_time_s(chain, orders, [1.0, 0.5], [0.0, 0.0]) == pytest.approx(3.0)
+    # a ends 1.0; b waits idle, wakes at 1.25, ends 2.25; c waits idle, wakes at 2.5, ends 3.5
+    assert shared_cores_time_s(chain, orders, [1.0, 0.5], [0.0, 0.0], wake_s=0.25) == pytest.approx(3.5)
+    # 0.5 s extra on a: a ends 1.5, b 1.75-2.75, c 3.0-4.0
+    assert shared_cores_time_s(chain, orders, [1.0, 0.5], [0.0, 0.0], wake_s=0.25,
+                               extra_s={"a": 0.5}) == pytest.approx(4.0)
+    busy = gpuplan.load_problem({"kind": "tessel", "devices": 2, "microbatches": 1, "blocks": [
+        {"name": "a", "devices": [0], "duration_s": 1.0}, {"name": "x", "devices": [1], "duration_s": 2.0},
+        {"name": "b", "devices": [1], "duration_s": 1.0, "after": ["a"]}]})
+    # x and a at half speed: a ends 2.0 while x (1.0 left) is busy, alone then: x ends 3.0; b's input
+    # came while device 1 computed, so no wake-up: b 3.0-4.0
+    assert shared_cores_time_s(busy, [[("a", 0)], [("x", 0), ("b", 0)]], [1.0, 0.5], [0.0, 0.0],
+                               wake_s=0.25) == pytest.approx(4.0)

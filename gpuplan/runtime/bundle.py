@@ -8,7 +8,8 @@ NCCL; on gloo (CPU) it is recorded and ignored, with a note. Device types a stag
 emulated as the Poseidon runner does: a stage of a type k times slower sleeps (k - 1) x each call.
 
 Returns measured next to predicted, per iteration (the bundle's composed prediction; the same with
-this machine's core sharing measured just before the launch, as the Poseidon runner does; and the
+this machine's core sharing, cold-call cost and wake-up delay measured just before the launch, as the
+Poseidon runner does; and the
 schedule re-timed with the block durations measured in this run) and per block.
 """
 
@@ -25,29 +26,49 @@ from gpuplan.runtime.poseidon import slow_down_stage
 
 
 def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates: list[float],
-                        tails_s: list[float]) -> float:
+                        tails_s: list[float], *, wake_s: float = 0.0,
+                        extra_s: dict[str, float] | None = None) -> float:
     """Return the iteration time (s) of per-device `orders` when the devices share this machine's cores:
-    while k blocks run at once each progresses at rates[k-1] (1.0 = alone) of its planned duration;
-    a block starts when its device finished the previous one and its dependencies ended; each device
-    ends with its tail (at the rate of the devices still busy then, approximated by rates[0])."""
-    dur = {b.name: b.duration_s for b in problem.blocks}
+    while k blocks run at once each progresses at rates[k-1] (1.0 = alone) of its planned duration
+    (plus `extra_s[name]`, s of CPU work added to every call of that block, e.g. the extra CPU time of
+    a call after a wait on busy cores); a block starts when its device finished the previous one and
+    its dependencies ended; each device ends with its tail (at the rate of the devices still busy
+    then, approximated by rates[0]). `wake_s`: seconds a device waiting idle for a block of another
+    device starts after that block ends (the scheduler's wake-up delay, as `contended_iteration_s`
+    charges it); not charged when that block ended while the device was still busy."""
+    extra = extra_s or {}
+    dur = {b.name: b.duration_s + extra.get(b.name, 0.0) for b in problem.blocks}
     deps = {b.name: b.after for b in problem.blocks}
+    device_of = {b.name: b.devices[0] for b in problem.blocks}
     pos = [0] * len(orders)
     done: dict[tuple[str, int], float] = {}
     running: dict[int, list[Any]] = {}   # device -> [block, microbatch, remaining seconds of work]
     now, free = 0.0, [0.0] * len(orders)
     total = sum(len(o) for o in orders)
+
+    def ready(d: int, name: str, j: int) -> float:  # when the block may start (inputs arrived, device awake)
+        local = max((done[(a, j)] for a in deps[name] if device_of[a] == d), default=0.0)
+        sent = max((done[(a, j)] for a in deps[name] if device_of[a] != d), default=0.0)
+        if sent > free[d]:  # the device went idle before its input arrived: it wakes up after it
+            sent += wake_s
+        return max(local, sent)
+
     while len(done) < total:
+        waiting: list[float] = []
         for d, order in enumerate(orders):
             if d in running or pos[d] >= len(order):
                 continue
             name, j = order[pos[d]]
             if all((a, j) in done for a in deps[name]):
-                running[d] = [name, j, dur[name]]
-        if not running:
+                at = ready(d, name, j)
+                if at <= now + 1e-12:
+                    running[d] = [name, j, dur[name]]
+                else:
+                    waiting.append(at)
+        if not running and not waiting:
             raise ValueError("the orders wait on each other (deadlock)")
-        rate = rates[min(len(running), len(rates)) - 1]
-        step = min(r[2] for r in running.values()) / rate
+        rate = rates[min(len(running), len(rates)) - 1] if running else 1.0
+        step = min([r[2] / rate for r in running.values()] + [at - now for at in waiting])
         now += step
         for d in list(running):
             running[d][2] -= step * rate
@@ -129,6 +150,9 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                threads: int | None = 1, timeout_s: float = 600.0) -> dict[str, Any]:
     """Run a training bundle on local processes (gloo on CPU); return measured figures (seconds):
     measured_iteration_s (median step), predicted_iteration_s (the bundle's composed prediction),
+    predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with the core sharing,
+    and, when the workers outnumber the cores, the extra CPU time of a call after a wait on busy cores,
+    cold_forward_s / cold_backward_s, and the wake-up delay wake_s, all measured just before the launch),
     retimed_iteration_s (the schedule's order re-timed with the blocks measured in the run), per-block
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
     Refuses a bundle that fails check, or stages with tensor parallelism (the CPU executor has none)."""
@@ -139,7 +163,8 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     from gpuplan.runtime import contention
     from gpuplan.runtime import tessel_actions as acts
     from gpuplan.runtime.launch import run_workers
-    from gpuplan.runtime.poseidon import measure_core_sharing, runnable_config, stage_slowdowns
+    from gpuplan.runtime.poseidon import (cpu_cores, measure_cold_op_s, measure_core_sharing, measure_wake_s,
+                                          runnable_config, stage_slowdowns)
     from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
     from gpuplan.runtime.torch_pipelining import check_version
 
@@ -179,11 +204,21 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     # the S x dp compute at once (1.0 = alone), so the prediction for here is known before the run
     rates = measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size, processes=S * dp,
                                  threads=threads or 1)
+    # when the workers outnumber the cores, as the Poseidon runner: the extra CPU time of a call after a
+    # wait on cores the others kept busy, and the wake-up delay of a worker blocked in gloo's recv
+    mb, cores = stages[0].micro_batch_size, cpu_cores()
+    cold = measure_cold_op_s(cfg, seq_len=seq, micro_batch=mb, processes=S * dp, cores=cores, threads=threads or 1)
+    wake = measure_wake_s(cfg, seq_len=seq, micro_batch=mb, processes=S * dp, cores=cores, threads=threads or 1)
     tails = stage_tails_s(doc, [float(x) for x in manifest["scales"]])
     per_device = max(1, dp)  # dp replicas of each stage run at once: each device counts dp workers
+    # every forward / backward(-input) call follows a wait (a receive, an emulated sleep); the emulated
+    # slow-down stretches the extra work too (a stage k times slower sleeps (k - 1) x each call)
+    extra = {b.name: (cold[0] if b.kind == "forward" else cold[1] if b.kind in ("backward", "backward_input")
+                      else 0.0) * spec["factors"][b.devices[0]]  # type: ignore[index]
+             for b in tprob.blocks}  # type: ignore[attr-defined]
     predicted_here = shared_cores_time_s(
         tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
-        [rates[min(len(rates), k * per_device) - 1] for k in range(1, S + 1)], tails)
+        [rates[min(len(rates), k * per_device) - 1] for k in range(1, S + 1)], tails, wake_s=wake, extra_s=extra)
     with contention.ContentionMonitor() as monitor:
         results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
     step_s = [max(r["step_s"][i] for r in results) for i in range(steps)]
@@ -200,13 +235,14 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     out: dict[str, Any] = {"world_size": S * dp, "stages": S, "steps": steps, "measured_iteration_s": measured,
                            "measured_steps_s": step_s, "predicted_iteration_s": predicted,
                            "error": rel_error(predicted, measured), "core_sharing_rates": rates,
+                           "cold_forward_s": cold[0], "cold_backward_s": cold[1], "wake_s": wake,
                            "predicted_here_iteration_s": predicted_here,
                            "predicted_here_error": rel_error(predicted_here, measured), "retimed_iteration_s": retimed,
                            "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,
                            "losses": [x for r in results for x in r["losses"]], "lagom_env": envs, "notes": notes}
     out.update(contention.report(before, monitor.window, step_s))
     rows = [["composed prediction (the bundle)", predicted, measured, pct(rel_error(predicted, measured))],
-            ["the same with this machine's core sharing (measured before the run)",
+            ["the same for this machine (core sharing, cold calls, wake-up; measured before the run)",
              predicted_here, measured, pct(rel_error(predicted_here, measured))],
             ["the schedule re-timed with this run's blocks (checks the order)", retimed, measured,
              pct(rel_error(retimed, measured))]]
