@@ -135,17 +135,18 @@ def section_b(quick: bool) -> None:
             try:
                 got = run_bundle(bundle, steps=3 if quick else 5)
             except InputError as exc:  # a plan the CPU executor cannot run (e.g. dp differing per stage)
-                rows.append([f"{stages} devices: {shape}", "-", "-", "-", "-", "-", "-", "-", f"not run: {exc}"])
+                rows.append([f"{stages} devices: {shape}", "-", "-", "-", "-", "-", "-", "-", "-", f"not run: {exc}"])
                 continue
             rows.append([f"{stages} devices: {shape} v={comp.poseidon.interleave}",  # type: ignore[attr-defined]
                          got["predicted_iteration_s"], got["predicted_here_iteration_s"], got["retimed_iteration_s"],
                          got["measured_iteration_s"], f"{100 * got['error']:+.1f}%",
                          f"{100 * got['predicted_here_error']:+.1f}%", f"{100 * got['retimed_error']:+.1f}%",
-                         "yes" if got.get("contended") else "no"])
+                         f"{1e3 * got['cold_forward_s']:.3f}/{1e3 * got['cold_backward_s']:.3f}/"
+                         f"{1e3 * got['wake_s']:.3f}", "yes" if got.get("contended") else "no"])
     print(table_text(Table("(b) this machine (gloo, CPU): composed plan measured vs predicted (error = (predicted - "
                            "measured) / measured)",
-                           ["plan", "predicted s", "with core sharing s", "re-timed s", "measured s", "error",
-                            "core-sharing error", "re-timed error", "contended"], rows)))
+                           ["plan", "predicted s", "for this machine s", "re-timed s", "measured s", "error",
+                            "for-this-machine error", "re-timed error", "cold F/B, wake ms", "contended"], rows)))
 
 
 def main() -> None:
