@@ -201,13 +201,7 @@ def setting_problems(collective: str, link: Link, algo: str, proto: str, channel
 
 # ---- NCCL's analytic model (nccl_tuning: NCCL 2.30.7's tuning.cc per architecture) --------------
 
-def nsteps(collective: str, n: int) -> int:
-    """Return NCCL's ring step count: 2(n-1) all_reduce, n-1 all_gather/reduce_scatter, n otherwise."""
-    if collective == "all_reduce":
-        return 2 * (n - 1)
-    if collective in ("all_gather", "reduce_scatter"):
-        return n - 1
-    return n
+nsteps = nt.nsteps  # NCCL's ring step count
 
 
 def _tuned(collective: str) -> str:

@@ -320,7 +320,8 @@ def graphs(t: Topology) -> Graphs:
     return Graphs(ring, tree, nvls, comm)
 
 
-def _nsteps(coll: str, n: int) -> int:
+def nsteps(coll: str, n: int) -> int:
+    """Return NCCL's ring step count: 2(n-1) all_reduce, n-1 all_gather/reduce_scatter, n otherwise."""
     if coll == "all_reduce":
         return 2 * (n - 1)
     if coll in ("all_gather", "reduce_scatter"):
@@ -460,7 +461,7 @@ def bus_to_alg(coll: str, algo: str, n: int) -> float:
     if algo != "ring" and coll in ("all_gather", "reduce_scatter"):
         return 1.0
     if algo in ("ring", "nvls", "nvlstree"):
-        return n / _nsteps(coll, n)
+        return n / nsteps(coll, n)
     return 0.5
 
 
@@ -475,7 +476,7 @@ def tuning(t: Topology, g: Graphs | None = None, caps: Caps = NO_CAPS) -> dict[t
     g = g or graphs(t)
     out: dict[tuple[str, str, str], Entry] = {}
     for coll in COLLECTIVES:
-        nsteps = _nsteps(coll, t.ranks)
+        steps = nsteps(coll, t.ranks)
         for a in ALGOS:
             for pi, p in enumerate(PROTOS):
                 if not considered(coll, a, p):
@@ -484,17 +485,17 @@ def tuning(t: Topology, g: Graphs | None = None, caps: Caps = NO_CAPS) -> dict[t
                     out[(coll, a, p)] = Entry(0.0, 0.0)
                     continue
                 bus = float(bus_bandwidth(t, g, coll, a, p, caps)) * bus_to_alg(coll, a, t.ranks)
-                lat = _latency_us(t, coll, a, pi, nsteps) * caps.latency_scale
+                lat = _latency_us(t, coll, a, pi, steps) * caps.latency_scale
                 out[(coll, a, p)] = Entry(lat, bus)
     return out
 
 
 def latency_us(t: Topology, coll: str, algo: str, proto: str, caps: Caps = NO_CAPS) -> float:
     """Return NCCL's modelled latency (us) of (coll, algo, proto) on `t`."""
-    return _latency_us(t, coll, algo, PROTOS.index(proto), _nsteps(coll, t.ranks)) * caps.latency_scale
+    return _latency_us(t, coll, algo, PROTOS.index(proto), nsteps(coll, t.ranks)) * caps.latency_scale
 
 
-def _latency_us(t: Topology, coll: str, a: str, pi: int, nsteps: int) -> float:
+def _latency_us(t: Topology, coll: str, a: str, pi: int, steps: int) -> float:
     """tuning.cc latency of (coll, algo, proto index) on `t` (us), with the graphs' latencyInter."""
     n, N = t.ranks, t.nodes
     base = BASE_LAT_US[a][pi]
@@ -512,7 +513,7 @@ def _latency_us(t: Topology, coll: str, a: str, pi: int, nsteps: int) -> float:
             overhead = NET_OVERHEAD_US.get(t.cpu_vendor, 1.0) * (3 if PROTOS[pi] == "Simple" else 1)
         intra_lat = max(intra_lat, overhead)
         n_inter = 0 if N == 1 else (2 * (N - 1) if coll == "all_reduce" else N - 1)
-        return base + (nsteps - n_inter) * intra_lat + n_inter * inter_lat
+        return base + (steps - n_inter) * intra_lat + n_inter * inter_lat
     if a == "tree":
         return base + 2 * ((n // N - 1) * intra_lat + _log2i(N) * inter_lat) if coll == "all_reduce" else base
     if a == "nvls":
