@@ -503,10 +503,13 @@ def nodes_per_job(problem: OefProblem, plan: OefPlan) -> float:
 
 
 def summarize(problem: OefProblem, plan: OefPlan) -> dict[str, Any]:
-    """Return the compare columns: efficiency, worst SI ratio, envy pairs, largest envy, Pareto gain."""
+    """Return the compare columns: efficiency, worst SI ratio, envy pairs, the largest envy relative to
+    the envious job's own utility (U_i(X_k) / U_i(X_i) - 1: huge when a job gets almost nothing), and
+    the Pareto gap (the efficiency fraction a reallocation that lowers no job would add; 0 = Pareto
+    efficient, and envy-freeness can forbid closing it)."""
     f = assess(problem, plan)
     return {"efficiency": f["efficiency"], "min_si_ratio": f["min_si_ratio"], "envy_pairs": f["envy_pairs"],
-            "max_envy": f["max_envy"], "pareto_gain": f["pareto_gain"]}
+            "max_envy_rel": f["max_envy"], "pareto_gap": f["pareto_gain"]}
 
 
 def describe(problem: OefProblem, plan: OefPlan) -> list[Table]:
