@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuplan.errors import InputError
 from gpuplan.models.base import Violation
-from gpuplan.io import atomic_write_text
+from gpuplan.io import atomic_write_text, read_json
 
 SCHEMA_VERSION = 1
 
@@ -81,14 +81,8 @@ class Plan(BaseModel):
 def read_plan_document(path: str | Path) -> dict[str, Any]:
     """Return the JSON mapping of a plan file, checking kind and schema_version; never runs code."""
     p = Path(path)
-    try:
-        from gpuplan.io import read_json
-
-        data = read_json(p, what="plan file", allow_nonfinite=True)  # bounded; check reports non-finite figures
-    except FileNotFoundError:
-        raise InputError(f"{p}: no such plan file", file=str(p)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{p}: not a JSON plan file: {exc}", file=str(p)) from None
+    # bounded; raises InputError when missing or not JSON; check reports non-finite figures
+    data = read_json(p, what="plan file", allow_nonfinite=True)
     if not isinstance(data, dict) or "kind" not in data:
         raise InputError.at(str(p), "kind", None if not isinstance(data, dict) else data.get("kind"),
                             "a plan file with a 'kind' field")
