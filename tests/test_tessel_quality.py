@@ -17,16 +17,8 @@ from gpuplan.models.tessel import TesselProblem, check, makespan_s, memory_peaks
 from gpuplan.registry import no_progress
 from gpuplan.solvers import tessel as solvers
 from gpuplan.solvers import tessel_classic as classic
-
-
-def problem(shape: str, p: int, m: int, *, f: float = 1.0, b: float = 2.0, w: float = 0.0, chunks: int = 2,
-            memory: float | None = None) -> TesselProblem:
-    doc = {"kind": "tessel", "microbatches": m,
-           "shape": {"name": shape, "devices": p, "forward_s": f, "backward_s": b, "backward_weight_s": w,
-                     "chunks": chunks}}
-    if memory is not None:
-        doc["memory_limit_bytes"] = memory
-    return api.load_problem(doc)  # type: ignore[return-value]
+from test_tessel import problem
+from test_tessel_time import spy_cpsat
 
 
 TIMES = [(1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1.5, 0.5), (1, 3, 1), (2, 2, 1), (1, 2, 0.5), (3, 2, 1)]
@@ -174,13 +166,7 @@ def test_exact_starts_from_the_best_baseline_and_reports_its_bound(monkeypatch: 
 
 
 def test_every_cpsat_call_of_tessel_is_load_independent(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[dict[str, object]] = []
-    real = solvers.solve_cpsat
-
-    def spy(model: object, **kw: object) -> object:
-        calls.append(kw)
-        return real(model, **kw)  # type: ignore[arg-type]
-    monkeypatch.setattr(solvers, "solve_cpsat", spy)
+    calls = spy_cpsat(monkeypatch)
     prob = problem("interleaved", 3, 12, f=1, b=2, chunks=3, memory=11)
     solvers.solve_tessel(prob, progress=no_progress, polish_s=0.5, floor=False)  # every search runs
     assert calls

@@ -54,7 +54,8 @@ def test_a_long_run_with_baselines_returns_the_floor_at_the_limit() -> None:
     assert not check(prob, plan)
 
 
-def test_cpsat_budgets_follow_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+def spy_cpsat(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """Records the keyword arguments of every CP-SAT call Tessel's solver makes."""
     calls: list[dict[str, object]] = []
     real = solvers.solve_cpsat
 
@@ -62,6 +63,11 @@ def test_cpsat_budgets_follow_the_limit(monkeypatch: pytest.MonkeyPatch) -> None
         calls.append(kw)
         return real(model, **kw)  # type: ignore[arg-type]
     monkeypatch.setattr(solvers, "solve_cpsat", spy)
+    return calls
+
+
+def test_cpsat_budgets_follow_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_cpsat(monkeypatch)
     prob = problem("interleaved", 3, 12, b=2.0, w=0.0, chunks=3, memory=11)
     limit = 2.0
     plan = solvers.solve_tessel(prob, progress=no_progress, time_limit_s=limit, floor=False)
