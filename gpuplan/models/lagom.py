@@ -608,7 +608,7 @@ def check(problem: LagomProblem, plan: LagomPlan) -> list[Violation]:
         out.append(Violation("env", why))
     if not env_wrong:
         out += _check_emitted(problem, plan, thetas)
-    return out + _check_figures(problem, plan, thetas)
+    return out + _check_figures(problem, plan, thetas, it)
 
 
 def _check_emitted(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta]) -> list[Violation]:
@@ -628,12 +628,13 @@ def _check_emitted(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta]) 
     return out
 
 
-def _check_figures(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta]) -> list[Violation]:
+def _check_figures(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta], it: float
+                   ) -> list[Violation]:
     """Return violations of the figures the plan states besides `iteration_s`: the objective and the
     predicted iteration time, compute-alone time and baseline iteration times (s), and every
-    window's start, compute, communication and total time (s), bound and ops, recomputed."""
+    window's start, compute, communication and total time (s), bound and ops, recomputed; `it` is the
+    model's iteration time (s) under `thetas`."""
     comp = problem.compiled
-    it = comp.iteration_us(thetas) * 1e-6
     predicted = {"iteration_s": it, "compute_alone_s": sum(w.compute_us for w in comp.windows) * 1e-6}
     out: list[Violation] = []
     names = [o.name for o in comp.ops]

@@ -43,7 +43,7 @@ class Space:
         """Return the most evaluations one pass spends on an op: every other protocol and algorithm
         once plus its re-tuned resources (channels + chunks + threads), then one 1-D search over each
         resource dimension."""
-        res = sum(len(self.values(d)) for d in ("channels", "chunk_bytes", "threads"))
+        res = sum(len(self.values(d)) for d in RESOURCE_DIMS)
         alternatives = len(self.protos) - 1 + len(self.algos) - 1
         return alternatives * (1 + res) + res
 
