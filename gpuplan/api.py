@@ -193,7 +193,7 @@ def run(plan: Plan, problem: Problem | None = None, **options: Any) -> dict[str,
     The plan is checked first (see `check`): a plan with violations, or an infeasible one, is refused
     with PlanRejected before any process starts.
     """
-    import importlib
+    from gpuplan.run_options import runner_function
 
     violations = check(problem, plan)
     if not plan.ok and not violations:
@@ -202,11 +202,7 @@ def run(plan: Plan, problem: Problem | None = None, **options: Any) -> dict[str,
     if violations:
         raise PlanRejected(violations)
     prob = plan_problem(plan, problem)
-    spec = registry.model(prob.kind)
-    if spec.runner is None:
-        raise InputError(f"plans of kind {prob.kind!r} have no executor")
-    module, _, func = spec.runner.partition(":")
-    return getattr(importlib.import_module(module), func)(prob, plan, **options)
+    return runner_function(prob.kind)(prob, plan, **options)
 
 
 def evaluate_config(problem: Problem | str | Path | dict[str, Any], config: Any, *,

@@ -477,8 +477,10 @@ def run_cmd(args: tuple[str, ...]) -> None:
         if Path(plan_file).is_dir():  # a training bundle (gpuplan plan train)
             if rest:
                 raise GpuplanError("a training bundle runs its own model; `gpuplan run BUNDLE` takes no command")
+            from gpuplan.compose.bundle import BUNDLE_KIND
             from gpuplan.runtime.bundle import run_bundle
 
+            run_kind = kind or BUNDLE_KIND
             bundle_options = _parse_options(option_pairs)
             import inspect
 
@@ -493,6 +495,7 @@ def run_cmd(args: tuple[str, ...]) -> None:
             plan = api.load_plan(plan_file)
             if kind and plan.kind != kind:
                 raise GpuplanError(f"{plan_file} is a {plan.kind} plan, not {kind}")
+            run_kind = plan.kind
             run_options = _parse_options(option_pairs)
             if run_options:
                 from gpuplan.run_options import check_run_options
@@ -506,7 +509,7 @@ def run_cmd(args: tuple[str, ...]) -> None:
     except GpuplanError as exc:
         _fail(exc)
     if json_out is not None:
-        emit_json("run", {"plan_file": plan_file, "kind": kind or _plan_kind(plan_file),
+        emit_json("run", {"plan_file": plan_file, "kind": run_kind,
                           "result": {k: ([table_doc(t) if isinstance(t, Table) else t for t in v]
                                          if k == "report" and isinstance(v, list) else v)
                                      for k, v in result.items()}}, json_out)
@@ -519,23 +522,21 @@ def run_cmd(args: tuple[str, ...]) -> None:
         except GpuplanError as exc:
             _fail(exc)
         say(f"figure written to {png}", json_out)
-    if json_out == STDOUT:
-        code = result.get("returncode") if rest else None
-        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
-            sys.exit(code if code > 0 else 128 - code)
-        return
-    if report:  # the runner's own tables: predicted next to measured, and the machine
-        print_tables(report)
-        if result.get("verdict"):
-            click.echo(f"machine: {result['verdict']}")
-    else:
-        rows = [[k, v] for k, v in result.items() if not isinstance(v, (list, dict))]
-        print_tables([Table("run", ["measure", "value"], rows)])
-    for warning in result.get("warnings", []):
-        click.echo(f"warning: {warning}")
     code = result.get("returncode") if rest else None
-    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
-        click.echo(f"error: the command exited with code {code}", err=True)
+    failed = isinstance(code, int) and not isinstance(code, bool) and code != 0
+    if json_out != STDOUT:
+        if report:  # the runner's own tables: predicted next to measured, and the machine
+            print_tables(report)
+            if result.get("verdict"):
+                click.echo(f"machine: {result['verdict']}")
+        else:
+            rows = [[k, v] for k, v in result.items() if not isinstance(v, (list, dict))]
+            print_tables([Table("run", ["measure", "value"], rows)])
+        for warning in result.get("warnings", []):
+            click.echo(f"warning: {warning}")
+        if failed:
+            click.echo(f"error: the command exited with code {code}", err=True)
+    if failed:
         sys.exit(code if code > 0 else 128 - code)  # killed by signal N: 128 + N, as shells report it
 
 
@@ -572,19 +573,6 @@ def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]
             out.append(a)
         i += 1
     return out, json_out, tuple(pairs), (pairs_png[-1] if pairs_png else None)
-
-
-def _plan_kind(plan_file: str) -> str | None:
-    """Return the kind a plan file states ("training-bundle" for a bundle directory, None for an unreadable
-    file)."""
-    if Path(plan_file).is_dir():
-        from gpuplan.compose.bundle import BUNDLE_KIND
-
-        return BUNDLE_KIND
-    try:
-        return str(api.load_plan(plan_file).kind)
-    except (GpuplanError, OSError):
-        return None
 
 
 @main.command("list")
