@@ -39,3 +39,12 @@ def default_inputs(kind: str) -> ProblemInputs:
 
     return ProblemInputs(kind, [click.Argument(["input"], type=click.Path(dir_okay=False))], build,
                          help=f"INPUT is a {kind} problem file (YAML or JSON).")
+
+
+def subgroup(main: click.Group, name: str, help: str) -> click.Group:
+    """Return `main`'s verb group `name`, creating it (with `help`) when no other module has yet."""
+    group = main.commands.get(name)
+    if not isinstance(group, click.Group):
+        group = click.Group(name, help=help)
+        main.add_command(group)
+    return group

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from gpuplan import registry
+from gpuplan.commands import subgroup
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.base import Table
 from gpuplan.render import print_tables
@@ -128,8 +129,4 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
 
 def register(main: click.Group) -> None:
     """Add `gpuplan simulate oef` (creating the `simulate` group when no other model has)."""
-    group = main.commands.get("simulate")
-    if not isinstance(group, click.Group):
-        group = click.Group("simulate", help="Simulate a job trace under a model's policies.")
-        main.add_command(group)
-    group.add_command(simulate_oef)
+    subgroup(main, "simulate", "Simulate a job trace under a model's policies.").add_command(simulate_oef)

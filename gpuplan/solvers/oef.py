@@ -51,12 +51,10 @@ def classes(a: Arrays) -> Classes:
 def _matrices(c: Classes) -> dict[str, Any]:
     """Return the sparse LP data over y = vec(Y) (row-major, classes x types): per-class time
     `rows`, per-type GPUs `cap`, and per-class normalised throughput `own`."""
-    from scipy.sparse import diags, eye, kron, csr_matrix
+    from gpuplan.solvers.oef_ef import lp_matrices
 
-    k, m = c.V.shape
-    rows = kron(eye(k), csr_matrix(np.ones((1, m)))).tocsr()
-    cap = kron(csr_matrix((c.count * c.gpus)[None, :]), eye(m)).tocsr()
-    return {"rows": rows, "cap": cap, "own": (rows @ diags(c.V.ravel())).tocsr()}
+    rows, cap, own = lp_matrices(c.V, c.count * c.gpus)
+    return {"rows": rows, "cap": cap, "own": own}
 
 
 def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -65,18 +63,13 @@ def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
     (i, k): theta[i, k] V_i . Y_k - V_i . Y_i. Pairs where even k's best bundle (all of its time on
     the type i values most among those k may use) cannot reach i's SI level are implied by SI and
     left out."""
-    from scipy.sparse import coo_matrix
+    from gpuplan.solvers.oef_ef import envy_block
 
-    k, m = c.V.shape
+    k = len(c.V)
     theta = envy_factor(c.gpus, c.weight)
     best = np.max(c.V[:, None, :] * c.usable[None, :, :], axis=2)       # best[i, q]
     I, K = np.nonzero((theta * best > si_ref[:, None] * (1 - 1e-9)) & ~np.eye(k, dtype=bool))
-    p = np.arange(len(I))
-    j = np.arange(m)
-    r = np.repeat(p, m)
-    data = np.concatenate([(theta[I, K][:, None] * c.V[I]).ravel(), -c.V[I].ravel()])
-    cols = np.concatenate([(K[:, None] * m + j).ravel(), (I[:, None] * m + j).ravel()])
-    return coo_matrix((data, (np.concatenate([r, r]), cols)), shape=(len(I), k * m)).tocsr(), I
+    return envy_block(c.V, c.weight / c.gpus, I, K), I
 
 
 def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None,

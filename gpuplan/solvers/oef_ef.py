@@ -130,7 +130,27 @@ class EfResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def _envy_block(V: np.ndarray, rho: np.ndarray, I: np.ndarray, K: np.ndarray) -> Any:
+def lp_matrices(V: np.ndarray, size: np.ndarray) -> tuple[Any, Any, Any]:
+    """Return the sparse LP rows over y = vec(Y) (row-major, rows x types): per-row time `rows`,
+    per-type GPUs `cap` (row r weighs size[r]) and per-row normalised throughput `own`."""
+    from scipy.sparse import csr_matrix, diags, eye, kron
+
+    k, m = V.shape
+    rows = kron(eye(k), csr_matrix(np.ones((1, m)))).tocsr()
+    cap = kron(csr_matrix(size[None, :]), eye(m)).tocsr()
+    return rows, cap, (rows @ diags(V.ravel())).tocsr()
+
+
+def add_rows(h: Any, A: Any, upper: np.ndarray) -> None:
+    """Add the rows A y <= upper to the HiGHS model h."""
+    import highspy
+
+    A = A.tocsr()
+    h.addRows(A.shape[0], np.full(A.shape[0], -highspy.kHighsInf), upper, A.nnz, A.indptr[:-1].astype(np.int32),
+              A.indices.astype(np.int32), A.data)
+
+
+def envy_block(V: np.ndarray, rho: np.ndarray, I: np.ndarray, K: np.ndarray) -> Any:
     """Return the sparse rows theta_ik V_i . y_k - V_i . y_i over vec(Y) for the pairs (I, K)."""
     from scipy.sparse import csr_matrix
 
@@ -174,7 +194,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     InfeasibleError if the LP is infeasible, SolverError if HiGHS fails without a time limit.
     """
     import highspy
-    from scipy.sparse import csr_matrix, eye, kron, vstack
+    from scipy.sparse import vstack
 
     from gpuplan.errors import InfeasibleError, SolverError
     from gpuplan.solvers.backends import _silence_highs_banner
@@ -191,21 +211,13 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         labels = group_jobs(V, usable, rho, groups)
         grouped, group_stats = grouped_ef_lp(V, usable, size, capacity, rho, si_ref, labels,
                                              time_limit_s=time_limit_s / 2)
-    rows = kron(eye(k), csr_matrix(np.ones((1, m)))).tocsr()
-    cap = kron(csr_matrix(size[None, :]), eye(m)).tocsr()
-    own = (rows @ csr_matrix((V.ravel(), (np.arange(n), np.arange(n))), shape=(n, n))).tocsr()
+    rows, cap, own = lp_matrices(V, size)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    inf = highspy.kHighsInf
     h.addVars(n, np.zeros(n), usable.ravel().astype(float))
     h.changeColsCost(n, np.arange(n, dtype=np.int32), -(np.repeat(size, m) * V.ravel()))
 
-    def add(A: Any, upper: np.ndarray) -> None:
-        A = A.tocsr()
-        h.addRows(A.shape[0], np.full(A.shape[0], -inf), upper, A.nnz, A.indptr[:-1].astype(np.int32),
-                  A.indices.astype(np.int32), A.data)
-
-    add(vstack([rows, cap, -own]), np.concatenate([np.ones(k), capacity, -si_ref]))
+    add_rows(h, vstack([rows, cap, -own]), np.concatenate([np.ones(k), capacity, -si_ref]))
     base = 2 * k + m
     pairs = np.zeros((0, 2), dtype=np.int64)          # (i, k) of the envy rows now in the LP, in row order
     added = dropped = 0
@@ -225,7 +237,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         new = ~np.isin(key, have)
         I, K = I[new], K[new]
         if len(I):
-            add(_envy_block(V, rho, I, K), np.zeros(len(I)))
+            add_rows(h, envy_block(V, rho, I, K), np.zeros(len(I)))
             pairs = np.vstack([pairs, np.column_stack([I, K])])
         return len(I)
 

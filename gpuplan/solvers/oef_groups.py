@@ -64,6 +64,7 @@ def grouped_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity:
     from scipy.sparse import coo_matrix, csr_matrix, vstack
 
     from gpuplan.solvers.backends import _silence_highs_banner
+    from gpuplan.solvers.oef_ef import add_rows
 
     _silence_highs_banner()
     started = time.perf_counter()
@@ -79,21 +80,15 @@ def grouped_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity:
     gsize = np.bincount(labels, weights=size, minlength=G)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    inf = highspy.kHighsInf
     h.addVars(N, np.zeros(N), allowed.ravel().astype(float))
     h.changeColsCost(N, np.arange(N, dtype=np.int32), -obj.ravel())
-
-    def add(A: Any, upper: np.ndarray) -> None:
-        A = A.tocsr()
-        h.addRows(A.shape[0], np.full(A.shape[0], -inf), upper, A.nnz, A.indptr[:-1].astype(np.int32),
-                  A.indices.astype(np.int32), A.data)
 
     j = np.arange(m)
     time_rows = coo_matrix((np.ones(N), (np.repeat(np.arange(G), m), np.arange(N))), shape=(G, N))
     cap_rows = coo_matrix((np.repeat(gsize, m), (np.tile(j, G), np.arange(N))), shape=(m, N))
     si_rows = coo_matrix((-V.ravel(), (np.repeat(np.arange(n), m), (labels[:, None] * m + j).ravel())),
                          shape=(n, N))
-    add(vstack([time_rows, cap_rows, si_rows]), np.concatenate([np.ones(G), capacity, -si_ref]))
+    add_rows(h, vstack([time_rows, cap_rows, si_rows]), np.concatenate([np.ones(G), capacity, -si_ref]))
     have: set[int] = set()
     rounds = 0
     for rounds in range(1, max_rounds + 1):
@@ -127,5 +122,5 @@ def grouped_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity:
         cols = np.concatenate([(H[:, None] * m + j).ravel(), (labels[I][:, None] * m + j).ravel()])
         A = csr_matrix((data, (np.concatenate([rr, rr]), cols)), shape=(len(I), N))
         A.sum_duplicates()
-        add(A, np.zeros(len(I)))
+        add_rows(h, A, np.zeros(len(I)))
     return None, {"groups": G, "group_lp_rounds": rounds}

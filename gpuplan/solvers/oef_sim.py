@@ -89,11 +89,7 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
         raise ValueError("space_sharing: only with mechanism='gavel'")
     from gpuplan.solvers.oef_rounds import choose
 
-    cap = trace.cluster.capacity()
-    types = list(cap)
-    capacity = np.array([cap[t] for t in types], dtype=float)
-    jobs = sorted(trace.jobs, key=lambda j: (j.arrival_s, j.name))
-    tput = {j.name: np.array([trace.throughput(j)[t] for t in types]) for j in jobs}
+    types, capacity, jobs, tput, ref = _prepare(trace)
     left = {j.name: float(j.steps) for j in jobs}
     owed = {j.name: np.zeros(len(types)) for j in jobs}
     share: dict[str, np.ndarray] = {}
@@ -127,7 +123,7 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
             need = left[j.name] / rate
             run = min(need, trace.round_s)
             busy += run * j.gpus
-            result.useful_gpu_s += run * j.gpus * rate / reference_speed(trace, j, tput[j.name], types)
+            result.useful_gpu_s += run * j.gpus * rate / ref[j.name]
             left[j.name] -= rate * run
             if need <= trace.round_s:
                 result.jct_s[j.name] = t + need - j.arrival_s
@@ -141,6 +137,18 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
         _count_round(result, policy, max_rounds, len(jobs), progress)
     _finish(result, jobs, tput, capacity, population, busy)
     return result
+
+
+def _prepare(trace: Trace) -> tuple[list[str], np.ndarray, list[Any], dict[str, np.ndarray], dict[str, float]]:
+    """Return the cluster's GPU types, their GPU counts, the jobs by arrival, each job's steps/s per
+    type and its reference speed (steps/s, the unit of useful work; see reference_speed)."""
+    cap = trace.cluster.capacity()
+    types = list(cap)
+    capacity = np.array([cap[t] for t in types], dtype=float)
+    jobs = sorted(trace.jobs, key=lambda j: (j.arrival_s, j.name))
+    tput = {j.name: np.array([trace.throughput(j)[t] for t in types]) for j in jobs}
+    ref = {j.name: reference_speed(trace, j, tput[j.name], types) for j in jobs}
+    return types, capacity, jobs, tput, ref
 
 
 def _count_round(result: Any, policy: str, max_rounds: int, n_jobs: int, progress: Any) -> None:
@@ -234,14 +242,9 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
       measured co-location throughputs make the pair do more work than the running job alone
       (see _pack; a greedy fill, not Gavel's packed LP: allocations stay per job).
     """
-    cap = trace.cluster.capacity()
-    types = list(cap)
+    types, capacity, jobs, tput, ref = _prepare(trace)
     m = len(types)
-    capacity = np.array([cap[t] for t in types], dtype=float)
-    jobs = sorted(trace.jobs, key=lambda j: (j.arrival_s, j.name))
-    tput = {j.name: np.array([trace.throughput(j)[t] for t in types]) for j in jobs}
     left = {j.name: float(math.ceil(j.steps)) for j in jobs}
-    ref = {j.name: reference_speed(trace, j, tput[j.name], types) for j in jobs}
     half = trace.round_s / 2.0
     job_time: dict[str, np.ndarray] = {}
     deficit: dict[str, np.ndarray] = {}
