@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from gpuplan.cliout import json_option
-from gpuplan.commands import ProblemInputs
+from gpuplan.commands import ProblemInputs, subgroup
 from gpuplan.errors import InputError
 from gpuplan.models.base import Problem
 
@@ -127,10 +127,7 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
 
 def register(main: click.Group) -> None:
     """Add `gpuplan evaluate poseidon CLUSTER MODEL --batch B --seq S --config tp=..,pp=..,...`."""
-    group = main.commands.get("evaluate")
-    if not isinstance(group, click.Group):
-        group = click.Group("evaluate", help="Evaluate a fixed configuration with a model's cost model.")
-        main.add_command(group)
+    group = subgroup(main, "evaluate", "Evaluate a fixed configuration with a model's cost model.")
     params = list(INPUTS.params) + [
         click.Option(["--config"], required=True,
                      help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false] or a "
