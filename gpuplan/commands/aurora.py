@@ -11,11 +11,8 @@ import time
 
 import click
 
-from gpuplan.cliout import STDOUT, emit_json, say, table_doc
+from gpuplan.cliout import STDOUT, emit_json, json_option, say, table_doc
 from gpuplan.errors import GpuplanError
-
-_JSON = click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-                     help="Print one JSON document on stdout (or write it to FILE); keys: docs/index.md, Scripting.")
 
 
 def _fail(message: str) -> None:
@@ -28,14 +25,13 @@ def delta() -> None:
     """Bit-exact sparse deltas between two checkpoints (safetensors or torch state dicts)."""
 
 
-@delta.command("encode")
+@delta.command("encode", params=[json_option()])  # the shared --json [FILE]
 @click.argument("old", type=click.Path(dir_okay=False))
 @click.argument("new", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The delta file to write.")
 @click.option("--no-compress", is_flag=True, help="Do not zlib-compress the values' top byte plane.")
 @click.option("--chunk-elems", type=click.IntRange(64, 1 << 28), default=None,
               help="Elements per chunk record (default 524288).")
-@_JSON
 def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: int | None,
                json_out: str | None = None) -> None:
     """Write the delta that turns checkpoint OLD into checkpoint NEW; --json prints {command, output,
@@ -62,12 +58,11 @@ def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: 
         f"{encode_s:.2f} s to read, encode and write (plus {import_s:.2f} s importing torch)", json_out)
 
 
-@delta.command("decode")
+@delta.command("decode", params=[json_option()])  # the shared --json [FILE]
 @click.argument("old", type=click.Path(dir_okay=False))
 @click.argument("delta_file", metavar="DELTA", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="The checkpoint to write (same format as OLD).")
-@_JSON
 def decode_cmd(old: str, delta_file: str, output: str, json_out: str | None = None) -> None:
     """Apply DELTA to checkpoint OLD and write the result, bit-identical to the encoder's NEW; --json prints
     {command, output, tensors, format, digests_verified}."""
@@ -83,10 +78,9 @@ def decode_cmd(old: str, delta_file: str, output: str, json_out: str | None = No
     say(f"{output}: {len(ckpt.arrays)} tensors written ({ckpt.format}), digests verified", json_out)
 
 
-@delta.command("stats")
+@delta.command("stats", params=[json_option()])  # the shared --json [FILE]
 @click.argument("old", type=click.Path(dir_okay=False))
 @click.argument("new", type=click.Path(dir_okay=False))
-@_JSON
 def stats_cmd(old: str, new: str, json_out: str | None = None) -> None:
     """Print how many elements changed per tensor and the delta size next to its entropy bound; --json
     prints {command, dense_bytes, delta_bytes, ratio, entropy_bound_bytes, of_bound, encodings, tables}."""
