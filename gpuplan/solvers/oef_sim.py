@@ -282,7 +282,7 @@ def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s:
         for k in range(m):
             entries = []
             for order, j in enumerate(active):
-                X = float(alloc.get(j.name, np.zeros(m))[k])
+                X = float(alloc[j.name][k]) if j.name in alloc else 0.0
                 if X <= 0 or tput[j.name][k] <= 0:
                     prio = 0.0
                 elif worker_time[k] <= 0:
@@ -360,12 +360,12 @@ def _allocate(trace: Trace, active: list[Any], policy: str, result: SimResult | 
                          reference_type=trace.reference_type)
     plan = api.solve(problem, solver=policy, **(solver_options or {}))
     order = [j.name for js in by_tenant.values() for j in js]          # the plan's job order
+    X = plan.matrix()
     if result is not None:
         a = arrays(problem)
-        X = plan.matrix()
         si = utilities(a, X) / np.maximum(utilities(a, equal_share(a)), 1e-12)
         pairs, worst, _ = envy_pairs(a, X)
         result.min_si_ratio = min(result.min_si_ratio, float(si.min()))
         result.envy_allocations += int(pairs > 0)
         result.max_envy = max(result.max_envy, worst)
-    return dict(zip(order, plan.matrix()))
+    return dict(zip(order, X))
