@@ -92,12 +92,7 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
                    **{k: plan.predicted[k] for k in ("throughput_samples_per_s", "tokens_per_s",
                                                      "model_tflops_per_gpu", "mfu", "bubble_fraction")}}
         search: dict[str, Any] | None = None
-        rows = [["configuration", (plan.solver.options if plan.solver else {})],
-                ["iteration_time_s", plan.iteration_time_s],
-                ["throughput_samples_per_s", plan.predicted["throughput_samples_per_s"]],
-                ["tokens_per_s", plan.predicted["tokens_per_s"]],
-                ["model_tflops_per_gpu", plan.predicted["model_tflops_per_gpu"]],
-                ["mfu", plan.predicted["mfu"]], ["bubble_fraction", plan.predicted["bubble_fraction"]]]
+        rows: list[list[Any]] = [[k, v] for k, v in figures.items()]
         if vs_search:
             best = api.solve(problem, time_limit_s=time_limit)
             if best.ok:

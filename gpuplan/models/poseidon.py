@@ -180,24 +180,6 @@ def allreduce_s(size_bytes: float, ranks: int, bandwidth_GBps: float, latency_s:
     return bus_factor("all_reduce", ranks) * size_bytes / (bandwidth_GBps * 1e9) + 2.0 * (ranks - 1) * latency_s
 
 
-def ring_s(op: str, size_bytes: float, ranks: int, bandwidth_GBps: float, latency_s: float) -> float:
-    """Return the seconds of a ring collective `op` ("all_reduce", "all_gather", "reduce_scatter") of
-    `size_bytes` (the full buffer) over `ranks` ranks at `bandwidth_GBps` per rank (0 for one rank)."""
-    if ranks <= 1:
-        return 0.0
-    steps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1
-    return bus_factor(op, ranks) * size_bytes / (bandwidth_GBps * 1e9) + steps * latency_s
-
-
-def _collectives() -> Any:
-    """Return gpuplan.models.collectives when it exists (multi-rail, achieved NVLink), else None."""
-    try:
-        from gpuplan.models import collectives
-    except ImportError:
-        return None
-    return collectives if hasattr(collectives, "collective_time_s") else None
-
-
 @dataclass(frozen=True)
 class StageShape:
     """The devices of one stage before layers are mapped: type, tp x dp, device ids, nodes."""
@@ -246,7 +228,9 @@ class CostModel:
         self._link: dict[tuple[str, str], Any] = {}
         self._dp_link: dict[StageShape, tuple[float, float]] = {}
         self._table: dict[tuple[str, str], list[LayerCost]] = {}
-        self._coll = _collectives()
+        from gpuplan.models import collectives  # lazily: it pulls in numpy
+
+        self._coll = collectives
         self._tp_coll: dict[tuple[str, int, str, float], float] = {}
         self._scale = {"layer": 1.0, "embedding": 1.0, "head": 1.0}
         if problem.layer_costs is not None:
@@ -282,18 +266,19 @@ class CostModel:
 
     def tp_collective_s(self, dtype: str, tp: int, op: str, size_bytes: float) -> float:
         """Return the seconds of one TP collective `op` of `size_bytes` over `tp` devices of `dtype` in
-        one node (models.collectives when present, else a ring at the intra-node link rate)."""
+        one node (models.collectives; its alpha-beta ring at the intra-node link rate when no node
+        holds `tp` of them)."""
         if tp <= 1:
             return 0.0
         key = (dtype, tp, op, size_bytes)
         if key not in self._tp_coll:
             node = next((n for n in self.p.cluster.nodes
                          if sum(c for t, c in n.gpus.items() if self.p.cluster.type_key(t) == dtype) >= tp), None)
-            if self._coll is not None and node is not None:
+            if node is not None:
                 ids = [d.id for d in self.p.cluster.devices if d.node == node.name and d.type == dtype][:tp]
                 t = float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, ids, self.wbytes))
             else:
-                t = ring_s(op, size_bytes, tp, *self.intra(dtype))
+                t = self._coll.fallback_time_s(op, size_bytes, tp, *self.intra(dtype))
             self._tp_coll[key] = t
         return self._tp_coll[key]
 
@@ -644,8 +629,7 @@ def make_plan(problem: PoseidonProblem, shapes: list[StageShape], layers: list[i
               **fields: Any) -> PoseidonPlan:
     """Return a PoseidonPlan with every predicted figure filled from the DAG model (`recompute` and
     `interleave` as in `evaluate`)."""
-    cm = CostModel(problem)
-    ev = ev or evaluate(cm, shapes, layers, m, recompute=recompute, interleave=interleave)
+    ev = ev or evaluate(CostModel(problem), shapes, layers, m, recompute=recompute, interleave=interleave)
     if not ev.stages:
         raise ValueError(f"the plan cannot run: {ev.why}")
     S = len(shapes)

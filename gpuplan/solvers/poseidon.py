@@ -49,6 +49,7 @@ def type_options(problem: PoseidonProblem) -> dict[str, list[TypeOption]]:
     out: dict[str, list[TypeOption]] = {}
     for dtype in cl.capacity():
         devs = [d for d in cl.devices if d.type == dtype]
+        node_counts = [sum(1 for d in devs if d.node == node) for node in {d.node for d in devs}]
         opts = []
         for k in range(1, len(devs) + 1):
             if len(devs) % k:
@@ -58,7 +59,7 @@ def type_options(problem: PoseidonProblem) -> dict[str, list[TypeOption]]:
             while t <= min(n, problem.max_tp):
                 groups = [devs[i:i + t] for i in range(0, len(devs), t)]
                 if n % t == 0 and all(len({d.node for d in g}) == 1 for g in groups) and not tp_fits(
-                        problem, t, [sum(1 for d in devs if d.node == node) for node in {d.node for d in devs}]):
+                        problem, t, node_counts):
                     shapes = tuple(StageShape(dtype, t, n // t, tuple(d.id for d in devs[i * n:(i + 1) * n]),
                                               tuple(dict.fromkeys(d.node for d in devs[i * n:(i + 1) * n])))
                                    for i in range(k))
