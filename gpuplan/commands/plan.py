@@ -78,10 +78,10 @@ def show_bundle_cli(path: str, png: str | None, json_out: str | None = None) -> 
     """Print a bundle's tables; with `png` draw the composed timeline; with `json_out` emit {command,
     plan_file, kind, predicted, gains, tables, valid, violations, png}. Exit 1 when it fails check."""
     from gpuplan.cliout import STDOUT, emit_json, say
-    from gpuplan.compose import check_bundle, read_manifest
+    from gpuplan.compose.bundle import checked_bundle
     from gpuplan.render import print_tables
 
-    violations = check_bundle(path)
+    violations, manifest, _ = checked_bundle(path)
     if violations and json_out:
         emit_json("show", {**bundle_doc(path, None, []), "valid": False,
                            "violations": [str(v) for v in violations], "png": None}, json_out)
@@ -92,7 +92,6 @@ def show_bundle_cli(path: str, png: str | None, json_out: str | None = None) -> 
         for v in violations:
             click.echo(f"  {v}")
         sys.exit(1)
-    manifest = read_manifest(path)
     tables = bundle_tables(manifest)
     if json_out != STDOUT:
         print_tables(tables)

@@ -85,22 +85,31 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
 
 def load_bundle(directory: str | Path) -> tuple[dict[str, Any], dict[str, Plan]]:
     """Return the manifest and the plans of a bundle by file name (nothing is executed)."""
+    manifest = read_manifest(directory)
+    return manifest, _load_plans(directory, manifest)
+
+
+def _load_plans(directory: str | Path, manifest: dict[str, Any]) -> dict[str, Plan]:
+    """Return the plans the manifest lists, by file name."""
     from gpuplan import api
 
-    manifest = read_manifest(directory)
     plans = {}
     for name in manifest["files"]:
         if "/" in name or "\\" in name or name.startswith("."):
             raise InputError.at(str(Path(directory) / MANIFEST), f"files.{name}", name, "a plain file name")
         plans[name] = api.load_plan(Path(directory) / name)
-    return manifest, plans
+    return plans
 
 
 def check_bundle(directory: str | Path) -> list[Violation]:
     """Return every violation of a bundle ([] when valid): digests, each plan's check, their agreement,
     and the predicted iteration times recomputed from the schedule."""
-    from gpuplan import api
+    return checked_bundle(directory)[0]
 
+
+def checked_bundle(directory: str | Path) -> tuple[list[Violation], dict[str, Any], dict[str, Plan]]:
+    """Return (`check_bundle`'s violations, the manifest, the plans by file name), reading each file
+    once; the plans are {} when a file is missing or was edited after composing."""
     root = Path(directory)
     manifest = read_manifest(root)
     out: list[Violation] = []
@@ -108,12 +117,22 @@ def check_bundle(directory: str | Path) -> list[Violation]:
         path = root / name
         if not path.is_file():
             out.append(Violation(f"files.{name}", f"{name} is listed in the manifest but missing"))
-        elif file_sha256(path) != entry.get("sha256"):
-            out.append(Violation(f"files.{name}", f"{name}'s digest {file_sha256(path)[:19]}... differs from the "
+            continue
+        sha = file_sha256(path)
+        if sha != entry.get("sha256"):
+            out.append(Violation(f"files.{name}", f"{name}'s digest {sha[:19]}... differs from the "
                                  f"manifest's {str(entry.get('sha256'))[:19]}...: it was edited after composing"))
     if out:
-        return out
-    _, plans = load_bundle(root)
+        return out, manifest, {}
+    plans = _load_plans(root, manifest)
+    return _plan_violations(manifest, plans), manifest, plans
+
+
+def _plan_violations(manifest: dict[str, Any], plans: dict[str, Plan]) -> list[Violation]:
+    """Return the violations of a bundle's intact plans: each plan's check and their agreement."""
+    from gpuplan import api
+
+    out: list[Violation] = []
     for name, plan in plans.items():
         out += [Violation(f"{name}:{v.code}", v.message, v.data) for v in api.check(None, plan)]
     poseidon, tessel = plans.get("poseidon.json"), plans.get("tessel.json")

@@ -76,15 +76,14 @@ def refusals(stages: list[dict[str, Any]]) -> list[str]:
 def training_job(directory: str | Path, trainer: str) -> TrainingJob:
     """Return the TrainingJob of a checked bundle; raise ExportRefused (naming `trainer`) when its plan
     cannot be expressed by a single-mesh trainer, InputError when the bundle fails check."""
-    from gpuplan.compose.bundle import check_bundle, load_bundle
+    from gpuplan.compose.bundle import checked_bundle
     from gpuplan.compose.pipeline import virtual_layers
     from gpuplan.errors import InputError
     from gpuplan.runtime.tessel_actions import compute_only
 
-    violations = check_bundle(directory)
+    violations, manifest, plans = checked_bundle(directory)
     if violations:
         raise InputError(f"{directory}: the bundle fails check ({violations[0]}); it is not exported")
-    manifest, plans = load_bundle(directory)
     doc = plans["poseidon.json"].document()
     stages = doc["stages"]
     reasons = refusals(stages)

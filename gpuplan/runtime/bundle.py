@@ -157,7 +157,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
     Refuses a bundle that fails check, or stages with tensor parallelism (the CPU executor has none)."""
     from gpuplan import api
-    from gpuplan.compose.bundle import check_bundle, load_bundle
+    from gpuplan.compose.bundle import checked_bundle
     from gpuplan.compose.pipeline import stage_tails_s, virtual_layers
     from gpuplan.models.tessel import orders_of, simulate
     from gpuplan.runtime import contention
@@ -168,10 +168,9 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
     from gpuplan.runtime.torch_pipelining import check_version
 
-    violations = check_bundle(directory)
+    violations, manifest, plans = checked_bundle(directory)
     if violations:
         raise api.PlanRejected(violations)
-    manifest, plans = load_bundle(directory)
     poseidon, tessel = plans["poseidon.json"], plans["tessel.json"]
     pprob = api.plan_problem(poseidon)
     tprob = api.plan_problem(tessel)
