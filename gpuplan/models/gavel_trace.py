@@ -70,6 +70,12 @@ def read_gavel_throughputs(path: str | Path) -> Throughputs:
 
     `*_unconsolidated` rows are skipped. Raises InputError naming the file and the bad key/value.
     """
+    return _throughputs(_read_json(path), path)
+
+
+def _read_json(path: str | Path) -> dict[str, Any]:
+    """Return Gavel's throughput JSON as read; raise InputError naming the file when it is unreadable
+    or not a mapping."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -77,6 +83,11 @@ def read_gavel_throughputs(path: str | Path) -> Throughputs:
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a mapping of worker type to job types, not {type(raw).__name__}",
                          file=str(path), expected="Gavel's simulation_throughputs.json")
+    return raw
+
+
+def _throughputs(raw: dict[str, Any], path: str | Path) -> Throughputs:
+    """Return the isolated steps/s of Gavel's throughput JSON `raw` (read from `path`)."""
     out: Throughputs = {}
     for worker, table in raw.items():
         if worker.endswith("_unconsolidated"):
@@ -108,7 +119,11 @@ def read_gavel_colocations(path: str | Path) -> Colocations:
     """Return worker type -> ((job type, sf), (other type, sf)) -> (own, other) steps/s when the two
     share the same GPUs (Gavel's co-location entries; empty where the file has none). Malformed
     entries raise InputError naming the file and the key."""
-    raw = json.loads(Path(path).read_text())
+    return _colocations(_read_json(path), path)
+
+
+def _colocations(raw: dict[str, Any], path: str | Path) -> Colocations:
+    """Return the co-location pairs of Gavel's throughput JSON `raw` (read from `path`)."""
     out: Colocations = {}
     for worker, table in raw.items():
         if worker.endswith("_unconsolidated") or not isinstance(table, dict):
@@ -225,9 +240,10 @@ def to_trace(jobs: list[GavelJob], throughputs: Throughputs, cluster_gpus: dict[
 def load_gavel(trace_path: str | Path, throughputs_path: str | Path, cluster_gpus: dict[str, int],
                **kw: Any) -> Trace:
     """Return gpuplan's Trace of a Gavel trace file and throughput JSON (see to_trace)."""
-    table = read_gavel_throughputs(throughputs_path)
+    raw = _read_json(throughputs_path)
+    table = _throughputs(raw, throughputs_path)
     if kw.pop("space_sharing", False):
-        kw["colocations"] = read_gavel_colocations(throughputs_path)
+        kw["colocations"] = _colocations(raw, throughputs_path)
     return to_trace(read_gavel_trace(trace_path), table, cluster_gpus, where=str(trace_path),
                     name=kw.pop("name", Path(trace_path).stem), **kw)
 
