@@ -121,8 +121,6 @@ def layer_target(model: str | None, for_problem: str | None, seq_len: int | None
                  micro_batches: str | None) -> LayerTarget:
     """Return what to time from the --model, --for, --seq-len and --micro-batches options; raise
     InputError naming the option and value when they do not describe one model."""
-    import yaml
-
     from gpuplan.models.profile_map import micro_batch_sizes
 
     mbs = _int_list(micro_batches, "--micro-batches") if micro_batches else ()
@@ -137,9 +135,17 @@ def layer_target(model: str | None, for_problem: str | None, seq_len: int | None
                            mbs or tuple(micro_batch_sizes(problem.global_batch)), most)  # type: ignore[attr-defined]
     text = (model or "").strip()
     if text.startswith("{"):
+        from pydantic import ValidationError
+
+        from gpuplan.io import parse_document
+        from gpuplan.models.base import input_error_from
+
+        data = parse_document(text, "--model")  # bounded like input files; InputError when not YAML
         try:
-            config = model_config(yaml.safe_load(text))
-        except (yaml.YAMLError, ValueError) as exc:
+            config = model_config(data)
+        except ValidationError as exc:  # one line per bad field, as for input files
+            raise input_error_from(exc, "--model") from None
+        except ValueError as exc:
             raise InputError.at(None, "--model", text, f"a model shape mapping ({exc})") from None
         return LayerTarget(None, config, (seq_len or min(128, config.max_seq_len),), mbs or (1, 2, 4))
     if seq_len or mbs:
