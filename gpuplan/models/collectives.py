@@ -126,8 +126,9 @@ def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
     n, N = len(ids), len(per_node)
     names = sorted(per_node)
     # the slowest link the group crosses (the fallback's ring, and the NIC bandwidth across nodes)
-    if N > 1:
-        slow = _slowest_between(cluster, names)
+    net = _slowest_between(cluster, names) if N > 1 else None
+    if net is not None:
+        slow = net
     else:
         slow = cluster.intra_link(names[0]) if names else None
     if n <= 1 or slow is None:
@@ -149,7 +150,7 @@ def _build_shape(cluster: Any, ids: tuple[int, ...]) -> Shape:
         # a node that declares its own intra link is taken as NCCL's PCIe class unless NVLink-fast
         pcie = min(_pcie_GBps(dt) for dt in dts)
         nics = min(usable_nics(cluster, x, per_node[x]) for x in names) if N > 1 else 1
-        nic_GBps = _slowest_between(cluster, names).bandwidth_GBps if N > 1 else 12.5
+        nic_GBps = net.bandwidth_GBps if net is not None else 12.5
         topo = nt.Topology(ranks=n, nodes=N, ppn_min=min(per_node.values()), cc=min(ccs), cc_max=max(ccs),
                            nvlinks=nvlinks, nvswitch=_nvswitch(nvlinks), pcie_GBps=pcie, nics=nics,
                            nic_GBps=float(nic_GBps))
