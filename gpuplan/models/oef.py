@@ -180,7 +180,8 @@ class Arrays:
         return (self.T > 0) & (self.gpus[:, None] <= self.capacity[None, :])
 
 
-def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float, gpus: int = 1) -> float:
+def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float, gpus: int = 1,
+               cap: dict[str, int] | None = None) -> float:
     """Return the steps/s a job's throughput is divided by (its speedup vector's unit).
 
     'slowest' (the paper's speedup vector, default): the job's slowest type of the cluster;
@@ -191,11 +192,12 @@ def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float, gpus
     efficiency (GPUs x normalised throughput) counts jobs' progress, each job in units of its own
     reference speed: the sum average JCT responds to, where the others weight a job by its GPUs.
     Only the efficiency objective depends on it: SI, EF and max-min are unchanged by scaling a row.
+    `cap`: the cluster's capacity() when the caller has it (it walks every device).
     """
     if problem.normalisation == "slowest":         # first: capacity() walks every device
         return slowest
     speeds = {problem.cluster.type_key(t): float(x) for t, x in tput.items() if x > 0}
-    cap = problem.cluster.capacity()
+    cap = problem.cluster.capacity() if cap is None else cap
     speeds = {t: x for t, x in speeds.items() if t in cap}
     if not speeds:
         return slowest
@@ -225,7 +227,7 @@ def arrays(problem: OefProblem) -> Arrays:
                     if cap[key] >= job.gpus:
                         row[index[key]] = float(x)
             rows.append(row)
-            refs.append(normaliser(problem, tput, slowest, job.gpus))
+            refs.append(normaliser(problem, tput, slowest, job.gpus, cap))
             names.append(f"{tenant.name}/{job.name}")
             tenants.append(tenant.name)
             gpus.append(job.gpus)
