@@ -101,7 +101,7 @@ def _option_keys(kind: str) -> str:
     return ("Keys: " + "; ".join(parts) + ".") if parts else "No solver of this kind takes options."
 
 
-def _show_progress(quiet: bool, json_out: str | None) -> bool:
+def _show_progress(quiet: bool) -> bool:
     """Return whether to draw a progress bar: on a terminal (stderr), unless -q or the global -q."""
     ctx = click.get_current_context(silent=True)
     root_quiet = bool(ctx and ctx.find_root().params.get("quiet"))
@@ -205,7 +205,7 @@ def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
         try:
             problem = _build_problem(spec, values, profile)
             _LOG.info("solving %s with %s", kind, solver or "the default solver")
-            with _progress(_show_progress(quiet, json_out)) as progress:
+            with _progress(_show_progress(quiet)) as progress:
                 plan = api.solve(problem, solver=solver, time_limit_s=time_limit, seed=seed,
                                  progress=progress, **_parse_options(option))
             plan.save(output)
@@ -242,7 +242,7 @@ def _compare_command(kind: str, spec: ProblemInputs) -> click.Command:
                  **values: Any) -> None:
         try:
             problem = _build_problem(spec, values, profile)
-            with _progress(_show_progress(quiet, json_out)) as progress:
+            with _progress(_show_progress(quiet)) as progress:
                 rows = api.compare(problem, solvers=solvers.split(",") if solvers else None,
                                    time_limit_s=time_limit, seed=seed, progress=progress)
         except GpuplanError as exc:
@@ -427,8 +427,6 @@ def show_cmd(plan_file: str, png: str | None, json_out: str | None = None) -> No
 
 def _refuse_profile(path: str) -> None:
     """Raise InputError pointing to `gpuplan profile show` when `path` is a profile, not a plan; return None."""
-    from gpuplan.errors import InputError
-
     if not Path(path).is_file():  # never open a FIFO or device here: load_plan refuses those
         return
     try:
@@ -489,7 +487,7 @@ def run_cmd(args: tuple[str, ...]) -> None:
                 if name not in known:
                     raise InputError(f"run option {name!r}: a training bundle's run has no such option; "
                                      f"expected one of: {', '.join(known)}", field=f"option.{name}")
-            with _spinner(f"running the bundle {plan_file}", _show_progress(False, json_out)):
+            with _spinner(f"running the bundle {plan_file}", _show_progress(False)):
                 result = run_bundle(plan_file, **bundle_options)
         else:
             plan = api.load_plan(plan_file)
@@ -502,7 +500,7 @@ def run_cmd(args: tuple[str, ...]) -> None:
 
                 check_run_options(plan.kind, run_options)
             _LOG.info("running %s with options %s", plan_file, run_options)
-            with _spinner(f"running {plan_file}", _show_progress(False, json_out) and not rest):
+            with _spinner(f"running {plan_file}", _show_progress(False) and not rest):
                 result = (api.run(plan, command=rest, **run_options) if rest else api.run(plan, **run_options))
     except api.PlanRejected as exc:  # the plan fails check: exit as check does, nothing was started
         _fail(exc, EXIT_VIOLATIONS)
