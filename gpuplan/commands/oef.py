@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from gpuplan import registry
+from gpuplan.cliout import STDOUT
 from gpuplan.commands import subgroup
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.base import Table
@@ -45,7 +46,7 @@ def parse_gavel_cluster(spec: str) -> dict[str, int]:
 @click.option("--space-sharing", is_flag=True,
               help="With --mechanism gavel: pack waiting jobs onto running jobs' GPUs by measured co-location "
                    "throughputs (a Gavel throughput file's pairs, or the trace's `colocated`).")
-@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
               help="Print the figures as one JSON document on stdout (or write it to FILE): a list with one "
                    "row per policy: policy, avg_jct_h, p95_jct_h, makespan_h, utilisation, ..., jct_s (per job).")
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
@@ -96,7 +97,7 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
             registry.solver("oef", name)
         rows, out = [], []
         for name in names:
-            if not quiet and json_out != "-":
+            if not quiet and json_out != STDOUT:
                 click.echo(f"simulating {name} ...", err=True)
             res = simulate(trace, name, mechanism=mechanism, resolve_every_s=resolve_every_s,
                            space_sharing=space_sharing)
@@ -111,7 +112,7 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
         _fail(exc)
     from gpuplan.cliout import emit_json, say
 
-    if json_out != "-":
+    if json_out != STDOUT:
         print_tables([Table(f"oef: simulated {len(trace.jobs)} jobs of {source} ({mechanism} rounds)",
                             ["policy", "avg JCT (h)", "p95 JCT (h)", "makespan (h)", "utilisation", "useful GPUs",
                              "FTF mean", "FTF max", "worst SI ratio", "allocations with envy", "re-allocations"],
