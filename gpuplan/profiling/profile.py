@@ -7,7 +7,6 @@ Every CUDA GPU is a device; without one (or with `device="cpu"`) the CPU is spli
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,8 +66,9 @@ def resolve_device(device: str) -> str:
 
 def cpu_threads(ranks: int) -> int:
     """Return the torch threads each of `ranks` CPU devices gets: the usable cores shared evenly."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, ranks))
+    from gpuplan.runtime.contention import cores
+
+    return max(1, cores() // max(1, ranks))
 
 
 @contextmanager

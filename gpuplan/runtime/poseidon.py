@@ -22,6 +22,8 @@ from gpuplan.models.base import Table
 from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem, iteration_time_fast
 from gpuplan.models.profile import LayerCost, LayerTable
 from gpuplan.models.workload import TransformerConfig, scaled
+from gpuplan.runtime import contention
+from gpuplan.runtime.contention import cores as cpu_cores  # bundle.py uses this name
 from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
 
 
@@ -57,13 +59,6 @@ def runnable_config(problem: PoseidonProblem, max_hidden: int = 256, max_vocab: 
         note += f"{'; ' if note else 'scaled: '}sequence {max_seq} (of {seq})"
         seq = max_seq
     return cfg, seq, note
-
-
-def cpu_cores() -> int:
-    """Return the number of CPU cores this process may run on."""
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
@@ -324,7 +319,6 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
             "schedule": plan.schedule, "factors": factors or stage_slowdowns(problem, plan), "seed": seed,
             "steps": steps, "warmup": warmup, "lr": lr, "grads": return_grads,
             "calibrate": calibrate}
-    from gpuplan.runtime import contention
     from gpuplan.runtime.launch import run_workers
 
     table = problem.layer_costs
