@@ -482,11 +482,8 @@ def run_cmd(args: tuple[str, ...]) -> None:
             bundle_options = _parse_options(option_pairs)
             import inspect
 
-            known = [n for n in inspect.signature(run_bundle).parameters if n != "directory"]
-            for name in bundle_options:
-                if name not in known:
-                    raise InputError(f"run option {name!r}: a training bundle's run has no such option; "
-                                     f"expected one of: {', '.join(known)}", field=f"option.{name}")
+            known = {n: p.default for n, p in inspect.signature(run_bundle).parameters.items() if n != "directory"}
+            registry.check_against_signature(known, bundle_options, "a training bundle's run", "run option")
             with _spinner(f"running the bundle {plan_file}", _show_progress(False)):
                 result = run_bundle(plan_file, **bundle_options)
         else:
