@@ -24,6 +24,7 @@ from gpuplan.models.base import Problem, Schema, Table, Violation
 from gpuplan.models.plan import Plan, figure_violations, infeasible_contradictions, stated_figures_violations
 from gpuplan.registry import ModelSpec, register_model
 from gpuplan.units import Bytes, Seconds
+from gpuplan.viz import PALETTE
 
 BlockKind = Literal["forward", "backward", "backward_input", "backward_weight", "other"]
 EPS = 1e-9
@@ -513,8 +514,6 @@ def describe(problem: TesselProblem, plan: TesselPlan) -> list[Table]:
                             [[b, r.offset_s[b], r.lag.get(b, 0)] for b in r.offset_s]))
     return tables
 
-
-from gpuplan.viz import PALETTE  # noqa: E402  (one palette across kinds)
 
 KIND_COLOURS = {"forward": PALETTE["forward"], "backward": PALETTE["backward"], "backward_input": PALETTE["backward"],
                 "backward_weight": PALETTE["weight"], "other": PALETTE["comm"]}
