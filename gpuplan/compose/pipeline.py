@@ -33,7 +33,11 @@ def _poseidon_problem(plan: dict[str, Any]) -> Any:
 
 def weight_fraction(plan: dict[str, Any], stage: dict[str, Any]) -> float:
     """Return the fraction of a stage's backward_s that is weight-gradient work (W), in [0, 0.5]."""
-    problem = _poseidon_problem(plan)
+    return _weight_fraction(_poseidon_problem(plan), stage)
+
+
+def _weight_fraction(problem: Any, stage: dict[str, Any]) -> float:
+    """`weight_fraction` given the plan's validated PoseidonProblem (None: no W split)."""
     if problem is None:
         return 0.0
     cfg = problem.model
@@ -120,6 +124,8 @@ def tessel_problem(plan: dict[str, Any], scales: list[float] | None = None, *, s
     if len(scales) != n:
         raise InputError.at(file, "scales", scales, f"{n} stage scales")
     fwd, bwd, sends = virtual_stage_times(plan)
+    problem = _poseidon_problem(plan) if split else None
+    wfs = [_weight_fraction(problem, st) for st in stages]
     last = n * v - 1
     blocks: list[dict[str, Any]] = []
     for k in range(n * v):
@@ -131,7 +137,7 @@ def tessel_problem(plan: dict[str, Any], scales: list[float] | None = None, *, s
         s = k % n
         send_back = sends[k - 1] if k > 0 else 0.0
         b_s = bwd[k] * scales[s]
-        w = b_s * weight_fraction(plan, stages[s]) if split else 0.0
+        w = b_s * wfs[s]
         after = [f"B{k + 1}"] if k < last else [f"F{last}"]
         if w > 0:
             blocks.append({"name": f"B{k}", "kind": "backward_input", "devices": [s], "stage": k,
