@@ -31,7 +31,7 @@ from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTi
                                           layer_times, memory_s, model_flops_per_sample, stage_call_s)
 from gpuplan.models.poseidon_dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
                                          peak_chunks_in_flight, stage_order, topological_ops)
-from gpuplan.models.profile import LayerCost, LayerTable, Profile, bus_factor, cluster_document
+from gpuplan.models.profile import LayerCost, LayerTable, Profile, cluster_document
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_config
 
 __all__ = ["_flat_ops", "build_dag", "dag_longest_path_s", "iteration_time_fast", "stage_order", "topological_ops"]
@@ -173,13 +173,6 @@ class PoseidonPlan(Plan):
 # Per-layer costs
 # ------------------------------------------------------------------------------------------------
 
-def allreduce_s(size_bytes: float, ranks: int, bandwidth_GBps: float, latency_s: float) -> float:
-    """Return the seconds of a ring all-reduce of `size_bytes` over `ranks` ranks (0 for one rank)."""
-    if ranks <= 1:
-        return 0.0
-    return bus_factor("all_reduce", ranks) * size_bytes / (bandwidth_GBps * 1e9) + 2.0 * (ranks - 1) * latency_s
-
-
 @dataclass(frozen=True)
 class StageShape:
     """The devices of one stage before layers are mapped: type, tp x dp, device ids, nodes."""
@@ -226,7 +219,6 @@ class CostModel:
         self._layer: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._dev: dict[str, Any] = {}
         self._link: dict[tuple[str, str], Any] = {}
-        self._dp_link: dict[StageShape, tuple[float, float]] = {}
         self._table: dict[tuple[str, str], list[LayerCost]] = {}
         from gpuplan.models import collectives  # lazily: it pulls in numpy
 
@@ -310,29 +302,6 @@ class CostModel:
             self._link[(a, b)] = self.p.cluster.link(a, b)
         return self._link[(a, b)]
 
-    def dp_link(self, shape: StageShape) -> tuple[float, float]:
-        """Return (GB/s per data-parallel group, latency s) of the stage's gradient ring.
-
-        Inside one node: the intra-node link. Across nodes: the slowest pair's link; on the cluster's
-        multi-rail inter-node network the tp data-parallel groups of the stage share each node's NICs,
-        and a group with k ranks on a node drives at most k of them: min(k, nics / tp) NICs each.
-        """
-        if shape not in self._dp_link:
-            pairs = [(a, b) for a in shape.nodes for b in shape.nodes if a != b] or [(shape.nodes[0],) * 2]
-            link = min((self.link(a, b) for a, b in pairs), key=lambda l: l.bandwidth_GBps)
-            bw = link.bandwidth_GBps
-            if len(shape.nodes) > 1 and link is self.p.cluster.inter_node:
-                nics = min(self.p.cluster.nics(n) for n in shape.nodes)
-                local = min(sum(1 for d in shape.gpu_ids if self._node_of(d) == n) for n in shape.nodes)
-                rails = max(1.0, min(local / shape.tp, nics / shape.tp))
-                intra = min(self.link(n, n).bandwidth_GBps for n in shape.nodes)
-                bw = min(intra, bw * rails)
-            self._dp_link[shape] = (bw, link.latency_s)
-        return self._dp_link[shape]
-
-    def _node_of(self, device_id: int) -> str:
-        return self.p.cluster.devices[device_id].node
-
     def tail_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int = 2) -> float:
         """Return the seconds of a stage's gradient all-reduce (over dp) plus its optimizer step
         (`optimizer_step_bytes_per_param` streamed through HBM per parameter)."""
@@ -360,13 +329,11 @@ class CostModel:
     def dp_allreduce_s(self, shape: StageShape, size_bytes: float) -> float:
         """Return the seconds of the stage's data-parallel gradient all-reduce of `size_bytes` per
         device: NCCL's model over one data-parallel group (models.collectives: rings on every rail,
-        achieved NVLink bandwidth) when present, else a ring over `dp_link`."""
+        achieved NVLink bandwidth)."""
         if shape.dp <= 1:
             return 0.0
-        if self._coll is not None:
-            group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
-            return float(self._coll.collective_time_s(self.p.cluster, "all_reduce", size_bytes, group, self.wbytes))
-        return allreduce_s(size_bytes, shape.dp, *self.dp_link(shape))
+        group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+        return float(self._coll.collective_time_s(self.p.cluster, "all_reduce", size_bytes, group, self.wbytes))
 
     def intra(self, dtype: str) -> tuple[float, float]:
         """Return (GB/s, latency s) of the slowest intra-node link among nodes holding `dtype`."""
@@ -426,7 +393,7 @@ class CostModel:
         a, z = shapes[0], shapes[-1]
         link = min((self.link(x, y) for x in a.nodes for y in z.nodes), key=lambda l: l.bandwidth_GBps)
         size = self.cfg.vocab * self.cfg.hidden / max(a.tp, z.tp) * self.wbytes
-        return allreduce_s(size, 2, link.bandwidth_GBps, link.latency_s)
+        return self._coll.fallback_time_s("all_reduce", size, 2, link.bandwidth_GBps, link.latency_s)
 
     def activation_bytes(self, tp: int, b: int, recompute: Any) -> float:
         """Return the activation bytes one block keeps per in-flight micro-batch (per device) under

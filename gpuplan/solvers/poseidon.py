@@ -682,7 +682,8 @@ def _smallest_microbatch(problem: PoseidonProblem) -> int:
 
 def _why_infeasible(problem: PoseidonProblem) -> str:
     b = _smallest_microbatch(problem)
-    states = problem.model.layer_params() * problem.model.num_layers * CostModel(problem).state_bytes_per_param
+    cm = CostModel(problem)
+    states = problem.model.layer_params() * problem.model.num_layers * cm.state_bytes_per_param
     room = sum(problem.cluster.type_of(d.type).memory_bytes for d in problem.cluster.devices) * problem.memory_fraction
     if b > 1 and states < room:  # the micro-batch space, not the model's size, is what no stage can hold
         G, M = problem.global_batch, problem.max_microbatches
@@ -692,7 +693,6 @@ def _why_infeasible(problem: PoseidonProblem) -> str:
                 f"up to max_microbatches {M}), so every stage holds micro-batches of at least {b} sequences "
                 f"({b} x {problem.seq_len} tokens of activations per in-flight micro-batch); use a global batch "
                 f"with more divisors or raise max_microbatches (to {G} for micro-batches of one sequence)")
-    cm = CostModel(problem)
     cfg = problem.model
     per_layer = cfg.layer_params() * cm.state_bytes_per_param
     best_cap = max(problem.cluster.type_of(t).memory_bytes for t in problem.cluster.capacity()) * problem.memory_fraction
