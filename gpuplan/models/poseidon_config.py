@@ -16,7 +16,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from gpuplan.errors import InfeasibleError, InputError
-from gpuplan.io import digest
+from gpuplan.io import digest, read_document
 from gpuplan.models.base import Schema, input_error_from
 from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, evaluate, make_plan)
 from gpuplan.models.plan import SolverInfo, Status
@@ -54,8 +54,6 @@ def parse_config(source: str | Path | dict[str, Any] | ParallelConfig) -> Parall
     if isinstance(source, dict):
         data = dict(source)
     elif Path(str(source)).is_file():
-        from gpuplan.io import read_document
-
         where = str(source)
         data = read_document(source)
         data = data.get("config", data) if isinstance(data, dict) else data
