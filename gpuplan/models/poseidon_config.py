@@ -150,7 +150,8 @@ def evaluate_config(problem: PoseidonProblem, config: ParallelConfig | dict[str,
         raise InputError.at(None, "config.recompute", cfg.recompute, f"one mode, or one per stage ({len(shapes)})")
     ev = evaluate(cm, shapes, layers, m, recompute=modes, interleave=cfg.interleave, check_memory=check_memory)
     if not ev.stages:
-        raise InfeasibleError(f"configuration {config_text(cfg, m)}: {ev.why}")
+        raise InfeasibleError(f"configuration {config_text(cfg.model_copy(update={'dp': shapes[0].dp}), m)}: "
+                              f"{ev.why}")
     plan = make_plan(prob, shapes, layers, m, ev, status=Status.FEASIBLE)
     plan.solver = SolverInfo(name="config", options=cfg.model_dump(exclude_none=True))
     plan.problem = prob.document()
