@@ -101,6 +101,12 @@ def _load_plans(directory: str | Path, manifest: dict[str, Any]) -> dict[str, Pl
     return plans
 
 
+def stage_envs(plans: dict[str, Plan]) -> dict[int, dict[str, str]]:
+    """Return each stage's NCCL env from a bundle's Lagom plans (`lagom-stage{k}.json`), by stage."""
+    return {int(name.removeprefix("lagom-stage").removesuffix(".json")): dict(p.env)  # type: ignore[attr-defined]
+            for name, p in plans.items() if name.startswith("lagom-stage")}
+
+
 def check_bundle(directory: str | Path) -> list[Violation]:
     """Return every violation of a bundle ([] when valid): digests, each plan's check, their agreement,
     and the predicted iteration times recomputed from the schedule."""

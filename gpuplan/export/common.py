@@ -76,7 +76,7 @@ def refusals(stages: list[dict[str, Any]]) -> list[str]:
 def training_job(directory: str | Path, trainer: str) -> TrainingJob:
     """Return the TrainingJob of a checked bundle; raise ExportRefused (naming `trainer`) when its plan
     cannot be expressed by a single-mesh trainer, InputError when the bundle fails check."""
-    from gpuplan.compose.bundle import checked_bundle
+    from gpuplan.compose.bundle import checked_bundle, stage_envs
     from gpuplan.compose.pipeline import virtual_layers
     from gpuplan.errors import InputError
     from gpuplan.runtime.tessel_actions import compute_only
@@ -100,8 +100,7 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
     if len(set(modes)) > 1:
         notes.append(f"the plan recomputes per stage ({modes}); the trainer has one setting for all stages, so "
                      f"the strongest ({recompute}) is exported: it fits the memory, some stages run slower")
-    env = {int(name.removeprefix("lagom-stage").removesuffix(".json")): dict(p.env)  # type: ignore[attr-defined]
-           for name, p in plans.items() if name.startswith("lagom-stage")}
+    env = stage_envs(plans)
     problem = doc["problem"]
     return TrainingJob(model=problem["model"], layers=virtual_layers(doc), interleave=int(doc.get("interleave", 1)),
                        tp=int(stages[0]["tp"]), dp=int(stages[0]["dp"]),

@@ -157,7 +157,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
     Refuses a bundle that fails check, or stages with tensor parallelism (the CPU executor has none)."""
     from gpuplan import api
-    from gpuplan.compose.bundle import checked_bundle
+    from gpuplan.compose.bundle import checked_bundle, stage_envs
     from gpuplan.compose.pipeline import stage_tails_s, virtual_layers
     from gpuplan.models.tessel import orders_of, simulate
     from gpuplan.runtime import contention
@@ -193,8 +193,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
             "m": poseidon.num_microbatches, "micro_batch": stages[0].micro_batch_size,  # type: ignore[attr-defined]
             "seq": seq, "actions": lists, "format": "compute_comms", "seed": seed, "lr": lr, "steps": steps,
             "warmup": warmup, "factors": stage_slowdowns(pprob, poseidon)}  # type: ignore[arg-type]
-    envs = {int(n.removeprefix("lagom-stage").removesuffix(".json")): dict(p.env)  # type: ignore[attr-defined]
-            for n, p in plans.items() if n.startswith("lagom-stage")}
+    envs = stage_envs(plans)
     notes = [f"model {note}"] if note else []
     if envs:
         notes.append("Lagom's NCCL settings are recorded and ignored: gloo (CPU) has no NCCL knobs")
