@@ -467,8 +467,7 @@ def hop_excess_us(collective: str, algo: str, proto: str, link: Link, c: Consts)
             return 0.0
         if link.nodes > 1:
             nccl_hop = max(nccl_hop, nt.NET_OVERHEAD_US.get(t.cpu_vendor, 1.0) * (3 if proto == "Simple" else 1))
-        n_inter = 0 if link.nodes == 1 else (2 * (link.nodes - 1) if collective == "all_reduce" else link.nodes - 1)
-        intra_steps = nsteps(collective, link.ranks) - n_inter
+        intra_steps = nsteps(collective, link.ranks) - nt.net_steps(collective, link.nodes)
     else:
         intra_steps = 2 * (link.ppn - 1)
     return intra_steps * max(0.0, hop - nccl_hop) * link.latency_scale

@@ -329,6 +329,11 @@ def nsteps(coll: str, n: int) -> int:
     return n
 
 
+def net_steps(coll: str, nodes: int) -> int:
+    """Return how many of a ring's steps cross the network: 2(N-1) all_reduce, N-1 otherwise, 0 on one node."""
+    return 0 if nodes == 1 else (2 * (nodes - 1) if coll == "all_reduce" else nodes - 1)
+
+
 def _log2i(x: int) -> int:
     return max(0, int(x).bit_length() - 1)
 
@@ -512,7 +517,7 @@ def _latency_us(t: Topology, coll: str, a: str, pi: int, steps: int) -> float:
         if N > 1:
             overhead = NET_OVERHEAD_US.get(t.cpu_vendor, 1.0) * (3 if PROTOS[pi] == "Simple" else 1)
         intra_lat = max(intra_lat, overhead)
-        n_inter = 0 if N == 1 else (2 * (N - 1) if coll == "all_reduce" else N - 1)
+        n_inter = net_steps(coll, N)
         return base + (steps - n_inter) * intra_lat + n_inter * inter_lat
     if a == "tree":
         return base + 2 * ((n // N - 1) * intra_lat + _log2i(N) * inter_lat) if coll == "all_reduce" else base
