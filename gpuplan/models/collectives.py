@@ -36,9 +36,6 @@ from gpuplan.models.profile import bus_factor
 TUNED_OPS = nt.COLLECTIVES
 P2P_OPS = ("send_recv", "all_to_all")
 OPS = TUNED_OPS + P2P_OPS
-# Meaning of "NVSwitch": GPUs with 12 NVLinks or more (A100/H100/H200 SXM) sit on an HGX board
-# whose NVLinks all go to NVSwitches; fewer (P100/V100 SXM2, DGX-1) form a direct hybrid cube-mesh.
-NVSWITCH_MIN_NVLINKS = 12
 _CACHE_LIMIT = 8192
 
 
@@ -88,7 +85,7 @@ _shapes: dict[tuple[int, tuple[int, ...]], tuple[Any, Shape]] = {}
 
 
 def _nvswitch(nvlinks: int) -> bool:
-    return nvlinks >= NVSWITCH_MIN_NVLINKS
+    return nvlinks >= nt.NVSWITCH_MIN_NVLINKS
 
 
 def group_shape(cluster: Any, device_ids: Iterable[int]) -> Shape:

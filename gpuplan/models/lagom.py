@@ -133,7 +133,7 @@ class Group(Schema):
                     else nccl_tuning.PCIE_NCCL_PER_LINE * line)
         return nccl_tuning.Topology(
             ranks=self.ranks, nodes=self.nodes, ppn_min=self.ranks // self.nodes, cc=cc, cc_max=cc,
-            nvlinks=nvlinks, nvswitch=nvlinks >= 12, pcie_GBps=pcie, nics=self.nics,
+            nvlinks=nvlinks, nvswitch=nvlinks >= nccl_tuning.NVSWITCH_MIN_NVLINKS, pcie_GBps=pcie, nics=self.nics,
             nic_GBps=float(self.inter_GBps or 12.5), latency_inter_us=self.inter_latency_s * 1e6,
             ll128=self.ll128, nvls_enable=self.nvls is not False)
 

@@ -36,6 +36,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
 MAX_CHANNELS = 64            # device.h MAXCHANNELS
 RING_MAX_CHANNELS = MAX_CHANNELS // 2   # init.cc ringGraph->maxChannels
 NVLS_MAX_ARITY = 32          # device.h NCCL_MAX_NVLS_ARITY
+# Meaning of "NVSwitch": GPUs with 12 NVLinks or more (A100/H100/H200 SXM) sit on an HGX board
+# whose NVLinks all go to NVSwitches; fewer (P100/V100 SXM2, DGX-1) form a direct hybrid cube-mesh.
+NVSWITCH_MIN_NVLINKS = 12
 
 # CUDA compute capability per architecture name (the catalog's `arch`); ada is sm89, an sm80-class
 # part for NCCL's tables (tuning.cc compCapIndex: >= 90 Hopper, >= 80 Ampere, else Volta).
