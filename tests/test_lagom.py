@@ -484,7 +484,7 @@ def test_tree_correction_changes_the_estimate() -> None:
 def test_from_poseidon_groups_use_the_clusters_nics() -> None:
     """A data-parallel group with 2 GPUs on each of 2 DGX A100 nodes (8 NICs for 8 GPUs) drives 2 rails;
     a pipeline pair (one GPU a side) drives 1; a one-NIC cluster gives 1 to both."""
-    from gpuplan.models.lagom_poseidon import workload_from_poseidon
+    from gpuplan.compose.lagom_poseidon import workload_from_poseidon
 
     doc = _poseidon_plan_doc()
     doc["stages"][1].update(nodes=["dgx1", "dgx2"], dp=4)

@@ -260,7 +260,7 @@ def test_makespan_and_entries_agree() -> None:
 
 
 def test_a_poseidon_plan_becomes_a_1f1b_placement() -> None:
-    from gpuplan.models.tessel_poseidon import problem_from_poseidon
+    from gpuplan.compose.tessel_poseidon import problem_from_poseidon
 
     plan = {"kind": "poseidon", "status": "optimal", "num_microbatches": 6, "stages": [
         {"index": 0, "forward_s": 0.02, "backward_s": 0.04, "p2p_s": 0.001},

@@ -17,7 +17,7 @@ def build(placement: str, microbatches: int | None, memory_limit: str | None, **
 
     doc = read_document(placement)
     if doc.get("kind") == "poseidon":  # a Poseidon plan: its stages become the placement
-        from gpuplan.models.tessel_poseidon import problem_from_poseidon
+        from gpuplan.compose.tessel_poseidon import problem_from_poseidon
 
         prob = problem_from_poseidon(doc, microbatches=microbatches, file=placement)
         if memory_limit is None:

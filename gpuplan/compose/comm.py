@@ -1,6 +1,6 @@
 """Lagom problems for the stages of a Poseidon plan, laid out along a Tessel schedule.
 
-Starts from Lagom's own Poseidon workload (gpuplan.models.lagom_poseidon: tensor-parallel
+Starts from Lagom's own Poseidon workload (gpuplan.compose.lagom_poseidon: tensor-parallel
 all-reduces, pipeline sends, the data-parallel gradient reduction of one stage) and re-lays its
 compute segments in the order the schedule runs them on that stage's device, so each collective
 overlaps the compute the schedule really puts beside it:
@@ -23,7 +23,7 @@ from typing import Any
 from gpuplan.compose.pipeline import virtual_stage_times, weight_fraction
 from gpuplan.models.catalog import canonical_name
 from gpuplan.models.lagom import GPU_EXTRA
-from gpuplan.models.lagom_poseidon import workload_from_poseidon
+from gpuplan.compose.lagom_poseidon import workload_from_poseidon
 from gpuplan.models.tessel import Entry, TesselProblem
 
 

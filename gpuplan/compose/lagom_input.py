@@ -1,7 +1,7 @@
 """A Lagom problem straight from a Poseidon plan file: what `gpuplan solve lagom PLAN.json` reads.
 
 Builds the same problem as the document `{kind: lagom, from_poseidon: {plan: PLAN.json, stage: k}}`
-(gpuplan.models.lagom_poseidon). Lagom tunes NCCL (channels, protocol, algorithm, threads, chunk);
+(gpuplan.compose.lagom_poseidon). Lagom tunes NCCL (channels, protocol, algorithm, threads, chunk);
 a stage on a CPU runs its collectives on gloo, which has none of those knobs, so such a stage is
 refused with that reason. Without a stage, the bottleneck stage among those on NCCL GPUs is taken
 (the one with the most compute per iteration); a plan with no NCCL stage at all is refused.

@@ -319,7 +319,7 @@ def _expand_poseidon(data: dict[str, Any], base_dir: Any) -> dict[str, Any]:
 
     from gpuplan.errors import InputError
     from gpuplan.io import read_document
-    from gpuplan.models.lagom_poseidon import workload_from_poseidon
+    from gpuplan.compose.lagom_poseidon import workload_from_poseidon
 
     data = dict(data)
     spec = data.pop("from_poseidon")
