@@ -58,9 +58,10 @@ class StaircaseLatency:
             taus: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256)) -> "StaircaseLatency":
         """Return the least-squares staircase through measured (tokens, seconds) samples.
 
-        For each tile size and each breakpoint k* (the step where compute overtakes the floor) the
-        model is linear in (c0, step) with floor = step * k*, so every candidate is an exact linear
-        least-squares fit; the one with the smallest squared error wins.
+        For each tile size and each split of the samples into a flat part (the floor dominates) and a
+        rising part, the model is linear in (c0, floor, step), so every candidate is an exact linear
+        least-squares fit; candidates whose split contradicts their own fit (a flat sample above the
+        breakpoint, a rising one below it) are skipped, and the smallest squared error wins.
         """
         n = _as_array(tokens)
         t = _as_array(seconds)
@@ -69,15 +70,24 @@ class StaircaseLatency:
         best: tuple[float, StaircaseLatency] | None = None
         for tau in taus:
             k = np.ceil(n / tau)
-            for k_star in np.unique(np.concatenate([[0.0], k])):
-                x = np.maximum(k, k_star)
-                a = np.stack([np.ones_like(x), x], axis=1)
-                (c0, step), *_ = np.linalg.lstsq(a, t, rcond=None)
-                if step < 0:
+            levels = np.unique(k)
+            for j in range(len(levels)):  # samples with k < levels[j] are flat
+                flat = k < levels[j]
+                rising = ~flat
+                a = np.stack([np.ones_like(k), flat.astype(float), np.where(rising, k, 0.0)], axis=1)
+                if not flat.any():
+                    a = a[:, [0, 2]]
+                coef, *_ = np.linalg.lstsq(a, t, rcond=None)
+                c0, step = float(coef[0]), float(coef[-1])
+                floor = float(coef[1]) if flat.any() else 0.0
+                tol = 1e-9 * max(1.0, abs(step))
+                if step < 0 or floor < 0 or (flat.any() and (floor < step * k[flat].max() - tol
+                                                             or floor > step * k[rising].min() + tol)):
                     continue
-                err = float(np.sum((a @ np.array([c0, step]) - t) ** 2))
-                if best is None or err < best[0] - 1e-18:
-                    best = (err, StaircaseLatency(float(c0), float(step * k_star), float(step), int(tau)))
+                cand = StaircaseLatency(c0, floor, step, int(tau))
+                err = float(np.sum((_as_array(cand(n)) - t) ** 2))
+                if best is None or err < best[0] * (1 - 1e-12) - 1e-30:
+                    best = (err, cand)
         if best is None:
             raise ValueError("no non-decreasing staircase fits these samples")
         return best[1]
