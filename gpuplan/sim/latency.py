@@ -48,6 +48,8 @@ class StaircaseLatency:
 
     def __call__(self, n: float | np.ndarray) -> float | np.ndarray:
         """Return the time (s) for `n` tokens; vectorised over arrays."""
+        if isinstance(n, (int, float)):
+            return 0.0 if n <= 0 else self.c0_s + max(self.floor_s, self.step_s * math.ceil(n / self.tau))
         arr = _as_array(n)
         t = self.c0_s + np.maximum(self.floor_s, self.step_s * np.ceil(arr / self.tau))
         out = np.where(arr > 0, t, 0.0)
@@ -102,6 +104,8 @@ class LinearLatency:
 
     def __call__(self, x: float | np.ndarray) -> float | np.ndarray:
         """Return the time (s) for load `x`; 0 s for no load; vectorised over arrays."""
+        if isinstance(x, (int, float)):
+            return 0.0 if x <= 0 else self.a0_s + self.a1_s * x
         arr = _as_array(x)
         out = np.where(arr > 0, self.a0_s + self.a1_s * arr, 0.0)
         return float(out) if np.ndim(out) == 0 else out

@@ -309,8 +309,9 @@ class SarathiPolicy:
         run = np.asarray(self.running, dtype=np.int64)
         # grow: every decoding request adds one KV token; preempt the latest admitted until it fits
         while len(run):
-            used = int(state.kv_tokens(run).sum()) + int(np.count_nonzero(
-                state.prefilled[run] >= state.prefill_target[run]))
+            ready = state.prefilled[run] >= state.prefill_target[run]
+            kv = state.kv_tokens(run)
+            used = int(kv.sum()) + int(np.count_nonzero(ready))
             if used <= self.capacity:
                 break
             victim = int(run[-1])
@@ -318,10 +319,13 @@ class SarathiPolicy:
             self.running.pop()
             self.waiting.appendleft(victim)
             run = run[:-1]
-        decoding = run[state.prefilled[run] >= state.prefill_target[run]] if len(run) else _EMPTY
-        prefilling = [i for i in self.running if state.prefilled[i] < state.prefill_target[i]]
+        if len(run):
+            decoding = run[ready]
+            prefilling = run[~ready].tolist()
+            kv_read = float(kv[ready].sum())
+        else:
+            decoding, prefilling, used, kv_read = _EMPTY, [], 0, 0.0
         budget = self.budget - len(decoding)
-        used = int(state.kv_tokens(run).sum()) + len(decoding) if len(run) else 0
         chunks: list[tuple[int, int]] = []
         for i in prefilling:  # admitted requests with prefill left keep going first
             if budget <= 0:
@@ -348,7 +352,6 @@ class SarathiPolicy:
             return None
         p_idx = np.array([c[0] for c in chunks], dtype=np.int64)
         p_tok = np.array([c[1] for c in chunks], dtype=np.int64)
-        kv_read = float(state.kv_tokens(decoding).sum()) if len(decoding) else 0.0
         attn = self.prefill_attention(p_tok, state.prefilled[p_idx]) if len(chunks) else 0.0
         tokens = int(len(decoding) + p_tok.sum())
         return Iteration(self.iteration_s(tokens, kv_read, attn), p_idx, p_tok, decoding,
