@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -130,7 +131,12 @@ def relative_errors(model: StaircaseLatency | LinearLatency, x: np.ndarray, seco
     return np.abs(_as_array(model(x)) - t) / np.maximum(t, 1e-12)
 
 
-def _device_figures(device: str, dtype: str) -> tuple[float, float]:
+def _device_figures(device: Any, dtype: str) -> tuple[float, float]:
+    """Return (dense peak FLOP/s, memory bandwidth B/s) of a catalog type name, or of a declared
+    device type (an object with `peak(dtype)` in TFLOP/s and `memory_bandwidth_GBps`, such as
+    gpuplan.models.cluster.DeviceType: inline or measured types that are not in the catalog)."""
+    if not isinstance(device, str):
+        return float(device.peak(dtype)) * 1e12, float(device.memory_bandwidth_GBps) * 1e9
     entry = catalog_entry(device)
     if entry is None:
         raise ValueError(f"device type {device!r} is not in the catalog; give its figures or a profile")
@@ -150,7 +156,7 @@ def kv_bytes_per_head_token(cfg: TransformerConfig, dtype: str = "bf16") -> floa
     return 2.0 * cfg.dhead * DTYPE_BYTES[dtype] * cfg.num_layers
 
 
-def dense_latency(cfg: TransformerConfig, device: str, *, tp: int = 1, layers: int | None = None,
+def dense_latency(cfg: TransformerConfig, device: Any, *, tp: int = 1, layers: int | None = None,
                   dtype: str = "bf16", tau: int = TILE_TOKENS) -> StaircaseLatency:
     """Return the staircase time (s) of one iteration's dense modules over `layers` layers (all by
     default) split `tp` ways, from the catalog: the floor is the weights' read at MEMORY_EFFICIENCY
@@ -164,7 +170,7 @@ def dense_latency(cfg: TransformerConfig, device: str, *, tp: int = 1, layers: i
                             tau * flops_per_token / (peak * GEMM_EFFICIENCY), tau)
 
 
-def decode_attention_latency(cfg: TransformerConfig, device: str, *, heads_fraction: float = 1.0,
+def decode_attention_latency(cfg: TransformerConfig, device: Any, *, heads_fraction: float = 1.0,
                              layers: int | None = None, dtype: str = "bf16") -> LinearLatency:
     """Return decode attention time (s) as a line in KV tokens read over `layers` layers, for a
     `heads_fraction` share of the KV heads: bytes read at MEMORY_EFFICIENCY of the datasheet bandwidth."""
@@ -174,7 +180,7 @@ def decode_attention_latency(cfg: TransformerConfig, device: str, *, heads_fract
     return LinearLatency(0.0, per_token / (bw * MEMORY_EFFICIENCY))
 
 
-def prefill_attention_s(cfg: TransformerConfig, device: str, chunk: np.ndarray | float, position: np.ndarray | float,
+def prefill_attention_s(cfg: TransformerConfig, device: Any, chunk: np.ndarray | float, position: np.ndarray | float,
                         *, tp: int = 1, dtype: str = "bf16") -> float:
     """Return the time (s) of causal prefill attention for chunks of `chunk` tokens starting at
     `position` (arrays sum), all layers, split `tp` ways: 4 * c * (p + c/2) * heads * head_dim flops
