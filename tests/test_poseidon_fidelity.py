@@ -152,6 +152,30 @@ def test_interleaved_fast_walk_equals_networkx(S: int, k: int, v: int, data: st.
     assert P.iteration_time_fast(f, b, c, t, m, "1f1b", interleave=v) == pytest.approx(nx_t, rel=1e-12, abs=1e-12)
 
 
+@settings(max_examples=25, deadline=None)
+@given(S=st.integers(2, 4), v=st.integers(1, 2), k=st.integers(1, 3), data=st.data())
+def test_blocking_exchanges_never_speed_up_and_match_sends_on_one_micro_batch(S: int, v: int, k: int,
+                                                                             data: st.DataObject) -> None:
+    V = S * v
+    vals = st.floats(0.0, 3.0, allow_nan=False)
+    f = data.draw(st.lists(vals, min_size=V, max_size=V))
+    b = data.draw(st.lists(vals, min_size=V, max_size=V))
+    x = data.draw(st.lists(vals, min_size=V - 1, max_size=V - 1))
+    tail = [0.0] * S
+    bf, bb, sends = C.blocking_exchanges(f, b, x)
+    assert sends == [0.0] * (V - 1)
+    # every forward but the last virtual stage's, every backward but the first's, carries one exchange
+    assert sum(bf) + sum(bb) == pytest.approx(sum(f) + sum(b) + 2 * sum(x))
+    m = S * k if v > 1 else k
+    async_t = P.iteration_time_fast(f, b, x, tail, m, "1f1b", interleave=v)
+    blocking_t = P.iteration_time_fast(bf, bb, sends, tail, m, "1f1b", interleave=v)
+    assert blocking_t >= async_t - 1e-9  # a device that waits for its sends is never faster
+    if v == 1 and m == 1:  # one micro-batch: the exchanges lie on the one path either way
+        assert blocking_t == pytest.approx(async_t)
+    with pytest.raises(ValueError, match="expected V, V and V - 1"):
+        C.blocking_exchanges(f, b, x + [0.0])
+
+
 def test_interleave_shrinks_the_bubble_of_a_real_config() -> None:
     prob = problem(gpus=8, layers=8, batch=8)
     one = gpuplan.evaluate_config(prob, "tp=2,pp=4,dp=1,mb=1,interleave=1")

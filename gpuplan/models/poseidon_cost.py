@@ -369,3 +369,28 @@ def stage_call_s(table: "LayerTable | None", device_type: str) -> tuple[float, f
         return 0.0, 0.0
     factor = table.slowdowns.get(device_type, 1.0)
     return table.stage_call_forward_s * factor, table.stage_call_backward_s * factor
+
+
+def blocking_exchanges(fwd: Sequence[float], bwd: Sequence[float], exchange: Sequence[float]
+                       ) -> tuple[list[float], list[float], list[float]]:
+    """Return (forward_s, backward_s, sends_s) per virtual stage with Megatron-LM's blocking
+    pipeline exchanges folded into the compute ops: `fwd[k]`, `bwd[k]` are the seconds of virtual
+    stage k's forward / backward of one micro-batch, `exchange[k]` the seconds of one exchange
+    between virtual stages k and k + 1 (the send, plus the all-gather across TP that rebuilds the
+    tensor under the scatter/gather optimisation).
+
+    Megatron-LM's p2p_communication._communicate (2021-2023: the SC'21 artifact and the 2022 code)
+    posts the sends and receives with torch.distributed.batch_isend_irecv, waits for them, then calls
+    torch.cuda.synchronize() ("to protect against race condition"), and only then all-gathers the
+    received chunks across the TP group (mpu.gather_split_1d_tensor). Neither side computes while it
+    exchanges, so each forward of virtual stage k < V - 1 is followed by the exchange with k + 1 and
+    each backward of k > 0 by the exchange with k - 1, both on the device's own timeline; the data is
+    on the receiver when the sender's op ends, so the DAG's sends become 0 (returned as `sends_s`).
+    """
+    V = len(fwd)
+    if len(bwd) != V or len(exchange) != max(0, V - 1):
+        raise ValueError(f"{V} forward, {len(bwd)} backward and {len(exchange)} exchange times: "
+                         "expected V, V and V - 1")
+    f = [fwd[k] + (exchange[k] if k < V - 1 else 0.0) for k in range(V)]
+    g = [bwd[k] + (exchange[k - 1] if k > 0 else 0.0) for k in range(V)]
+    return f, g, [0.0] * len(exchange)
