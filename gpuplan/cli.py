@@ -16,7 +16,7 @@ from gpuplan import api, registry
 from gpuplan.commands import ProblemInputs, default_inputs
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.base import Table
-from gpuplan.cliout import STDOUT, emit_json, json_option, say, setup_logging, table_doc
+from gpuplan.cliout import STDOUT, emit_json, json_flag, json_option, say, setup_logging, table_doc
 from gpuplan.render import plan_header, print_tables
 
 EXIT_VIOLATIONS = 1
@@ -336,8 +336,7 @@ def compare() -> None:
 @click.argument("plan_file", type=click.Path())
 @click.option("--input", "input_file", type=click.Path(dir_okay=False), default=None,
               help="The problem file (default: the problem stored in the plan).")
-@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-              help="Print {command, plan_file, kind, status, valid, violations} as JSON (or write it to FILE).")
+@json_flag(help="Print {command, plan_file, kind, status, valid, violations} as JSON (or write it to FILE).")
 def check_cmd(plan_file: str, input_file: str | None, json_out: str | None = None) -> None:
     """Re-validate a plan with its model's own check, independently of the solver that made it.
     PLAN_FILE may be a training bundle (directory from `gpuplan plan train`): each plan and their agreement.
@@ -373,8 +372,7 @@ def check_cmd(plan_file: str, input_file: str | None, json_out: str | None = Non
 @main.command("show")
 @click.argument("plan_file", type=click.Path())
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="Also draw the plan to a PNG file.")
-@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-              help="Print the plan's figures and tables as one JSON document (or write it to FILE): the keys "
+@json_flag(help="Print the plan's figures and tables as one JSON document (or write it to FILE): the keys "
                    "of `solve --json` plus valid, violations and png.")
 def show_cmd(plan_file: str, png: str | None, json_out: str | None = None) -> None:
     """Print a plan as readable tables; --png draws it. A plan that fails check shows only its header
@@ -573,8 +571,7 @@ def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]
 @main.command("list")
 @click.option("--options", "options_kind", default=None, metavar="KIND",
               help="List each solver's options of KIND (and its run options) with types and defaults.")
-@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-              help="Print {command, solvers: [{kind, solver, role, default, description}]} as JSON; with "
+@json_flag(help="Print {command, solvers: [{kind, solver, role, default, description}]} as JSON; with "
                    "--options: {command, kind, options: [{scope, name, type, default}]}.")
 def list_cmd(options_kind: str | None = None, json_out: str | None = None) -> None:
     """List the models and their solvers; --options KIND lists the options of KIND's solvers

@@ -13,22 +13,34 @@ import json
 import logging
 import math
 import sys
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import click
 
 from gpuplan.models.base import Table
 
 STDOUT = "-"
+F = TypeVar("F", bound=Callable[..., Any])
 LOG = logging.getLogger("gpuplan")
 
 
-def json_option() -> click.Option:
-    """Return the `--json [FILE]` option (value 'json_out': None, '-' for stdout, or a path)."""
-    return click.Option(["--json", "json_out"], is_flag=False, flag_value=STDOUT, default=None,
-                        metavar="[FILE]",
-                        help="Print one JSON document on stdout (nothing else goes there), or with FILE "
-                             "write it to FILE. Keys: see docs/index.md, Scripting.")
+_JSON_HELP = ("Print one JSON document on stdout (nothing else goes there), or with FILE write it to FILE. "
+              "Keys: see docs/index.md, Scripting.")
+
+
+def _json_kwargs(help: str | None) -> dict[str, Any]:
+    return {"is_flag": False, "flag_value": STDOUT, "default": None, "metavar": "[FILE]", "help": help or _JSON_HELP}
+
+
+def json_option(help: str | None = None) -> click.Option:
+    """Return the `--json [FILE]` option (value 'json_out': None, '-' for stdout, or a path); `help`
+    names the keys of this command's document."""
+    return click.Option(["--json", "json_out"], **_json_kwargs(help))
+
+
+def json_flag(help: str | None = None) -> Callable[[F], F]:
+    """Return a decorator adding the shared `--json [FILE]` option (see json_option) to a command."""
+    return click.option("--json", "json_out", **_json_kwargs(help))
 
 
 def jsonable(value: Any) -> Any:

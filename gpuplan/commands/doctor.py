@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from gpuplan.cliout import json_flag
+
 
 @click.command("doctor")
-@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-              help="Print {command, python, platform, cpus, host_memory_bytes, host_free_bytes, torch: {installed, "
+@json_flag(help="Print {command, python, platform, cpus, host_memory_bytes, host_free_bytes, torch: {installed, "
                    "version, build, cuda_devices, nccl, gloo}, matplotlib, commands: {VERB: {works, why}}} as JSON "
                    "(or write it to FILE).")
 def doctor(json_out: str | None) -> None:

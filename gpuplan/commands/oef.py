@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from gpuplan import registry
-from gpuplan.cliout import STDOUT
+from gpuplan.cliout import STDOUT, json_flag
 from gpuplan.commands import subgroup
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.base import Table
@@ -46,8 +46,7 @@ def parse_gavel_cluster(spec: str) -> dict[str, int]:
 @click.option("--space-sharing", is_flag=True,
               help="With --mechanism gavel: pack waiting jobs onto running jobs' GPUs by measured co-location "
                    "throughputs (a Gavel throughput file's pairs, or the trace's `colocated`).")
-@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-              help="Print the figures as one JSON document on stdout (or write it to FILE): a list with one "
+@json_flag(help="Print the figures as one JSON document on stdout (or write it to FILE): a list with one "
                    "row per policy: policy, avg_jct_h, p95_jct_h, makespan_h, utilisation, ..., jct_s (per job).")
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
               help="Also draw the CDF of job completion times per policy to a PNG file.")

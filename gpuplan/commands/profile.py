@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import click
 
+from gpuplan.cliout import json_flag
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.workload import TransformerConfig, model_config
 
@@ -185,8 +186,7 @@ def merge_cmd(profiles: tuple[str, ...], links: tuple[str, ...], output: str) ->
 @click.argument("profile_file", type=click.Path(dir_okay=False))
 @click.option("--png", type=click.Path(dir_okay=False), default=None,
               help="Also draw the matmul throughput and collective time curves (with their fits) to a PNG file.")
-@click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-              help="Print {command, profile_file, tables: [{title, columns, rows}]} as JSON (or write it to FILE).")
+@json_flag(help="Print {command, profile_file, tables: [{title, columns, rows}]} as JSON (or write it to FILE).")
 def show_cmd(profile_file: str, png: str | None = None, json_out: str | None = None) -> None:
     """Print a profile as tables; --png draws its curves.
 
