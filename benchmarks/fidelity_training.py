@@ -9,8 +9,9 @@ ratio = predicted throughput / published throughput (>1: the model is too fast).
 published in teraFLOP/s per GPU the predicted figure uses the paper's own FLOP count (Narayanan et
 al. eq. 3); for rows published as iteration times, the ratio is published time / predicted time.
 
-Run alone: .venv/bin/python benchmarks/fidelity_training.py [--ablation]
-(--ablation: what each term of the per-operation model contributes, each reverted alone)
+Run alone: .venv/bin/python benchmarks/fidelity_training.py [--ablation] [--lockstep]
+(--ablation: what each term of the per-operation model contributes, each reverted alone;
+--lockstep: the interleaved rows under Megatron 2021's own schedule with blocking exchanges)
 """
 
 from __future__ import annotations
@@ -262,9 +263,123 @@ def ablation_lines() -> list[str]:
     return out
 
 
+def megatron21_interleaved_actions(r: int, S: int, v: int, m: int) -> list[tuple[Any, ...]]:
+    """Return device stage r's actions under Megatron-LM's 2021 interleaved 1F1B schedule (the SC'21
+    artifact, megatron/schedules.py forward_backward_pipelining_with_interleaving, ported line by
+    line): ("F", chunk), ("B", chunk), or ("X", send_next, send_prev, recv_prev, recv_next), one
+    blocking p2p_communication._communicate call (no op when all four are False)."""
+    M, allw = m * v, m == S
+
+    def chunk(i: int, fwd: bool) -> int:
+        c = (i % (S * v)) // S
+        return c if fwd else v - 1 - c
+
+    W = M if allw else min(M, (S - r - 1) * 2 + (v - 1) * S)
+    R = M - W
+    acts: list[tuple[Any, ...]] = [] if r == 0 else [("X", False, False, True, False)]  # recv_forward
+    for k in range(W):
+        c = chunk(k, True)
+        acts.append(("F", c))
+        rp = not (r == 0 and chunk(k + 1, True) == 0) and k != M - 1
+        out = not (r == S - 1 and c == v - 1)
+        acts.append(("X", out, False, rp, k == W - 1 and not allw and r != S - 1))
+    for k in range(R):
+        fc, bc = chunk(k + W, True), chunk(k, False)
+        acts += [("F", fc), ("B", bc)]
+        rp = not (r == 0 and chunk(k + W - (S - 1), True) == v - 1) and k != R - 1
+        rn = not (r == S - 1 and chunk(k - (S - 1), False) == 0)
+        acts.append(("X", not (r == S - 1 and fc == v - 1), not (r == 0 and bc == 0), rp, rn))
+    if allw and r != S - 1:
+        acts.append(("X", False, False, False, True))  # recv_backward
+    for k in range(R, M):
+        bc = chunk(k, False)
+        acts.append(("B", bc))
+        rn = not (r == S - 1 and chunk(k + 1, False) == v - 1) and k != M - 1
+        acts.append(("X", False, not (r == 0 and bc == 0), False, rn))
+    return acts
+
+
+def lockstep_time_s(S: int, v: int, m: int, fwd: list[float], bwd: list[float], send_s: float,
+                    gather_s: float) -> float:
+    """Return the seconds of the pipeline (no tail) under `megatron21_interleaved_actions` with
+    rendezvous exchanges: a send completes `send_s` after both its sender and its receiver have posted
+    it (NCCL p2p), a call ends when all its sends and receives have, plus `gather_s` (the
+    scatter/gather all-gather across TP) when it received a tensor. fwd / bwd per virtual stage
+    (k = chunk * S + stage), as models.poseidon.chunk_lists gives them."""
+    acts = [megatron21_interleaved_actions(r, S, v, m) for r in range(S)]
+    partner: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for r in range(S):
+        for send, recv, q in ((1, 3, (r + 1) % S), (2, 4, (r - 1) % S)):  # (send_next, recv_prev), (send_prev, recv_next)
+            mine = [i for i, a in enumerate(acts[r]) if a[0] == "X" and a[send]]
+            theirs = [i for i, a in enumerate(acts[q]) if a[0] == "X" and a[recv]]
+            if len(mine) != len(theirs):
+                raise RuntimeError(f"unmatched exchanges between stages {r} and {q}")
+            for i, j in zip(mine, theirs):
+                partner.setdefault((r, i), []).append((q, j))
+                partner.setdefault((q, j), []).append((r, i))
+    clock, ptr, posted = [0.0] * S, [0] * S, {}
+    while any(ptr[r] < len(acts[r]) for r in range(S)):
+        moved = False
+        for r in range(S):
+            while ptr[r] < len(acts[r]):
+                a = acts[r][ptr[r]]
+                if a[0] != "X":
+                    clock[r] += (fwd if a[0] == "F" else bwd)[a[1] * S + r]
+                else:
+                    posted[(r, ptr[r])] = clock[r]
+                    mates = partner.get((r, ptr[r]), [])
+                    if any(p not in posted for p in mates):
+                        break
+                    if mates:
+                        clock[r] = max(posted[p] for p in mates + [(r, ptr[r])]) + send_s + (gather_s if a[3] or a[4] else 0.0)
+                ptr[r] += 1
+                moved = True
+        if not moved:
+            raise RuntimeError("the ported schedule deadlocks")
+    return max(clock)
+
+
+def lockstep_lines() -> list[str]:
+    """Return, for each interleaved narayanan21 row, the pipeline seconds of the model's DAG (data
+    flow, sends on the edges) and of Megatron 2021's interleaved schedule with blocking rendezvous
+    exchanges (`lockstep_time_s`), with and without the exchanges' own time, and the row's ratio if
+    the model took the lockstep figure."""
+    from gpuplan.models import poseidon as P
+    from gpuplan.models.poseidon_config import config_problem, config_stages, parse_config
+
+    doc = yaml.safe_load(DATA.read_text(encoding="utf-8"))
+    d = doc["defaults"]
+    out = ["Megatron 2021 interleaved schedule, blocking exchanges (ported) vs the model's DAG, pipeline seconds:"]
+    for row in doc["runs"]:
+        if row["source"] != "narayanan21" or row["interleave"] == 1:
+            continue
+        import gpuplan
+
+        S, v = row["pp"], row["interleave"]
+        pc = parse_config({"tp": row["tp"], "pp": S, "mb": row["micro_batch"], "recompute": row["recompute"],
+                           "interleave": v, "sequence_parallel": row["sequence_parallel"]})
+        prob = config_problem(gpuplan.load_problem(problem_of(row, d)), pc)
+        shapes, layers, m = config_stages(prob, pc)
+        cm = P.CostModel(prob)
+        ev = P.evaluate(cm, shapes, layers, m, recompute=[row["recompute"]] * S, interleave=v, check_memory=False)
+        b = [prob.global_batch // (m * sh.dp) for sh in shapes]
+        fwd, bwd = P.chunk_lists(cm, shapes, layers, ev.stages, b, v)
+        dag = P.iteration_time_fast(fwd, bwd, ev.p2p, [0.0] * S, m, prob.schedule, None, v)
+        gather = cm.tp_collective_s(shapes[0].device_type, shapes[0].tp, "all_gather", cm.boundary_bytes(b[0]))
+        lock = lockstep_time_s(S, v, m, fwd, bwd, ev.p2p[0], gather)
+        bare = lockstep_time_s(S, v, m, fwd, bwd, 0.0, 0.0)
+        ratio = evaluate_row(row, d)["ratio"] * ev.iteration_time_s / (ev.iteration_time_s - dag + lock)
+        out.append(f"  {row['name']:<5} S {S:>2} v {v} m {m:>3}: DAG {dag:7.3f} s, lockstep {lock:7.3f} s "
+                   f"({lock / dag:.4f}x; without the exchanges' time {bare / dag:.4f}x) -> ratio {ratio:.3f}")
+    return out
+
+
 if __name__ == "__main__":
     for line in section_a():
         print(line, flush=True)
     if "--ablation" in sys.argv[1:]:
         for line in ablation_lines():
+            print(line, flush=True)
+    if "--lockstep" in sys.argv[1:]:
+        for line in lockstep_lines():
             print(line, flush=True)

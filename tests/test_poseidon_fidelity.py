@@ -366,3 +366,52 @@ def test_one_layer_of_the_22b_model_is_within_15_percent_of_korthikanti_table_4(
         assert abs(r["fwd_ratio"] - 1) <= 0.15 and abs(r["bwd_ratio"] - 1) <= 0.15, r["row"]["name"]
     lines = F.layer_lines(doc)
     assert any("softmax + dropout" in ln for ln in lines) and any("bus bandwidth" in ln for ln in lines)
+
+
+def _fidelity_training():  # type: ignore[no-untyped-def]
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import fidelity_training as F
+    finally:
+        sys.path.remove(str(bench))
+    return F
+
+
+@pytest.mark.parametrize("S, v, k", [(2, 2, 1), (4, 3, 7), (3, 2, 2), (4, 2, 1), (8, 2, 2)])
+def test_megatron21_lockstep_schedule_matches_the_dag_without_exchange_time(S: int, v: int, k: int) -> None:
+    """The port of Megatron-LM 2021's interleaved schedule is deadlock-free, runs every chunk once in
+    each direction, and with free exchanges and equal chunks takes the DAG's time (its warm-up of
+    2 (S - 1 - r) + (v - 1) S absorbs the lockstep); blocking exchanges and unequal chunks only add."""
+    F = _fidelity_training()
+    m = S * k
+    acts = [F.megatron21_interleaved_actions(r, S, v, m) for r in range(S)]
+    for a in acts:
+        assert sum(x[0] == "F" for x in a) == sum(x[0] == "B" for x in a) == m * v
+    zero = [0.0] * (S * v - 1)
+    fwd, bwd = [1.0] * (S * v), [2.0] * (S * v)
+    dag = P.iteration_time_fast(fwd, bwd, zero, [0.0] * S, m, "1f1b", None, v)
+    assert F.lockstep_time_s(S, v, m, fwd, bwd, 0.0, 0.0) == pytest.approx(dag, rel=1e-9)
+    assert F.lockstep_time_s(S, v, m, fwd, bwd, 0.05, 0.02) > dag
+    # unequal chunks: a rendezvous can only make a device wait longer than the data flow does
+    fwd = [1.0 + 0.1 * (i % 3) for i in range(S * v)]
+    bwd = [2.0 + 0.2 * (i % 2) for i in range(S * v)]
+    dag = P.iteration_time_fast(fwd, bwd, zero, [0.0] * S, m, "1f1b", None, v)
+    assert F.lockstep_time_s(S, v, m, fwd, bwd, 0.0, 0.0) >= dag - 1e-9
+
+
+def test_same_pipeline_pairs_of_the_two_sources() -> None:
+    """The published runs hold two pipelines measured in both sources (530B and 1T: same model, tp,
+    pp, micro-batch and micro-batches per pipeline); their published times differ by 9-10%."""
+    import yaml
+
+    F = _fidelity_training()
+    doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
+    pairs = F.same_pipeline_pairs(doc)
+    assert sorted(a["name"] for a, _ in pairs) == ["1T", "530B"]
+    for a, b in pairs:
+        gap = F.pipeline_seconds(a, doc["defaults"]) / F.pipeline_seconds(b, doc["defaults"])
+        assert 1.05 < gap < 1.15
