@@ -1,0 +1,1036 @@
+"""The straggler simulator: jobs of parallel tasks (map, then reduce) on N slots, task copies whose speeds
+vary, and pluggable policies that start, clone, restart and kill copies (the `stragglers` kind).
+
+Built on the shared discrete-event core (gpuplan.sim.core: EventQueue, rng). A task of nominal size s
+runs on a copy at speed v (drawn from the variability model when the copy starts; X = 1/v its slowdown)
+for s / (v * share) seconds of progress, `share` being the part of a slot the copy holds (1 on a
+non-multitasking cluster; less when machines time-share copies). A task finishes when its first copy
+does; its other copies are killed then.
+
+Two families of policies:
+  allotment  (SRPT, SRPT+R, Fair, Fair+R, LAPS+R, heSRPT) recompute every job's machines at each event
+             and preempt freely; with opportunistic checkpointing the fastest copy's progress is saved at
+             every event and all copies (old and new) resume from it, so preemption loses nothing.
+  slot-filling (SRPTMS+C, SCA, SDA, ESE, Mantri, LATE, Dolly, FIFO) start copies on free slots, never
+             preempt a task's first copy, and lose a killed copy's progress.
+
+Pure Python and numpy (models/ may import it); deterministic: the same workload, policy, parameters and
+seed replay the same schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from gpuplan.models.stragglers.speedup import Variability, dolly_copies
+from gpuplan.sim.core import EventQueue, rng as make_rng
+
+ARRIVE, FINISH, TICK, PROBE = 0, 1, 2, 3
+EPS = 1e-9
+MAX_EVENTS = 50_000_000  # a run past this many events is a bug, not a workload
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Jobs to simulate: arrival times (s), weights, and per job the nominal sizes (s) of its map and
+    reduce tasks (a reduce task may start only after every map task of its job finished)."""
+
+    arrival_s: np.ndarray
+    weight: np.ndarray
+    map_s: list[np.ndarray]
+    reduce_s: list[np.ndarray]
+
+    @property
+    def jobs(self) -> int:
+        """Return the number of jobs."""
+        return int(self.arrival_s.size)
+
+    def tasks(self) -> int:
+        """Return the number of tasks of all jobs."""
+        return int(sum(m.size for m in self.map_s) + sum(r.size for r in self.reduce_s))
+
+    def work_s(self) -> np.ndarray:
+        """Return each job's nominal work: the sum of its task sizes (s)."""
+        return np.array([float(m.sum() + r.sum()) for m, r in zip(self.map_s, self.reduce_s)])
+
+
+@dataclass
+class SimResult:
+    """What a run produced: per-job completion times (s), machine time used (slot-seconds, shares
+    included), copy counts, and (when recorded) every copy segment
+    (job, task, phase, start_s, end_s, share, won): phase 0 map, 1 reduce; won marks the segment that
+    finished its task."""
+
+    completion_s: np.ndarray
+    machine_time_s: float
+    copies_started: int
+    copies_killed: int
+    events: int
+    policy: str
+    params: dict[str, Any]
+    schedule: list[tuple[int, int, int, float, float, float, bool]] | None = None
+
+    def figures(self, workload: Workload) -> dict[str, float]:
+        """Return the run's figures: weighted_flowtime_s (sum of w_j (C_j - a_j)), mean_flowtime_s,
+        mean_slowdown (flowtime over nominal work spread on one slot per task), machine_time_s,
+        useful_time_s (sum of nominal task sizes), makespan_s, copies_started, copies_killed."""
+        flow = self.completion_s - workload.arrival_s
+        work = workload.work_s()
+        crit = np.array([float(m.max(initial=0.0) + r.max(initial=0.0)) for m, r in
+                         zip(workload.map_s, workload.reduce_s)])
+        return {
+            "weighted_flowtime_s": float(np.sum(workload.weight * flow)),
+            "mean_flowtime_s": float(flow.mean()) if flow.size else 0.0,
+            "mean_slowdown": float(np.mean(flow / np.maximum(crit, EPS))) if flow.size else 0.0,
+            "machine_time_s": float(self.machine_time_s),
+            "useful_time_s": float(work.sum()),
+            "makespan_s": float(self.completion_s.max() - workload.arrival_s.min()) if flow.size else 0.0,
+            "copies_started": float(self.copies_started),
+            "copies_killed": float(self.copies_killed),
+        }
+
+
+class _Copy:
+    __slots__ = ("speed", "share", "t0", "p0", "seg")
+
+    def __init__(self, speed: float, share: float, t0: float, p0: float) -> None:
+        self.speed, self.share, self.t0, self.p0, self.seg = speed, share, t0, p0, t0
+
+
+class _Task:
+    __slots__ = ("job", "idx", "phase", "size", "prog", "copies", "ver", "done", "restarts", "spec", "first_s")
+
+    def __init__(self, job: "_Job", idx: int, phase: int, size: float) -> None:
+        self.job, self.idx, self.phase, self.size = job, idx, phase, size
+        self.prog = 0.0
+        self.copies: list[_Copy] = []
+        self.ver = 0
+        self.done = False
+        self.restarts = 0
+        self.spec = False
+        self.first_s = math.nan
+
+
+class _Job:
+    __slots__ = ("idx", "arrival", "weight", "maps", "reduces", "maps_left", "left", "remaining", "pending",
+                 "running", "copies_r")
+
+    def __init__(self, idx: int, arrival: float, weight: float, maps: np.ndarray, reduces: np.ndarray) -> None:
+        self.idx, self.arrival, self.weight = idx, arrival, weight
+        self.maps = [_Task(self, i, 0, float(s)) for i, s in enumerate(maps)]
+        self.reduces = [_Task(self, len(self.maps) + i, 1, float(s)) for i, s in enumerate(reduces)]
+        self.maps_left = len(self.maps)
+        self.left = len(self.maps) + len(self.reduces)
+        self.remaining = float(maps.sum() + reduces.sum())
+        self.pending: deque[_Task] = deque(self.maps)
+        self.running: dict[_Task, None] = {}
+        self.copies_r = 0  # copies per task a cloning policy chose for this job (0: not chosen yet)
+
+
+def copy_progress(task: _Task, c: _Copy, now: float) -> float:
+    """Return the fraction of `task` copy `c` has done at `now` (s)."""
+    return c.p0 + (now - c.t0) * c.speed * c.share / task.size
+
+
+def copy_remaining_s(task: _Task, c: _Copy, now: float) -> float:
+    """Return the seconds copy `c` still needs to finish `task` at its current speed and share."""
+    return (1.0 - copy_progress(task, c, now)) * task.size / (c.speed * c.share)
+
+
+class Sim:
+    """One run: the state of jobs, tasks and copies, the event queue, and the primitives policies use
+    (start_copy, kill_copy, set_share, checkpoint). `free` is the unheld slot capacity."""
+
+    def __init__(self, workload: Workload, slots: int, var: Variability, policy: "Policy", seed: int,
+                 record: bool, tick_s: float) -> None:
+        self.wl, self.N, self.var, self.policy = workload, slots, var, policy
+        self.rng = make_rng(seed)
+        self.q: EventQueue[tuple[Any, ...]] = EventQueue()
+        self.now = 0.0
+        self.busy = 0.0
+        self.tick_s = tick_s
+        self.resume = policy.checkpoint
+        self.jobs_all: list[_Job | None] = [None] * workload.jobs
+        self.active: dict[_Job, None] = {}
+        self.waiting: dict[_Job, None] = {}   # jobs with pending runnable tasks
+        self.running: dict[_Task, None] = {}  # tasks with at least one copy
+        self.multi: dict[_Task, None] = {}    # tasks with two or more copies
+        self.copies = 0
+        self.completion = np.full(workload.jobs, np.nan)
+        self.machine_time = 0.0
+        self.started = 0
+        self.killed = 0
+        self.schedule: list[tuple[int, int, int, float, float, float, bool]] | None = [] if record else None
+        self._ticking = False
+
+    # -- queries
+
+    @property
+    def free(self) -> float:
+        """Return the slot capacity not held by any copy."""
+        return self.N - self.busy
+
+    def load_now(self) -> int:
+        """Return the number of jobs in the system."""
+        return len(self.active)
+
+    # -- primitives
+
+    def _segment(self, task: _Task, c: _Copy, won: bool) -> None:
+        self.machine_time += (self.now - c.seg) * c.share
+        if self.schedule is not None:
+            self.schedule.append((task.job.idx, task.idx, task.phase, c.seg, self.now, c.share, won))
+        c.seg = self.now
+
+    def start_copy(self, task: _Task, share: float = 1.0, quantile: float = 0.0, resched: bool = True) -> _Copy:
+        """Start a copy of `task` holding `share` of a slot; its speed is drawn now (from the speeds above
+        the `quantile` when > 0). Returns the copy."""
+        job = task.job
+        p0 = task.prog if self.resume else 0.0
+        if self.resume and task.copies:
+            p0 = max(p0, max(copy_progress(task, c, self.now) for c in task.copies))
+        c = _Copy(self.var.speed(self.rng, quantile), share, self.now, p0)
+        if not task.copies:
+            try:
+                job.pending.remove(task)
+            except ValueError:
+                pass
+            if not job.pending:
+                self.waiting.pop(job, None)
+            job.running[task] = None
+            self.running[task] = None
+            if math.isnan(task.first_s):
+                task.first_s = self.now
+        else:
+            self.multi[task] = None
+        task.copies.append(c)
+        self.busy += share
+        self.copies += 1
+        self.started += 1
+        if resched:
+            self.reschedule(task)
+        return c
+
+    def kill_copy(self, task: _Task, c: _Copy, resched: bool = True) -> None:
+        """Kill copy `c` of `task`; with checkpointing its progress is kept, else lost with it. A task left
+        without copies goes back to the front of its job's pending tasks."""
+        if self.resume:
+            task.prog = max(task.prog, copy_progress(task, c, self.now))
+        self._segment(task, c, False)
+        task.copies.remove(c)
+        self.busy -= c.share
+        self.copies -= 1
+        self.killed += 1
+        if len(task.copies) < 2:
+            self.multi.pop(task, None)
+        if not task.copies:
+            job = task.job
+            del job.running[task]
+            del self.running[task]
+            job.pending.appendleft(task)
+            self.waiting[job] = None
+            task.ver += 1
+        elif resched:
+            self.reschedule(task)
+
+    def set_share(self, task: _Task, c: _Copy, share: float) -> None:
+        """Change the slot share of a running copy (its progress so far is kept)."""
+        if abs(share - c.share) <= EPS:
+            return
+        c.p0 = copy_progress(task, c, self.now)
+        c.t0 = self.now
+        self._segment(task, c, False)
+        self.busy += share - c.share
+        c.share = share
+
+    def checkpoint(self, task: _Task) -> None:
+        """Save the fastest copy's progress of `task` and restart every copy from it (opportunistic
+        checkpointing)."""
+        if not task.copies:
+            return
+        p = max(copy_progress(task, c, self.now) for c in task.copies)
+        task.prog = p
+        for c in task.copies:
+            c.p0, c.t0 = p, self.now
+
+    def reschedule(self, task: _Task) -> None:
+        """Push the event of `task`'s next completion (its fastest copy), invalidating the previous one."""
+        task.ver += 1
+        if task.copies:
+            now = self.now
+            t = min(c.t0 + max(0.0, 1.0 - c.p0) * task.size / (c.speed * c.share) for c in task.copies)
+            self.q.push(max(t, now), (FINISH, task, task.ver))
+
+    # -- events
+
+    def _finish(self, task: _Task) -> None:
+        now = self.now
+        best = min(task.copies, key=lambda c: c.t0 + max(0.0, 1.0 - c.p0) * task.size / (c.speed * c.share))
+        for c in task.copies:
+            self._segment(task, c, c is best)
+            self.busy -= c.share
+        self.killed += len(task.copies) - 1
+        self.copies -= len(task.copies)
+        task.copies = []
+        task.done = True
+        task.prog = 1.0
+        self.multi.pop(task, None)
+        job = task.job
+        del job.running[task]
+        del self.running[task]
+        job.left -= 1
+        job.remaining -= task.size
+        if task.phase == 0:
+            job.maps_left -= 1
+            if job.maps_left == 0 and job.reduces:
+                job.pending.extend(job.reduces)
+                job.copies_r = 0
+                self.waiting[job] = None
+        if job.left == 0:
+            self.completion[job.idx] = now
+            del self.active[job]
+            self.waiting.pop(job, None)
+            self.policy.on_done(self, job)
+
+    def _arrive(self, j: int) -> None:
+        wl = self.wl
+        job = _Job(j, float(wl.arrival_s[j]), float(wl.weight[j]), wl.map_s[j], wl.reduce_s[j])
+        self.jobs_all[j] = job
+        self.active[job] = None
+        self.waiting[job] = None
+        self.policy.on_arrival(self, job)
+        if self.policy.tick and not self._ticking:
+            self._ticking = True
+            self.q.push(self.now + self.tick_s, (TICK,))
+
+    def run(self) -> SimResult:
+        """Simulate every job to completion; return the result."""
+        wl = self.wl
+        order = np.argsort(wl.arrival_s, kind="stable")
+        nxt = 0
+        if wl.jobs:
+            self.q.push(float(wl.arrival_s[order[0]]), (ARRIVE, int(order[0])))
+            nxt = 1
+        events = 0
+        policy = self.policy
+        while self.q:
+            t = self.q.peek_time()
+            batch = self.q.pop_until(t)
+            self.now = t
+            acted = False
+            tick = False
+            for ev in batch:
+                kind = ev.payload[0]
+                events += 1
+                if kind == FINISH:
+                    task, ver = ev.payload[1], ev.payload[2]
+                    if ver != task.ver or task.done or not task.copies:
+                        continue
+                    self._finish(task)
+                    acted = True
+                elif kind == ARRIVE:
+                    self._arrive(ev.payload[1])
+                    if nxt < wl.jobs:
+                        self.q.push(float(wl.arrival_s[order[nxt]]), (ARRIVE, int(order[nxt])))
+                        nxt += 1
+                    acted = True
+                elif kind == TICK:
+                    tick = True
+                    acted = True
+                    if self.active:
+                        self.q.push(t + self.tick_s, (TICK,))
+                    else:
+                        self._ticking = False
+                elif kind == PROBE:
+                    task, c = ev.payload[1], ev.payload[2]
+                    if not task.done and c in task.copies:
+                        policy.on_probe(self, task)
+                        acted = True
+            if events > MAX_EVENTS:
+                raise RuntimeError(f"simulation passed {MAX_EVENTS} events; the policy does not make progress")
+            if acted:
+                policy.decide(self, tick)
+                if self.busy > self.N + 1e-6:
+                    raise AssertionError(f"policy {policy.name} holds {self.busy} slots of {self.N} at {t}")
+        if np.isnan(self.completion).any():
+            raise RuntimeError(f"policy {policy.name} left {int(np.isnan(self.completion).sum())} jobs unfinished")
+        return SimResult(self.completion, self.machine_time, self.started, self.killed, events, policy.name,
+                         dict(policy.params), self.schedule)
+
+
+# ---------------------------------------------------------------- policies
+
+@dataclass
+class Context:
+    """What a policy may know besides the running state: the variability model, the slots, the offered
+    load (fraction of slot capacity), the tick period (s) and the median task count of a job."""
+
+    var: Variability
+    slots: int
+    load: float
+    tick_s: float
+    median_tasks: int
+
+
+class Policy:
+    """Base of every policy: `decide` runs after each batch of simultaneous events (tick True at a
+    monitoring tick); `checkpoint` selects opportunistic checkpointing (allotment policies)."""
+
+    name = "policy"
+    checkpoint = False
+    tick = False
+    defaults: dict[str, Any] = {}
+
+    def __init__(self, ctx: Context, **params: Any) -> None:
+        self.ctx = ctx
+        self.params = {**self.defaults, **params}
+
+    def on_arrival(self, sim: Sim, job: _Job) -> None:
+        """Called when `job` arrives (before decide)."""
+
+    def on_done(self, sim: Sim, job: _Job) -> None:
+        """Called when `job` completes."""
+
+    def on_probe(self, sim: Sim, task: _Task) -> None:
+        """Called at a probe event a policy scheduled for `task`."""
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        """Start, clone, restart or kill copies; return None."""
+        raise NotImplementedError
+
+
+# -- allotment policies (preemptive, opportunistic checkpointing)
+
+def _runnable(job: _Job) -> list[_Task]:
+    """Return the tasks of `job` that may run now: running ones first (index order), then pending."""
+    return sorted(job.running, key=lambda t: t.idx) + sorted(job.pending, key=lambda t: t.idx)
+
+
+def spread(tasks: list[_Task], x: float, redundant: bool, multitask: bool, max_copies: int) -> list[tuple[_Task, int, float]]:
+    """Return (task, copies, share) turning `x` machines for a job into copies of its runnable `tasks`.
+
+    Integer mode (multitask False): floor(x) copies of share 1; fewer machines than tasks run the first
+    floor(x) tasks; more become redundant copies spread evenly (at most max_copies per task). Multitask:
+    x < k tasks time-share x (share x/k each); x >= k with redundancy runs ceil(x) copies (capped), each
+    of share x / copies."""
+    k = len(tasks)
+    if k == 0 or x <= EPS:
+        return []
+    if not multitask:
+        n = int(math.floor(x + EPS))
+        if n <= k or not redundant:
+            return [(t, 1, 1.0) for t in tasks[:min(n, k)]]
+        per, extra = divmod(min(n, k * max_copies), k)
+        return [(t, per + (1 if i < extra else 0), 1.0) for i, t in enumerate(tasks)]
+    if x < k - EPS or not redundant:
+        share = min(1.0, x / k)
+        return [(t, 1, share) for t in tasks]
+    total = min(int(math.ceil(x - EPS)), k * max_copies)
+    share = min(1.0, x / total)
+    per, extra = divmod(total, k)
+    return [(t, per + (1 if i < extra else 0), share) for i, t in enumerate(tasks)]
+
+
+class AllotmentPolicy(Policy):
+    """Recompute each job's machines at every event, then reconcile copies (keeping the fastest)."""
+
+    checkpoint = True
+    redundant = True
+    multitask = False
+    defaults = {"max_copies": 8}
+
+    def allot(self, sim: Sim) -> list[tuple[_Task, int, float]]:
+        """Return the desired (task, copies, share) of this event."""
+        raise NotImplementedError
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        for task in list(sim.multi):
+            sim.checkpoint(task)
+        want = self.allot(sim)
+        desired = {t: (c, s) for t, c, s in want}
+        for task in list(sim.running):
+            if task not in desired:
+                for c in list(task.copies):
+                    sim.kill_copy(task, c, resched=False)
+        touched = []
+        for task, (n, share) in desired.items():  # shrink first, so capacity is free before growing
+            if len(task.copies) > n:
+                for c in sorted(task.copies, key=lambda c: c.speed)[:len(task.copies) - n]:
+                    sim.kill_copy(task, c, resched=False)
+                touched.append(task)
+            for c in task.copies:
+                if c.share > share + EPS:
+                    sim.set_share(task, c, share)
+                    touched.append(task)
+        for task, (n, share) in desired.items():
+            for c in task.copies:
+                if c.share < share - EPS:
+                    sim.set_share(task, c, share)
+                    touched.append(task)
+            while len(task.copies) < n:
+                sim.start_copy(task, share, resched=False)
+                touched.append(task)
+        seen: set[int] = set()
+        for task in touched:
+            if id(task) not in seen and not task.done:
+                seen.add(id(task))
+                sim.reschedule(task)
+
+
+def _srpt_order(sim: Sim, weighted: bool) -> list[_Job]:
+    if weighted:
+        return sorted(sim.active, key=lambda j: (j.remaining / j.weight, j.arrival, j.idx))
+    return sorted(sim.active, key=lambda j: (j.remaining, j.arrival, j.idx))
+
+
+class SRPT(AllotmentPolicy):
+    """SRPT (no redundancy): jobs by smallest remaining work get one slot per runnable task, preemptive-resume."""
+
+    name = "srpt"
+    redundant = False
+    defaults = {"max_copies": 1}
+
+    def allot(self, sim: Sim) -> list[tuple[_Task, int, float]]:
+        free = sim.N
+        out: list[tuple[_Task, int, float]] = []
+        jobs = _srpt_order(sim, False)
+        groups = []
+        for job in jobs:
+            if free <= 0:
+                break
+            tasks = _runnable(job)[:free]
+            free -= len(tasks)
+            groups.append(tasks)
+            out += [(t, 1, 1.0) for t in tasks]
+        if self.redundant and free > 0 and out:
+            cap = int(self.params["max_copies"])
+            T = len(out)
+            base = min(cap, sim.N // T)
+            left = sim.N - base * T if base < cap else 0
+            copies = [base] * T
+            for i in range(T):  # the leftover machines go to the smallest jobs' tasks (SRPT order)
+                if left <= 0:
+                    break
+                if copies[i] < cap:
+                    copies[i] += 1
+                    left -= 1
+            out = [(t, c, 1.0) for (t, _, _), c in zip(out, copies)]
+        return out
+
+
+class SRPTR(SRPT):
+    """SRPT+R (Xu et al., TPDS 2019): SRPT order; when fewer runnable tasks than machines, every task gets
+    floor(N/T) copies and the leftover machines go to the smallest jobs (even spread: concave h)."""
+
+    name = "srpt-r"
+    redundant = True
+    defaults = {"max_copies": 8}
+
+
+class FairR(AllotmentPolicy):
+    """Fair+R (Xu et al.): every job gets N/n(t) machines of a multitasking cluster, as redundant copies
+    when the share exceeds its runnable tasks."""
+
+    name = "fair-r"
+    multitask = True
+
+    def shares(self, sim: Sim, jobs: list[_Job]) -> list[float]:
+        """Return the machines of each job in `jobs`."""
+        return [sim.N / len(jobs)] * len(jobs) if jobs else []
+
+    def chosen(self, sim: Sim) -> list[_Job]:
+        """Return the jobs that share the cluster now."""
+        return list(sim.active)
+
+    def allot(self, sim: Sim) -> list[tuple[_Task, int, float]]:
+        jobs = self.chosen(sim)
+        out: list[tuple[_Task, int, float]] = []
+        for job, x in zip(jobs, self.shares(sim, jobs)):
+            out += spread(_runnable(job), x, self.redundant, True, int(self.params["max_copies"]))
+        return out
+
+
+class Fair(FairR):
+    """Fair sharing without redundancy: max-min fair machines (water-filling, at most one per runnable
+    task), time-shared."""
+
+    name = "fair"
+    redundant = False
+    defaults = {"max_copies": 1}
+
+    def shares(self, sim: Sim, jobs: list[_Job]) -> list[float]:
+        caps = [len(j.running) + len(j.pending) for j in jobs]
+        out = [0.0] * len(jobs)
+        left, todo = float(sim.N), sorted(range(len(jobs)), key=lambda i: caps[i])
+        while todo:
+            level = left / len(todo)
+            i = todo[0]
+            if caps[i] <= level:
+                out[i] = caps[i]
+                left -= caps[i]
+                todo.pop(0)
+            else:
+                for i in todo:
+                    out[i] = level
+                break
+        return out
+
+
+class LAPSR(FairR):
+    """LAPS+R(beta) (Xu et al.): the ceil(beta n(t)) latest-arrived jobs share the cluster equally, as
+    redundant copies."""
+
+    name = "laps-r"
+    defaults = {"max_copies": 8, "beta": 0.5}
+
+    def chosen(self, sim: Sim) -> list[_Job]:
+        jobs = list(sim.active)  # arrival order
+        k = max(1, math.ceil(float(self.params["beta"]) * len(jobs) - EPS)) if jobs else 0
+        return jobs[len(jobs) - k:]
+
+
+def hesrpt_exponent(var: Variability, slots: int) -> float:
+    """Return p of the power-law speedup s(k) = k^p closest (least squares on logs, k = 2..min(slots, 16))
+    to h; clipped to [0.05, 0.95] (heSRPT needs p < 1)."""
+    ks = np.arange(2, max(3, min(slots, 16) + 1))
+    logs = np.log(ks)
+    p = float(np.sum(logs * np.log([var.h(int(k)) for k in ks])) / np.sum(logs * logs))
+    return min(0.95, max(0.05, p))
+
+
+class HeSRPT(FairR):
+    """heSRPT (Berg, Vesilo, Harchol-Balter): with M jobs sorted by remaining size, largest first, job i gets
+    theta_i = (i/M)^c - ((i-1)/M)^c of the machines, c = 1/(1-p) for s(k) = k^p; optimal flowtime for known
+    sizes with that concave speedup. p is fitted to h."""
+
+    name = "hesrpt"
+    defaults = {"max_copies": 8, "p": 0.0}
+
+    def chosen(self, sim: Sim) -> list[_Job]:
+        return sorted(sim.active, key=lambda j: (-j.remaining, -j.arrival, -j.idx))
+
+    def shares(self, sim: Sim, jobs: list[_Job]) -> list[float]:
+        p = float(self.params["p"]) or hesrpt_exponent(self.ctx.var, sim.N)
+        c = 1.0 / (1.0 - p)
+        M = len(jobs)
+        return [sim.N * ((i / M) ** c - ((i - 1) / M) ** c) for i in range(1, M + 1)]
+
+
+# -- slot-filling policies (non-preemptive first copies, no checkpointing)
+
+def _fifo_key(j: _Job) -> tuple[float, int]:
+    return (j.arrival, j.idx)
+
+
+def _wsrpt_key(j: _Job) -> tuple[float, float, int]:
+    return (j.remaining / j.weight, j.arrival, j.idx)
+
+
+class SlotPolicy(Policy):
+    """Start pending tasks on free slots, jobs in `key` order (FIFO by default), `copies_for` copies each."""
+
+    key: Callable[[_Job], Any] = staticmethod(_fifo_key)
+
+    def copies_for(self, sim: Sim, job: _Job, task: _Task) -> int:
+        """Return how many copies to start for a pending task (1 without cloning)."""
+        return 1
+
+    def fill(self, sim: Sim) -> None:
+        """Start pending tasks while slots are free, the best job (by key) first."""
+        while sim.waiting and sim.free >= 1 - EPS:
+            job = min(sim.waiting, key=self.key)
+            while job.pending and sim.free >= 1 - EPS:
+                task = job.pending[0]
+                n = max(1, min(self.copies_for(sim, job, task), int(sim.free + EPS)))
+                for _ in range(n):
+                    sim.start_copy(task, resched=False)
+                sim.reschedule(task)
+                self.started(sim, task)
+
+    def started(self, sim: Sim, task: _Task) -> None:
+        """Called after a pending task's copies started."""
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        self.fill(sim)
+
+
+class FIFO(SlotPolicy):
+    """FIFO: jobs in arrival order, one copy per task, no speculation."""
+
+    name = "fifo"
+
+
+def _elapsed(sim: Sim, c: _Copy) -> float:
+    return sim.now - c.t0
+
+
+def kill_slower_copies(sim: Sim) -> None:
+    """For every task with several copies, keep the copy that finishes first and kill the rest."""
+    for task in list(sim.multi):
+        best = min(task.copies, key=lambda c: copy_remaining_s(task, c, sim.now))
+        for c in list(task.copies):
+            if c is not best:
+                sim.kill_copy(task, c, resched=False)
+        sim.reschedule(task)
+
+
+def mantri_restarts(sim: Sim, var: Variability, delta_s: float, max_restarts: int) -> None:
+    """Mantri's rule while tasks wait for slots: kill and restart a copy whose remaining time exceeds a fresh
+    copy's mean by more than one period (t_rem > E[t_new] + delta), at most `max_restarts` times a task."""
+    mean = var.mean_factor()
+    for task in list(sim.running):
+        if len(task.copies) != 1 or task.restarts >= max_restarts:
+            continue
+        c = task.copies[0]
+        if _elapsed(sim, c) < delta_s - EPS:
+            continue
+        if copy_remaining_s(task, c, sim.now) > mean * task.size + delta_s:
+            sim.kill_copy(task, c, resched=False)
+            task.restarts += 1
+            sim.start_copy(task)
+
+
+def mantri_duplicate_ok(sim: Sim, var: Variability, task: _Task, delta: float) -> tuple[bool, float]:
+    """Return (passes Mantri's resource test, the task's remaining time in s): with c copies running,
+    P(t_rem > t_new (c+1)/c) > delta, t_rem the best copy's remaining time, t_new a fresh copy's time."""
+    c = len(task.copies)
+    t_rem = min(copy_remaining_s(task, cp, sim.now) for cp in task.copies)
+    return var.cdf(t_rem * c / ((c + 1) * task.size)) > delta, t_rem
+
+
+class Mantri(SlotPolicy):
+    """Mantri (Ananthanarayanan et al., OSDI 2010) on FIFO job order: every period delta, kill all but each
+    task's fastest copy; while tasks wait, restart a copy with t_rem > E[t_new] + delta (at most 3 times);
+    with free slots and nothing waiting, duplicate a task when P(t_rem > t_new (c+1)/c) > 0.25 and
+    E[t_new] - t_rem < rho delta (rho = 3). Progress reports are exact after one period."""
+
+    name = "mantri"
+    tick = True
+    defaults = {"delta": 0.25, "rho": 3.0, "max_restarts": 3}
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        var, d = self.ctx.var, self.ctx.tick_s
+        if tick:
+            kill_slower_copies(sim)
+            if sim.waiting:
+                mantri_restarts(sim, var, d, int(self.params["max_restarts"]))
+        self.fill(sim)
+        if not sim.waiting and sim.free >= 1 - EPS:
+            self.duplicate(sim)
+
+    def duplicate(self, sim: Sim) -> None:
+        """Start one more copy of the tasks that pass Mantri's duplicate tests, longest remaining first."""
+        var, d = self.ctx.var, self.ctx.tick_s
+        mean = var.mean_factor()
+        cands = []
+        for task in sim.running:
+            if any(_elapsed(sim, c) < d - EPS for c in task.copies):
+                continue
+            ok, t_rem = mantri_duplicate_ok(sim, var, task, float(self.params["delta"]))
+            if ok and mean * task.size - t_rem < float(self.params["rho"]) * d:
+                cands.append((-t_rem, task.job.idx, task.idx, task))
+        for *_, task in sorted(cands, key=lambda x: x[:3]):
+            if sim.free < 1 - EPS:
+                break
+            sim.start_copy(task)
+
+
+class LATE(SlotPolicy):
+    """LATE (Zaharia et al., OSDI 2008) on FIFO job order: with free slots and no pending task, speculate the
+    running task with the longest estimated time left among those whose progress rate is below the 25th
+    percentile, at most one speculative copy per task, speculative copies at most 10% of the slots, each
+    placed on a node faster than the 25th percentile (its speed drawn above that quantile)."""
+
+    name = "late"
+    tick = True
+    defaults = {"slow_task": 0.25, "slow_node": 0.25, "cap": 0.1}
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        self.fill(sim)
+        if sim.waiting or sim.free < 1 - EPS or not sim.running:
+            return
+        now, d = sim.now, self.ctx.tick_s
+        rates = []
+        for task in sim.running:
+            for c in task.copies:
+                el = now - c.t0
+                if el >= d - EPS:
+                    rates.append((copy_progress(task, c, now) - c.p0) / el)
+        if not rates:
+            return
+        thresh = float(np.quantile(rates, float(self.params["slow_task"])))
+        spec_running = sum(1 for t in sim.multi)
+        cap = max(1, int(float(self.params["cap"]) * sim.N))
+        cands = []
+        for task in sim.running:
+            if task.spec or len(task.copies) != 1:
+                continue
+            c = task.copies[0]
+            el = now - c.t0
+            if el < d - EPS:
+                continue
+            rate = (copy_progress(task, c, now) - c.p0) / el
+            if rate < thresh:
+                cands.append((-copy_remaining_s(task, c, now), task.job.idx, task.idx, task))
+        for *_, task in sorted(cands, key=lambda x: x[:3]):
+            if sim.free < 1 - EPS or spec_running >= cap:
+                break
+            sim.start_copy(task, quantile=float(self.params["slow_node"]))
+            task.spec = True
+            spec_running += 1
+
+
+class Dolly(SlotPolicy):
+    """Dolly (Ananthanarayanan et al., NSDI 2013) on FIFO job order: a small job (at most `small_tasks` tasks)
+    runs every task as c clones, c the fewest with 1 - (1 - p^c)^n <= target, within a budget of `budget`
+    of the slots for extra copies."""
+
+    name = "dolly"
+    defaults = {"p": 0.05, "target": 0.05, "max_copies": 3, "budget": 0.05, "small_tasks": 10}
+
+    def copies_for(self, sim: Sim, job: _Job, task: _Task) -> int:
+        n = len(job.maps) + len(job.reduces)
+        if n > int(self.params["small_tasks"]):
+            return 1
+        c = dolly_copies(float(self.params["p"]), n, float(self.params["target"]), int(self.params["max_copies"]))
+        extra_now = sim.copies - len(sim.running)
+        room = int(math.floor(float(self.params["budget"]) * sim.N + EPS)) - extra_now
+        return 1 + max(0, min(c - 1, room))
+
+
+class SRPTMSC(SlotPolicy):
+    """SRPTMS+C (Xu & Lau, ICDCS 2015): weighted SRPT order (highest w_j / remaining work first), map tasks
+    before reduce; every pending task gets one copy in that order; machines left over become clones of the
+    top-priority jobs' running tasks, spread evenly over a job's tasks, up to the copies r whose marginal
+    speedup h(r) - h(r-1) is at least eps. Clones are given back (killed) when a pending task needs a slot."""
+
+    name = "srptms-c"
+    key = staticmethod(_wsrpt_key)
+    defaults = {"eps": 0.1}
+
+    def max_copies(self) -> int:
+        """Return the most copies per task: the largest r with h(r) - h(r-1) >= eps (at least 1)."""
+        var, eps = self.ctx.var, float(self.params["eps"])
+        r = 1
+        while r < 64 and var.h(r + 1) - var.h(r) >= eps - EPS:
+            r += 1
+        return r
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        while sim.waiting and sim.free < 1 - EPS and sim.multi:  # first copies before clones
+            task = max(sim.multi, key=lambda t: (self.key(t.job), t.idx))
+            c = min(task.copies, key=lambda c: copy_progress(task, c, sim.now))
+            sim.kill_copy(task, c)
+        self.fill(sim)
+        if sim.waiting or sim.free < 1 - EPS:
+            return
+        cap = self.max_copies()
+        if cap <= 1:
+            return
+        for job in sorted({t.job: None for t in sim.running}, key=self.key):
+            tasks = sorted(job.running, key=lambda t: t.idx)
+            for level in range(2, cap + 1):
+                for task in tasks:
+                    if len(task.copies) < level:
+                        if sim.free < 1 - EPS:
+                            return
+                        sim.start_copy(task)
+
+
+class SCA(SlotPolicy):
+    """SCA, the Smart Cloning Algorithm (Xu & Lau, INFOCOM 2015) for light load, FIFO job order: when a job's
+    phase starts, its m pending tasks get r copies each, r maximising -w E[T_job(m, r)] s - gamma m r E[min_r] s
+    (s the mean task size) subject to m r <= free slots."""
+
+    name = "sca"
+    defaults = {"gamma": 0.1, "max_copies": 4}
+
+    def copies_for(self, sim: Sim, job: _Job, task: _Task) -> int:
+        if job.copies_r:
+            return job.copies_r
+        var = self.ctx.var
+        m = len(job.pending)
+        s = sum(t.size for t in job.pending) / m
+        free = int(sim.free + EPS)
+        best, best_val = 1, -math.inf
+        for r in range(1, int(self.params["max_copies"]) + 1):
+            if m * r > free and r > 1:
+                break
+            val = -job.weight * var.job_time(m, r) * s - float(self.params["gamma"]) * m * r * var.mean_min_factor(r) * s
+            if val > best_val + EPS:
+                best, best_val = r, val
+        job.copies_r = best
+        return best
+
+
+def sda_choice(var: Variability, m: int, gamma: float) -> tuple[float, int]:
+    """Return SDA's (tau in floor units, d extra copies) minimising E[job time] + gamma m E[machine time per
+    task] for a job of m unit tasks: one copy each; a task unfinished at tau * floor gets d more. Seeded
+    Monte Carlo (4,000 jobs) over tau in {1.5, 2, 3, 4, 6} and d in {1, 2}."""
+    g = make_rng(12345)
+    n = 4000
+    x0 = 1.0 / var.speeds(g, n * m).reshape(n, m)
+    fresh = 1.0 / var.speeds(g, n * m * 2).reshape(n, m, 2)
+    best, best_val = (3.0, 1), math.inf
+    for tau_f in (1.5, 2.0, 3.0, 4.0, 6.0):
+        tau = tau_f * var.floor()
+        for d in (1, 2):
+            late = x0 > tau
+            new_min = fresh[:, :, :d].min(axis=2)
+            t = np.where(late, tau + np.minimum(x0 - tau, new_min), x0)
+            machine = np.where(late, tau + (1 + d) * (t - tau), x0)
+            val = float(t.max(axis=1).mean() + gamma * m * machine.mean())
+            if val < best_val - 1e-12:
+                best, best_val = (tau_f, d), val
+    return best
+
+
+class SDA(SlotPolicy):
+    """SDA, the Straggler Detection Algorithm (Xu & Lau) for light load, FIFO job order: one copy per task; a
+    task still running `tau` floor-times its size after it started is a straggler and gets `d` more copies
+    (as free slots allow). tau and d are chosen by sda_choice unless given."""
+
+    name = "sda"
+    defaults = {"gamma": 0.1, "tau": 0.0, "d": 0}
+
+    def __init__(self, ctx: Context, **params: Any) -> None:
+        super().__init__(ctx, **params)
+        if not float(self.params["tau"]) or not int(self.params["d"]):
+            tau, d = sda_choice(ctx.var, max(1, ctx.median_tasks), float(self.params["gamma"]))
+            self.params["tau"] = float(self.params["tau"]) or tau
+            self.params["d"] = int(self.params["d"]) or d
+
+    def started(self, sim: Sim, task: _Task) -> None:
+        c = task.copies[0]
+        sim.q.push(sim.now + float(self.params["tau"]) * self.ctx.var.floor() * task.size, (PROBE, task, c))
+
+    def on_probe(self, sim: Sim, task: _Task) -> None:
+        if len(task.copies) == 1:
+            for _ in range(min(int(self.params["d"]), int(sim.free + EPS))):
+                sim.start_copy(task, resched=False)
+            sim.reschedule(task)
+
+
+class ESE(SlotPolicy):
+    """ESE, Enhanced Speculative Execution (Xu & Lau) for heavy load: jobs by smallest weighted remaining
+    work; Mantri's kill-slower and restart rules every period; on a free slot, duplicate the running straggler
+    that passes Mantri's resource test and is its job's last task when the job's expected flowtime saved,
+    w (t_rem - E[min(t_rem, t_new)]), exceeds the delay the copy imposes on waiting work,
+    W_waiting E[min(t_rem, t_new)] / N; else start the next pending task."""
+
+    name = "ese"
+    tick = True
+    key = staticmethod(_wsrpt_key)
+    defaults = {"delta": 0.25, "max_restarts": 3}
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        var, d = self.ctx.var, self.ctx.tick_s
+        if tick:
+            kill_slower_copies(sim)
+            if sim.waiting:
+                mantri_restarts(sim, var, d, int(self.params["max_restarts"]))
+        if sim.free < 1 - EPS:
+            return
+        cands = self.stragglers(sim)
+        w_wait = sum(j.weight for j in sim.waiting)
+        for saved, dur, task in cands:
+            if sim.free < 1 - EPS:
+                break
+            if saved > w_wait * dur / sim.N:
+                sim.start_copy(task)
+        self.fill(sim)
+
+    def stragglers(self, sim: Sim) -> list[tuple[float, float, _Task]]:
+        """Return (flowtime saved, copy's expected duration, task) of each duplicate candidate, best first."""
+        var, d = self.ctx.var, self.ctx.tick_s
+        out = []
+        longest: dict[_Job, float] = {}
+        for task in sim.running:
+            job = task.job
+            if job.pending or len(task.copies) > 1 or _elapsed(sim, task.copies[0]) < d - EPS:
+                continue
+            ok, t_rem = mantri_duplicate_ok(sim, var, task, float(self.params["delta"]))
+            if not ok:
+                continue
+            if job not in longest:
+                longest[job] = max(min(copy_remaining_s(t, c, sim.now) for c in t.copies) for t in job.running)
+            if t_rem < longest[job] - EPS:
+                continue  # another task of the job finishes later: no flowtime saved
+            dur = task.size * var.mean_min_with(t_rem / task.size)
+            saved = job.weight * (t_rem - dur)
+            out.append((saved, dur, task))
+        out.sort(key=lambda x: (-x[0], x[2].job.idx, x[2].idx))
+        return out
+
+
+def threshold_load(var: Variability) -> float:
+    """Return the workload threshold rho* = 1 / (1 + 2 / h(2)) between the light regime (SCA/SDA) and the
+    heavy one (ESE): cloning each task of a job twice inflates its machine time by 2 / h(2), and the cloned
+    load plus the uncloned load of new arrivals must fit the cluster, rho (1 + 2/h(2)) <= 1."""
+    return 1.0 / (1.0 + 2.0 / var.h(2))
+
+
+class Threshold(Policy):
+    """The speculative-execution switch (Xu & Lau): below the workload threshold run the light-load policy
+    (`light`: sca or sda), at or above it ESE. Reports the regime it chose in its parameters."""
+
+    name = "threshold"
+    defaults = {"light": "sca", "rho_star": 0.0}
+
+    def __init__(self, ctx: Context, **params: Any) -> None:
+        super().__init__(ctx, **params)
+        rho_star = float(self.params["rho_star"]) or threshold_load(ctx.var)
+        self.params["rho_star"] = rho_star
+        light = str(self.params["light"])
+        if light not in ("sca", "sda"):
+            raise ValueError(f"light {light!r}; expected sca or sda")
+        self.inner: Policy = (POLICIES[light](ctx) if ctx.load < rho_star else ESE(ctx))
+        self.params["regime"] = self.inner.name
+        self.tick = self.inner.tick
+        self.checkpoint = self.inner.checkpoint
+
+    def on_arrival(self, sim: Sim, job: _Job) -> None:
+        self.inner.on_arrival(sim, job)
+
+    def on_probe(self, sim: Sim, task: _Task) -> None:
+        self.inner.on_probe(sim, task)
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        self.inner.decide(sim, tick)
+
+
+POLICIES: dict[str, type[Policy]] = {p.name: p for p in (
+    SRPTR, FairR, LAPSR, SRPTMSC, SCA, SDA, ESE, Threshold, SRPT, Fair, FIFO, Mantri, LATE, Dolly, HeSRPT)}
+"""Every policy by name."""
+
+
+def policy_params(name: str) -> dict[str, Any]:
+    """Return the parameters policy `name` reads, with their defaults; KeyError when unknown."""
+    return dict(POLICIES[name].defaults)
+
+
+def simulate(workload: Workload, slots: int, var: Variability, policy: str, *, seed: int = 0,
+             params: dict[str, Any] | None = None, load: float = 0.5, tick_s: float | None = None,
+             record: bool = False) -> SimResult:
+    """Run `workload` on `slots` slots under `policy` (a key of POLICIES) with the variability model `var`;
+    return the SimResult (times in s). `load` is the offered load the threshold policy sees; `tick_s` the
+    monitoring period of Mantri, LATE and ESE (default a quarter of the mean task size); `record` keeps
+    every copy segment. Raises KeyError for an unknown policy, ValueError for a bad parameter."""
+    if policy not in POLICIES:
+        raise KeyError(policy)
+    cls = POLICIES[policy]
+    params = dict(params or {})
+    unknown = set(params) - set(cls.defaults)
+    if unknown:
+        raise ValueError(f"policy {policy} has no parameter {sorted(unknown)}; it reads {sorted(cls.defaults)}")
+    sizes = np.concatenate([*workload.map_s, *workload.reduce_s]) if workload.jobs else np.ones(1)
+    tick = float(tick_s) if tick_s else 0.25 * float(sizes.mean())
+    counts = [m.size + r.size for m, r in zip(workload.map_s, workload.reduce_s)]
+    ctx = Context(var, slots, load, tick, int(np.median(counts)) if counts else 1)
+    pol = cls(ctx, **params)
+    return Sim(workload, slots, var, pol, seed, record, tick).run()

@@ -1,0 +1,124 @@
+"""A lower bound on the weighted flowtime of a stragglers instance: a time-indexed LP relaxation (cvxpy).
+
+Time from the first arrival is cut into K intervals of length D. For each job j and phase p (map, reduce)
+of nominal work W_jp (sum of task sizes, s) and k_jp tasks, y_jpt >= 0 is the slot capacity the phase holds
+in interval t and z_jpt >= 0 the work it does there:
+  sum_jp y_jpt <= N                                  (slot capacity)
+  z_jpt <= D f_jt g_jp(y_jpt)                        (speedup; f_jt the part of t after the arrival)
+  sum_t z_jpt = W_jp                                 (all work done)
+  sum_{u<=t} z_jru / W_jr <= sum_{u<=t} z_jmu / W_jm  (map before reduce, fractions)
+  F_j >= sum_t (z_jLt / W_jL) start_t - a_j          (completion after the mean busy start of the last phase)
+  F_j >= (max map size + max reduce size) / h_sup    (critical path at the fastest copy speed)
+  minimise sum_j w_j F_j
+g(y) = min(y, k) h_sup with h_sup = sup_r h(r) (the `limit` speedup: no copy, however many a task runs,
+progresses faster than 1/floor times its nominal rate) is a relaxation of every realisation of every policy:
+the bound never exceeds a simulated flowtime. g(y) = k h(y/k) for y >= k (and y below) with the expected
+speedup h is the fluid model of the redundancy papers: reported beside it, but not a bound for policies that
+pick fast copies by restarting (Mantri, ESE).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Literal
+
+import numpy as np
+
+from gpuplan.models.stragglers import StragglersProblem
+
+LP_MAX_JOBS = 60
+LP_MAX_TASKS = 2_000
+LP_INTERVALS = 120
+MAX_SEGMENTS = 8
+
+
+def lp_applicable(problem: StragglersProblem) -> str | None:
+    """Return None when the LP is small enough to solve, else why not."""
+    n = len(problem.arrays[0])
+    if n > LP_MAX_JOBS or problem.tasks() > LP_MAX_TASKS:
+        return f"{n} jobs / {problem.tasks()} tasks; the LP bound is solved for at most {LP_MAX_JOBS} jobs and {LP_MAX_TASKS} tasks"
+    return None
+
+
+def lower_bound(problem: StragglersProblem, speedup: Literal["limit", "h"] = "limit",
+                intervals: int = LP_INTERVALS) -> float:
+    """Return the LP's optimal weighted flowtime (s): a lower bound on every policy's weighted flowtime with
+    speedup 'limit'; the fluid relaxation with the expected speedup h when 'h'. Raises ValueError when the
+    instance is over the LP's size limits or the LP solver fails."""
+    why = lp_applicable(problem)
+    if why:
+        raise ValueError(why)
+    return _lower_bound_cached(problem.model_dump_json(), speedup, intervals)
+
+
+@lru_cache(maxsize=64)
+def _lower_bound_cached(doc: str, speedup: str, intervals: int) -> float:
+    import cvxpy as cp
+
+    problem = StragglersProblem.model_validate_json(doc)
+    arr, w, maps, reds = problem.arrays
+    var = problem.variability.build()
+    N = problem.slots
+    h_sup = var.h_limit()
+    phases: list[tuple[int, int, float, int]] = []  # (job, phase, work, tasks)
+    for j in range(len(arr)):
+        phases.append((j, 0, float(maps[j].sum()), int(maps[j].size)))
+        if reds[j].size:
+            phases.append((j, 1, float(reds[j].sum()), int(reds[j].size)))
+    t0 = float(arr.min())
+    rate_one = 1.0 if speedup == "h" else h_sup
+    serial = sum(W / (min(k, N) * rate_one) for _, _, W, k in phases)
+    end = float(arr.max()) + serial + 1e-9
+    K = intervals
+    D = (end - t0) / K
+    starts = t0 + D * np.arange(K)
+    P = len(phases)
+    y = cp.Variable((P, K), nonneg=True)
+    z = cp.Variable((P, K), nonneg=True)
+    F = cp.Variable(len(arr), nonneg=True)
+    cons = [cp.sum(y, axis=0) <= N]
+    for i, (j, ph, W, k) in enumerate(phases):
+        avail = np.clip((starts + D - arr[j]) / D, 0.0, 1.0)
+        cap = D * avail
+        if speedup == "limit":
+            cons += [z[i] <= h_sup * cp.multiply(cap, y[i]), z[i] <= h_sup * k * cap]
+        else:  # concave piecewise-linear k h(y/k): through (0,0), (k,k), (2k, k h(2)), ...
+            pts = [(0.0, 0.0)] + [(k * r, k * var.h(r)) for r in range(1, MAX_SEGMENTS + 1)]
+            for (x1, g1), (x2, g2) in zip(pts[:-1], pts[1:]):
+                slope = (g2 - g1) / (x2 - x1)
+                cons.append(z[i] <= cp.multiply(cap, g1 + slope * (y[i] - x1)))
+            cons.append(z[i] <= cap * pts[-1][1])
+        cons.append(cp.sum(z[i]) == W)
+    index = {(j, ph): i for i, (j, ph, _, _) in enumerate(phases)}
+    tri = np.triu(np.ones((K, K)))  # cumulative sums: (z @ tri)[t] = sum_{u<=t} z[u]
+    for j in range(len(arr)):
+        last = index.get((j, 1), index[(j, 0)])
+        W_last = phases[last][2]
+        if (j, 1) in index:
+            m, r = index[(j, 0)], index[(j, 1)]
+            cons.append((z[r] @ tri) / phases[r][2] <= (z[m] @ tri) / phases[m][2])
+        crit = (float(maps[j].max()) + (float(reds[j].max()) if reds[j].size else 0.0)) / h_sup
+        cons += [F[j] >= (z[last] @ starts) / W_last - arr[j], F[j] >= crit]
+    prob = cp.Problem(cp.Minimize(w @ F), cons)
+    from gpuplan.errors import GpuplanError
+    from gpuplan.models.plan import Status
+    from gpuplan.solvers.backends import solve_cvxpy
+
+    try:
+        status, _ = solve_cvxpy(prob)
+    except GpuplanError as exc:
+        raise ValueError(f"the LP bound did not solve: {exc}") from None
+    if status is not Status.OPTIMAL or prob.value is None or not math.isfinite(prob.value):
+        raise ValueError(f"the LP bound did not solve to optimality (status {prob.status})")
+    return float(prob.value) * (1 - 1e-6)  # solver tolerance, so the bound stays below
+
+
+def bound_stats(problem: StragglersProblem) -> dict[str, Any]:
+    """Return {lp_bound_s, lp_fluid_s} for the solver stats of a plan (empty when the LP does not apply)."""
+    if lp_applicable(problem):
+        return {}
+    try:
+        return {"lp_bound_s": lower_bound(problem, "limit"), "lp_fluid_s": lower_bound(problem, "h")}
+    except ValueError:
+        return {}
