@@ -1,0 +1,501 @@
+"""The serving policies OmniServe is compared in, on the shared engine (gpuplan.sim.serving):
+
+omniserve  LS on the GPU with priority; BE prefill on the GPU, then BE KV on a CPU pool (cluster-level
+           first-fit-decreasing packing on memory and attention rate); BE decode attention runs on the
+           pool one layer at a time and is merged (piggybacked) at that layer by a later GPU iteration;
+           the piggyback batch is binary-searched against the TPOT target; LS admission control by
+           forward simulation; optionally a share of GPU KV memory for GPU-resident BE.
+headroom   Llumnix-style memory headroom: LS and BE on the GPU, BE KV at most a fraction X of the cache,
+           LS first (BE preempted by recompute when LS needs memory).
+neo        NEO-style: GPU first; when GPU KV memory is full, BE KV moves to the host CPU and all of its
+           decode attention runs there each iteration, overlapped with the GPU (the CPU batch is kept
+           within the GPU's iteration time, NEO's load-aware rule).
+sarathi    Sarathi-Serve on the GPU only (gpuplan.sim.serving.SarathiPolicy, both classes FCFS).
+
+`Recorder` wraps any of them: it counts BE tokens inside the measurement window, stops the run once
+the LS load is served, and records the explicit per-iteration schedule of small instances.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpuplan.models.omniserve.control import decide, pack_ffd
+from gpuplan.models.omniserve.costs import Latency
+from gpuplan.models.omniserve.problem import OmniServeProblem
+from gpuplan.sim.serving import BE, LS, EngineState, Iteration
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+NONE, ON_GPU, ON_CPU = 0, 1, 2
+PACK_WAVE = 32   # waiting BE requests packed onto pools at once
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """What a plan states about its policy: the mode, the token budget (tokens per iteration), the TPOT
+    target per iteration (s), the share of GPU KV memory BE may hold (0..1), LS admission control on or
+    off, the binary search's upper bound on piggyback rows per iteration, the pace factor of the pool
+    packing (a pool takes BE requests while their KV tokens per layer stay within pace_factor x its
+    attention rate x the TPOT target) and the KV watermark (fraction of the cache kept free)."""
+
+    mode: str
+    token_budget: int
+    tpot_target_s: float
+    be_gpu_fraction: float = 0.0
+    admission: bool = False
+    be_batch_max: int = 4096
+    pace_factor: float = 1.0
+    watermark: float = 0.01
+
+
+class Pools:
+    """The CPU pools' state: attention rate (token-layers/s), memory (bytes) reserved, FIFO busy time."""
+
+    def __init__(self, problem: OmniServeProblem, names: list[str] | None = None) -> None:
+        pools = [(n, p) for n, p in problem.pools() if names is None or n in names]
+        self.names = [n for n, _ in pools]
+        self.theta = np.array([p.attention_tokens_per_s for _, p in pools], dtype=float)
+        self.memory = np.array([p.memory_bytes for _, p in pools], dtype=float)
+        self.bw_Bps = np.array([p.network_gbps * 1e9 / 8 for _, p in pools], dtype=float)
+        self.latency = np.array([p.latency_s for _, p in pools], dtype=float)
+        self.reserved = np.zeros(len(pools))
+        self.load = np.zeros(len(pools))          # KV tokens per layer of the requests each pool holds
+        self.busy = np.zeros(len(pools))
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+class MixedPolicy:
+    """One GPU engine serving LS and BE with LS priority; `params.mode` selects omniserve, headroom or neo
+    (see the module docstring). All times in seconds, memory in tokens (GPU) or bytes (pools)."""
+
+    def __init__(self, problem: OmniServeProblem, lat: Latency, params: PolicyParams) -> None:
+        if params.mode not in ("omniserve", "headroom", "neo"):
+            raise ValueError(f"mode {params.mode!r}; expected omniserve, headroom or neo")
+        self.p = params
+        self.problem = problem
+        self.lat = lat
+        self.L = lat.layers
+        self.cap = problem.kv_capacity_tokens()
+        self.watermark = int(params.watermark * self.cap)
+        self.kvb = problem.kv_bytes_per_token()
+        self.io_in, self.io_out = problem.attention_io_bytes()
+        local = [n for n, p in problem.pools() if p.local]
+        self.pools = Pools(problem, local if params.mode == "neo" else None) if params.mode != "headroom" \
+            else Pools(problem, [])
+        self.ls_wait: deque[int] = deque()
+        self.ls_run: list[int] = []
+        self.be_wait: deque[int] = deque()
+        self.be_pre: list[int] = []           # BE in GPU prefill (admitted, destination decided)
+        self.be_gpu: list[int] = []           # GPU-resident BE decoding
+        self.cpu: list[int] = []              # BE decoding from a CPU pool
+        self.dest: dict[int, int] = {}        # BE -> pool index (-1: GPU-resident)
+        self.layer: dict[int, int] = {}       # piggyback: next layer whose attention is pending
+        self.ready: dict[int, float] = {}     # piggyback: when that attention result is back (s)
+        self.last_served: dict[int, int] = {}  # neo: iteration of the last CPU decode (round robin)
+        self.admissions: list[list[float]] = []   # [request, time, tokens, per iteration, T_est, waited, forecast, ok]
+        self.decision_s: list[float] = []
+        self.last_merges: list[list[int]] = []
+        self.last_cpu_decodes = 0
+        self.last_be_gpu = 0
+
+    # ---------------------------------------------------------------- engine hooks
+
+    def on_arrival(self, idx: np.ndarray, state: EngineState) -> None:
+        """Queue arrivals; with admission control, reject an LS request the forward simulation says
+        would miss its TTFT SLO (it would only delay the others)."""
+        svc = state.requests.service[idx]
+        for i, s in zip(idx.tolist(), svc.tolist()):
+            if s == BE:
+                self.be_wait.append(i)
+            elif self.p.admission and not self._admit_ls(i, state):
+                state.reject(i)
+            else:
+                self.ls_wait.append(i)
+
+    def _admit_ls(self, i: int, state: EngineState) -> bool:
+        """Forward-simulate the LS prefill queue with the latency model; return True when request i's
+        forecast TTFT is within the SLO. Records the forecast for check."""
+        run = [j for j in self.ls_run if state.prefilled[j] < state.prefill_target[j]]
+        ahead = sum(int(state.prefill_target[j] - state.prefilled[j]) for j in run)
+        ahead += sum(int(state.prefill_target[j] - state.prefilled[j]) for j in self.ls_wait)
+        decodes = len(self.ls_run) - len(run)
+        per_iter, t_est = admission_rate(self.lat, self.p.token_budget, decodes, self.p.tpot_target_s)
+        need = ahead + int(state.prefill_target[i])
+        wait = state.now_s - float(state.requests.arrival_s[i])
+        forecast = admission_forecast(need, per_iter, t_est, wait)
+        ok = forecast <= self.problem.ls.ttft_slo_s
+        self.admissions.append([float(i), state.now_s, float(need), float(per_iter), t_est, wait, forecast, float(ok)])
+        return ok
+
+    def on_finish(self, idx: np.ndarray, state: EngineState) -> None:
+        """Release finished requests' GPU memory and pool reservations."""
+        done = set(idx.tolist())
+        self.ls_run = [i for i in self.ls_run if i not in done]
+        self.be_gpu = [i for i in self.be_gpu if i not in done]
+        if any(i in done for i in self.be_pre):
+            self.be_pre = [i for i in self.be_pre if i not in done]
+        gone = [i for i in self.cpu if i in done]
+        if gone:
+            self.cpu = [i for i in self.cpu if i not in done]
+        for i in done:
+            if i in self.dest:
+                self._release(i, state)
+
+    # ---------------------------------------------------------------- memory helpers
+
+    def _need_bytes(self, i: int, state: EngineState) -> float:
+        r = state.requests
+        return float(r.prompt_tokens[i] + r.output_tokens[i]) * self.kvb
+
+    def _release(self, i: int, state: EngineState) -> None:
+        c = self.dest.pop(i)
+        self.layer.pop(i, None)
+        self.ready.pop(i, None)
+        if c >= 0:
+            self.pools.reserved[c] -= self._need_bytes(i, state)
+            self.pools.load[c] -= float(state.requests.prompt_tokens[i] + state.requests.output_tokens[i])
+
+    def _gpu_used(self, state: EngineState) -> int:
+        held = self.ls_run + self.be_pre + self.be_gpu
+        if not held:
+            return 0
+        a = np.asarray(held, dtype=np.int64)
+        return int(state.kv_tokens(a).sum()) + int(np.count_nonzero(state.prefilled[a] >= state.prefill_target[a]))
+
+    def _be_gpu_tokens(self, state: EngineState) -> int:
+        held = self.be_gpu + [i for i in self.be_pre if self.dest.get(i, -1) < 0]
+        if not held:
+            return 0
+        a = np.asarray(held, dtype=np.int64)
+        return int(state.kv_tokens(a).sum()) + len(self.be_gpu)
+
+    def _preempt_be(self, i: int, state: EngineState) -> None:
+        state.preempt(i)
+        if i in self.dest:
+            self._release(i, state)
+        self.be_wait.appendleft(i)
+
+    # ---------------------------------------------------------------- one iteration
+
+    def next_iteration(self, state: EngineState) -> Iteration | None:
+        """Return the next iteration (see the module docstring); None when nothing can run now."""
+        started = time.perf_counter()
+        now = state.now_s
+        self._finish_prefills(state)
+        self._fit_memory(state)
+        self._admit_ls_memory(state)
+        self._admit_be(state)
+        run = np.asarray(self.ls_run, dtype=np.int64)
+        if len(run):
+            done = state.prefilled[run] >= state.prefill_target[run]
+            ls_dec, ls_pre = run[done], run[~done]
+        else:
+            ls_dec = ls_pre = _EMPTY
+        be_pre = np.asarray(self.be_pre, dtype=np.int64)
+        be_gpu = np.asarray(self.be_gpu, dtype=np.int64)
+        ready_idx, ready_layers = self._ready(now)
+        be_max = self.p.be_batch_max if self.p.mode == "omniserve" else 0
+        d = decide(self.lat, budget=self.p.token_budget, target_s=self.p.tpot_target_s,
+                   ls_decode_kv=state.kv_tokens(ls_dec) if len(ls_dec) else _EMPTY,
+                   ls_prefill_left=state.prefill_target[ls_pre] - state.prefilled[ls_pre],
+                   ls_prefill_pos=state.prefilled[ls_pre],
+                   be_prefill_left=state.prefill_target[be_pre] - state.prefilled[be_pre] if len(be_pre) else _EMPTY,
+                   be_prefill_pos=state.prefilled[be_pre] if len(be_pre) else _EMPTY,
+                   be_gpu_decode_kv=state.kv_tokens(be_gpu) if len(be_gpu) else _EMPTY,
+                   ready_layers=ready_layers, be_max=be_max, be_decode_first=self.p.mode == "headroom")
+        duration = d.duration_s
+        decodes = [ls_dec, be_gpu[:d.be_gpu_decodes]]
+        self.last_be_gpu = d.be_gpu_decodes
+        self.last_cpu_decodes = 0
+        if self.p.mode == "neo" and self.cpu:
+            chosen, cpu_s = self._neo_batch(state, duration)
+            if len(chosen):
+                decodes.append(chosen)
+                duration = max(duration, cpu_s) if duration > 0 else cpu_s
+                self.last_cpu_decodes = len(chosen)
+        merged = ready_idx[:d.merged]
+        self.last_merges = []
+        if len(merged):
+            decodes.append(self._merge(merged, state, now, duration))
+        pre_idx = np.concatenate([ls_pre[d.ls_chunks > 0], be_pre[d.be_chunks > 0]]) if len(be_pre) else \
+            ls_pre[d.ls_chunks > 0]
+        pre_tok = np.concatenate([d.ls_chunks[d.ls_chunks > 0], d.be_chunks[d.be_chunks > 0]]) if len(be_pre) else \
+            d.ls_chunks[d.ls_chunks > 0]
+        dec = np.concatenate(decodes) if decodes else _EMPTY
+        self.decision_s.append(time.perf_counter() - started)
+        if not len(pre_idx) and not len(dec):
+            if self.cpu and self.p.mode == "omniserve":   # waiting on CPU attention: idle until one is back
+                nxt = min(self.ready[i] for i in self.cpu)
+                return Iteration(max(nxt - now, 1e-6), info={"idle": 1.0})
+            return None
+        return Iteration(duration, pre_idx.astype(np.int64), pre_tok.astype(np.int64), dec.astype(np.int64),
+                         {"ls_decodes": float(len(ls_dec)), "ls_prefill_tokens": float(d.ls_chunks.sum()),
+                          "be_prefill_tokens": float(d.be_chunks.sum()), "be_gpu_decodes": float(d.be_gpu_decodes),
+                          "be_merged": float(d.merged), "cpu_decodes": float(self.last_cpu_decodes)})
+
+    def _finish_prefills(self, state: EngineState) -> None:
+        """Move BE requests whose prefill completed to their decode place (GPU, or ship KV to the pool)."""
+        if not self.be_pre:
+            return
+        keep = []
+        for i in self.be_pre:
+            if state.prefilled[i] < state.prefill_target[i]:
+                keep.append(i)
+                continue
+            c = self.dest.get(i, -1)
+            if c < 0:
+                self.be_gpu.append(i)
+                continue
+            self.cpu.append(i)
+            self.layer[i] = 0
+            ctx = float(state.kv_tokens(np.array([i]))[0])
+            ship = state.now_s + self.pools.latency[c] + ctx * self.kvb / self.pools.bw_Bps[c]
+            if self.p.mode == "omniserve":
+                self.ready[i] = self._dispatch(c, ship, np.array([ctx]))[0]
+            else:
+                self.ready[i] = ship
+        self.be_pre = keep
+
+    def _dispatch(self, c: int, at_s: np.ndarray | float, ctx: np.ndarray) -> np.ndarray:
+        """Queue one layer of attention per request on pool c, request j sent at at_s[j] (s; FIFO in send
+        order, one server at the pool's rate); return the times (s) the results are back on the GPU."""
+        pools = self.pools
+        at = np.broadcast_to(np.asarray(at_s, dtype=float), ctx.shape)
+        order = np.argsort(at, kind="stable")
+        arrive = at[order] + pools.latency[c] + self.io_in / pools.bw_Bps[c]
+        work = np.cumsum(ctx[order] / pools.theta[c])
+        before = np.concatenate([[0.0], work[:-1]])
+        # FIFO: done_j = W_j + max(busy, max_{i<=j}(arrive_i - W_{i-1}))
+        done = work + np.maximum(pools.busy[c], np.maximum.accumulate(arrive - before))
+        pools.busy[c] = float(done[-1])
+        out = np.empty_like(done)
+        out[order] = done + pools.latency[c] + self.io_out / pools.bw_Bps[c]
+        return out
+
+    def _fit_memory(self, state: EngineState) -> None:
+        """Preempt until the GPU's KV fits: GPU-resident BE first (latest first), then BE prefills, then LS."""
+        while self.ls_run or self.be_pre or self.be_gpu:
+            if self._gpu_used(state) <= self.cap:
+                return
+            if self.be_gpu:
+                self._preempt_be(self.be_gpu.pop(), state)
+            elif self.be_pre:
+                self._preempt_be(self.be_pre.pop(), state)
+            else:
+                victim = self.ls_run.pop()
+                state.preempt(victim)
+                self.ls_wait.appendleft(victim)
+
+    def _admit_ls_memory(self, state: EngineState) -> None:
+        """Admit waiting LS requests FCFS while the GPU KV holds their prompts (BE on the GPU yields)."""
+        used = self._gpu_used(state)
+        while self.ls_wait:
+            i = self.ls_wait[0]
+            need = int(state.prefill_target[i])
+            if used + need + self.watermark > self.cap:
+                if self.be_gpu or self.be_pre:   # LS first: take memory back from BE
+                    self._preempt_be(self.be_gpu.pop() if self.be_gpu else self.be_pre.pop(), state)
+                    used = self._gpu_used(state)
+                    continue
+                if not self.ls_run and need + self.watermark > self.cap:
+                    self.ls_wait.popleft()
+                    state.reject(i)
+                    continue
+                return
+            self.ls_wait.popleft()
+            self.ls_run.append(i)
+            used += need
+
+    def _admit_be(self, state: EngineState) -> None:
+        """Start BE prefills FCFS while the GPU holds their prompts beside LS, choosing each one's decode
+        place: GPU-resident within the BE share of the cache, else a CPU pool (FFD packing of the waiting
+        wave on memory and attention rate); a BE request with no place waits."""
+        if not self.be_wait or len(self.be_pre) >= 4:
+            return
+        used = self._gpu_used(state)
+        ls_pending = sum(1 for i in self.ls_wait)
+        if ls_pending:
+            return
+        be_gpu = self._be_gpu_tokens(state)
+        wave = [self.be_wait[k] for k in range(min(PACK_WAVE, len(self.be_wait)))]
+        r = state.requests
+        total = np.array([int(r.prompt_tokens[i] + r.output_tokens[i]) for i in wave], dtype=float)
+        if len(self.pools):
+            free_b = self.pools.memory - self.pools.reserved
+            rate = self.pools.theta * self.p.tpot_target_s * self.p.pace_factor
+            place = pack_ffd(total * self.kvb, total, free_b, rate - self.pools.load)
+        else:
+            place = np.full(len(wave), -1)
+        for k, i in enumerate(wave):
+            if len(self.be_pre) >= 4:
+                return
+            need = int(state.prefill_target[i])
+            if used + need + self.watermark > self.cap:
+                return
+            if be_gpu + int(total[k]) <= self.p.be_gpu_fraction * self.cap and self.p.mode != "neo" or \
+                    (self.p.mode == "neo" and used + int(total[k]) + self.watermark <= self.cap):
+                self.dest[i] = -1
+                be_gpu += int(total[k])
+            elif place[k] >= 0 and self.pools.reserved[place[k]] + total[k] * self.kvb <= self.pools.memory[place[k]]:
+                c = int(place[k])
+                self.dest[i] = c
+                self.pools.reserved[c] += total[k] * self.kvb
+                self.pools.load[c] += total[k]
+            else:
+                return   # FCFS: the head waits for a place
+            self.be_wait.popleft()
+            self.be_pre.append(i)
+            used += need
+
+    def _ready(self, now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Return (BE requests whose pending layer's CPU attention is back in time to merge at its layer in
+        an iteration starting now, their layers), the oldest results first."""
+        if self.p.mode != "omniserve" or not self.cpu:
+            return _EMPTY, _EMPTY
+        idx = np.asarray(self.cpu, dtype=np.int64)
+        rd = np.array([self.ready[i] for i in self.cpu])
+        lay = np.array([self.layer[i] for i in self.cpu], dtype=np.int64)
+        ok = rd <= now   # back before the iteration starts (conservative: layer l is reached later)
+        order = np.argsort(rd[ok], kind="stable")
+        return idx[ok][order], lay[ok][order]
+
+    def _merge(self, merged: np.ndarray, state: EngineState, now: float, duration: float) -> np.ndarray:
+        """Advance each merged BE request one layer; dispatch its next layer to its pool at the point of the
+        iteration where that layer's QKV is computed; return those that completed their last layer."""
+        emit = []
+        by_pool: dict[int, list[int]] = {}
+        for i in merged.tolist():
+            lay = self.layer[i]
+            self.last_merges.append([i, lay])
+            nxt = lay + 1
+            if nxt == self.L:
+                emit.append(i)
+                nxt = 0
+            self.layer[i] = nxt
+            by_pool.setdefault(self.dest[i], []).append(i)
+        emitted = set(emit)
+        r = state.requests
+        for c, ids in by_pool.items():
+            live = [i for i in ids if not (i in emitted and state.generated[i] + 1 >= r.output_tokens[i])]
+            if not live:
+                continue
+            a = np.asarray(live, dtype=np.int64)
+            ctx = state.kv_tokens(a).astype(float) + np.array([1.0 if i in emitted else 0.0 for i in live])
+            # the next layer's QKV comes out when the GPU passes the merged layer (the next token's layer 0
+            # at the iteration's end): that is when it is sent
+            nxt = np.array([self.layer[i] for i in live], dtype=float)
+            at = now + duration * np.where(nxt == 0, 1.0, nxt / self.L)
+            for i, t in zip(live, self._dispatch(c, at, ctx).tolist()):
+                self.ready[i] = t
+        return np.asarray(emit, dtype=np.int64)
+
+    def _neo_batch(self, state: EngineState, gpu_s: float) -> tuple[np.ndarray, float]:
+        """Return (host-resident BE requests decoded on the CPU this iteration, their CPU time in s): round
+        robin from the least recently served, while the CPU time stays within the GPU's iteration time
+        (at least one when the GPU has nothing to run)."""
+        cands = [i for i in self.cpu if self.ready.get(i, 0.0) <= state.now_s]
+        if not cands or not len(self.pools):
+            return _EMPTY, 0.0
+        cands.sort(key=lambda i: (self.last_served.get(i, -1), i))
+        ctx = state.kv_tokens(np.asarray(cands, dtype=np.int64)).astype(float)
+        theta = float(self.pools.theta.sum())
+        cum = np.cumsum(ctx * self.L / theta)
+        n = int(np.searchsorted(cum, gpu_s, side="right")) if gpu_s > 0 else len(cands)
+        for i in cands[:n]:
+            self.last_served[i] = state.iterations
+        return np.asarray(cands[:n], dtype=np.int64), float(cum[n - 1]) if n else 0.0
+
+
+def admission_rate(lat: Latency, budget: int, ls_decodes: int, target_s: float) -> tuple[int, float]:
+    """Return (LS prefill tokens per iteration, the forecast iteration time in s) the admission control's
+    forward simulation assumes: the budget left by the LS decodes, at the TPOT target."""
+    return max(1, budget - ls_decodes), float(target_s)
+
+
+def admission_forecast(tokens_ahead: float, per_iteration: float, iteration_s: float, waited_s: float) -> float:
+    """Return the forecast TTFT (s) of an LS request with `tokens_ahead` prefill tokens to go (its own
+    included) at `per_iteration` tokens per iteration of `iteration_s` seconds, having waited `waited_s`."""
+    return waited_s + math.ceil(tokens_ahead / per_iteration) * iteration_s
+
+
+@dataclass
+class Recorder:
+    """Wraps a policy: counts BE tokens emitted by `window_s`, stops once the LS load is served after the
+    window, and records the first `limit` iterations (the explicit schedule)."""
+
+    inner: Any
+    window_s: float
+    limit: int
+    cap_tokens: int
+    pool_names: list[str]
+    be_tokens: int = 0
+    schedule: list[dict[str, Any]] = field(default_factory=list)
+    stopped: bool = False
+
+    def on_arrival(self, idx: np.ndarray, state: EngineState) -> None:
+        """Pass arrivals on; after the window (LS served) they are refused."""
+        if self.stopped:
+            state.reject(idx)
+            return
+        self.inner.on_arrival(idx, state)
+
+    def on_finish(self, idx: np.ndarray, state: EngineState) -> None:
+        """Pass completions on."""
+        self.inner.on_finish(idx, state)
+
+    def next_iteration(self, state: EngineState) -> Iteration | None:
+        """Ask the policy; count BE tokens the iteration emits within the window; record it."""
+        if state.now_s >= self.window_s and self._ls_done(state):
+            self.stopped = True
+            return None
+        it = self.inner.next_iteration(state)
+        if it is None:
+            return None
+        end = state.now_s + it.duration_s
+        r = state.requests
+        if end <= self.window_s:
+            p = it.prefill_idx
+            first = p[(r.service[p] == BE) & (state.prefilled[p] + it.prefill_tokens == state.prefill_target[p])
+                      & (state.generated[p] == 0)] if len(p) else p
+            self.be_tokens += len(first) + int(np.count_nonzero(r.service[it.decode_idx] == BE))
+        if len(self.schedule) < self.limit:
+            self.schedule.append(self._row(state, it))
+        return it
+
+    def _ls_done(self, state: EngineState) -> bool:
+        ls = state.requests.service == LS
+        return bool(np.all(np.isfinite(state.finish_s[ls]) | state.rejected[ls]))
+
+    def _row(self, state: EngineState, it: Iteration) -> dict[str, Any]:
+        inner = self.inner
+        r = state.requests
+        p = it.prefill_idx
+        ls_p = r.service[p] == LS if len(p) else np.zeros(0, dtype=bool)
+        row: dict[str, Any] = {
+            "start_s": state.now_s, "duration_s": it.duration_s,
+            "ls_decodes": int(np.count_nonzero(r.service[it.decode_idx] == LS)),
+            "ls_prefill_tokens": int(it.prefill_tokens[ls_p].sum()) if len(p) else 0,
+            "be_prefill_tokens": int(it.prefill_tokens[~ls_p].sum()) if len(p) else 0,
+            "be_decodes": int(np.count_nonzero(r.service[it.decode_idx] == BE)),
+            "merges": list(getattr(inner, "last_merges", [])),
+            "gpu_kv_tokens": self._gpu_tokens(state),
+            "pool_kv_bytes": [float(x) for x in inner.pools.reserved] if hasattr(inner, "pools") else [],
+        }
+        return row
+
+    def _gpu_tokens(self, state: EngineState) -> int:
+        inner = self.inner
+        if hasattr(inner, "_gpu_used"):
+            return int(inner._gpu_used(state))
+        run = np.asarray(inner.running, dtype=np.int64)
+        if not len(run):
+            return 0
+        return int(state.kv_tokens(run).sum()) + int(np.count_nonzero(state.prefilled[run] >= state.prefill_target[run]))

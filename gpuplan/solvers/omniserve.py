@@ -1,0 +1,141 @@
+"""OmniServe solvers: the paper's piggybacking policy and the baselines its paper beats, all simulated on
+the shared serving engine with the same latency model and trace.
+
+omniserve (paper)  LS decode > LS prefill > BE prefill > BE piggyback; BE KV on CPU pools packed by
+                   first-fit decreasing on memory and attention rate; the piggyback batch binary-searched
+                   against the TPOT target each iteration; LS admission control by forward simulation
+sarathi            Sarathi-Serve on the GPU only: LS and BE FCFS under the token budget
+headroom           Llumnix-style headroom: BE may hold at most X of the GPU KV cache; X chosen as its
+                   paper would: the best BE throughput whose LS attainment stays within one point of
+                   the same engine without BE
+neo                NEO-style: GPU memory first; when full, BE KV goes to the host CPU and all of its decode
+                   attention runs there, overlapped with the GPU iteration
+
+`pack_exact` is the exact CP-SAT bin packing the first-fit-decreasing packer is tested against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpuplan.models.omniserve import OmniServePlan, OmniServeProblem, fill_plan
+from gpuplan.models.omniserve.costs import build_latency, token_budget
+from gpuplan.models.omniserve.evaluate import run_policy
+from gpuplan.models.omniserve.policy import PolicyParams
+from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.registry import Progress, no_progress, register_solver
+
+HEADROOM_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+LS_TOLERANCE = 0.01   # "within one point" of LS attainment
+
+
+def _plan(problem: OmniServeProblem, params: PolicyParams, stats: dict[str, Any] | None = None) -> OmniServePlan:
+    plan = OmniServePlan(kind="omniserve", status=Status.FEASIBLE, policy=params.mode,
+                         token_budget=params.token_budget, tpot_target_s=params.tpot_target_s,
+                         be_gpu_fraction=params.be_gpu_fraction, admission=params.admission,
+                         be_batch_max=params.be_batch_max, pace_factor=params.pace_factor, watermark=params.watermark)
+    return fill_plan(problem, plan, stats)
+
+
+def _base(problem: OmniServeProblem, budget: int) -> tuple[int, float]:
+    lat = build_latency(problem)
+    return (budget if budget > 0 else token_budget(problem, lat)), problem.tpot_target_s()
+
+
+def solve_omniserve(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                    progress: Progress = no_progress, token_budget: int = 0, be_gpu_fraction: float = 0.0,
+                    be_batch_max: int = 4096, pace_factor: float = 1.0, admission: bool = True) -> OmniServePlan:
+    """Return OmniServe's plan: the piggybacking policy with the Sarathi token budget for the TPOT SLO
+    (or `token_budget` when > 0), BE attention on the CPU pools (a `be_gpu_fraction` share of the GPU KV
+    cache may hold BE too), LS admission control; the plan states the simulated figures."""
+    budget, target = _base(problem, token_budget)
+    params = PolicyParams("omniserve", budget, target, max(0.0, min(1.0, be_gpu_fraction)), admission,
+                          max(0, be_batch_max), max(1e-3, pace_factor))
+    stats: dict[str, Any] = {}
+    plan = _plan(problem, params, stats)
+    plan.solver = SolverInfo(name="omniserve", stats=stats)
+    return plan
+
+
+def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                  progress: Progress = no_progress, token_budget: int = 0) -> OmniServePlan:
+    """Return the Sarathi-Serve plan: GPU only, LS and BE FCFS under the token budget for the TPOT SLO."""
+    budget, target = _base(problem, token_budget)
+    return _plan(problem, PolicyParams("sarathi", budget, target))
+
+
+def solve_headroom(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                   progress: Progress = no_progress, token_budget: int = 0,
+                   be_gpu_fraction: float = -1.0) -> OmniServePlan:
+    """Return the memory-headroom plan: BE may hold at most X of the GPU KV cache, LS first. With
+    be_gpu_fraction < 0, X is the fraction of HEADROOM_FRACTIONS with the most BE throughput whose LS
+    attainment is within LS_TOLERANCE of the engine serving LS alone (X = 0)."""
+    budget, target = _base(problem, token_budget)
+    if be_gpu_fraction >= 0:
+        return _plan(problem, PolicyParams("headroom", budget, target, min(1.0, be_gpu_fraction)))
+    ref = run_policy(problem, PolicyParams("headroom", budget, target, 0.0), record=False).figures["ls_attainment"]
+    best, best_be = 0.0, -1.0
+    tried: dict[str, float] = {}
+    for k, x in enumerate(HEADROOM_FRACTIONS):
+        progress(k / len(HEADROOM_FRACTIONS), f"headroom X = {x}")
+        f = run_policy(problem, PolicyParams("headroom", budget, target, x), record=False).figures
+        tried[str(x)] = f["be_output_tokens_per_s"]
+        if f["ls_attainment"] >= ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
+            best, best_be = x, f["be_output_tokens_per_s"]
+    plan = _plan(problem, PolicyParams("headroom", budget, target, best))
+    plan.solver = SolverInfo(name="headroom", stats={"ls_only_attainment": ref, "be_tokens_per_s_by_x": tried})
+    return plan
+
+
+def solve_neo(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
+              progress: Progress = no_progress, token_budget: int = 0) -> OmniServePlan:
+    """Return the NEO-style plan: GPU KV first, BE decode attention on the host CPU when the GPU is full."""
+    budget, target = _base(problem, token_budget)
+    return _plan(problem, PolicyParams("neo", budget, target))
+
+
+def pack_exact(need_bytes: np.ndarray, need_rate: np.ndarray, free_bytes: np.ndarray, free_rate: np.ndarray,
+               *, time_limit_s: float = 10.0, seed: int = 0) -> np.ndarray:
+    """Return each item's pool (-1: not packed) maximising the number of items packed, then their bytes,
+    with every pool's memory (bytes) and attention rate within its free capacity: exact CP-SAT (small
+    instances). Integer-scaled: sizes are rounded up and capacities down to a common grid."""
+    from ortools.sat.python import cp_model
+
+    from gpuplan.solvers.backends import solve_cpsat
+
+    n, m = len(need_bytes), len(free_bytes)
+    scale_b = max(float(np.max(need_bytes)) if n else 1.0, 1.0) / 10_000
+    scale_r = max(float(np.max(need_rate)) if n else 1.0, 1.0) / 10_000
+    nb = [int(np.ceil(x / scale_b)) for x in need_bytes]
+    nr = [int(np.ceil(x / scale_r)) for x in need_rate]
+    fb = [max(0, int(np.floor(x / scale_b))) for x in free_bytes]
+    fr = [max(0, int(np.floor(x / scale_r))) for x in free_rate]
+    model = cp_model.CpModel()
+    x = [[model.NewBoolVar(f"x{i}_{c}") for c in range(m)] for i in range(n)]
+    for i in range(n):
+        model.Add(sum(x[i]) <= 1)
+    for c in range(m):
+        model.Add(sum(nb[i] * x[i][c] for i in range(n)) <= fb[c])
+        model.Add(sum(nr[i] * x[i][c] for i in range(n)) <= fr[c])
+    total = sum(nb) + 1
+    model.Maximize(sum(total * x[i][c] + nb[i] * x[i][c] for i in range(n) for c in range(m)))
+    res = solve_cpsat(model, time_limit_s=time_limit_s, seed=seed, workers=1)
+    out = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        for c in range(m):
+            if res.solver.Value(x[i][c]):
+                out[i] = c
+    return out
+
+
+register_solver("omniserve", "omniserve", solve_omniserve, role="paper", default=True,
+                description="piggybacked CPU attention for BE, LS priority and admission control, binary-searched "
+                            "BE batch, FFD pool packing")
+register_solver("omniserve", "sarathi", solve_sarathi, role="baseline",
+                description="Sarathi-Serve: GPU only, LS and BE FCFS under the token budget")
+register_solver("omniserve", "headroom", solve_headroom, role="baseline",
+                description="Llumnix-style memory headroom: BE at most X of GPU KV, X best for BE under the LS SLO")
+register_solver("omniserve", "neo", solve_neo, role="baseline",
+                description="NEO-style: BE decode attention on the host CPU when GPU memory is full")
