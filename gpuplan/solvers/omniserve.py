@@ -27,7 +27,7 @@ from gpuplan.models.omniserve.policy import PolicyParams
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
 
-HEADROOM_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+HEADROOM_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
 LS_TOLERANCE = 0.01   # "within one point" of LS attainment
 
 
@@ -45,17 +45,21 @@ def _base(problem: OmniServeProblem, budget: int) -> tuple[int, float]:
 
 
 def solve_omniserve(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
-                    progress: Progress = no_progress, token_budget: int = 0, be_gpu_fraction: float = 0.0,
+                    progress: Progress = no_progress, token_budget: int = 0, be_gpu_fraction: float = -1.0,
                     be_batch_max: int = 4096, pace_factor: float = 1.0, admission: bool = True) -> OmniServePlan:
     """Return OmniServe's plan: the piggybacking policy with the Sarathi token budget for the TPOT SLO
-    (or `token_budget` when > 0), BE attention on the CPU pools (a `be_gpu_fraction` share of the GPU KV
-    cache may hold BE too), LS admission control; the plan states the simulated figures."""
+    (or `token_budget` when > 0), BE attention on the CPU pools; a share X of the GPU KV cache may hold BE
+    requests that decode on the GPU (`be_gpu_fraction`; < 0: chosen by `best_fraction` as for the
+    headroom baseline), LS admission control; the plan states the simulated figures."""
     budget, target = _base(problem, token_budget)
-    params = PolicyParams("omniserve", budget, target, max(0.0, min(1.0, be_gpu_fraction)), admission,
-                          max(0, be_batch_max), max(1e-3, pace_factor))
     stats: dict[str, Any] = {}
-    plan = _plan(problem, params, stats)
-    plan.solver = SolverInfo(name="omniserve", stats=stats)
+    if be_gpu_fraction < 0:
+        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress)
+    params = PolicyParams("omniserve", budget, target, min(1.0, be_gpu_fraction), admission,
+                          max(0, be_batch_max), max(1e-3, pace_factor))
+    decision: dict[str, Any] = {}
+    plan = _plan(problem, params, decision)
+    plan.solver = SolverInfo(name="omniserve", stats={**stats, **decision})
     return plan
 
 
@@ -66,26 +70,34 @@ def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = Non
     return _plan(problem, PolicyParams("sarathi", budget, target))
 
 
-def solve_headroom(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
-                   progress: Progress = no_progress, token_budget: int = 0,
-                   be_gpu_fraction: float = -1.0) -> OmniServePlan:
-    """Return the memory-headroom plan: BE may hold at most X of the GPU KV cache, LS first. With
-    be_gpu_fraction < 0, X is the fraction of HEADROOM_FRACTIONS with the most BE throughput whose LS
-    attainment is within LS_TOLERANCE of the engine serving LS alone (X = 0)."""
-    budget, target = _base(problem, token_budget)
-    if be_gpu_fraction >= 0:
-        return _plan(problem, PolicyParams("headroom", budget, target, min(1.0, be_gpu_fraction)))
+def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: float,
+                  progress: Progress = no_progress) -> tuple[float, dict[str, Any]]:
+    """Return (X, stats): the share X of HEADROOM_FRACTIONS of the GPU KV cache that BE may hold under
+    policy `mode` with the most BE throughput whose LS attainment is within LS_TOLERANCE of the engine
+    serving LS alone (X = 0 under the headroom policy), as Llumnix-style reservation is tuned."""
     ref = run_policy(problem, PolicyParams("headroom", budget, target, 0.0), record=False).figures["ls_attainment"]
     best, best_be = 0.0, -1.0
     tried: dict[str, float] = {}
     for k, x in enumerate(HEADROOM_FRACTIONS):
-        progress(k / len(HEADROOM_FRACTIONS), f"headroom X = {x}")
-        f = run_policy(problem, PolicyParams("headroom", budget, target, x), record=False).figures
+        progress(k / len(HEADROOM_FRACTIONS), f"{mode}: BE share of GPU KV X = {x}")
+        f = run_policy(problem, PolicyParams(mode, budget, target, x, mode == "omniserve"), record=False).figures
         tried[str(x)] = f["be_output_tokens_per_s"]
         if f["ls_attainment"] >= ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
             best, best_be = x, f["be_output_tokens_per_s"]
+    return best, {"ls_only_attainment": ref, "be_tokens_per_s_by_x": tried}
+
+
+def solve_headroom(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                   progress: Progress = no_progress, token_budget: int = 0,
+                   be_gpu_fraction: float = -1.0) -> OmniServePlan:
+    """Return the memory-headroom plan: BE may hold at most X of the GPU KV cache, LS first. With
+    be_gpu_fraction < 0, X is chosen by `best_fraction` (best BE throughput under the LS SLO)."""
+    budget, target = _base(problem, token_budget)
+    if be_gpu_fraction >= 0:
+        return _plan(problem, PolicyParams("headroom", budget, target, min(1.0, be_gpu_fraction)))
+    best, stats = best_fraction(problem, "headroom", budget, target, progress)
     plan = _plan(problem, PolicyParams("headroom", budget, target, best))
-    plan.solver = SolverInfo(name="headroom", stats={"ls_only_attainment": ref, "be_tokens_per_s_by_x": tried})
+    plan.solver = SolverInfo(name="headroom", stats=stats)
     return plan
 
 

@@ -41,23 +41,34 @@ def fill_chunks(remaining: np.ndarray, budget: int) -> np.ndarray:
 
 
 def iteration_time(lat: Latency, tokens: int, kv_read: float, prefill_s: float, layers: np.ndarray,
-                   b: int) -> tuple[float, np.ndarray]:
-    """Return (iteration time in s, rows per layer) with the first `b` ready BE rows (layers given) merged."""
-    per_layer = np.bincount(layers[:b], minlength=lat.layers) if b > 0 else np.zeros(lat.layers, dtype=np.int64)
-    return lat.iteration_s(tokens, kv_read, prefill_s, per_layer if b > 0 else None), per_layer
+                   b: int, gpu_kv: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """Return (iteration time in s, piggyback rows per layer) with the first `b` BE decodes taken: first
+    GPU-resident ones (KV tokens `gpu_kv`; one token through every layer), then ready piggyback rows
+    (layers given; one row at one layer each)."""
+    g = min(b, len(gpu_kv)) if gpu_kv is not None else 0
+    rows = b - g
+    if g:
+        tokens += g
+        kv_read += float(np.sum(gpu_kv[:g]))  # type: ignore[index]
+    if rows <= 0:
+        return lat.iteration_s(tokens, kv_read, prefill_s), np.zeros(lat.layers, dtype=np.int64)
+    per_layer = np.bincount(layers[:rows], minlength=lat.layers)
+    return lat.iteration_s(tokens, kv_read, prefill_s, per_layer), per_layer
 
 
 def largest_be_batch(lat: Latency, tokens: int, kv_read: float, prefill_s: float, ready_layers: np.ndarray,
-                     target_s: float, upper: int) -> int:
-    """Return the largest b in [0, min(upper, len(ready_layers))] whose iteration time (the first b ready
-    rows piggybacked) is at most `target_s` seconds; 0 when even b = 1 exceeds it (binary search)."""
-    hi = min(int(upper), len(ready_layers))
-    if hi <= 0 or iteration_time(lat, tokens, kv_read, prefill_s, ready_layers, 1)[0] > target_s:
+                     target_s: float, upper: int, gpu_kv: np.ndarray | None = None) -> int:
+    """Return the largest b in [0, min(upper, candidates)] whose iteration time with the first b BE decodes
+    (GPU-resident first, then ready piggyback rows) is at most `target_s` seconds; 0 when even b = 1
+    exceeds it. Binary search: the time is non-decreasing in b."""
+    n = len(ready_layers) + (len(gpu_kv) if gpu_kv is not None else 0)
+    hi = min(int(upper), n)
+    if hi <= 0 or iteration_time(lat, tokens, kv_read, prefill_s, ready_layers, 1, gpu_kv)[0] > target_s:
         return 0
     lo = 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if iteration_time(lat, tokens, kv_read, prefill_s, ready_layers, mid)[0] <= target_s:
+        if iteration_time(lat, tokens, kv_read, prefill_s, ready_layers, mid, gpu_kv)[0] <= target_s:
             lo = mid
         else:
             hi = mid - 1
@@ -78,13 +89,10 @@ def decide(lat: Latency, *, budget: int, target_s: float, ls_decode_kv: np.ndarr
     ls_chunks = fill_chunks(ls_prefill_left, left)
     left -= int(ls_chunks.sum())
     n_gpu = 0
-    if be_decode_first:
+    if be_decode_first:   # the headroom baseline: BE decodes are in the budget, before BE prefill
         n_gpu = int(min(max(left, 0), len(be_gpu_decode_kv)))
         left -= n_gpu
     be_chunks = fill_chunks(be_prefill_left, left)
-    left -= int(be_chunks.sum())
-    if not be_decode_first:
-        n_gpu = int(min(max(left, 0), len(be_gpu_decode_kv)))
     tokens = len(ls_decode_kv) + int(ls_chunks.sum()) + int(be_chunks.sum()) + n_gpu
     kv_read = float(np.sum(ls_decode_kv)) + float(np.sum(be_gpu_decode_kv[:n_gpu]))
     pre = 0.0
@@ -92,11 +100,17 @@ def decide(lat: Latency, *, budget: int, target_s: float, ls_decode_kv: np.ndarr
         pre += lat.prefill_attention(ls_chunks, ls_prefill_pos)
     if be_chunks.any():
         pre += lat.prefill_attention(be_chunks, be_prefill_pos)
-    b = largest_be_batch(lat, tokens, kv_read, pre, ready_layers, target_s, be_max)
-    if b == 0 and tokens == 0 and len(ready_layers) and be_max > 0:
+    if be_decode_first:
+        t, per_layer = iteration_time(lat, tokens, kv_read, pre, ready_layers, 0)
+        return Decision(ls_chunks, be_chunks, n_gpu, 0, per_layer, t)
+    # OmniServe: BE decodes last, GPU-resident ones then piggyback rows, as many as the TPOT target allows
+    gpu_kv = np.asarray(be_gpu_decode_kv, dtype=float)
+    b = largest_be_batch(lat, tokens, kv_read, pre, ready_layers, target_s, be_max, gpu_kv)
+    if b == 0 and tokens == 0 and len(ready_layers) + len(gpu_kv) and be_max > 0:
         b = 1   # nothing else to run: progress rather than idle
-    t, per_layer = iteration_time(lat, tokens, kv_read, pre, ready_layers, b)
-    return Decision(ls_chunks, be_chunks, n_gpu, b, per_layer, t)
+    t, per_layer = iteration_time(lat, tokens, kv_read, pre, ready_layers, b, gpu_kv)
+    g = min(b, len(gpu_kv))
+    return Decision(ls_chunks, be_chunks, g, b - g, per_layer, t)
 
 
 def pack_ffd(need_bytes: np.ndarray, need_rate: np.ndarray, free_bytes: np.ndarray,

@@ -94,12 +94,13 @@ def _lengths(source: str) -> tuple[np.ndarray, np.ndarray, str]:
 
 
 def build_trace(problem: OmniServeProblem, seed: int | None = None, ls_rate_per_s: float | None = None,
-                be_rate_per_s: float | None = None) -> tuple[Requests, str]:
+                be_rate_per_s: float | None = None, lengths_source: str | None = None) -> tuple[Requests, str]:
     """Return (the LS + BE trace, a description of the LS lengths' source) for the problem's seed (or
-    `seed`), optionally at other arrival rates (requests/s). LS: ShareGPT lengths, Poisson or gamma
+    `seed`), optionally at other arrival rates (requests/s) and LS lengths from another source ('sample',
+    'sharegpt', 'auto' or a CSV of prompt_tokens,output_tokens). LS: ShareGPT lengths, Poisson or gamma
     arrivals; BE: LongBench-like lognormal lengths, Poisson arrivals."""
     s = problem.seed if seed is None else seed
-    p, o, desc = _lengths(problem.ls.lengths)
+    p, o, desc = _lengths(lengths_source or problem.ls.lengths)
     ls = poisson_trace(p, o, problem.ls.requests, ls_rate_per_s or problem.ls.rate_per_s, seed=s,
                        process=problem.ls.arrival, cv=problem.ls.cv, service=LS)
     if problem.be.requests == 0:

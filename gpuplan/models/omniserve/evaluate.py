@@ -37,11 +37,12 @@ def make_policy(problem: OmniServeProblem, lat: Latency, params: PolicyParams) -
 
 def run_policy(problem: OmniServeProblem, params: PolicyParams, *, seed: int | None = None,
                ls_rate_per_s: float | None = None, be_rate_per_s: float | None = None,
-               record: bool = True, lat: Latency | None = None) -> Evaluation:
+               record: bool = True, lat: Latency | None = None, lengths_source: str | None = None) -> Evaluation:
     """Simulate the problem's LS + BE trace (its seed, or `seed`; optionally other rates) under `params`;
-    return the Evaluation. Deterministic: same inputs, same figures and schedule."""
+    LS lengths from `lengths_source` when given (see costs.build_trace); return the Evaluation.
+    Deterministic: same inputs, same figures and schedule."""
     lat = lat or build_latency(problem)
-    trace, _ = build_trace(problem, seed, ls_rate_per_s, be_rate_per_s)
+    trace, _ = build_trace(problem, seed, ls_rate_per_s, be_rate_per_s, lengths_source)
     ls = trace.service == LS
     window = float(trace.arrival_s[ls][-1]) if ls.any() else 0.0
     policy = make_policy(problem, lat, params)

@@ -202,7 +202,7 @@ class MixedPolicy:
         be_pre = np.asarray(self.be_pre, dtype=np.int64)
         be_gpu = np.asarray(self.be_gpu, dtype=np.int64)
         ready_idx, ready_layers = self._ready(now)
-        be_max = self.p.be_batch_max if self.p.mode == "omniserve" else 0
+        be_max = self.p.be_batch_max if self.p.mode == "omniserve" else len(be_gpu)
         d = decide(self.lat, budget=self.p.token_budget, target_s=self.p.tpot_target_s,
                    ls_decode_kv=state.kv_tokens(ls_dec) if len(ls_dec) else _EMPTY,
                    ls_prefill_left=state.prefill_target[ls_pre] - state.prefilled[ls_pre],
@@ -210,7 +210,7 @@ class MixedPolicy:
                    be_prefill_left=state.prefill_target[be_pre] - state.prefilled[be_pre] if len(be_pre) else _EMPTY,
                    be_prefill_pos=state.prefilled[be_pre] if len(be_pre) else _EMPTY,
                    be_gpu_decode_kv=state.kv_tokens(be_gpu) if len(be_gpu) else _EMPTY,
-                   ready_layers=ready_layers, be_max=be_max, be_decode_first=self.p.mode == "headroom")
+                   ready_layers=ready_layers, be_max=be_max, be_decode_first=self.p.mode != "omniserve")
         duration = d.duration_s
         decodes = [ls_dec, be_gpu[:d.be_gpu_decodes]]
         self.last_be_gpu = d.be_gpu_decodes
