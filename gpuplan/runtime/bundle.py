@@ -3,7 +3,10 @@
 Poseidon's stage split and degrees (S stages x dp replicas, tp = 1 on CPU; with interleave v each
 rank holds v chunks), Tessel's schedule through torch.distributed.pipelining's action-list runtime
 (forward, input- and weight-gradient actions in the schedule's per-rank order), the data-parallel
-gradient all-reduce and an SGD step after it. Lagom's NCCL environment is set on the workers with
+gradient all-reduce and an SGD step after it. Stages of different dp (stage s with dp_s replicas)
+run the same orders through `bundle_mixed` instead: torch's runtime joins each stage to one peer per
+neighbour, so there gpuplan sends each replica of the next stage the rows of every micro-batch it
+holds (activations split and merged between replicas), and gradients back the same way. Lagom's NCCL environment is set on the workers with
 NCCL; on gloo (CPU) it is recorded and ignored, with a note. Device types a stage was planned on are
 emulated as the Poseidon runner does: a stage of a type k times slower sleeps (k - 1) x each call.
 
@@ -27,9 +30,11 @@ from gpuplan.runtime.poseidon import slow_down_stage
 
 def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates: list[float],
                         tails_s: list[float], *, wake_s: float = 0.0,
-                        extra_s: dict[str, float] | None = None) -> float:
+                        extra_s: dict[str, float] | None = None, workers: list[int] | None = None) -> float:
     """Return the iteration time (s) of per-device `orders` when the devices share this machine's cores:
-    while k blocks run at once each progresses at rates[k-1] (1.0 = alone) of its planned duration
+    while blocks run on devices holding k workers in all (`workers[d]` per device, its dp replicas
+    running the same order at once; 1 each by default), each progresses at rates[k-1] (1.0 = alone)
+    of its planned duration
     (plus `extra_s[name]`, s of CPU work added to every call of that block, e.g. the extra CPU time of
     a call after a wait on busy cores); a block starts when its device finished the previous one and
     its dependencies ended; each device ends with its tail (at the rate of the devices still busy
@@ -37,6 +42,7 @@ def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates
     device starts after that block ends (the scheduler's wake-up delay, as `contended_iteration_s`
     charges it); not charged when that block ended while the device was still busy."""
     extra = extra_s or {}
+    weight = list(workers or [1] * len(orders))
     dur = {b.name: b.duration_s + extra.get(b.name, 0.0) for b in problem.blocks}
     deps = {b.name: b.after for b in problem.blocks}
     device_of = {b.name: b.devices[0] for b in problem.blocks}
@@ -67,7 +73,8 @@ def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates
                     waiting.append(at)
         if not running and not waiting:
             raise ValueError("the orders wait on each other (deadlock)")
-        rate = rates[min(len(running), len(rates)) - 1] if running else 1.0
+        busy = sum(weight[d] for d in running)
+        rate = rates[min(busy, len(rates)) - 1] if running else 1.0
         step = min([r[2] / rate for r in running.values()] + [at - now for at in waiting])
         now += step
         for d in list(running):
@@ -87,6 +94,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     from gpuplan.models.workload import TransformerConfig
     from gpuplan.runtime import gpt
     from gpuplan.runtime import torch_pipelining as tp
+    from gpuplan.runtime.bundle_mixed import global_grads
 
     cfg = TransformerConfig.model_validate(spec["config"])
     S, dp, m, mb, seq = spec["stages"], spec["dp"], spec["m"], spec["micro_batch"], spec["seq"]
@@ -107,6 +115,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     calls: list[tuple[int, str, float]] = []
     step_s: list[float] = []
     losses_out: list[float] = []
+    grads: dict[str, Any] = {}
     if spec["warmup"] == 0:
         for st in stages:
             tp.time_stage_calls(st, calls)
@@ -126,6 +135,8 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                 if p.grad is not None:
                     dist.all_reduce(p.grad, group=dp_groups[s])
                     p.grad /= dp
+        if step == 0 and replica == 0 and spec["grads"]:
+            grads = global_grads(modules, ranges, cfg.num_layers)
         opt.step()
         dist.barrier()
         if step + 1 == spec["warmup"]:  # time the blocks of the measured steps only
@@ -143,11 +154,12 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             if got:
                 durations.setdefault(k, {})[op] = statistics.fmean(got)
     return {"rank": rank, "stage": s, "replica": replica, "step_s": step_s, "durations": durations,
-            "losses": losses_out}
+            "losses": losses_out, "grads": grads}
 
 
 def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: int = 0, lr: float = 1e-3,
-               threads: int | None = 1, timeout_s: float = 600.0) -> dict[str, Any]:
+               threads: int | None = 1, timeout_s: float = 600.0, sharing: list[float] | None = None,
+               return_grads: bool = False) -> dict[str, Any]:
     """Run a training bundle on local processes (gloo on CPU); return measured figures (seconds):
     measured_iteration_s (median step), predicted_iteration_s (the bundle's composed prediction),
     predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with the core sharing,
@@ -155,7 +167,10 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     cold_forward_s / cold_backward_s, and the wake-up delay wake_s, all measured just before the launch),
     retimed_iteration_s (the schedule's order re-timed with the blocks measured in the run), per-block
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
-    Refuses a bundle that fails check, or stages with tensor parallelism (the CPU executor has none)."""
+    Stages of equal dp run through torch.distributed.pipelining's action-list runtime; stages of
+    different dp through `bundle_mixed.worker` (the same orders, activations split and merged between
+    the stages' replicas). Refuses a bundle that fails check, or stages with tensor parallelism (the CPU
+    executor has none)."""
     from gpuplan import api
     from gpuplan.compose.bundle import checked_bundle, stage_envs
     from gpuplan.compose.pipeline import stage_tails_s, virtual_layers
@@ -178,21 +193,22 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     bad = [s.index for s in stages if s.tp != 1]
     if bad:
         raise InputError(f"stages {bad} use tensor parallelism; the CPU executor runs tp == 1 stages only")
-    if len({s.dp for s in stages}) != 1:
-        raise InputError(f"the executor needs the same dp in every stage, got {[s.dp for s in stages]}")
-    if len({s.micro_batch_size for s in stages}) != 1:
-        raise InputError("the executor needs one micro-batch size for every stage")
     check_version()
     doc = poseidon.document()
-    S, dp = len(stages), stages[0].dp
+    S, dps = len(stages), [s.dp for s in stages]
+    world = sum(dps)
+    mixed = len(set(dps)) > 1  # stages of different dp: gpuplan's own messages (bundle_mixed), not torch's runtime
     ranks = acts.stage_ranks(tprob)  # type: ignore[arg-type]
     lists = acts.with_comms(acts.compute_only(tprob, tessel), ranks, tprob.microbatches)  # type: ignore[arg-type]
     acts.check_actions(lists, ranks, tprob.microbatches)  # type: ignore[attr-defined]
     cfg, seq, note = runnable_config(pprob)  # type: ignore[arg-type]
-    spec = {"config": cfg.model_dump(mode="json"), "ranges": virtual_layers(doc), "stages": S, "dp": dp,
-            "m": poseidon.num_microbatches, "micro_batch": stages[0].micro_batch_size,  # type: ignore[attr-defined]
+    m = poseidon.num_microbatches  # type: ignore[attr-defined]
+    spec = {"config": cfg.model_dump(mode="json"), "ranges": virtual_layers(doc), "stages": S, "dp": dps[0],
+            "dps": dps, "m": m, "micro_batch": stages[0].micro_batch_size, "samples": pprob.global_batch // m,
             "seq": seq, "actions": lists, "format": "compute_comms", "seed": seed, "lr": lr, "steps": steps,
-            "warmup": warmup, "factors": stage_slowdowns(pprob, poseidon)}  # type: ignore[arg-type]
+            "warmup": warmup, "factors": stage_slowdowns(pprob, poseidon), "grads": return_grads}  # type: ignore[arg-type]
+    if mixed:  # per-device compute order (the messages are the worker's), keyed by str for the spawn pickle
+        spec["actions"] = {str(d): a for d, a in acts.compute_only(tprob, tessel).items()}  # type: ignore[arg-type]
     envs = stage_envs(plans)
     notes = [f"model {note}"] if note else []
     if envs:
@@ -200,15 +216,17 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     before = contention.quiet_window()
     # this machine's core sharing, measured just before the launch: the speed of one worker while k of
     # the S x dp compute at once (1.0 = alone), so the prediction for here is known before the run
-    rates = measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size, processes=S * dp,
-                                 threads=threads or 1)
+    # the micro-batch the sharing and cold-call probes time: the one most of the workers run
+    mb = statistics.median_low(s.micro_batch_size for s in stages for _ in range(s.dp))
+    rates = sharing or measure_core_sharing(cfg, seq_len=seq, micro_batch=mb, processes=world, threads=threads or 1)
     # when the workers outnumber the cores, as the Poseidon runner: the extra CPU time of a call after a
     # wait on cores the others kept busy, and the wake-up delay of a worker blocked in gloo's recv
-    mb, cores = stages[0].micro_batch_size, cpu_cores()
-    cold = measure_cold_op_s(cfg, seq_len=seq, micro_batch=mb, processes=S * dp, cores=cores, threads=threads or 1)
-    wake = measure_wake_s(cfg, seq_len=seq, micro_batch=mb, processes=S * dp, cores=cores, threads=threads or 1)
+    cores = cpu_cores()
+    cold = (0.0, 0.0) if sharing else measure_cold_op_s(cfg, seq_len=seq, micro_batch=mb, processes=world,
+                                                        cores=cores, threads=threads or 1)
+    wake = 0.0 if sharing else measure_wake_s(cfg, seq_len=seq, micro_batch=mb, processes=world, cores=cores,
+                                              threads=threads or 1)
     tails = stage_tails_s(doc, [float(x) for x in manifest["scales"]])
-    per_device = max(1, dp)  # dp replicas of each stage run at once: each device counts dp workers
     # every forward / backward(-input) call follows a wait (a receive, an emulated sleep); the emulated
     # slow-down stretches the extra work too (a stage k times slower sleeps (k - 1) x each call)
     extra = {b.name: (cold[0] if b.kind == "forward" else cold[1] if b.kind in ("backward", "backward_input")
@@ -216,9 +234,12 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
              for b in tprob.blocks}  # type: ignore[attr-defined]
     predicted_here = shared_cores_time_s(
         tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
-        [rates[min(len(rates), k * per_device) - 1] for k in range(1, S + 1)], tails, wake_s=wake, extra_s=extra)
+        rates, tails, wake_s=wake, extra_s=extra, workers=dps)
+    from gpuplan.runtime.bundle_mixed import worker as mixed_worker
+
     with contention.ContentionMonitor() as monitor:
-        results = run_workers(_worker, S * dp, args=(spec,), threads=threads, timeout_s=timeout_s)
+        results = run_workers(mixed_worker if mixed else _worker, world, args=(spec,), threads=threads,
+                              timeout_s=timeout_s)
     step_s = [max(r["step_s"][i] for r in results) for i in range(steps)]
     measured = statistics.median(step_s)
     times = {k: t for r in results if r["replica"] == 0 for k, t in r["durations"].items()}
@@ -230,14 +251,22 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     timed = simulate(tprob, orders_of(tessel.schedule), durations)  # type: ignore[arg-type, attr-defined]
     retimed = max(max((e.end_s for e in dev), default=0.0) + tails[d] for d, dev in enumerate(timed))
     predicted = float(manifest["predicted"]["iteration_time_s"])
-    out: dict[str, Any] = {"world_size": S * dp, "stages": S, "steps": steps, "measured_iteration_s": measured,
+    last = [r["losses"] for r in results if r["stage"] == S - 1 and r["losses"]]
+    losses = [statistics.fmean(x) for x in zip(*last)] if mixed else [x for r in results for x in r["losses"]]
+    out: dict[str, Any] = {"world_size": world, "stages": S, "dps": dps, "executor": "gpuplan p2p (stages of "
+                           "different dp)" if mixed else "torch.distributed.pipelining", "steps": steps,
+                           "measured_iteration_s": measured,
                            "measured_steps_s": step_s, "predicted_iteration_s": predicted,
                            "error": rel_error(predicted, measured), "core_sharing_rates": rates,
                            "cold_forward_s": cold[0], "cold_backward_s": cold[1], "wake_s": wake,
                            "predicted_here_iteration_s": predicted_here,
                            "predicted_here_error": rel_error(predicted_here, measured), "retimed_iteration_s": retimed,
                            "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,
-                           "losses": [x for r in results for x in r["losses"]], "lagom_env": envs, "notes": notes}
+                           "losses": losses, "lagom_env": envs, "notes": notes}
+    if return_grads:
+        import torch
+
+        out["grads"] = {k: torch.from_numpy(v) for r in results for k, v in r["grads"].items()}
     out.update(contention.report(before, monitor.window, step_s))
     rows = [["composed prediction (the bundle)", predicted, measured, pct(rel_error(predicted, measured))],
             ["the same for this machine (core sharing, cold calls, wake-up; measured before the run)",

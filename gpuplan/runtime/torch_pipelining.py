@@ -92,3 +92,21 @@ def time_loss_calls(schedule: Any, sink: list[tuple[int, str, float]]) -> None:
     (stage index, "L", seconds) to `sink`."""
     schedule._maybe_compute_loss = _timed(schedule._maybe_compute_loss,
                                           lambda t, a, k: sink.append((a[0].stage_index, "L", t)))
+
+
+def backward_input(outputs: list[Any], output_grads: list[Any] | None, inputs: list[Any],
+                   params: Any) -> tuple[tuple[Any, ...], list[dict[str, Any]]]:
+    """Return (input gradients, parameter groups) of a stage's input-gradient pass (torch's split
+    backward, `stage_backward_input`): the inputs' gradients only, the intermediates the weight pass
+    needs kept in the groups. `outputs` is detached afterwards."""
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    return stage_backward_input(outputs, output_grads, inputs, params)
+
+
+def backward_weight(params: Any, param_groups: list[dict[str, Any]]) -> None:
+    """Accumulate the parameters' gradients from the groups a `backward_input` call kept (torch's
+    `stage_backward_weight`)."""
+    from torch.distributed.pipelining._backward import stage_backward_weight
+
+    stage_backward_weight(params, param_groups)
