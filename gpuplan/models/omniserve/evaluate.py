@@ -46,6 +46,8 @@ def run_policy(problem: OmniServeProblem, params: PolicyParams, *, seed: int | N
     ls = trace.service == LS
     window = float(trace.arrival_s[ls][-1]) if ls.any() else 0.0
     policy = make_policy(problem, lat, params)
+    if hasattr(policy, "record_merges"):
+        policy.record_merges = record and problem.schedule_limit > 0
     pools = list(getattr(policy, "pools").names) if hasattr(policy, "pools") else []
     rec = Recorder(policy, window, problem.schedule_limit if record else 0, problem.kv_capacity_tokens(), pools)
     res = simulate(trace, rec)

@@ -95,13 +95,17 @@ class MixedPolicy:
         self.be_wait: deque[int] = deque()
         self.be_pre: list[int] = []           # BE in GPU prefill (admitted, destination decided)
         self.be_gpu: list[int] = []           # GPU-resident BE decoding
-        self.cpu: list[int] = []              # BE decoding from a CPU pool
+        self.cpu = _EMPTY                     # BE decoding from a CPU pool (request indices, in order)
         self.dest: dict[int, int] = {}        # BE -> pool index (-1: GPU-resident)
-        self.layer: dict[int, int] = {}       # piggyback: next layer whose attention is pending
-        self.ready: dict[int, float] = {}     # piggyback: when that attention result is back (s)
-        self.last_served: dict[int, int] = {}  # neo: iteration of the last CPU decode (round robin)
+        n = 0   # per-request arrays, sized at the first arrival
+        self.layer = np.zeros(n, dtype=np.int64)    # piggyback: next layer whose attention is pending
+        self.ready = np.zeros(n)                    # when that attention result is back (s)
+        self.pool_of = np.zeros(n, dtype=np.int64)  # pool index of a CPU-resident BE request
+        self.served = np.zeros(n, dtype=np.int64)   # neo: iteration of the last CPU decode (round robin)
+        self.record_merges = True
         self.admissions: list[list[float]] = []   # [request, time, tokens, per iteration, T_est, waited, forecast, ok]
-        self.decision_s: list[float] = []
+        self.decision_s: list[float] = []     # controller time per iteration (s), measured
+        self.decision_inflight: list[int] = []  # BE requests in flight (CPU pools) at each decision
         self.last_merges: list[list[int]] = []
         self.last_cpu_decodes = 0
         self.last_be_gpu = 0
@@ -111,6 +115,10 @@ class MixedPolicy:
     def on_arrival(self, idx: np.ndarray, state: EngineState) -> None:
         """Queue arrivals; with admission control, reject an LS request the forward simulation says
         would miss its TTFT SLO (it would only delay the others)."""
+        if len(self.layer) != len(state.requests):
+            n = len(state.requests)
+            self.layer, self.ready = np.zeros(n, dtype=np.int64), np.zeros(n)
+            self.pool_of, self.served = np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64)
         svc = state.requests.service[idx]
         for i, s in zip(idx.tolist(), svc.tolist()):
             if s == BE:
@@ -142,9 +150,8 @@ class MixedPolicy:
         self.be_gpu = [i for i in self.be_gpu if i not in done]
         if any(i in done for i in self.be_pre):
             self.be_pre = [i for i in self.be_pre if i not in done]
-        gone = [i for i in self.cpu if i in done]
-        if gone:
-            self.cpu = [i for i in self.cpu if i not in done]
+        if len(self.cpu):
+            self.cpu = self.cpu[~np.isin(self.cpu, idx)]
         for i in done:
             if i in self.dest:
                 self._release(i, state)
@@ -157,8 +164,6 @@ class MixedPolicy:
 
     def _release(self, i: int, state: EngineState) -> None:
         c = self.dest.pop(i)
-        self.layer.pop(i, None)
-        self.ready.pop(i, None)
         if c >= 0:
             self.pools.reserved[c] -= self._need_bytes(i, state)
             self.pools.load[c] -= float(state.requests.prompt_tokens[i] + state.requests.output_tokens[i])
@@ -215,7 +220,7 @@ class MixedPolicy:
         decodes = [ls_dec, be_gpu[:d.be_gpu_decodes]]
         self.last_be_gpu = d.be_gpu_decodes
         self.last_cpu_decodes = 0
-        if self.p.mode == "neo" and self.cpu:
+        if self.p.mode == "neo" and len(self.cpu):
             chosen, cpu_s = self._neo_batch(state, duration)
             if len(chosen):
                 decodes.append(chosen)
@@ -231,9 +236,10 @@ class MixedPolicy:
             d.ls_chunks[d.ls_chunks > 0]
         dec = np.concatenate(decodes) if decodes else _EMPTY
         self.decision_s.append(time.perf_counter() - started)
+        self.decision_inflight.append(len(self.cpu))
         if not len(pre_idx) and not len(dec):
-            if self.cpu and self.p.mode == "omniserve":   # waiting on CPU attention: idle until one is back
-                nxt = min(self.ready[i] for i in self.cpu)
+            if len(self.cpu) and self.p.mode == "omniserve":   # waiting on CPU attention: idle until one is back
+                nxt = float(self.ready[self.cpu].min())
                 return Iteration(max(nxt - now, 1e-6), info={"idle": 1.0})
             return None
         return Iteration(duration, pre_idx.astype(np.int64), pre_tok.astype(np.int64), dec.astype(np.int64),
@@ -254,8 +260,9 @@ class MixedPolicy:
             if c < 0:
                 self.be_gpu.append(i)
                 continue
-            self.cpu.append(i)
+            self.cpu = np.append(self.cpu, i)
             self.layer[i] = 0
+            self.pool_of[i] = c
             ctx = float(state.kv_tokens(np.array([i]))[0])
             ship = state.now_s + self.pools.latency[c] + ctx * self.kvb / self.pools.bw_Bps[c]
             if self.p.mode == "omniserve":
@@ -356,62 +363,52 @@ class MixedPolicy:
             used += need
 
     def _ready(self, now: float) -> tuple[np.ndarray, np.ndarray]:
-        """Return (BE requests whose pending layer's CPU attention is back in time to merge at its layer in
-        an iteration starting now, their layers), the oldest results first."""
-        if self.p.mode != "omniserve" or not self.cpu:
+        """Return (BE requests whose pending layer's CPU attention is back before an iteration starting now,
+        their layers), the oldest results first (conservative: layer l is reached later in the iteration)."""
+        if self.p.mode != "omniserve" or not len(self.cpu):
             return _EMPTY, _EMPTY
-        idx = np.asarray(self.cpu, dtype=np.int64)
-        rd = np.array([self.ready[i] for i in self.cpu])
-        lay = np.array([self.layer[i] for i in self.cpu], dtype=np.int64)
-        ok = rd <= now   # back before the iteration starts (conservative: layer l is reached later)
-        order = np.argsort(rd[ok], kind="stable")
-        return idx[ok][order], lay[ok][order]
+        rd = self.ready[self.cpu]
+        ok = np.flatnonzero(rd <= now)
+        sel = self.cpu[ok[np.argsort(rd[ok], kind="stable")]]
+        return sel, self.layer[sel]
 
     def _merge(self, merged: np.ndarray, state: EngineState, now: float, duration: float) -> np.ndarray:
         """Advance each merged BE request one layer; dispatch its next layer to its pool at the point of the
-        iteration where that layer's QKV is computed; return those that completed their last layer."""
-        emit = []
-        by_pool: dict[int, list[int]] = {}
-        for i in merged.tolist():
-            lay = self.layer[i]
-            self.last_merges.append([i, lay])
-            nxt = lay + 1
-            if nxt == self.L:
-                emit.append(i)
-                nxt = 0
-            self.layer[i] = nxt
-            by_pool.setdefault(self.dest[i], []).append(i)
-        emitted = set(emit)
+        iteration where that layer's QKV is computed (the next token's layer 0 at the iteration's end);
+        return those that completed their last layer (they emit a token)."""
+        lay = self.layer[merged]
+        if self.record_merges:
+            self.last_merges = np.stack([merged, lay], axis=1).tolist()
+        nxt = lay + 1
+        emits = nxt == self.L
+        nxt[emits] = 0
+        self.layer[merged] = nxt
         r = state.requests
-        for c, ids in by_pool.items():
-            live = [i for i in ids if not (i in emitted and state.generated[i] + 1 >= r.output_tokens[i])]
-            if not live:
-                continue
-            a = np.asarray(live, dtype=np.int64)
-            ctx = state.kv_tokens(a).astype(float) + np.array([1.0 if i in emitted else 0.0 for i in live])
-            # the next layer's QKV comes out when the GPU passes the merged layer (the next token's layer 0
-            # at the iteration's end): that is when it is sent
-            nxt = np.array([self.layer[i] for i in live], dtype=float)
-            at = now + duration * np.where(nxt == 0, 1.0, nxt / self.L)
-            for i, t in zip(live, self._dispatch(c, at, ctx).tolist()):
-                self.ready[i] = t
-        return np.asarray(emit, dtype=np.int64)
+        live = ~(emits & (state.generated[merged] + 1 >= r.output_tokens[merged]))
+        ids, nl, em = merged[live], nxt[live], emits[live]
+        if len(ids):
+            ctx = state.kv_tokens(ids).astype(float) + em
+            at = now + duration * np.where(nl == 0, 1.0, nl / self.L)
+            pools = self.pool_of[ids]
+            for c in np.unique(pools).tolist():
+                m = pools == c
+                self.ready[ids[m]] = self._dispatch(c, at[m], ctx[m])
+        return merged[emits]
 
     def _neo_batch(self, state: EngineState, gpu_s: float) -> tuple[np.ndarray, float]:
         """Return (host-resident BE requests decoded on the CPU this iteration, their CPU time in s): round
         robin from the least recently served, while the CPU time stays within the GPU's iteration time
-        (at least one when the GPU has nothing to run)."""
-        cands = [i for i in self.cpu if self.ready.get(i, 0.0) <= state.now_s]
-        if not cands or not len(self.pools):
+        (all of them when the GPU has nothing to run)."""
+        cands = self.cpu[self.ready[self.cpu] <= state.now_s]
+        if not len(cands) or not len(self.pools):
             return _EMPTY, 0.0
-        cands.sort(key=lambda i: (self.last_served.get(i, -1), i))
-        ctx = state.kv_tokens(np.asarray(cands, dtype=np.int64)).astype(float)
+        cands = cands[np.lexsort((cands, self.served[cands]))]
+        ctx = state.kv_tokens(cands).astype(float)
         theta = float(self.pools.theta.sum())
         cum = np.cumsum(ctx * self.L / theta)
         n = int(np.searchsorted(cum, gpu_s, side="right")) if gpu_s > 0 else len(cands)
-        for i in cands[:n]:
-            self.last_served[i] = state.iterations
-        return np.asarray(cands[:n], dtype=np.int64), float(cum[n - 1]) if n else 0.0
+        self.served[cands[:n]] = state.iterations
+        return cands[:n], float(cum[n - 1]) if n else 0.0
 
 
 def admission_rate(lat: Latency, budget: int, ls_decodes: int, target_s: float) -> tuple[int, float]:
