@@ -253,3 +253,22 @@ def test_simulate_verb_prints_every_policy(tmp_path: Path) -> None:
     assert {row["policy"] for row in rows} == {"omniserve", "sarathi"}
     bad = CliRunner().invoke(main, ["simulate", "omniserve", str(SMALL), "--trace", str(tmp_path / "none.csv"), "-q"])
     assert bad.exit_code == 2 and "--trace" in bad.output
+
+
+@pytest.mark.slow
+def test_run_executes_piggybacking_with_cpu_workers(piggy) -> None:  # type: ignore[no-untyped-def]
+    """`gpuplan run` on an omniserve plan: BE attention computed by a CPU worker process, merged layer by
+    layer into the "GPU" process's dense batches; tokens come out and the model predicts a rate (the
+    measured-vs-predicted figure is the benchmark's, not asserted here)."""
+    out = gpuplan.run(piggy, be_requests=8, ctx=256, ls_tokens=16, duration_s=1.0)
+    assert out["measured_be_tokens_per_s"] > 0
+    assert out["predicted_be_tokens_per_s"] > 0
+    assert out["measured_rows_per_iteration"] <= 8 + 1e-9   # one layer per request per iteration
+
+
+def test_run_refuses_a_plan_that_does_not_piggyback(problem) -> None:  # type: ignore[no-untyped-def]
+    plan = gpuplan.solve(problem, solver="sarathi")
+    from gpuplan.runtime.omniserve import run_plan
+
+    with pytest.raises(InputError, match="piggyback"):
+        run_plan(problem, plan)
