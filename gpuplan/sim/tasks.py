@@ -142,13 +142,28 @@ def copy_remaining_s(task: _Task, c: _Copy, now: float) -> float:
     return (1.0 - copy_progress(task, c, now)) * task.size / (c.speed * c.share)
 
 
+def residual_factor(var: Variability, e: float) -> float:
+    """Return E[X - e | X > e] for a copy's slowdown X after it ran e task sizes without finishing: the
+    expected remaining time (in task sizes) when only the elapsed time is observed. Pareto: for e >= x_m,
+    alpha e / (alpha - 1) - e (it grows with e: decreasing hazard); uniform speeds: closed form."""
+    if var.model == "pareto":
+        return max(e, var.x_m) * var.alpha / (var.alpha - 1) - e
+    lo, hi = 1 / (1 + var.a), 1 / (1 - var.a) if var.a < 1 else math.inf
+    if var.a == 0:
+        return max(0.0, 1.0 - e)
+    ee = min(max(e, lo), hi * (1 - 1e-12))
+    mean = math.log(hi / ee) / (1 / ee - 1 / hi)
+    return max(0.0, mean - e)
+
+
 class Sim:
     """One run: the state of jobs, tasks and copies, the event queue, and the primitives policies use
     (start_copy, kill_copy, set_share, checkpoint). `free` is the unheld slot capacity."""
 
     def __init__(self, workload: Workload, slots: int, var: Variability, policy: "Policy", seed: int,
-                 record: bool, tick_s: float) -> None:
+                 record: bool, tick_s: float, monitoring: str = "elapsed") -> None:
         self.wl, self.N, self.var, self.policy = workload, slots, var, policy
+        self.exact = monitoring == "progress"
         self.rng = make_rng(seed)
         self.q: EventQueue[tuple[Any, ...]] = EventQueue()
         self.now = 0.0
@@ -174,6 +189,23 @@ class Sim:
     def free(self) -> float:
         """Return the slot capacity not held by any copy."""
         return self.N - self.busy
+
+    def t_rem(self, task: _Task, c: _Copy) -> float:
+        """Return what a monitoring policy estimates copy `c` of `task` still needs (s): the exact remaining
+        time with progress reports (`monitoring: progress`), else the expected residual time given only
+        how long the copy has run (`monitoring: elapsed`)."""
+        if self.exact:
+            return copy_remaining_s(task, c, self.now)
+        e = (self.now - c.t0) * c.share / task.size
+        return task.size * residual_factor(self.var, e) / c.share
+
+    def observed_progress(self, task: _Task, c: _Copy) -> float:
+        """Return the progress fraction a monitoring policy sees for copy `c`: exact with progress reports,
+        else elapsed / (elapsed + estimated remaining)."""
+        if self.exact:
+            return copy_progress(task, c, self.now)
+        el = self.now - c.t0
+        return el / (el + self.t_rem(task, c)) if el > 0 else 0.0
 
     def load_now(self) -> int:
         """Return the number of jobs in the system."""
@@ -493,7 +525,7 @@ class SRPT(AllotmentPolicy):
 
     name = "srpt"
     redundant = False
-    defaults = {"max_copies": 1}
+    defaults: dict[str, Any] = {}
 
     def allot(self, sim: Sim) -> list[tuple[_Task, int, float]]:
         free = sim.N
@@ -508,7 +540,7 @@ class SRPT(AllotmentPolicy):
             groups.append(tasks)
             out += [(t, 1, 1.0) for t in tasks]
         if self.redundant and free > 0 and out:
-            cap = int(self.params["max_copies"])
+            cap = int(self.params.get("max_copies", 1))
             T = len(out)
             base = min(cap, sim.N // T)
             left = sim.N - base * T if base < cap else 0
@@ -551,7 +583,7 @@ class FairR(AllotmentPolicy):
         jobs = self.chosen(sim)
         out: list[tuple[_Task, int, float]] = []
         for job, x in zip(jobs, self.shares(sim, jobs)):
-            out += spread(_runnable(job), x, self.redundant, True, int(self.params["max_copies"]))
+            out += spread(_runnable(job), x, self.redundant, True, int(self.params.get("max_copies", 1)))
         return out
 
 
@@ -561,7 +593,7 @@ class Fair(FairR):
 
     name = "fair"
     redundant = False
-    defaults = {"max_copies": 1}
+    defaults: dict[str, Any] = {}
 
     def shares(self, sim: Sim, jobs: list[_Job]) -> list[float]:
         caps = [len(j.running) + len(j.pending) for j in jobs]
@@ -672,7 +704,7 @@ def _elapsed(sim: Sim, c: _Copy) -> float:
 def kill_slower_copies(sim: Sim) -> None:
     """For every task with several copies, keep the copy that finishes first and kill the rest."""
     for task in list(sim.multi):
-        best = min(task.copies, key=lambda c: copy_remaining_s(task, c, sim.now))
+        best = min(task.copies, key=lambda c: sim.t_rem(task, c))
         for c in list(task.copies):
             if c is not best:
                 sim.kill_copy(task, c, resched=False)
@@ -689,7 +721,7 @@ def mantri_restarts(sim: Sim, var: Variability, delta_s: float, max_restarts: in
         c = task.copies[0]
         if _elapsed(sim, c) < delta_s - EPS:
             continue
-        if copy_remaining_s(task, c, sim.now) > mean * task.size + delta_s:
+        if sim.t_rem(task, c) > mean * task.size + delta_s:
             sim.kill_copy(task, c, resched=False)
             task.restarts += 1
             sim.start_copy(task)
@@ -699,7 +731,7 @@ def mantri_duplicate_ok(sim: Sim, var: Variability, task: _Task, delta: float) -
     """Return (passes Mantri's resource test, the task's remaining time in s): with c copies running,
     P(t_rem > t_new (c+1)/c) > delta, t_rem the best copy's remaining time, t_new a fresh copy's time."""
     c = len(task.copies)
-    t_rem = min(copy_remaining_s(task, cp, sim.now) for cp in task.copies)
+    t_rem = min(sim.t_rem(task, cp) for cp in task.copies)
     return var.cdf(t_rem * c / ((c + 1) * task.size)) > delta, t_rem
 
 
@@ -760,7 +792,7 @@ class LATE(SlotPolicy):
             for c in task.copies:
                 el = now - c.t0
                 if el >= d - EPS:
-                    rates.append((copy_progress(task, c, now) - c.p0) / el)
+                    rates.append(sim.observed_progress(task, c) / el)
         if not rates:
             return
         thresh = float(np.quantile(rates, float(self.params["slow_task"])))
@@ -774,9 +806,9 @@ class LATE(SlotPolicy):
             el = now - c.t0
             if el < d - EPS:
                 continue
-            rate = (copy_progress(task, c, now) - c.p0) / el
+            rate = sim.observed_progress(task, c) / el
             if rate < thresh:
-                cands.append((-copy_remaining_s(task, c, now), task.job.idx, task.idx, task))
+                cands.append((-sim.t_rem(task, c), task.job.idx, task.idx, task))
         for *_, task in sorted(cands, key=lambda x: x[:3]):
             if sim.free < 1 - EPS or spec_running >= cap:
                 break
@@ -803,6 +835,15 @@ class Dolly(SlotPolicy):
         return 1 + max(0, min(c - 1, room))
 
 
+def reclaim_clones(sim: Sim, key: Callable[[_Job], Any]) -> None:
+    """While a pending task waits and no slot is free, kill one clone (a copy beyond a task's first) of the
+    lowest-priority job by `key`, the copy that has shown the least progress."""
+    while sim.waiting and sim.free < 1 - EPS and sim.multi:
+        task = max(sim.multi, key=lambda t: (key(t.job), t.idx))
+        c = min(task.copies, key=lambda c: sim.observed_progress(task, c))
+        sim.kill_copy(task, c)
+
+
 class SRPTMSC(SlotPolicy):
     """SRPTMS+C (Xu & Lau, ICDCS 2015): weighted SRPT order (highest w_j / remaining work first), map tasks
     before reduce; every pending task gets one copy in that order; machines left over become clones of the
@@ -822,10 +863,7 @@ class SRPTMSC(SlotPolicy):
         return r
 
     def decide(self, sim: Sim, tick: bool) -> None:
-        while sim.waiting and sim.free < 1 - EPS and sim.multi:  # first copies before clones
-            task = max(sim.multi, key=lambda t: (self.key(t.job), t.idx))
-            c = min(task.copies, key=lambda c: copy_progress(task, c, sim.now))
-            sim.kill_copy(task, c)
+        reclaim_clones(sim, self.key)
         self.fill(sim)
         if sim.waiting or sim.free < 1 - EPS:
             return
@@ -849,6 +887,10 @@ class SCA(SlotPolicy):
 
     name = "sca"
     defaults = {"gamma": 0.1, "max_copies": 4}
+
+    def decide(self, sim: Sim, tick: bool) -> None:
+        reclaim_clones(sim, _fifo_key)  # re-solving at an arrival: first copies before clones
+        self.fill(sim)
 
     def copies_for(self, sim: Sim, job: _Job, task: _Task) -> int:
         if job.copies_r:
@@ -958,7 +1000,7 @@ class ESE(SlotPolicy):
             if not ok:
                 continue
             if job not in longest:
-                longest[job] = max(min(copy_remaining_s(t, c, sim.now) for c in t.copies) for t in job.running)
+                longest[job] = max(min(sim.t_rem(t, c) for c in t.copies) for t in job.running)
             if t_rem < longest[job] - EPS:
                 continue  # another task of the job finishes later: no flowtime saved
             dur = task.size * var.mean_min_with(t_rem / task.size)
@@ -1016,11 +1058,12 @@ def policy_params(name: str) -> dict[str, Any]:
 
 def simulate(workload: Workload, slots: int, var: Variability, policy: str, *, seed: int = 0,
              params: dict[str, Any] | None = None, load: float = 0.5, tick_s: float | None = None,
-             record: bool = False) -> SimResult:
+             record: bool = False, monitoring: str = "elapsed") -> SimResult:
     """Run `workload` on `slots` slots under `policy` (a key of POLICIES) with the variability model `var`;
     return the SimResult (times in s). `load` is the offered load the threshold policy sees; `tick_s` the
     monitoring period of Mantri, LATE and ESE (default a quarter of the mean task size); `record` keeps
-    every copy segment. Raises KeyError for an unknown policy, ValueError for a bad parameter."""
+    every copy segment; `monitoring` what Mantri, LATE, ESE and SRPTMS+C see of a running copy (its elapsed
+time only, or exact progress). Raises KeyError for an unknown policy, ValueError for a bad parameter."""
     if policy not in POLICIES:
         raise KeyError(policy)
     cls = POLICIES[policy]
@@ -1033,4 +1076,6 @@ def simulate(workload: Workload, slots: int, var: Variability, policy: str, *, s
     counts = [m.size + r.size for m, r in zip(workload.map_s, workload.reduce_s)]
     ctx = Context(var, slots, load, tick, int(np.median(counts)) if counts else 1)
     pol = cls(ctx, **params)
-    return Sim(workload, slots, var, pol, seed, record, tick).run()
+    if monitoring not in ("elapsed", "progress"):
+        raise ValueError(f"monitoring {monitoring!r}; expected elapsed or progress")
+    return Sim(workload, slots, var, pol, seed, record, tick, monitoring).run()

@@ -98,6 +98,7 @@ class StragglersProblem(Problem):
     jobs: list[JobSpec] | None = Field(default=None, max_length=MAX_JOBS)
     workload: WorkloadSpec | None = None
     tick_s: PositiveSeconds | None = None
+    monitoring: Literal["elapsed", "progress"] = "elapsed"
     record_schedule: Literal["auto", "always", "never"] = "auto"
 
     @model_validator(mode="before")
@@ -222,7 +223,7 @@ def simulate_problem(problem: StragglersProblem, policy: str, params: dict[str, 
     wl = problem.sim_workload()
     load = problem.offered_load()
     res = simulate(wl, problem.slots, problem.variability.build(), policy, seed=seed, params=params, load=load,
-                   tick_s=problem.tick_s, record=problem.record() if record is None else record)
+                   tick_s=problem.tick_s, monitoring=problem.monitoring, record=problem.record() if record is None else record)
     figs = res.figures(wl)
     figs.update({"offered_load": load, "jobs": float(wl.jobs), "tasks": float(wl.tasks())})
     return res, figs
