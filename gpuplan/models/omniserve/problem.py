@@ -20,7 +20,7 @@ from gpuplan.units import Bytes, Seconds
 
 MAX_LAYERS = 1024          # per-layer arrays are allocated per iteration
 MAX_POOLS = 256            # CPU pools after count expansion
-MAX_REQUESTS = 100_000     # per service
+MAX_REQUESTS = 20_000      # per service (bounds the simulated work)
 MAX_TOKENS = 1 << 20       # one request's prompt or output
 
 
