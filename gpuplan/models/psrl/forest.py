@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig
 
-MAX_NODES = 200_000
+MAX_NODES = 100_000
 """Most forest nodes a problem may hold (node lists and per-node tables are allocated from it)."""
-MAX_SAMPLES = 100_000
+MAX_SAMPLES = 50_000
 """Most samples a problem may hold."""
 MAX_SEGMENT_TOKENS = 1 << 20
 """Most tokens one segment may hold."""
