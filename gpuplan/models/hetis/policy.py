@@ -1,0 +1,426 @@
+"""Hetis and its baselines as policies over the shared serving engine (gpuplan.sim.serving.simulate).
+
+One engine policy serves one (virtual) replica: Sarathi-style stall-free batching (every running
+decode, then prefill chunks under the token budget, FCFS, KV admission with recompute preemption)
+with a per-device KV cache. Where a request's KV lives is the layout's business:
+
+  tensor-parallel      fixed fractions: a stage's devices hold layers_s / L of its KV, split evenly
+                       over their tp ranks (uniform TP, HexGen-style stages, Splitwise pools)
+  water-filling        Hetis: each admitted request's KV heads go to the attention devices by the
+                       water-filling dispatch (gpuplan.models.hetis.dispatch); with re-dispatch
+                       (Stage C), heads move off the slowest device when max/mean > theta, paying
+                       the migrated bytes over the link
+  memory-proportional  the same devices, every request split by one static head vector proportional
+                       to each device's KV capacity (the heads-by-memory baseline)
+
+Hetis' data-parallel primary replicas share the attention devices: each gets its request share of every
+device's KV memory and HBM bandwidth (a fluid approximation of concurrent use). A replica with pp
+pipeline stages runs pp interleaved batches (virtual engines, vLLM-style): each
+gets 1/pp of the replica's requests and KV memory, and its token step is
+max(sum of stage times, pp * slowest stage). Data-parallel replicas (and virtual engines) get the
+trace by smooth weighted round robin on their shares; a phase-split plan (Splitwise) runs the prefill
+pools first, then ships each request's KV to a decode pool (bytes / link bandwidth + latency).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpuplan.models.hetis.cost import (AttentionCost, StageCost, attention_cost, gpus_of, head_bytes_per_token,
+                                       kv_capacity, kv_fractions_tp, link_of, prefill_attention_stage_s,
+                                       stage_costs)
+from gpuplan.models.hetis.dispatch import DispatchInstance, water_filling
+from gpuplan.sim.latency import kv_bytes_per_token
+from gpuplan.sim.serving import EngineState, Iteration, Requests, SimResult, simulate
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+WATERMARK = 0.01  # fraction of each device's KV kept free at admission (vLLM's default watermark)
+
+
+@dataclass
+class EngineSpec:
+    """What one virtual engine runs: its dense stages, the devices holding its KV (G) with their capacity
+    (bytes, this engine's share), the attention cost, the layout mode and its parameters."""
+
+    stages: list[StageCost]
+    kv_ids: np.ndarray
+    cap_bytes: np.ndarray
+    attn: AttentionCost
+    mode: str                              # tensor-parallel | water-filling | memory-proportional
+    fractions: np.ndarray | None           # tensor-parallel: KV fraction per device
+    groups: list[np.ndarray] | None        # tensor-parallel: kv indices of each stage
+    static_heads: np.ndarray | None        # memory-proportional: heads per device
+    heads: int
+    kv_bytes_token: float
+    head_bytes_token: float
+    o_pred: float
+    token_budget: int
+    max_batch: int
+    prefill_free: bool = False
+    redispatch_every_s: float = 0.0
+    theta: float = 1.2
+    mig_bw: np.ndarray | None = None       # G x G B/s
+    mig_lat: np.ndarray | None = None      # G x G s
+
+
+class HetisEnginePolicy:
+    """The engine policy of one virtual replica (see the module docstring); `problem` gives the model."""
+
+    def __init__(self, problem: Any, spec: EngineSpec, n_requests: int) -> None:
+        self.p = problem
+        self.s = spec
+        G = len(spec.kv_ids)
+        self.F = np.zeros((n_requests, G))
+        self.n = np.zeros((n_requests, G), dtype=np.int64)
+        self.waiting: deque[int] = deque()
+        self.running: list[int] = []
+        self.last_redispatch_s = 0.0
+        self.migrated_bytes = 0.0
+        self.moves = 0
+        self.dispatches = 0
+
+    # -- engine callbacks
+
+    def on_arrival(self, idx: np.ndarray, state: EngineState) -> None:
+        """Queue arrivals in order."""
+        self.waiting.extend(idx.tolist())
+
+    def on_finish(self, idx: np.ndarray, state: EngineState) -> None:
+        """Drop finished requests from the batch."""
+        done = set(idx.tolist())
+        self.running = [i for i in self.running if i not in done]
+
+    # -- placement
+
+    def _loads(self, dec: np.ndarray, state: EngineState) -> tuple[np.ndarray, np.ndarray]:
+        """Return (whole-token KV read per device, heads per device) of the decoding requests."""
+        if not len(dec):
+            G = len(self.s.kv_ids)
+            return np.zeros(G), np.zeros(G)
+        ctx = state.kv_tokens(dec).astype(float)
+        share = ctx @ self.F[dec]
+        heads = self.n[dec].sum(axis=0).astype(float) if self.s.mode != "tensor-parallel" else \
+            self.F[dec].sum(axis=0) * self.s.heads
+        return share, heads
+
+    def _place(self, i: int, need: int, used: np.ndarray, share: np.ndarray, heads: np.ndarray) -> np.ndarray | None:
+        """Return request i's KV fraction per device (setting its head counts), or None when it does not
+        fit now. `used` is the KV bytes in use per device; share/heads the decoding loads."""
+        s = self.s
+        room = s.cap_bytes * (1 - WATERMARK) - used
+        if s.mode == "tensor-parallel":
+            f = s.fractions
+        elif s.mode == "memory-proportional":
+            self.n[i] = s.static_heads
+            f = s.static_heads / s.heads
+        else:
+            H = s.heads
+            base = s.attn.s_per_token / H * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0)
+            load = base * H * share
+            nvec = None
+            for mem in (need + s.o_pred, float(need)):
+                inst = DispatchInstance(base, s.attn.c0_s, s.attn.c1_s_per_head, load, heads,
+                                        np.maximum(room, 0.0) / s.head_bytes_token,
+                                        np.array([need + s.o_pred / 2.0]), np.array([mem]), H)
+                placed = water_filling(inst)
+                if placed is not None:
+                    nvec = placed[0]
+                    break
+            if nvec is None:
+                return None
+            self.dispatches += 1
+            self.n[i] = nvec
+            f = nvec / H
+        if np.any(f * need * s.kv_bytes_token > room + 1e-6):
+            return None
+        return f
+
+    def _redispatch(self, dec: np.ndarray, state: EngineState) -> float:
+        """Stage C: move heads off the slowest device while max/mean > theta; return migration seconds."""
+        s = self.s
+        if s.mode != "water-filling" or not s.redispatch_every_s or not len(dec):
+            return 0.0
+        if state.now_s - self.last_redispatch_s < s.redispatch_every_s:
+            return 0.0
+        self.last_redispatch_s = state.now_s
+        share, heads = self._loads(dec, state)
+        t = s.attn.device_times(share, heads)
+        active = s.cap_bytes > 0
+        if not np.any(active) or t.max() <= s.theta * t[active].mean():
+            return 0.0
+        ctx = state.kv_tokens(dec).astype(float)
+        used = (self.F[dec] * (ctx + 1)[:, None]).sum(axis=0) * s.kv_bytes_token
+        per = s.attn.s_per_token / s.heads * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0)
+        seconds = 0.0
+        for _ in range(2 * s.heads):
+            g = int(np.argmax(t))
+            on = np.flatnonzero(self.n[dec, g] > 0)
+            if not len(on):
+                break
+            k = on[int(np.argmax(ctx[on]))]
+            r = int(dec[k])
+            nb = ctx[k] * s.head_bytes_token
+            gain = per * ctx[k] + s.attn.c1_s_per_head
+            cand = t + gain + np.where(heads > 0, 0.0, s.attn.c0_s)
+            cand = np.where(used + nb <= s.cap_bytes * (1 - WATERMARK), cand, np.inf)
+            cand[g] = np.inf
+            h = int(np.argmin(cand))
+            if not np.isfinite(cand[h]) or max(cand[h], t[g] - gain[g]) >= t[g]:
+                break
+            self.n[r, g] -= 1
+            self.n[r, h] += 1
+            self.F[r] = self.n[r] / s.heads
+            t[g] -= gain[g]
+            t[h] = cand[h]
+            heads[g] -= 1
+            heads[h] += 1
+            used[g] -= nb
+            used[h] += nb
+            seconds += s.mig_lat[g, h] + nb / s.mig_bw[g, h]
+            self.migrated_bytes += nb
+            self.moves += 1
+        return seconds
+
+    # -- the iteration
+
+    def next_iteration(self, state: EngineState) -> Iteration | None:
+        """Return the next iteration: running decodes, prefill chunks, admissions; its duration from the
+        cost model (dense stages, prefill attention, decode attention per device, migrations)."""
+        s = self.s
+        run = np.asarray(self.running, dtype=np.int64)
+        while len(run):
+            dec_flag = (state.prefilled[run] >= state.prefill_target[run]).astype(float)
+            used = ((state.kv_tokens(run) + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
+            if np.all(used <= s.cap_bytes * (1 + 1e-9) + 1e-6):
+                break
+            victim = int(run[-1])
+            state.preempt(victim)
+            self.running.pop()
+            self.waiting.appendleft(victim)
+            run = run[:-1]
+        if len(run):
+            dec_flag = state.prefilled[run] >= state.prefill_target[run]
+            decoding = run[dec_flag]
+            used = ((state.kv_tokens(run) + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
+        else:
+            decoding = _EMPTY
+            used = np.zeros(len(s.kv_ids))
+        share, heads = self._loads(decoding, state)
+        budget = s.token_budget - len(decoding)
+        chunks: list[tuple[int, int]] = []
+        for i in self.running:
+            if budget <= 0:
+                break
+            left = int(state.prefill_target[i] - state.prefilled[i])
+            if left > 0:
+                c = left if s.prefill_free else min(budget, left)
+                chunks.append((i, c))
+                budget -= 1 if s.prefill_free else c
+        while budget > 0 and self.waiting and len(self.running) < s.max_batch:
+            i = self.waiting[0]
+            need = int(state.prefill_target[i])
+            f = self._place(i, need, used, share, heads)
+            if f is None:
+                if not self.running and not chunks:
+                    self.waiting.popleft()  # does not fit even alone: refuse rather than stall
+                    state.reject(i)
+                    continue
+                break
+            self.waiting.popleft()
+            self.F[i] = f
+            self.running.append(i)
+            used = used + f * need * s.kv_bytes_token
+            c = need if s.prefill_free else min(budget, need)
+            chunks.append((i, c))
+            budget -= 1 if s.prefill_free else c
+        if not len(decoding) and not chunks:
+            return None
+        p_idx = np.array([c[0] for c in chunks], dtype=np.int64)
+        p_tok = np.array([c[1] for c in chunks], dtype=np.int64)
+        dense_tokens = len(decoding) + (len(chunks) if s.prefill_free else int(p_tok.sum()))
+        stage_t = [sc.time_s(dense_tokens) for sc in s.stages]
+        if len(chunks) and not s.prefill_free:
+            pos = state.prefilled[p_idx]
+            stage_t = [t + prefill_attention_stage_s(self.p, sc, p_tok, pos) for t, sc in zip(stage_t, s.stages)]
+        times = s.attn.device_times(share, heads) if len(decoding) else np.zeros(len(s.kv_ids))
+        pp = len(stage_t)
+        if s.mode == "tensor-parallel":
+            for k, grp in enumerate(s.groups or []):
+                stage_t[k] += float(times[grp].max()) if len(grp) else 0.0
+            step = max(sum(stage_t), pp * max(stage_t))
+            attn = 0.0
+        else:
+            attn = float(times.max()) if len(times) else 0.0
+            step = max(sum(stage_t) + attn, pp * max(max(stage_t), attn))
+        step += self._redispatch(decoding, state)
+        return Iteration(step, p_idx, p_tok, decoding,
+                         {"decodes": float(len(decoding)), "prefill_tokens": float(p_tok.sum()), "attention_s": attn})
+
+
+# ---------------------------------------------------------------- building engines from a plan
+
+
+def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) -> list[EngineSpec]:
+    """Return the EngineSpecs of one replica: pp virtual engines sharing its memory."""
+    cfg = problem.config
+    stages = stage_costs(problem, replica.stages)
+    primaries = [d for st in replica.stages for d in st.devices]
+    pp = len(replica.stages)
+    hetis_mode = plan.dispatch != "tensor-parallel"
+    cap_all = kv_capacity(problem, plan.replicas, plan.attention_devices)
+    if hetis_mode:
+        kv_ids = np.array(sorted(plan.attention_devices), dtype=np.int64)
+        fractions, groups = None, None
+    else:
+        fr = kv_fractions_tp(problem, replica)
+        kv_ids = np.array(sorted(fr), dtype=np.int64)
+        fractions = np.array([fr[d] for d in kv_ids.tolist()])
+        pos = {d: k for k, d in enumerate(kv_ids.tolist())}
+        groups = [np.array([pos[d] for d in st.devices], dtype=np.int64) for st in replica.stages]
+    attn = attention_cost(problem, kv_ids.tolist(), primaries)
+    cap = np.array([cap_all[d] for d in kv_ids.tolist()]) / pp
+    if hetis_mode and replica.share < 1:
+        # data-parallel replicas share every attention device's KV memory and HBM bandwidth in proportion
+        # to their request shares (a fluid, processor-sharing approximation of concurrent use)
+        share = max(replica.share, 1e-9)
+        cap = cap * share
+        attn = AttentionCost(attn.ids, attn.s_per_token / share, attn.worker, attn.c0_s, attn.c1_s_per_head,
+                             attn.overhead)
+    static = None
+    if plan.dispatch == "memory-proportional":
+        static = np.array([plan.static_heads.get(str(d), 0) for d in kv_ids.tolist()], dtype=np.int64)
+    g = {x.id: x for x in gpus_of(problem)}
+    G = len(kv_ids)
+    bw = np.full((G, G), np.inf)
+    lat = np.zeros((G, G))
+    for a in range(G):
+        for b in range(G):
+            if a != b:
+                bw[a, b], lat[a, b] = link_of(problem, g[int(kv_ids[a])], g[int(kv_ids[b])])
+    spec = EngineSpec(stages, kv_ids, cap, attn, plan.dispatch, fractions, groups, static, cfg.kv,
+                      kv_bytes_per_token(cfg, problem.dtype), head_bytes_per_token(problem), problem.o_pred(),
+                      problem.token_budget, problem.max_batch, prefill_free,
+                      problem.redispatch_every_s if plan.redispatch else 0.0, problem.redispatch_theta, bw, lat)
+    return [spec] * pp
+
+
+def route(n: int, weights: list[float]) -> np.ndarray:
+    """Return, for each of n requests in arrival order, the index of the engine it goes to: smooth
+    weighted round robin on `weights` (deterministic; engines of weight 0 get nothing)."""
+    w = np.asarray(weights, dtype=float)
+    w = w / w.sum()
+    cur = np.zeros(len(w))
+    out = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        cur += w
+        k = int(np.argmax(cur))
+        out[i] = k
+        cur[k] -= 1.0
+    return out
+
+
+def _sub(req: Requests, idx: np.ndarray, arrival: np.ndarray | None = None,
+         output: np.ndarray | None = None) -> tuple[Requests, np.ndarray]:
+    """Return the sub-trace of requests idx (optionally with new arrivals / outputs), sorted by arrival,
+    and idx in that order."""
+    a = req.arrival_s[idx] if arrival is None else arrival
+    o = req.output_tokens[idx] if output is None else output
+    order = np.argsort(a, kind="stable")
+    return Requests(a[order], req.prompt_tokens[idx][order], o[order], req.service[idx][order]), idx[order]
+
+
+def _run_pool(problem: Any, plan: Any, replicas: list[Any], req: Requests, idx: np.ndarray, prefill_free: bool,
+              arrival: np.ndarray | None, output: np.ndarray | None, stats: dict[str, float]) -> dict[str, np.ndarray]:
+    """Simulate requests `idx` of `req` over the engines of `replicas`; return per-request arrays
+    (first_s, finish_s, rejected) indexed like idx."""
+    engines: list[EngineSpec] = []
+    weights: list[float] = []
+    for rep in replicas:
+        specs = _virtual_engines(problem, plan, rep, prefill_free)
+        engines += specs
+        weights += [rep.share / len(specs)] * len(specs)
+    where = route(len(idx), weights)
+    first = np.full(len(idx), np.nan)
+    finish = np.full(len(idx), np.nan)
+    rejected = np.zeros(len(idx), dtype=bool)
+    for k, spec in enumerate(engines):
+        mine = np.flatnonzero(where == k)
+        if not len(mine):
+            continue
+        sub, order = _sub(req, idx[mine], None if arrival is None else arrival[mine],
+                          None if output is None else output[mine])
+        pol = HetisEnginePolicy(problem, spec, len(sub))
+        res = simulate(sub, pol)
+        back = {int(v): j for j, v in enumerate(idx[mine].tolist())}
+        pos = np.array([back[int(v)] for v in order.tolist()], dtype=np.int64)
+        first[mine[pos]] = res.ttft_s + sub.arrival_s
+        finish[mine[pos]] = res.finish_s
+        rejected[mine[pos]] = res.rejected
+        stats["iterations"] = stats.get("iterations", 0.0) + res.iterations
+        stats["preemptions"] = stats.get("preemptions", 0.0) + res.preemptions
+        stats["migrated_bytes"] = stats.get("migrated_bytes", 0.0) + pol.migrated_bytes
+        stats["head_moves"] = stats.get("head_moves", 0.0) + pol.moves
+        stats["dispatches"] = stats.get("dispatches", 0.0) + pol.dispatches
+    return {"first_s": first, "finish_s": finish, "rejected": rejected}
+
+
+def simulate_plan(problem: Any, plan: Any, req: Requests) -> tuple[SimResult, dict[str, float]]:
+    """Return (SimResult over all of `req`, engine statistics) of a plan's layout serving the trace."""
+    n = len(req)
+    stats: dict[str, float] = {}
+    both = [r for r in plan.replicas if r.phase == "both"]
+    pre = [r for r in plan.replicas if r.phase == "prefill"]
+    dec = [r for r in plan.replicas if r.phase == "decode"]
+    idx = np.arange(n, dtype=np.int64)
+    if both:
+        out = _run_pool(problem, plan, both, req, idx, False, None, None, stats)
+        first, finish, rejected = out["first_s"], out["finish_s"], out["rejected"]
+    else:
+        one = np.ones(n, dtype=np.int64)
+        p1 = _run_pool(problem, plan, pre, req, idx, False, None, one, stats)
+        first, rejected = p1["first_s"], p1["rejected"].copy()
+        finish = np.where(req.output_tokens == 1, first, np.nan)
+        go = np.flatnonzero(np.isfinite(first) & (req.output_tokens > 1))
+        if len(go):
+            ship = transfer_s(problem, plan, req.prompt_tokens[go])
+            p2 = _run_pool(problem, plan, dec, req, go, True, first[go] + ship, None, stats)
+            finish[go] = p2["finish_s"]
+            rejected[go] |= p2["rejected"]
+    out_tok = req.output_tokens
+    with np.errstate(invalid="ignore"):
+        tpot = np.where(out_tok > 1, (finish - first) / np.maximum(out_tok - 1, 1), 0.0)
+    tpot = np.where(np.isfinite(finish), tpot, np.nan)
+    end = float(np.nanmax(finish)) if np.any(np.isfinite(finish)) else float(req.arrival_s[-1]) if n else 0.0
+    res = SimResult(req, first - req.arrival_s, tpot, finish, rejected, end, int(stats.get("iterations", 0)), 0.0,
+                    int(stats.get("preemptions", 0)), [])
+    return res, stats
+
+
+def transfer_s(problem: Any, plan: Any, prompt_tokens: np.ndarray) -> np.ndarray:
+    """Return the seconds to ship each prompt's KV from the prefill pool to the decode pool (the slowest
+    link between their first devices, latency + bytes / bandwidth)."""
+    g = {x.id: x for x in gpus_of(problem)}
+    pre = [r for r in plan.replicas if r.phase == "prefill"]
+    dec = [r for r in plan.replicas if r.phase == "decode"]
+    bw, lat = math.inf, 0.0
+    for a in pre:
+        for b in dec:
+            x, y = link_of(problem, g[a.stages[0].devices[0]], g[b.stages[0].devices[0]])
+            if x < bw:
+                bw, lat = x, y
+    kvb = kv_bytes_per_token(problem.config, problem.dtype)
+    return lat + prompt_tokens * kvb / bw
+
+
+def p95(values: np.ndarray, q: float = 95.0) -> float:
+    """Return the nearest-rank q-th percentile of `values` with unserved (nan) entries counted as +inf."""
+    v = np.sort(np.where(np.isfinite(values), values, np.inf))
+    if not len(v):
+        return 0.0
+    k = max(0, int(math.ceil(q / 100.0 * len(v))) - 1)
+    return float(v[k])

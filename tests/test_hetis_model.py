@@ -1,0 +1,198 @@
+"""Hetis: the model's check against tampered plans, Stage A's 5% rule, the baselines against their definitions."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import gpuplan
+from gpuplan.models.hetis import (HetisPlan, capacity, layout_violations, snapshot_instance)
+from gpuplan.models.hetis.cost import kv_capacity, kv_fractions_tp
+from gpuplan.models.hetis.policy import p95, route, transfer_s
+from gpuplan.sim.latency import kv_bytes_per_token
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "examples" / "hetis" / "small.yaml"
+
+
+def _doc(**trace: object) -> dict:
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["trace"] = {**doc["trace"], "lengths": str(ROOT / "examples" / "serving" / "sharegpt-sample.csv"),
+                    "requests": 60, **trace}
+    doc["search"] = {"low_per_s": 1, "high_per_s": 16, "rel_tol": 0.25}
+    return doc
+
+
+@pytest.fixture(scope="module")
+def problem() -> gpuplan.models.base.Problem:
+    return gpuplan.load_problem(_doc())
+
+
+@pytest.fixture(scope="module")
+def plan(problem: object) -> HetisPlan:
+    return gpuplan.solve(problem, solver="hetis")
+
+
+def test_hetis_plan_checks_clean_and_is_deterministic(problem: object, plan: HetisPlan) -> None:
+    assert plan.ok and plan.dispatch == "water-filling" and plan.redispatch
+    assert gpuplan.check(problem, plan) == []
+    again = gpuplan.solve(problem, solver="hetis")
+    assert again.predicted == plan.predicted and again.head_map == plan.head_map
+
+
+def test_every_snapshot_request_has_all_its_heads(problem: object, plan: HetisPlan) -> None:
+    H = problem.config.kv
+    assert len(plan.head_map) == problem.head_map_requests
+    assert all(sum(a.heads.values()) == H for a in plan.head_map)
+
+
+def test_check_catches_heads_not_covered_exactly_once(problem: object, plan: HetisPlan) -> None:
+    for delta in (-1, +1):
+        bad = plan.model_copy(deep=True)
+        d = next(iter(bad.head_map[0].heads))
+        bad.head_map[0].heads[d] += delta
+        codes = {v.code for v in gpuplan.check(problem, bad)}
+        assert "heads" in codes
+
+
+def test_check_catches_heads_on_a_device_that_is_not_an_attention_device(problem: object, plan: HetisPlan) -> None:
+    bad = plan.model_copy(deep=True)
+    bad.head_map[0].heads["99"] = bad.head_map[0].heads.pop(next(iter(bad.head_map[0].heads)))
+    assert any(v.code == "head_map" for v in gpuplan.check(problem, bad))
+
+
+def test_check_catches_kv_memory_overflow_in_the_head_map() -> None:
+    doc = _doc()
+    doc["cluster"]["device_types"]["tiny"] = {"name": "tiny", "memory_bytes": "1.2 GB", "memory_bandwidth_GBps": 900,
+                                              "peak_tflops": {"fp16": 50}}
+    doc["cluster"]["nodes"].append({"name": "t", "gpus": {"tiny": 1}})
+    prob = gpuplan.load_problem(doc)
+    plan = gpuplan.solve(prob, solver="hetis")
+    assert gpuplan.check(prob, plan) == []
+    tiny = str(len(prob.cluster.devices) - 1)
+    bad = plan.model_copy(deep=True)
+    for a in bad.head_map:
+        a.heads = {tiny: prob.config.kv}
+    codes = [v.code for v in gpuplan.check(prob, bad)]
+    assert "memory" in codes
+
+
+def test_check_catches_weights_that_do_not_fit() -> None:
+    doc = _doc()
+    doc["model"] = "llama2-13b"  # 26 GB of fp16 weights: one 24 GB RTX 3090 cannot hold them
+    prob = gpuplan.load_problem(doc)
+    three090 = [d.id for d in prob.cluster.devices if d.type == "RTX3090"]
+    bad = HetisPlan(kind="hetis", status="feasible",
+                    replicas=[{"stages": [{"devices": [three090[0]], "layers": prob.config.num_layers}]}])
+    assert "memory" in {v.code for v in layout_violations(prob, bad)}
+    assert "memory" in {v.code for v in gpuplan.models.hetis.check(prob, bad)}
+
+
+def test_check_catches_stated_figures_that_differ(problem: object, plan: HetisPlan) -> None:
+    for key in ("ttft_p_s", "max_rate_per_s", "usable_kv_bytes", "snapshot_attention_s"):
+        bad = plan.model_copy(deep=True)
+        bad.predicted[key] = bad.predicted[key] * 1.5 + 1.0
+        assert any(v.code == "figure" for v in gpuplan.check(problem, bad)), key
+    bad = plan.model_copy(deep=True)
+    bad.kv_capacity_bytes[next(iter(bad.kv_capacity_bytes))] *= 2
+    assert any(v.code == "figure" for v in gpuplan.check(problem, bad))
+
+
+def test_stage_a_takes_the_fewest_primaries_within_delta(problem: object) -> None:
+    from gpuplan.solvers.hetis import _set_partitions, _subsets, dp_dense_step, dp_layout, node_groups, stage_a
+
+    chosen, _ = stage_a(problem)
+    cands = []
+    groups = node_groups(problem)
+    for subset in _subsets(groups):
+        for part in _set_partitions(list(range(len(subset)))):
+            reps = dp_layout(problem, [[subset[k] for k in b] for b in part])
+            if reps is not None:
+                cands.append((dp_dense_step(problem, reps), sum(len(s.devices) for r in reps for s in r.stages)))
+    best = min(t for t, _ in cands)
+    t_chosen = dp_dense_step(problem, chosen)
+    n_chosen = sum(len(s.devices) for r in chosen for s in r.stages)
+    assert t_chosen <= best * (1 + problem.delta) + 1e-12
+    assert all(n >= n_chosen for t, n in cands if t <= best * (1 + problem.delta))
+    loose = problem.model_copy(update={"delta": 10.0})
+    few, _ = stage_a(loose)
+    assert sum(len(s.devices) for r in few for s in r.stages) == min(n for _, n in cands)
+
+
+def test_uniform_tp_is_bounded_by_the_smallest_gpu(problem: object) -> None:
+    plan = gpuplan.solve(problem, solver="uniform-tp")
+    assert gpuplan.check(problem, plan) == []
+    (rep,) = plan.replicas
+    layers = [s.layers for s in rep.stages]
+    assert max(layers) - min(layers) <= 1
+    cap = kv_capacity(problem, plan.replicas, [])
+    fr = kv_fractions_tp(problem, rep)
+    expected = min(cap[d] / f for d, f in fr.items())
+    assert math.isclose(plan.usable_kv_bytes, expected, rel_tol=1e-12)
+    assert plan.usable_kv_bytes <= sum(cap.values()) + 1e-6
+
+
+def test_heads_by_memory_splits_heads_in_proportion_to_kv_capacity(problem: object) -> None:
+    plan = gpuplan.solve(problem, solver="heads-by-memory")
+    assert gpuplan.check(problem, plan) == []
+    cap, _ = capacity(problem, plan)
+    H = problem.config.kv
+    total = sum(cap[int(d)] for d in plan.static_heads)
+    assert sum(plan.static_heads.values()) == H
+    for d, n in plan.static_heads.items():
+        assert abs(n - H * cap[int(d)] / total) < 1
+    assert all(a.heads == plan.static_heads for a in plan.head_map)
+
+
+def test_splitwise_ships_prompt_kv_from_prefill_to_decode_pool(problem: object) -> None:
+    plan = gpuplan.solve(problem, solver="splitwise")
+    assert gpuplan.check(problem, plan) == []
+    phases = {r.phase for r in plan.replicas}
+    assert phases == {"prefill", "decode"}
+    prompts = np.array([1, 100, 1000])
+    t = transfer_s(problem, plan, prompts)
+    kvb = kv_bytes_per_token(problem.config, problem.dtype)
+    assert np.all(np.diff(t) > 0)
+    assert math.isclose((t[2] - t[1]) / 900, kvb / (problem.cluster.inter_node.bandwidth_GBps * 1e9), rel_tol=1e-9)
+
+
+def test_hexgen_stages_fastest_first_and_shares_sum_to_one(problem: object) -> None:
+    plan = gpuplan.solve(problem, solver="hexgen")
+    assert gpuplan.check(problem, plan) == []
+    assert math.isclose(sum(r.share for r in plan.replicas), 1.0)
+    assert all(r.phase == "both" for r in plan.replicas)
+    uniform = gpuplan.solve(problem, solver="uniform-tp")
+    assert plan.objective >= uniform.objective * (1 - problem.search.rel_tol)
+
+
+def test_route_is_a_smooth_weighted_round_robin() -> None:
+    where = route(100, [0.75, 0.25])
+    assert np.bincount(where).tolist() == [75, 25]
+    assert where[:4].tolist() == [0, 1, 0, 0] or where[:4].tolist().count(1) == 1
+
+
+def test_p95_counts_unserved_as_misses() -> None:
+    assert p95(np.array([1.0] * 96 + [np.nan] * 4)) == 1.0
+    assert math.isinf(p95(np.array([1.0] * 90 + [np.nan] * 10)))
+
+
+def test_bad_lengths_source_is_an_input_error(tmp_path: Path) -> None:
+    doc = _doc(lengths="missing.csv")
+    with pytest.raises(gpuplan.errors.InputError, match="lengths"):
+        gpuplan.load_problem(doc)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("prompt_tokens,output_tokens\n1,x\n")
+    prob = gpuplan.load_problem(_doc(lengths=str(bad)))
+    with pytest.raises(gpuplan.errors.InputError, match="trace.lengths"):
+        prob.lengths()
+
+
+def test_snapshot_instance_uses_the_plan_attention_devices(problem: object, plan: HetisPlan) -> None:
+    inst = snapshot_instance(problem, plan)
+    assert inst.devices == len(plan.attention_devices)
+    assert len(inst.ctx_tokens) == problem.head_map_requests
