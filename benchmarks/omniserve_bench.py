@@ -28,7 +28,7 @@ from gpuplan.sim.traces import sharegpt_available
 from gpuplan.solvers.omniserve import best_fraction
 
 ROOT = Path(__file__).resolve().parent.parent
-PAPER = ROOT / "examples" / "omniserve" / "paper.yaml"
+PAPER = ROOT / "examples" / "omniserve" / "paper-like.yaml"
 
 
 def variant(base: OmniServeProblem, *, host_only: bool = False, ls_requests: int | None = None,

@@ -21,7 +21,7 @@ from gpuplan.sim.latency import LinearLatency, StaircaseLatency, relative_errors
 from gpuplan.solvers.omniserve import pack_exact
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = ROOT / "examples" / "omniserve" / "small.yaml"
+SMALL = ROOT / "examples" / "omniserve" / "llama70b-small.yaml"
 
 
 @pytest.fixture(scope="module")

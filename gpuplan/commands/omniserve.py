@@ -39,8 +39,8 @@ def simulate_omniserve(input: str, trace: str | None, rates: tuple[float, ...], 
 
     \b
     Examples:
-      gpuplan simulate omniserve examples/omniserve/small.yaml --rate 2 --rate 4 --png curves.png
-      gpuplan simulate omniserve examples/omniserve/small.yaml --trace sharegpt --policy omniserve --json
+      gpuplan simulate omniserve examples/omniserve/llama70b-small.yaml --rate 2 --rate 4 --png curves.png
+      gpuplan simulate omniserve examples/omniserve/llama70b-small.yaml --trace sharegpt --policy omniserve --json
     Exit codes: 0 simulated, 2 bad input or option."""
     from gpuplan import api
     from gpuplan.cliout import emit_json, say
