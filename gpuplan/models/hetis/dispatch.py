@@ -102,7 +102,8 @@ def water_filling(inst: DispatchInstance, *, improve: bool = True) -> np.ndarray
 
 
 def local_improve(inst: DispatchInstance, n: np.ndarray, max_moves: int | None = None) -> np.ndarray:
-    """Move single heads off the slowest device while a move lowers max_g T_g; return n (changed in place)."""
+    """Move single heads off the slowest device (or swap two requests' heads when memory binds) while that
+    lowers max_g T_g; return n (changed in place)."""
     limit = max_moves if max_moves is not None else min(256, 4 * inst.heads * max(1, len(inst.ctx_tokens)))
     used = inst.mem_tokens @ n
     for _ in range(limit):
@@ -121,13 +122,45 @@ def local_improve(inst: DispatchInstance, n: np.ndarray, max_moves: int | None =
                 if val < best[0]:
                     best = (val, int(r), h)
         if best[1] < 0:
-            break
+            if not _swap(inst, n, used, g, t[g]):
+                break
+            continue
         _, r, h = best
         n[r, g] -= 1
         n[r, h] += 1
         used[g] -= inst.mem_tokens[r]
         used[h] += inst.mem_tokens[r]
     return n
+
+
+def _swap(inst: DispatchInstance, n: np.ndarray, used: np.ndarray, g: int, t_g: float) -> bool:
+    """Exchange one head of a request on the slowest device g with one head of another request on a
+    device h when that lowers max_g T_g within memory (what a single move cannot do when memory binds);
+    return True when a swap was made (n and used changed in place)."""
+    best = (t_g * (1 - 1e-12), None)
+    m = inst.mem_tokens
+    for r in np.flatnonzero(n[:, g] > 0):
+        for h in range(inst.devices):
+            if h == g:
+                continue
+            for q in np.flatnonzero(n[:, h] > 0):
+                if q == r:
+                    continue
+                if used[h] - m[q] + m[r] > inst.free_head_tokens[h] + 1e-9 or \
+                        used[g] - m[r] + m[q] > inst.free_head_tokens[g] + 1e-9:
+                    continue
+                n[r, g] -= 1; n[r, h] += 1; n[q, h] -= 1; n[q, g] += 1  # noqa: E702
+                val = float(device_times(inst, n).max())
+                n[r, g] += 1; n[r, h] -= 1; n[q, h] += 1; n[q, g] -= 1  # noqa: E702
+                if val < best[0]:
+                    best = (val, (int(r), h, int(q)))
+    if best[1] is None:
+        return False
+    r, h, q = best[1]
+    n[r, g] -= 1; n[r, h] += 1; n[q, h] -= 1; n[q, g] += 1  # noqa: E702
+    used[g] += m[q] - m[r]
+    used[h] += m[r] - m[q]
+    return True
 
 
 def proportional_split(weights: np.ndarray, heads: int) -> np.ndarray:
