@@ -152,7 +152,7 @@ def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None
     from gpuplan.solvers.oef_ef import solve_ef_lp
 
     res = solve_ef_lp(c.V, c.usable, c.count * c.gpus, c.capacity, c.weight / c.gpus, si_ref, fallback,
-                      envy=envy, time_limit_s=time_limit_s, groups=groups)
+                      envy=envy, time_limit_s=time_limit_s, groups=groups, weight=c.weight, gpus=c.gpus)
     stats = dict(res.stats)
     if res.message:
         stats["message"] = res.message

@@ -94,8 +94,10 @@ def violated_envy(V: np.ndarray, X: np.ndarray, rho: np.ndarray, *, top: int = 3
     return i[keep], k[keep], g[keep], worst
 
 
-def envy_free_mix(V: np.ndarray, X: np.ndarray, E: np.ndarray, rho: np.ndarray, *, block: int = 1024) -> float:
-    """Return the smallest t in [0, 1] such that (1 - t) X + t E has no envy (E must be envy-free).
+def envy_free_mix(V: np.ndarray, X: np.ndarray, E: np.ndarray, rho: np.ndarray, *, block: int = 1024,
+                  tol: float = TOL) -> float:
+    """Return the smallest t in [0, 1] such that (1 - t) X + t E has no envy (E must be envy-free):
+    no pair's gap above tol x max(U_i, 1) (check allows 1e-6 relative).
 
     Every envy row is linear in the allocation, so pair (i, k) with value a at X and b <= 0 at E
     needs t >= a / (a - b) when a > 0 (t = 1 when b = 0); the answer is the largest need.
@@ -111,7 +113,7 @@ def envy_free_mix(V: np.ndarray, X: np.ndarray, E: np.ndarray, rho: np.ndarray, 
         idx = np.arange(lo, hi)
         a[idx - lo, idx] = 0.0
         b[idx - lo, idx] = 0.0
-        bad = a > TOL * np.maximum(UX[lo:hi, None], 1.0)
+        bad = a > tol * np.maximum(UX[lo:hi, None], 1.0)
         if bad.any():
             if (b[bad] >= -TOL).any():
                 return 1.0
@@ -128,6 +130,11 @@ class EfResult:
     upper_bound: float
     message: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+def _efficiency(size: np.ndarray, V: np.ndarray, Y: np.ndarray) -> float:
+    """Return sum_r size_r V_r . y_r (slowest-GPU equivalents for job rows with size = GPUs)."""
+    return float((size * (V * Y).sum(axis=1)).sum())
 
 
 def lp_matrices(V: np.ndarray, size: np.ndarray) -> tuple[Any, Any, Any]:
@@ -182,16 +189,23 @@ def _first_round_rows(V: np.ndarray, usable: np.ndarray, rho: np.ndarray, U: np.
 
 def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
                 si_ref: np.ndarray, E: np.ndarray | None, *, envy: bool = True, time_limit_s: float | None = None,
-                top: int = 3, drop_every: int = 3, max_rounds: int = 1000, groups: int = 0,
-                progress: Callable[[float | None, str], None] | None = None) -> EfResult:
+                top: int = 3, drop_every: int = 3, max_rounds: int = 1000, groups: int = 0, hull: bool = True,
+                market: bool = True, hull_share: float = 0.3, weight: np.ndarray | None = None,
+                gpus: np.ndarray | None = None, progress: Callable[[float | None, str], None] | None = None) -> EfResult:
     """Return max sum_c size_c V_c . y_c s.t. time, capacity, SI (U >= si_ref) and, if `envy`, EF.
 
     V, usable: rows x types; size: weight of each row in the objective and the capacity rows (GPUs x
     jobs of the class); rho: weight / gpus per row; E: an envy-free, SI-feasible allocation used
     when the time limit stops the rounds (None: none). groups > 0 (with a time limit and envy):
     first solve the EF LP restricted to one bundle per group of similar jobs (solvers/oef_groups.py)
-    within half the limit, and return it instead of the mix with E when it is better. Raises
-    InfeasibleError if the LP is infeasible, SolverError if HiGHS fails without a time limit.
+    within half the limit, and return it instead of the mix with E when it is better. hull (with
+    envy, when the rounds stop before the optimum): the plan is the best per-job mix of the last
+    relaxed optimum, the best envy-free plan in hand and E (solvers/oef_hull.py), which gets the
+    last `hull_share` of the time limit. market (with envy, at a time limit; needs each row's
+    `weight` and `gpus`, rows being jobs or classes of one job): the equal-incomes market allocation
+    (solvers/oef_market.py) joins the candidates and replaces E as the plan to fall back on when it is
+    better. Raises InfeasibleError if the LP is infeasible,
+    SolverError if HiGHS fails without a time limit.
     """
     import highspy
     from scipy.sparse import vstack
@@ -227,8 +241,10 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     worst = 0.0
     last_drop_obj = np.inf
 
+    rounds_limit_s = time_limit_s if time_limit_s is None or not (hull and envy) else time_limit_s * (1 - hull_share)
+
     def remaining() -> float | None:
-        return None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+        return None if rounds_limit_s is None else rounds_limit_s - (time.perf_counter() - started)
 
     def add_pairs(I: np.ndarray, K: np.ndarray) -> int:
         nonlocal pairs
@@ -291,30 +307,54 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
              "lp_rounds": rounds_done, "upper_bound": float(bound) if np.isfinite(bound) else None}
     if not timed_out:
         return EfResult(X_last if X_last is not None else np.zeros((k, m)), Status.OPTIMAL, bound, "", stats)
-    if X_last is None or E is None:
-        if E is None:
-            raise SolverError(f"time limit of {time_limit_s} s reached before the first LP finished")
-        Y = E
-        t = 1.0
-    else:
-        t = envy_free_mix(V, X_last, E, rho) if envy else 0.0
-        Y = (1 - t) * X_last + t * E
-    eff = float((size * (V * Y).sum(axis=1)).sum())
+    if E is None:
+        raise SolverError(f"time limit of {time_limit_s} s reached before the first LP finished")
     stats.update(group_stats)
-    if grouped is not None and float((size * (V * grouped).sum(axis=1)).sum()) > eff:
-        Y, t = grouped, None
-        eff = float((size * (V * Y).sum(axis=1)).sum())
-        stats["plan_from"] = "grouped restriction"
+    anchor, anchor_from = E, "the equal split"
+    if grouped is not None and _efficiency(size, V, grouped) > _efficiency(size, V, anchor):
+        anchor, anchor_from = grouped, f"the EF LP restricted to one bundle per group ({group_stats.get('groups')} groups)"
+    recent: list[np.ndarray] = []
+    if envy and market and weight is not None and gpus is not None:
+        from gpuplan.solvers.oef_market import market_allocation
+
+        budget = None if time_limit_s is None else max(0.25 * (time_limit_s - (time.perf_counter() - started)), 0.1)
+        M, recent, market_stats = market_allocation(V, usable, weight, gpus, size, capacity, E,
+                                                    time_limit_s=budget)
+        stats.update(market_stats)
+        t_fix = envy_free_mix(V, M, E, rho)           # floating point: the oracle has the last word
+        M = (1 - t_fix) * M + t_fix * E
+        if _efficiency(size, V, M) > _efficiency(size, V, anchor):
+            anchor, anchor_from = M, "the market allocation (equal incomes; mixed with the equal split to fit capacity)"
+    t: float | None = None
+    if X_last is None and not recent:
+        Y, how = anchor, anchor_from
+    elif not envy:
+        Y, how = (X_last, "the last relaxed optimum") if X_last is not None else (anchor, anchor_from)
+    elif hull:
+        from gpuplan.solvers.oef_hull import hull_ef_lp
+
+        cands = [anchor] + ([X_last] if X_last is not None else []) + recent + ([E] if anchor is not E else [])
+        left = None if time_limit_s is None else max(time_limit_s - (time.perf_counter() - started), 0.0)
+        Y, hull_stats = hull_ef_lp(V, size, capacity, rho, si_ref, cands, time_limit_s=left, top=top)
+        stats.update(hull_stats)
+        how = (f"the best per-job mix of {anchor_from}, the last relaxed optimum"
+               f"{', the last market demands' if recent else ''}{'' if anchor is E else ' and the equal split'}"
+               f"{'' if hull_stats['hull_finished'] else ' (its rounds stopped: mixed back with the first)'}")
+    elif X_last is not None:
+        t = envy_free_mix(V, X_last, anchor, rho)
+        Y = (1 - t) * X_last + t * anchor
+        how = f"a mix of the last relaxed optimum with {anchor_from} (t = {t:.3g})"
     else:
-        stats["plan_from"] = "mix with the equal split"
+        Y, how = anchor, anchor_from
+    eff = _efficiency(size, V, Y)
+    if eff < _efficiency(size, V, anchor):          # a stopped hull mixes back; never below what is in hand
+        Y, how, eff = anchor, anchor_from, _efficiency(size, V, anchor)
+    stats["plan_from"] = how
     gap = (bound - eff) / max(bound, 1e-12) if np.isfinite(bound) else None
-    stats.update({"mix_with_equal_share": t, "largest_relative_envy_of_relaxation": worst,  # t None: grouped
-                  "certified_gap": gap})
+    stats.update({"mix_with_equal_share": t, "largest_relative_envy_of_relaxation": worst,
+                  "certified_gap": gap, "efficiency": eff})
     where = (f"at most {gap:.2%} below the optimum (the last relaxation bounds it at {bound:.6g})"
              if gap is not None else "with no bound on the optimum (no relaxation finished)")
-    how = (f"the EF LP restricted to one bundle per group of similar jobs ({group_stats.get('groups')} groups)"
-           if stats["plan_from"] == "grouped restriction" else
-           f"a mix of the last relaxed optimum with the equal split (t = {t or 0.0:.3g})")
     message = (f"time limit of {time_limit_s} s reached after {rounds_done} LP round(s) of envy rows: this "
                f"envy-free plan is {how}; it is {where}")
     return EfResult(Y, Status.TIME_LIMIT, bound, message, stats)

@@ -1,0 +1,110 @@
+"""An envy-free, SI plan from a market: competitive equilibrium from (weighted) equal incomes.
+
+Every job i is a buyer with budget w_i (its weight) who may hold at most g_i GPUs at once; GPU
+type j has C_j GPUs at price p_j. At prices p a buyer demands the bundle z_i (GPUs per type) that
+maximises V_i . z over its budget set {z >= 0 on its usable types, p . z <= w_i, sum_j z_j <= g_i}
+(a knapsack with two constraints: some optimum uses one or two types, so all are enumerated).
+In time fractions x_i = z_i / g_i. Two facts make any prices useful, not only clearing ones:
+
+* **Envy-freeness, exactly OEF's.** Job i can afford s z_k with s = min(w_i / w_k, g_i / g_k)
+  (cost s p . z_k <= s w_k <= w_i, GPUs s sum z_k <= g_i), so V_i . z_i >= s V_i . z_k, i.e.
+  U_i(x_i) >= min(1, w_i g_k / (w_k g_i)) U_i(x_k) = theta_ik U_i(x_k) (models/oef.envy_factor).
+  Types i cannot use are worth 0 to it, so they change nothing.
+* **Sharing incentive** when p . C <= sum w: the equal split's bundle of job i costs
+  alpha_i (w_i / W) p . C <= w_i and holds at most g_i GPUs, so it is in i's budget set.
+
+So the demand at any prices with p . C <= W is envy-free and SI; only capacity can fail. The plan
+is the demand mixed with the equal split E (envy-free, SI, within capacity; every envy, SI and
+capacity row is linear in the allocation, so the mix keeps all three) by the smallest t that fits
+capacity. Prices come from tatonnement (p_j *= exp(eta excess_j / C_j), scaled to p . C <= W),
+and the best mix over the iterations is kept. Deterministic; O(iterations x n x m^2) flops.
+The oracle of solvers/oef_ef.py still verifies the result (floating point), and the
+caller mixes back with E if it finds any envy. Clearing prices would give a competitive equilibrium
+(Pareto efficient, envy-free, SI); tatonnement with linear utilities oscillates, so the last
+iterations' demands are also returned as candidates for a per-job mix LP (solvers/oef_hull.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def demand(V: np.ndarray, usable: np.ndarray, price: np.ndarray, budget: np.ndarray, gpus: np.ndarray
+           ) -> np.ndarray:
+    """Return each buyer's demand in GPUs per type (n x m): max V_i . z s.t. price . z <= budget_i,
+    sum z <= gpus_i, z >= 0 on usable types (first best bundle on ties)."""
+    n, m = V.shape
+    rows = np.arange(n)
+    single = np.minimum(gpus[:, None], budget[:, None] / np.maximum(price, 1e-300)[None, :])
+    value = np.where(usable, V * single, -1.0)
+    arg = value.argmax(axis=1)
+    best = value[rows, arg]
+    Z = np.zeros((n, m))
+    Z[rows, arg] = single[rows, arg]
+    for j in range(m):
+        for q in range(j + 1, m):
+            d = price[j] - price[q]
+            if abs(d) <= 1e-12 * max(price[j], price[q]):
+                continue          # equal prices: a single type is as good
+            zj = (budget - price[q] * gpus) / d
+            zq = gpus - zj
+            ok = usable[:, j] & usable[:, q] & (zj > 0) & (zq > 0)
+            val = np.where(ok, V[:, j] * zj + V[:, q] * zq, -1.0)
+            idx = np.nonzero(val > best * (1 + 1e-12))[0]
+            if len(idx):
+                Z[idx] = 0.0
+                Z[idx, j] = zj[idx]
+                Z[idx, q] = zq[idx]
+                best[idx] = val[idx]
+    return Z
+
+
+def capacity_mix(X: np.ndarray, E: np.ndarray, size: np.ndarray, capacity: np.ndarray) -> float:
+    """Return the smallest t in [0, 1] with (1 - t) X + t E within capacity (E must be); row r of
+    an allocation holds size_r x its time fractions in GPUs."""
+    DX = (size[:, None] * X).sum(axis=0)
+    DE = (size[:, None] * E).sum(axis=0)
+    over = DX > capacity
+    if not over.any():
+        return 0.0
+    need = (DX[over] - capacity[over]) / np.maximum(DX[over] - DE[over], 1e-300)
+    return float(min(1.0, max(0.0, need.max() * (1 + 1e-12) + 1e-15)))
+
+
+def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray,
+                      size: np.ndarray, capacity: np.ndarray, E: np.ndarray, *, iterations: int = 300,
+                      keep: int = 4, time_limit_s: float | None = None
+                      ) -> tuple[np.ndarray, list[np.ndarray], dict[str, float]]:
+    """Return (best plan, the last `keep` distinct demands, stats): the plan is a market demand
+    (time fractions, rows x m) mixed with the equal split E to fit capacity, the most efficient
+    (sum size_r V_r . x_r, slowest-GPU equivalents) over the tatonnement iterations.
+
+    Rows are jobs or classes of identical jobs: weight and gpus are one job's, size is the GPUs
+    the row's time fractions multiply (count x gpus), so W and capacity count every job.
+    """
+    started = time.perf_counter()
+    W = float((weight * size / gpus).sum())
+    price = np.full(len(capacity), W / float(capacity.sum()))
+    best, best_eff, best_t = E, float((size * (V * E).sum(axis=1)).sum()), 1.0
+    recent: list[np.ndarray] = []
+    eta, it = 0.5, 0
+    for it in range(1, iterations + 1):
+        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+            break
+        X = demand(V, usable, price, weight, gpus) / gpus[:, None]
+        t = capacity_mix(X, E, size, capacity)
+        Y = (1 - t) * X + t * E
+        eff = float((size * (V * Y).sum(axis=1)).sum())
+        if eff > best_eff:
+            best, best_eff, best_t = Y, eff, t
+        if not any(np.array_equal(X, r) for r in recent):
+            recent = (recent + [X])[-keep:]
+        excess = (size[:, None] * X).sum(axis=0) - capacity
+        price = price * np.exp(eta * excess / capacity)
+        if price @ capacity > W:               # keeps the equal split affordable: SI
+            price *= W / float(price @ capacity)
+        eta = max(0.02, eta * 0.99)
+    return best, recent, {"market_iterations": it, "market_mix_with_equal_share": best_t,
+                          "market_efficiency": best_eff}
