@@ -117,3 +117,20 @@ def test_mixed_dp_bundle_computes_the_model(mixed_bundles: dict[int, Path], laye
     assert set(out["grads"]) == set(want)
     for name, g in want.items():
         torch.testing.assert_close(out["grads"][name], g, rtol=1e-4, atol=1e-6)
+
+
+def test_shared_cores_emulated_sleep_uses_no_core() -> None:
+    """A device emulated 2x slower computes half its block and sleeps the rest (+ the late sleep) on no
+    core: two such devices on rates [1, 0.5] overlap their sleeps (times by hand)."""
+    solo = gpuplan.load_problem({"kind": "tessel", "devices": 1, "microbatches": 1, "blocks": [
+        {"name": "a", "devices": [0], "duration_s": 2.0}]})
+    assert shared_cores_time_s(solo, [[("a", 0)]], [1.0], [0.0], factors=[2.0], sleep_s=0.1) == pytest.approx(2.1)
+    pair = gpuplan.load_problem({"kind": "tessel", "devices": 2, "microbatches": 1, "blocks": [
+        {"name": "a", "devices": [0], "duration_s": 2.0}, {"name": "b", "devices": [1], "duration_s": 2.0}]})
+    orders = [[("a", 0)], [("b", 0)]]
+    # each: 1 s of CPU at half speed (2 s), then sleeps (2 - 1) x 2 s
+    assert shared_cores_time_s(pair, orders, [1.0, 0.5], [0.0, 0.0], factors=[2.0, 2.0]) == pytest.approx(4.0)
+    # b at factor 1 computes 2 s of CPU: shared with a for 2 s (1 s done), alone for 1 s more; a sleeps 2 s
+    assert shared_cores_time_s(pair, orders, [1.0, 0.5], [0.0, 0.0], factors=[2.0, 1.0]) == pytest.approx(4.0)
+    assert shared_cores_time_s(pair, orders, [1.0, 0.5], [0.0, 0.0], factors=[2.0, 1.0],
+                               sleep_s=0.5) == pytest.approx(4.5)

@@ -395,3 +395,17 @@ def test_wake_delay_is_charged_only_to_a_stage_waiting_idle_for_its_input() -> N
     assert starts == pytest.approx([1.25, 4.25])  # the first waited idle (+0.25), the second did not
     cfg, seq, _ = runnable_config(two_types(TINY))
     assert measure_wake_s(cfg, seq_len=seq, micro_batch=1, processes=2, cores=2) == 0.0  # nothing spawned
+
+
+def test_late_sleep_is_charged_to_each_op_of_a_slowed_stage_only() -> None:
+    """An emulated stage's sleep ends `sleep_s` late after every op; a stage at factor 1 never sleeps
+    (times by hand); the overshoot measured on this process's core is small and not negative."""
+    from gpuplan.runtime.poseidon import contended_iteration_s, sleep_overshoot_s
+
+    # one micro-batch, stage 0 twice slower: F0 1 s CPU + 1 s sleep, F1 1 s, B1 2 s, B0 1 s CPU + 1 s sleep
+    args = ([2.0, 1.0], [2.0, 2.0], [0.0], [0.0, 0.0], 1, "1f1b", [2.0, 1.0], [1.0, 1.0])
+    assert contended_iteration_s(*args) == pytest.approx(7.0)
+    assert contended_iteration_s(*args, sleep_s=0.1) == pytest.approx(7.2)
+    plain = ([1.0, 1.0], [2.0, 2.0], [0.0], [0.0, 0.0], 1, "1f1b", [1.0, 1.0], [1.0, 1.0])
+    assert contended_iteration_s(*plain, sleep_s=0.1) == pytest.approx(6.0)
+    assert 0.0 <= sleep_overshoot_s(1e-4, naps=5) < 0.05

@@ -30,25 +30,30 @@ from gpuplan.runtime.poseidon import slow_down_stage
 
 def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates: list[float],
                         tails_s: list[float], *, wake_s: float = 0.0,
-                        extra_s: dict[str, float] | None = None, workers: list[int] | None = None) -> float:
+                        extra_s: dict[str, float] | None = None, workers: list[int] | None = None,
+                        factors: list[float] | None = None, sleep_s: float = 0.0) -> float:
     """Return the iteration time (s) of per-device `orders` when the devices share this machine's cores:
-    while blocks run on devices holding k workers in all (`workers[d]` per device, its dp replicas
+    while blocks compute on devices holding k workers in all (`workers[d]` per device, its dp replicas
     running the same order at once; 1 each by default), each progresses at rates[k-1] (1.0 = alone)
-    of its planned duration
-    (plus `extra_s[name]`, s of CPU work added to every call of that block, e.g. the extra CPU time of
-    a call after a wait on busy cores); a block starts when its device finished the previous one and
-    its dependencies ended; each device ends with its tail (at the rate of the devices still busy
-    then, approximated by rates[0]). `wake_s`: seconds a device waiting idle for a block of another
-    device starts after that block ends (the scheduler's wake-up delay, as `contended_iteration_s`
-    charges it); not charged when that block ended while the device was still busy."""
+    of its planned duration (plus `extra_s[name]`, s of CPU work added to every call of that block,
+    e.g. the extra CPU time of a call after a wait on busy cores). A device emulated `factors[d]`
+    times slower (1 by default) computes duration / factor of CPU work, then sleeps (factor - 1) x the
+    time that took plus `sleep_s` (how late a sleep ends), using no core, as `slow_down_stage` does.
+    A block starts when its device finished the previous one and its dependencies ended; each device
+    ends with its tail (at the rate of the devices still busy then, approximated by rates[0]).
+    `wake_s`: seconds a device waiting idle for a block of another device starts after that block
+    ends (the scheduler's wake-up delay, as `contended_iteration_s` charges it); not charged when that
+    block ended while the device was still busy."""
     extra = extra_s or {}
     weight = list(workers or [1] * len(orders))
+    factor = list(factors or [1.0] * len(orders))
     dur = {b.name: b.duration_s + extra.get(b.name, 0.0) for b in problem.blocks}
     deps = {b.name: b.after for b in problem.blocks}
     device_of = {b.name: b.devices[0] for b in problem.blocks}
     pos = [0] * len(orders)
     done: dict[tuple[str, int], float] = {}
-    running: dict[int, list[Any]] = {}   # device -> [block, microbatch, remaining seconds of work]
+    # device -> [block, microbatch, remaining seconds of CPU work, start, end of its sleep (None: computing)]
+    running: dict[int, list[Any]] = {}
     now, free = 0.0, [0.0] * len(orders)
     total = sum(len(o) for o in orders)
 
@@ -68,19 +73,28 @@ def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates
             if all((a, j) in done for a in deps[name]):
                 at = ready(d, name, j)
                 if at <= now + 1e-12:
-                    running[d] = [name, j, dur[name]]
+                    running[d] = [name, j, dur[name] / factor[d], now, None]
                 else:
                     waiting.append(at)
         if not running and not waiting:
             raise ValueError("the orders wait on each other (deadlock)")
-        busy = sum(weight[d] for d in running)
-        rate = rates[min(busy, len(rates)) - 1] if running else 1.0
-        step = min([r[2] / rate for r in running.values()] + [at - now for at in waiting])
+        computing = [d for d, r in running.items() if r[4] is None]
+        busy = sum(weight[d] for d in computing)
+        rate = rates[min(busy, len(rates)) - 1] if busy else 1.0
+        step = min([running[d][2] / rate for d in computing] + [r[4] - now for r in running.values()
+                                                                 if r[4] is not None] + [at - now for at in waiting])
+        step = max(step, 0.0)
         now += step
         for d in list(running):
-            running[d][2] -= step * rate
-            if running[d][2] <= 1e-12:
-                name, j, _ = running.pop(d)
+            r = running[d]
+            if r[4] is None:
+                r[2] -= step * rate
+                if r[2] <= 1e-12:
+                    slow = factor[d] > 1.0 + 1e-9
+                    r[4] = now + (factor[d] - 1.0) * (now - r[3]) + (sleep_s if slow else 0.0)
+            if r[4] is not None and r[4] <= now + 1e-12:
+                name, j = r[0], r[1]
+                running.pop(d)
                 done[(name, j)] = now
                 free[d] = now
                 pos[d] += 1
@@ -164,7 +178,8 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     measured_iteration_s (median step), predicted_iteration_s (the bundle's composed prediction),
     predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with the core sharing,
     and, when the workers outnumber the cores, the extra CPU time of a call after a wait on busy cores,
-    cold_forward_s / cold_backward_s, and the wake-up delay wake_s, all measured just before the launch),
+    cold_forward_s / cold_backward_s, and the wake-up delay wake_s; the emulated stages' sleeps use no
+    core and end sleep_late_s late; all measured just before the launch),
     retimed_iteration_s (the schedule's order re-timed with the blocks measured in the run), per-block
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
     Stages of equal dp run through torch.distributed.pipelining's action-list runtime; stages of
@@ -178,7 +193,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     from gpuplan.runtime import contention
     from gpuplan.runtime import tessel_actions as acts
     from gpuplan.runtime.launch import run_workers
-    from gpuplan.runtime.poseidon import (cpu_cores, measure_cold_op_s, measure_core_sharing, measure_wake_s,
+    from gpuplan.runtime.poseidon import (cpu_cores, measure_core_sharing, measure_wait_costs, measure_wake_s,
                                           runnable_config, stage_slowdowns)
     from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
     from gpuplan.runtime.torch_pipelining import check_version
@@ -222,8 +237,9 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     # when the workers outnumber the cores, as the Poseidon runner: the extra CPU time of a call after a
     # wait on cores the others kept busy, and the wake-up delay of a worker blocked in gloo's recv
     cores = cpu_cores()
-    cold = (0.0, 0.0) if sharing else measure_cold_op_s(cfg, seq_len=seq, micro_batch=mb, processes=world,
-                                                        cores=cores, threads=threads or 1)
+    *cold, late = (0.0, 0.0, 0.0) if sharing else measure_wait_costs(cfg, seq_len=seq, micro_batch=mb,
+                                                                     processes=world, cores=cores,
+                                                                     threads=threads or 1)
     wake = 0.0 if sharing else measure_wake_s(cfg, seq_len=seq, micro_batch=mb, processes=world, cores=cores,
                                               threads=threads or 1)
     tails = stage_tails_s(doc, [float(x) for x in manifest["scales"]])
@@ -234,7 +250,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
              for b in tprob.blocks}  # type: ignore[attr-defined]
     predicted_here = shared_cores_time_s(
         tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
-        rates, tails, wake_s=wake, extra_s=extra, workers=dps)
+        rates, tails, wake_s=wake, extra_s=extra, workers=dps, factors=spec["factors"], sleep_s=late)
     from gpuplan.runtime.bundle_mixed import worker as mixed_worker
 
     with contention.ContentionMonitor() as monitor:
@@ -259,6 +275,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                            "measured_steps_s": step_s, "predicted_iteration_s": predicted,
                            "error": rel_error(predicted, measured), "core_sharing_rates": rates,
                            "cold_forward_s": cold[0], "cold_backward_s": cold[1], "wake_s": wake,
+                           "sleep_late_s": late,
                            "predicted_here_iteration_s": predicted_here,
                            "predicted_here_error": rel_error(predicted_here, measured), "retimed_iteration_s": retimed,
                            "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,

@@ -63,7 +63,8 @@ def runnable_config(problem: PoseidonProblem, max_hidden: int = 256, max_vocab: 
 
 def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
                           schedule: str, factors: list[float], rates: list[float],
-                          record: list[tuple[int, str, float, float]] | None = None, wake_s: float = 0.0) -> float:
+                          record: list[tuple[int, str, float, float]] | None = None, wake_s: float = 0.0,
+                          sleep_s: float = 0.0) -> float:
     """Return the iteration time (s) of the DAG's op order when the S stage processes share the CPU
     cores: while k ops compute, each runs at rates[k-1] of its uncontended speed (processor sharing;
     min(1, cores / k) for ideal cores, or `measure_core_sharing`'s measured rates).
@@ -75,7 +76,9 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
     equals the DAG longest path (`iteration_time_fast`) when every rate is 1. When `record` is a
     list, appends (stage, "F"|"B", start_s, end_s) of every op, its emulated sleep included.
     `wake_s`: seconds a stage waiting idle for a message starts after it arrives (the scheduler's
-    wake-up delay; 0 by default); not charged when the message arrives while the stage is busy."""
+    wake-up delay; 0 by default); not charged when the message arrives while the stage is busy.
+    `sleep_s`: seconds each emulated sleep lasts beyond what it asks (timer slack and wake-up,
+    `measure_wait_costs`); charged to every op of a stage with factor > 1."""
     from gpuplan.models.poseidon import _flat_ops
 
     S = len(fwd)
@@ -123,7 +126,8 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
                 if phase[s] == "tail":
                     phase[s] = "done"
                 else:
-                    phase[s], left[s] = "sleep", t + (factors[s] - 1.0) * (t - began[s])
+                    late = sleep_s if factors[s] > 1.0 + 1e-9 else 0.0
+                    phase[s], left[s] = "sleep", t + (factors[s] - 1.0) * (t - began[s]) + late
             if phase[s] == "sleep" and left[s] <= t + 1e-12:
                 end[queue[s][pos[s]]] = t
                 if record is not None:
@@ -289,8 +293,11 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     extra CPU time of a call after a wait on cores others kept busy (`measure_cold_op_s`, measured
     just before the launch; "cold_forward_s" / "cold_backward_s", s; 0 with `sharing` given), and a
     stage waiting idle for a message starts after the scheduler's wake-up delay on busy cores
-    (`measure_wake_s`, measured likewise; "wake_s", s). "measured_fastest_iteration_s" is the fastest step, the one least disturbed by other jobs
-    on a shared machine.
+    (`measure_wake_s`, measured likewise; "wake_s", s). Each emulated sleep of a slowed stage ends
+    late by the measured overshoot of a sleep ("sleep_late_s", s; on busy cores when the workers
+    outnumber the cores, `measure_wait_costs`; 0 with `sharing` given).
+    "measured_fastest_iteration_s" is the fastest step, the one least disturbed by other jobs on a
+    shared machine.
 
     With calibrate > 0 the workers first time their stage standalone (`calibrate` repeats, all at
     once) and "calibrated_iteration_s" is the DAG model's longest path fed with those stage times
@@ -326,9 +333,10 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     before = contention.quiet_window()
     rates = sharing or measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
                                             processes=S * dp, threads=threads)
-    # an op after a wait (a receive, an emulated sleep) with every core taken by other workers
-    cold = (0.0, 0.0) if sharing else measure_cold_op_s(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
-                                                 processes=S * dp, cores=cpu_cores(), threads=threads)
+    # an op after a wait (a receive, an emulated sleep) with every core taken by other workers, and
+    # how late an emulated sleep ends
+    *cold, late = (0.0, 0.0, 0.0) if sharing else measure_wait_costs(
+        cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size, processes=S * dp, cores=cpu_cores(), threads=threads)
     wake = 0.0 if sharing else measure_wake_s(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
                                               processes=S * dp, cores=cpu_cores(), threads=threads)
     with contention.ContentionMonitor() as monitor:
@@ -346,13 +354,14 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     replay: list[tuple[int, str, float, float]] = []
     out["cold_forward_s"], out["cold_backward_s"] = cold
     out["wake_s"] = wake
+    out["sleep_late_s"] = late
     # every forward and backward call of a stage follows a wait (a receive, an emulated sleep): its
     # measured extra CPU time, as work the emulated sleep stretches too
     out["predicted_cpu_iteration_s"] = contended_iteration_s(
         [st.forward_s + cold[0] * f for st, f in zip(stages, spec["factors"])],
         [st.backward_s + cold[1] * f for st, f in zip(stages, spec["factors"])], p2p, tails,
         plan.num_microbatches, plan.schedule, spec["factors"],
-        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)], record=replay, wake_s=wake)
+        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)], record=replay, wake_s=wake, sleep_s=late)
     out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
     # the same on idle cores (min(1, cores / k) for k workers computing): what a quiet machine gives
     out["predicted_idle_cpu_iteration_s"] = contended_iteration_s(
@@ -524,13 +533,20 @@ def _cold_op_worker(rank: int, world: int, config_doc: dict[str, Any], micro_bat
         out = fn()
         return out, time.process_time() - c0, time.perf_counter() - w0
 
+    over: list[float] = []  # how much longer each sleep took than asked (the emulation's sleeps)
+
+    def nap(seconds: float) -> None:
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        over.append(time.perf_counter() - t0 - seconds)
+
     def op(wait: bool) -> tuple[float, float]:  # (forward, backward) CPU seconds, each call after a wait
         y, cf, wf = call(lambda: block(x.clone().requires_grad_(True)))
         if wait:
-            time.sleep(wf)
+            nap(wf)
         _, cb, wb = call(lambda: y.backward(torch.ones_like(y)))
         if wait:
-            time.sleep(wb)
+            nap(wb)
         return cf, cb
 
     for _ in range(3):
@@ -538,6 +554,7 @@ def _cold_op_worker(rank: int, world: int, config_doc: dict[str, Any], micro_bat
     per_op: list[float] = []
     for others_busy in (False, True):  # rank 0 waits after each call as long as the call took
         dist.barrier()
+        over.clear()
         cpu: list[tuple[float, float]] = []
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < window_s or (rank == 0 and len(cpu) < 2):
@@ -549,7 +566,8 @@ def _cold_op_worker(rank: int, world: int, config_doc: dict[str, Any], micro_bat
                 time.sleep(window_s)
         dist.barrier()
         per_op += [statistics.median(c[0] for c in cpu), statistics.median(c[1] for c in cpu)] if cpu else [0.0, 0.0]
-    return per_op
+        per_op.append(statistics.fmean(over) if over else 0.0)
+    return per_op  # quiet: forward, backward, sleep overshoot; busy: the same
 
 
 def measure_cold_op_s(config: TransformerConfig, *, seq_len: int, micro_batch: int, processes: int,
@@ -560,15 +578,37 @@ def measure_cold_op_s(config: TransformerConfig, *, seq_len: int, micro_batch: i
     stays free). Measured with one gpt block, each call followed by a sleep as long as it took, in
     one process while min(processes, cores + 1) - 1 others sleep, then loop the block (someone
     else ran on its core meanwhile: caches refilled, or the process moved); never below 0."""
+    return measure_wait_costs(config, seq_len=seq_len, micro_batch=micro_batch, processes=processes, cores=cores,
+                              threads=threads, window_s=window_s)[:2]
+
+
+def sleep_overshoot_s(seconds: float = 1e-3, naps: int = 100) -> float:
+    """Return the mean time (s) a `time.sleep(seconds)` of this process lasts beyond `seconds` (timer
+    slack and wake-up), over `naps` sleeps, as the machine is now."""
+    over = []
+    for _ in range(naps):
+        t0 = time.perf_counter()
+        time.sleep(seconds)
+        over.append(time.perf_counter() - t0 - seconds)
+    return max(0.0, statistics.fmean(over))
+
+
+def measure_wait_costs(config: TransformerConfig, *, seq_len: int, micro_batch: int, processes: int,
+                       cores: int, threads: int = 1, window_s: float = 0.5) -> tuple[float, float, float]:
+    """Return (forward_s, backward_s, sleep_s): the extra CPU time of a call after a wait on cores the
+    other workers kept busy (as `measure_cold_op_s`; 0 when `processes` <= `cores`), and how much longer
+    than asked one of the emulation's sleeps lasts (s, mean: timer slack plus the wake-up, on a busy
+    core when the workers outnumber the cores, measured with the block's own call times as the sleep
+    lengths while the others loop the block; else on this process's idle core). Never below 0."""
     from gpuplan.runtime.launch import run_workers
 
     if processes <= cores:
-        return 0.0, 0.0
+        return 0.0, 0.0, sleep_overshoot_s()
     per = run_workers(_cold_op_worker, min(processes, cores + 1),
                       args=(config.model_dump(mode="json"), micro_batch, seq_len, window_s),
                       threads=threads, timeout_s=600)
-    quiet_f, quiet_b, busy_f, busy_b = per[0]
-    return max(0.0, busy_f - quiet_f), max(0.0, busy_b - quiet_b)
+    quiet_f, quiet_b, _, busy_f, busy_b, busy_sleep = per[0]
+    return max(0.0, busy_f - quiet_f), max(0.0, busy_b - quiet_b), max(0.0, busy_sleep)
 
 
 def _wake_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,
