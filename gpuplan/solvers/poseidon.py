@@ -24,6 +24,7 @@ from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, S
                                      stage_memory, tp_fits)
 from gpuplan.models.poseidon_cost import RECOMPUTE_MODES
 from gpuplan.registry import Progress, register_solver
+from gpuplan.solvers.poseidon_bounds import ComboEntry, list_combos
 
 INF = math.inf
 
@@ -381,6 +382,36 @@ class Structure:
             gsuf += self.g[q] * layers[q] / v
         return max(b1, b2, b3)
 
+    def cut_bounds(self, rows: list[list[int]]) -> list[float]:
+        """Return `cut_bound` (seconds) of every layer mapping in `rows`, equal to the last bit: the
+        same float operations in the same order, one stage at a time across all rows (numpy)."""
+        if len(rows) < CUT_BATCH_MIN:
+            return [self.cut_bound(n) for n in rows]
+        import numpy as np
+
+        m, last, v, S = self.m, self.S - 1, self.v, self.S
+        rt = self._rt
+        own = self._own
+        N = np.asarray(rows, dtype=np.int64)
+        cols = [N[:, s] for s in range(S)]
+        E = [cols[s] * self.c[s] + self.e[s] for s in range(S)]
+        b1 = m * E[0] + cols[0] * self.a[0] + self.a0[0]
+        for s in range(1, S):
+            b1 = np.maximum(b1, m * E[s] + cols[s] * self.a[s] + self.a0[s])
+        b2 = np.zeros(len(rows))
+        for s in range(last):
+            b2 = b2 + (cols[s] * self.c[s] / v + self.e[s])
+        b2 = b2 + 2 * sum(self.p2p) + m * E[last]
+        fsum = np.zeros(len(rows))
+        for s in range(S):
+            fsum = fsum + self.f[s] * cols[s]
+        gsuf = np.zeros(len(rows))
+        b3 = np.zeros(len(rows))
+        for q in range(last, -1, -1):
+            b3 = np.maximum(b3, fsum + gsuf + own[q] * cols[q] + rt[q][1])
+            gsuf = gsuf + self.g[q] * cols[q] / v
+        return np.maximum(np.maximum(b1, b2), b3).tolist()  # type: ignore[no-any-return]
+
     def time(self, layers: list[int]) -> float:
         """Return the DAG iteration time (seconds) of a layer mapping; inf when it does not fit.
 
@@ -439,6 +470,9 @@ def _round_counts(x: list[float], cap: list[int], total: int) -> list[int] | Non
     return n if sum(n) == total else None
 
 
+CUT_BATCH_MIN = 12  # from this many mappings on, `Structure.cut_bounds` runs column-wise in numpy
+
+
 def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[int]]:
     """Return (time, layers) where steepest descent from `cur` stops. Neighbourhoods, each tried
     when the one before has no improving move (after a step, from the first again): one layer
@@ -457,9 +491,11 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
         if level < 2:
             moves = [(mv,) for mv in (adjacent if level == 0 else singles)]
         else:  # pairs of the most promising single moves
-            ranked = sorted(singles, key=lambda mv: st.cut_bound(_moved(cur, (mv,), st.nmax, st.v) or st.nmax))[:2 * S]
+            keys = st.cut_bounds([_moved(cur, (mv,), st.nmax, st.v) or st.nmax for mv in singles])
+            ranked = [mv for _, mv in sorted(zip(keys, singles), key=lambda x: x[0])][:2 * S]
             moves = [(x, y) for i, x in enumerate(ranked) for y in ranked[i:] if x[0] != y[1] and x[1] != y[0]]
-        cands = [(st.cut_bound(n), n) for n in (_moved(cur, mv, st.nmax, st.v) for mv in moves) if n is not None]
+        rows = [n for n in (_moved(cur, mv, st.nmax, st.v) for mv in moves) if n is not None]
+        cands = list(zip(st.cut_bounds(rows), rows))
         cands.sort(key=lambda x: x[0])
         step_t, step = cur_t, None
         if level == 2:  # a budget of 2S DAG walks, the pairs with the lowest bounds first
@@ -838,20 +874,24 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     classic TP x PP x DP configuration and the Megatron-style mixes, always to the end, then the
     Metis-style search within SEED_SHARE of the time limit; none without a limit), so the plan is
     never slower than them.
-    Pass 1 (breadth) visits the combos (m and the per-type stage splits) in order of `combo_bound`
-    and gives every structure of a combo (its type orders) a first look: `quick_map`, two DAG walks.
-    Pass 2 (depth) maps the layers of the structures left (`ridge_map`), fastest first look first.
-    A combo or structure whose bound (`combo_bound`; `Structure.lower_bound`, then
-    `Structure.lp_bound`) reaches the best time found is pruned, and pass 1 stops at the first combo
-    whose bound does. The bounds are lower bounds on every layer mapping, so pruning never loses a
-    structure that could beat the incumbent. The clock is read between combos, between structures
-    and inside the layer mapping; when
+    The combos (m and the per-type stage splits) are bounded block by block before any is listed
+    (`poseidon_bounds.list_combos`: W1, W2 and RT0 relaxed over every type order) and only those
+    below the seed are kept, in bound order.
+    Pass 1 (breadth) visits them best bound first and gives every structure of a combo (its type
+    orders and interleaves) whose order bound (`ComboEntry.order_bound`, before it is built) and
+    `Structure.lower_bound` are below the best time a first look: `quick_map`, two DAG walks.
+    Pass 2 (depth) maps the layers of the structures left (`ridge_map`), fastest first look first,
+    after `Structure.lp_bound`. Pass 1 stops at the first combo whose bound reaches the best time.
+    The bounds are lower bounds on every layer mapping, so pruning never loses a structure that
+    could beat the incumbent. The clock is read before every block of combos, between combos,
+    between structures and inside the layer mapping; when
     `time_limit_s` runs out the best plan seen is returned with status TIME_LIMIT (OPTIMAL only
     when every combo was visited or pruned). With prune=False every structure is evaluated (the
     exhaustive reference); cuts="all" maps layers by trying every cut set instead of the ridge
     walk; num_stages fixes the pipeline depth (seeds included). `workers` > 1 (default: every core
-    when the space has POOL_MIN_STRUCTURES structures or more) searches the combos in a process pool
-    sharing the best time as the pruning bound (`_solve_pooled`); 1 searches in this process.
+    when the combos kept hold POOL_MIN_STRUCTURES structures or more) searches the combos in a
+    process pool sharing the best time as the pruning bound (`_solve_pooled`); 1 searches in this
+    process.
     """
     started = time.perf_counter()
     stats = Stats(deadline=INF if time_limit_s is None else started + time_limit_s)
@@ -864,62 +904,53 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     progress(0.0, f"seeded with {stats.best_from}: {best[0]:.4g} s")
     mapper = ridge_map if cuts == "ridge" else all_cuts_map
     status = Status.OPTIMAL
-    all_combos: list[Combo] = []
-    ranked: list[tuple[float, int]] = []
-    for i, c in enumerate(combos(problem, num_stages, opts)):
-        if stats.out_of_time():  # combo_bound can consult the collective model: check each one
-            status = Status.TIME_LIMIT  # the space is not even listed: the seed stands
-            break
-        all_combos.append(c)
-        ranked.append((combo_bound(cm, c) if prune else 0.0, i))
-    ranked.sort()
-    progress(0.0, f"{len(all_combos)} combos")
-    n_workers = _pool_size(workers, sum(combo_size(problem, c) for c in all_combos))
-    if prune and status is Status.OPTIMAL and n_workers > 1 and ranked:
-        return _solve_pooled(problem, cm, opts, all_combos, ranked, best, stats, mapper, n_workers, time_limit_s)
-
-    def left(k: int) -> int:  # structures of the combos ranked k onwards
-        return sum(combo_size(problem, all_combos[j]) for _, j in ranked[k:])
+    entries = _listed_combos(problem, cm, opts, num_stages, best[0] if prune else None, stats)
+    if entries is None:  # the deadline passed while listing: the seed stands
+        status, entries = Status.TIME_LIMIT, []
+    sizes = [combo_size(problem, (e.m, e.used)) for e in entries]
+    progress(0.0, f"{len(entries)} combos")
+    n_workers = _pool_size(workers, sum(sizes))
+    if prune and status is Status.OPTIMAL and n_workers > 1 and entries:
+        return _solve_pooled(problem, cm, entries, best, stats, mapper, n_workers, time_limit_s)
 
     # pass 1, breadth: every combo in bound order, each structure bounded and given a first look
     pending: list[tuple[float, float, int, int]] = []  # (first-look seconds, bound, combo, structure index)
-    for k, (lb0, i) in enumerate(ranked if status is Status.OPTIMAL else []):
-        if prune and lb0 >= best[0]:
-            stats.pruned += left(k)
-            stats.structures += left(k)
+    for k, e in enumerate(entries):
+        if prune and e.bound >= best[0]:
+            stats.pruned += sum(sizes[k:])
             break
         if stats.out_of_time():
             status = Status.TIME_LIMIT
-            stats.unvisited += left(k)
-            stats.structures += left(k)
+            stats.unvisited += sum(sizes[k:])
             break
-        m, used = all_combos[i]
-        built = 0
-        for order, st in enumerate(structures(problem, cm, (m, used), interleaved=True)):
-            built += 1
+        handled = 0
+        for index, lb, st in _combo_structures(problem, cm, e, (lambda: best[0]) if prune else (lambda: INF)):
+            handled += 1
+            if st is None:
+                stats.infeasible += lb == INF
+                stats.pruned += lb < INF
+                continue
             if not st.feasible():
                 stats.infeasible += 1
                 continue
-            lb = st.lower_bound(best[0]) if prune else 0.0
+            lb = max(lb, st.lower_bound(best[0])) if prune else 0.0
             if prune and lb >= best[0]:
                 stats.pruned += 1
                 continue
             t, layers = quick_map(st, stats)
             if t < best[0] - 1e-12 * t:
                 best, stats.best_from = (t, st, layers), "search"
-            pending.append((t, lb, i, order))
+            pending.append((t, lb, k, index))
             if stats.out_of_time():
                 break
-        unbuilt = combo_size(problem, (m, used)) - built
-        stats.structures += built + unbuilt
-        stats.unvisited += unbuilt
+        stats.unvisited += sizes[k] - handled
         if k % 100 == 0:
-            progress(0.5 * k / len(ranked), f"{len(pending)} structures to map, best {best[0]:.4g} s")
+            progress(0.5 * k / len(entries), f"{len(pending)} structures to map, best {best[0]:.4g} s")
     if stats.unvisited:  # the last combo's orders were cut short
         status = Status.TIME_LIMIT
     # pass 2, depth: the layer mapping of each structure left, most promising first look first
     pending.sort()
-    for c, (_, lb, i, order) in enumerate(pending):
+    for c, (_, lb, k, index) in enumerate(pending):
         if stats.out_of_time():
             status = Status.TIME_LIMIT
             stats.unvisited += len(pending) - c
@@ -927,7 +958,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
         if prune and lb >= best[0]:
             stats.pruned += 1
             continue
-        st = _structure_at(problem, cm, all_combos[i], order)
+        st = _structure_at(problem, cm, (entries[k].m, entries[k].used), index)
         if prune and best[0] < INF and st.lp_bound() >= best[0]:
             stats.pruned += 1
             continue
@@ -944,6 +975,48 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
                           f"fits, and the search stopped after {stats.structures - stats.unvisited} structures "
                           f"({stats.unvisited} left unvisited); not a proof of infeasibility, raise time_limit_s")
     return _finish(problem, best, stats, "poseidon", status)
+
+
+def _listed_combos(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[TypeOption]],
+                   num_stages: int | None, cutoff: float | None, stats: Stats) -> list[ComboEntry] | None:
+    """Return the combos to search, in the order to visit them, and count the structures of the space
+    (and, with a `cutoff`, those its combo bounds prune or show infeasible) in `stats`; None when the
+    deadline passed while listing (then every structure is counted unvisited). cutoff None: every
+    combo, unbounded, in listing order (the exhaustive reference)."""
+    if cutoff is not None:
+        table = list_combos(problem, cm, opts, num_stages, cutoff, stats.deadline)
+        stats.structures += table.structures
+        if table.cut:
+            stats.unvisited += table.structures
+            return None
+        stats.pruned += table.pruned
+        stats.infeasible += table.infeasible
+        return table.entries
+    entries = []
+    for m, used in combos(problem, num_stages, opts):
+        if stats.out_of_time():
+            stats.unvisited += sum(combo_size(problem, (e.m, e.used)) for e in entries)
+            stats.structures += stats.unvisited
+            return None
+        entries.append(ComboEntry(0.0, m, used))
+    stats.structures += sum(combo_size(problem, (e.m, e.used)) for e in entries)
+    return entries
+
+
+def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry, incumbent: Any
+                      ) -> Iterator[tuple[int, float, Structure | None]]:
+    """Yield (index, order bound, structure) for every structure of a combo in `structures` order
+    (`_structure_at` indices): None instead of a structure whose order bound (`ComboEntry.order_bound`,
+    seconds; inf: it cannot fit) reaches `incumbent()`, which is then never built."""
+    m, used = entry.m, entry.used
+    vs = [1] + interleaves(problem, sum(o.stages for o in used), m)
+    for oi, order in enumerate(itertools.permutations(range(len(used)))):
+        for vi, v in enumerate(vs):
+            lb = entry.order_bound(order, v)
+            if lb >= incumbent():
+                yield oi * len(vs) + vi, lb, None
+            else:
+                yield oi * len(vs) + vi, lb, Structure(cm, [sh for j in order for sh in used[j].shapes], m, v)
 
 
 POOL_MIN_STRUCTURES = 5000  # below this a process pool's start-up costs more than it saves
@@ -969,11 +1042,10 @@ def _pool_size(workers: int | None, n_structures: int) -> int:
 _POOL: dict[str, Any] = {}  # the forked workers' view of the solve (set before the pool forks)
 
 
-def _solve_pooled(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[TypeOption]],
-                  all_combos: list[Combo], ranked: list[tuple[float, int]],
+def _solve_pooled(problem: PoseidonProblem, cm: CostModel, entries: list[ComboEntry],
                   best: tuple[float, Structure | None, list[int]], stats: Stats, mapper: Any, n_workers: int,
                   time_limit_s: float | None) -> PoseidonPlan:
-    """Return the best plan of the combos `ranked` (bound, index) searched by `n_workers` forked
+    """Return the best plan of the combos `entries` (in bound order) searched by `n_workers` forked
     processes: worker w takes the combos ranked w, w + n, w + 2n, ... (so each sees combos in bound
     order), and every structure is bounded, given a first look and ridge-mapped depth first. The best
     time found by any worker is shared (a lock-protected double) and prunes in every worker, which
@@ -983,7 +1055,7 @@ def _solve_pooled(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[
 
     ctx = mp.get_context("fork")  # the workers inherit the cost model's caches (`_pool_size` checks)
     shared = ctx.Value("d", best[0])
-    _POOL.update(problem=problem, cm=cm, combos=all_combos, ranked=ranked, shared=shared, mapper=mapper,
+    _POOL.update(problem=problem, cm=cm, entries=entries, shared=shared, mapper=mapper,
                  deadline=stats.deadline, step=n_workers)
     try:
         with ctx.Pool(n_workers) as pool:
@@ -993,8 +1065,7 @@ def _solve_pooled(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[
     status = Status.OPTIMAL
     found: tuple[float, int, int, list[int]] | None = None
     for r in results:
-        for key in ("structures", "pruned", "evaluated", "dag_evaluations", "cuts_pruned", "infeasible",
-                    "unvisited"):
+        for key in ("pruned", "evaluated", "dag_evaluations", "cuts_pruned", "infeasible", "unvisited"):
             setattr(stats, key, getattr(stats, key) + r["stats"][key])
         if r["cut"]:
             status = Status.TIME_LIMIT
@@ -1002,7 +1073,7 @@ def _solve_pooled(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[
             found = r["best"]
     if found is not None and found[0] < best[0] - 1e-12 * found[0]:
         t, rank, index, layers = found
-        st = _structure_at(problem, cm, all_combos[ranked[rank][1]], index)
+        st = _structure_at(problem, cm, (entries[rank].m, entries[rank].used), index)
         best, stats.best_from = (t, st, layers), "search"
     stats.best_from += f" ({n_workers} processes)"
     if best[1] is None and status is Status.TIME_LIMIT:
@@ -1013,13 +1084,14 @@ def _solve_pooled(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[
 
 
 def _pooled_worker(w: int) -> dict[str, Any]:
-    """Search the combos ranked w, w + step, ... (see `_solve_pooled`); return this worker's counters,
-    its best (seconds, rank, structure index, layers) or None, and whether the deadline cut it short."""
+    """Search the combos ranked w, w + step, ... (see `_solve_pooled`); return this worker's counters
+    (structures of the space excepted: the parent counted them), its best (seconds, rank, structure
+    index, layers) or None, and whether the deadline cut it short."""
     g = _POOL
     problem, cm, shared, mapper = g["problem"], g["cm"], g["shared"], g["mapper"]
     stats = Stats(deadline=g["deadline"])
-    ranked = g["ranked"]
-    mine = list(range(w, len(ranked), g["step"]))
+    entries: list[ComboEntry] = g["entries"]
+    mine = list(range(w, len(entries), g["step"]))
     found: tuple[float, int, int, list[int]] | None = None
     cut = False
 
@@ -1037,37 +1109,38 @@ def _pooled_worker(w: int) -> dict[str, Any]:
     # pass 1, breadth: this worker's combos in bound order, every structure bounded and given a first look
     pending: list[tuple[float, float, int, int]] = []
     for pos, k in enumerate(mine):
-        lb0, i = ranked[k]
-        if lb0 >= incumbent() or stats.out_of_time():  # the rest of this worker's combos rank higher still
-            rest = sum(combo_size(problem, g["combos"][ranked[j][1]]) for j in mine[pos:])
-            stats.structures += rest
-            if lb0 >= incumbent():
+        e = entries[k]
+        if e.bound >= incumbent() or stats.out_of_time():  # the rest of this worker's combos rank higher still
+            rest = sum(combo_size(problem, (entries[j].m, entries[j].used)) for j in mine[pos:])
+            if e.bound >= incumbent():
                 stats.pruned += rest
             else:
                 stats.unvisited += rest
                 cut = True
             break
-        combo = g["combos"][i]
-        size = combo_size(problem, combo)
-        for index in range(size):
-            if stats.out_of_time():
-                stats.unvisited += size - index
-                stats.structures += size - index
-                cut = True
-                break
-            st = _structure_at(problem, cm, combo, index)
-            stats.structures += 1
+        size = combo_size(problem, (e.m, e.used))
+        handled = 0
+        for index, lb, st in _combo_structures(problem, cm, e, incumbent):
+            handled += 1
+            if st is None:
+                stats.infeasible += lb == INF
+                stats.pruned += lb < INF
+                continue
             if not st.feasible():
                 stats.infeasible += 1
                 continue
-            lb = st.lower_bound(incumbent())
+            lb = max(lb, st.lower_bound(incumbent()))
             if lb >= incumbent():
                 stats.pruned += 1
                 continue
             t, layers = quick_map(st, stats)
             offer(t, k, index, layers)
             pending.append((t, lb, k, index))
-        if cut:
+            if stats.out_of_time():
+                break
+        if handled < size:
+            stats.unvisited += size - handled
+            cut = True
             break
     # pass 2, depth: the ridge mapping of what is left, most promising first look first
     pending.sort()
@@ -1079,7 +1152,7 @@ def _pooled_worker(w: int) -> dict[str, Any]:
         if lb >= incumbent():
             stats.pruned += 1
             continue
-        st = _structure_at(problem, cm, g["combos"][ranked[k][1]], index)
+        st = _structure_at(problem, cm, (entries[k].m, entries[k].used), index)
         if st.lp_bound() >= incumbent():
             stats.pruned += 1
             continue
