@@ -6,7 +6,10 @@ slowed down 2x), on the model of examples/poseidon/cpu-two-types.yaml:
 1. `gpuplan profile --quick --for PROBLEM --cpu-ranks 4 --emulate cpu-slow2x=cpu*2` (once: the
    same model, sequence length and batch for every stage count), run as a command;
 2. `gpuplan solve poseidon PROBLEM --profile profile.json --option num_stages=S`, run as a command;
-3. the plan run by `gpuplan.api.run` (what `gpuplan run PLAN` calls) with 7 measured steps.
+3. the plan run by `gpuplan.api.run` (what `gpuplan run PLAN` calls) with 7 measured steps, after
+   waiting (up to --wait seconds) for other processes to leave the cores; a run the contention
+   monitor still calls contended is run once more after another wait, and when that one is contended
+   too its error is printed but not judged against the target (the measurement is not the plan's own).
 
 Printed per stage count: the plan's own iteration time (the DAG; devices share nothing), the plan
 with the workers sharing the idle cores (processor sharing at min(1, cores / k)), the plan with the
@@ -60,7 +63,26 @@ def _share(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.0%}"
 
 
-def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
+def run_when_quiet(plan, steps: int, wait_s: float, tries: int = 2) -> tuple[dict, list[str]]:  # type: ignore[no-untyped-def]
+    """Return (`api.run` figures, notes): each try waits up to `wait_s` seconds for a quiet machine
+    (other processes under 10 % of the cores) and runs the plan; a contended run is retried, at most
+    `tries` runs in all; the last run is returned."""
+    from gpuplan import api
+    from gpuplan.runtime.contention import wait_quiet
+
+    notes = []
+    for attempt in range(1, tries + 1):
+        window, waited = wait_quiet(wait_s)
+        out = api.run(plan, steps=steps)
+        notes.append(f"try {attempt}: waited {waited:.0f} s for a quiet machine (others "
+                     f"{_share(window.others_share)} of the cores then); contended: "
+                     f"{'YES' if out['contended'] else 'no'}")
+        if not out["contended"]:
+            break
+    return out, notes
+
+
+def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7, wait_s: float = 120.0) -> list[str]:
     """Return the printed lines of section (c): profile once, then solve and run 2-, 3- and 4-stage
     plans; predicted vs measured iteration and per-stage times (seconds / ms) and the machine load."""
     from gpuplan import api
@@ -73,6 +95,11 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
         folder = Path(tmp)
         problems = {s: _problem_file(folder, s) for s in stages}
         profile = folder / "profile.json"
+        from gpuplan.runtime.contention import wait_quiet
+
+        window, waited = wait_quiet(wait_s)  # the profile's layer times are the plans' costs: measure them quietly
+        lines.append(f"before the profile: waited {waited:.0f} s for a quiet machine (others "
+                     f"{_share(window.others_share)} of the cores then)")
         _gpuplan("profile", "--quick", "-q", "--for", str(problems[max(stages)]), "--cpu-ranks", str(max(stages)),
                  "--emulate", "cpu-slow2x=cpu*2", "-o", str(profile))
         lines.append(f"profile: gpuplan profile --quick --for <problem> --cpu-ranks {max(stages)} "
@@ -82,14 +109,16 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
             _gpuplan("solve", "poseidon", str(problems[s]), "--profile", str(profile), "--option", f"num_stages={s}",
                      "-q", "-o", str(plan_file))
             plan = api.load_plan(plan_file)
-            out = api.run(plan, steps=steps)
+            out, notes = run_when_quiet(plan, steps, wait_s)
             meas = out["measured_iteration_s"]
             shape = " | ".join(f"{st.device_type}:{st.num_layers}L" for st in plan.stages)
             lines.append(f"{s} stages ({shape}, m={plan.num_microbatches}, {out['world_size']} workers on "
                          f"{out['cores']} cores, sharing rates measured before the run "
                          f"{[round(r, 2) for r in out['core_sharing_rates']]}, extra CPU time per call after a wait on busy "
                          f"cores: forward {out['cold_forward_s'] * 1e3:.3f} ms, backward "
-                         f"{out['cold_backward_s'] * 1e3:.3f} ms; wake-up delay {out['wake_s'] * 1e3:.3f} ms):")
+                         f"{out['cold_backward_s'] * 1e3:.3f} ms; wake-up delay {out['wake_s'] * 1e3:.3f} ms; "
+                         f"emulated sleep ends {out['sleep_late_s'] * 1e3:.3f} ms late):")
+            lines += [f"  {n}" for n in notes]
             lines.append(f"  iteration: plan {plan.iteration_time_s:.4f} s ({_pct(plan.iteration_time_s / meas - 1)}), "
                          f"plan on idle cores {out['predicted_idle_cpu_iteration_s']:.4f} s "
                          f"({_pct(out['predicted_idle_cpu_iteration_s'] / meas - 1)}), plan with measured sharing "
@@ -117,7 +146,7 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
                          out["predicted_cpu_iteration_s"], meas, out["measured_fastest_iteration_s"],
                          _pct(plan.iteration_time_s / meas - 1),
                          _pct(out["predicted_idle_cpu_iteration_s"] / meas - 1), _pct(err),
-                         "yes" if abs(err) <= TARGET else "NO",
+                         "not judged (contended)" if out["contended"] else "yes" if abs(err) <= TARGET else "NO",
                          f"{out['load_before']:.2f}" if out["load_before"] is not None else "?",
                          f"{out['load_during_max']:.2f}" if out["load_during_max"] is not None else "?",
                          _share(out["others_cpu_share_before"]), _share(out["others_cpu_share_during"]),
@@ -130,6 +159,11 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7) -> list[str]:
         ["stages", "plan", "m", "plan_s", "idle-cores_s", "shared_s", "measured_s", "fastest_s", "error (plan)",
          "error (idle cores)", "error (shared)", "within 15%", "load before", "load during (max)", "others CPU before",
          "others CPU during", "step spread", "contended", "worst stage compute error (CPU time)"], rows)))
+    judged = [r for r in rows if not str(r[11]).startswith("not judged")]
+    met = sum(1 for r in judged if r[11] == "yes")
+    lines.append(f"target within 15 %: met for {met} of {len(judged)} judged plans"
+                 + (f"; {len(rows) - len(judged)} not judged: the machine stayed contended through both tries, "
+                    f"so those measurements include other processes' work" if len(judged) < len(rows) else ""))
     lines.append("load: 1-minute load average (during: includes this run's workers); others CPU: the share of "
                  "all cores used by processes other than this run; contended: others used 10 % or more; stage "
                  "compute error: the plan's per-op time without the emulated slowdown vs the op's process CPU time "
@@ -142,8 +176,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stages", default="2,3,4", help="comma-separated stage counts (default 2,3,4)")
     parser.add_argument("--steps", type=int, default=7, help="measured steps per run (default 7)")
+    parser.add_argument("--wait", type=float, default=120.0,
+                        help="seconds to wait for a quiet machine before each run (default 120)")
     args = parser.parse_args()
-    for line in section_c(tuple(int(x) for x in args.stages.split(",")), args.steps):
+    for line in section_c(tuple(int(x) for x in args.stages.split(",")), args.steps, args.wait):
         print(line, flush=True)
     return 0
 

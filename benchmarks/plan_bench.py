@@ -5,7 +5,8 @@ GPUs): the composed plan's predicted iteration time against Poseidon + 1F1B + NC
 against the best classic configuration (the `megatron` and `3d` baselines: equal stages and degrees)
 + 1F1B + NCCL defaults, and the wall time each step's search took.
 Section (b), on this machine: a composed CPU plan of 2-4 stages (profiled here) run with gloo,
-measured against predicted (target: within 15 %).
+measured against predicted (target: within 15 %), each profile and run after waiting for a quiet
+machine; a run still contended is retried once, then reported but not judged against the target.
 
 Run: .venv/bin/python benchmarks/plan_bench.py [--quick] [--skip-run | --run-only]
 """
@@ -100,15 +101,16 @@ def section_a(quick: bool, time_limit_s: float) -> None:
                             "Tessel gain", "Lagom gain"], steps)))
 
 
-def section_b(quick: bool) -> None:
+def section_b(quick: bool, wait_s: float = 120.0) -> None:
     from click.testing import CliRunner
 
     from gpuplan.cli import main
     from gpuplan.compose import plan_training
     from gpuplan.errors import InputError
     from gpuplan.runtime.bundle import run_bundle
+    from gpuplan.runtime.contention import wait_quiet
 
-    rows = []
+    rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for stages in ([2] if quick else [2, 3, 4]):
             # a small GPT whose blocks last milliseconds on one core (the runtime's per-action cost stays small)
@@ -123,6 +125,7 @@ def section_b(quick: bool) -> None:
             example = Path(tmp) / f"cpu-{stages}.yaml"
             example.write_text(json.dumps(doc))
             prof = Path(tmp) / f"profile-{stages}.json"
+            wait_quiet(wait_s)  # the profile's layer times are the plan's costs: measure them quietly
             r = CliRunner().invoke(main, ["profile", "--quick", "--for", str(example), "--emulate",
                                           "cpu-slow2x=cpu*2", "-o", str(prof)])
             if r.exit_code != 0:
@@ -133,20 +136,34 @@ def section_b(quick: bool) -> None:
             shape = " | ".join(f"{s.device_type}:dp{s.dp}:{s.num_layers}L"  # type: ignore[attr-defined]
                                for s in comp.poseidon.stages)  # type: ignore[attr-defined]
             try:
-                got = run_bundle(bundle, steps=3 if quick else 5)
-            except InputError as exc:  # a plan the CPU executor cannot run (e.g. dp differing per stage)
-                rows.append([f"{stages} devices: {shape}", "-", "-", "-", "-", "-", "-", "-", "-", f"not run: {exc}"])
+                for attempt in (1, 2):  # a run the monitor calls contended is retried once, after a wait
+                    window, waited = wait_quiet(wait_s)
+                    got = run_bundle(bundle, steps=3 if quick else 5)
+                    notes.append(f"{stages} devices, try {attempt}: waited {waited:.0f} s for a quiet machine "
+                                 f"(others {window.others_share or 0:.0%} of the cores then); contended: "
+                                 f"{'YES' if got['contended'] else 'no'}; executor: {got['executor']}; sleep "
+                                 f"late {1e3 * got['sleep_late_s']:.3f} ms; {got['verdict']}")
+                    if not got["contended"]:
+                        break
+            except InputError as exc:  # a plan the CPU executor cannot run
+                rows.append([f"{stages} devices: {shape}", "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                             f"not run: {exc}"])
                 continue
+            err = got["predicted_here_error"]
             rows.append([f"{stages} devices: {shape} v={comp.poseidon.interleave}",  # type: ignore[attr-defined]
                          got["predicted_iteration_s"], got["predicted_here_iteration_s"], got["retimed_iteration_s"],
                          got["measured_iteration_s"], f"{100 * got['error']:+.1f}%",
                          f"{100 * got['predicted_here_error']:+.1f}%", f"{100 * got['retimed_error']:+.1f}%",
                          f"{1e3 * got['cold_forward_s']:.3f}/{1e3 * got['cold_backward_s']:.3f}/"
-                         f"{1e3 * got['wake_s']:.3f}", "yes" if got.get("contended") else "no"])
+                         f"{1e3 * got['wake_s']:.3f}", "YES" if got.get("contended") else "no",
+                         "not judged (contended)" if got.get("contended") else "yes" if abs(err) <= 0.15 else "NO"])
     print(table_text(Table("(b) this machine (gloo, CPU): composed plan measured vs predicted (error = (predicted - "
                            "measured) / measured)",
                            ["plan", "predicted s", "for this machine s", "re-timed s", "measured s", "error",
-                            "for-this-machine error", "re-timed error", "cold F/B, wake ms", "contended"], rows)))
+                            "for-this-machine error", "re-timed error", "cold F/B, wake ms", "contended",
+                            "for-this-machine within 15%"], rows)))
+    for n in notes:
+        print(f"  {n}")
 
 
 def main() -> None:
@@ -154,11 +171,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="Two large clusters, one CPU run, shorter limits.")
     ap.add_argument("--skip-run", action="store_true", help="Skip section (b) (the CPU run).")
     ap.add_argument("--run-only", action="store_true", help="Only section (b) (the CPU run).")
+    ap.add_argument("--wait", type=float, default=120.0,
+                    help="Seconds to wait for a quiet machine before each CPU profile and run (default 120).")
     args = ap.parse_args()
     if not args.run_only:
         section_a(args.quick, 5.0 if args.quick else 15.0)
     if not args.skip_run:
-        section_b(args.quick)
+        section_b(args.quick, args.wait)
 
 
 if __name__ == "__main__":

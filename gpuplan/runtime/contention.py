@@ -109,6 +109,18 @@ def quiet_window(seconds: float = 0.5) -> Window:
     return Window(elapsed, share, busiest, [la[0]] if la else [])
 
 
+def wait_quiet(max_wait_s: float, window_s: float = 1.0) -> tuple[Window, float]:
+    """Return (the last window, seconds waited): `quiet_window(window_s)` repeated until other
+    processes used less than CONTENDED_SHARE of the cores (or no share is known), or until
+    `max_wait_s` seconds have passed; for benchmarks that should measure on a quiet machine."""
+    t0 = time.perf_counter()
+    while True:
+        window = quiet_window(window_s)
+        waited = time.perf_counter() - t0
+        if window.others_share is None or window.others_share < CONTENDED_SHARE or waited >= max_wait_s:
+            return window, waited
+
+
 class ContentionMonitor:
     """Context manager sampling the 1-minute load average every `interval_s` and the other
     processes' CPU time over the block (a daemon thread; nothing is left running after it)."""
