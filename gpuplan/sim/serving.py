@@ -270,7 +270,7 @@ class SarathiPolicy:
     Every running decode is in every iteration; the rest of `token_budget` goes to prefill chunks of
     waiting requests in arrival order. A request is admitted when the KV memory holds its prompt (plus
     a watermark); when the running batch would outgrow memory, the latest admitted request is
-    preempted (recompute, as vLLM does). `iteration_s(tokens, decode_kv_tokens, prefill_attention_s)`
+    preempted (recompute, as vLLM does), and a request that outgrows the whole cache alone is aborted. `iteration_s(tokens, decode_kv_tokens, prefill_attention_s)`
     is the latency model (seconds); `prefill_attention(chunks, positions)` returns prefill attention
     seconds. `kv_capacity_tokens` is the KV cache size in tokens.
     """
@@ -315,10 +315,13 @@ class SarathiPolicy:
             if used <= self.capacity:
                 break
             victim = int(run[-1])
-            state.preempt(victim)
             self.running.pop()
-            self.waiting.appendleft(victim)
             run = run[:-1]
+            if not len(run):  # alone and still too large: it can never finish here (vLLM aborts it)
+                state.reject(victim)
+                break
+            state.preempt(victim)
+            self.waiting.appendleft(victim)
         if len(run):
             decoding = run[ready]
             prefilling = run[~ready].tolist()
