@@ -31,9 +31,7 @@ def small(seed: int) -> PsrlProblem:
                              "exchange_GBps": r.choice([0.5, 5.0, 50.0])}, "psrl")
 
 
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 100_000))
-def test_greedy_within_gap_of_exact(seed: int) -> None:
+def _within_gap(seed: int) -> None:
     p = small(seed)
     exact = api.solve(p, solver="exact", time_limit_s=20)
     greedy = api.solve(p, solver="psrl")
@@ -41,6 +39,19 @@ def test_greedy_within_gap_of_exact(seed: int) -> None:
     if exact.status.value == "optimal":
         assert exact.objective <= greedy.objective * (1 + 1e-9)
     assert greedy.objective <= exact.objective * (1 + GAP)
+
+
+@pytest.mark.parametrize("seed", [53, 783])
+def test_greedy_within_gap_of_exact_known_hard(seed: int) -> None:
+    """The two hardest of 120 seeds (783: 8.9% off before the seeded kicks; 53: 3.0% now, the worst)."""
+    _within_gap(seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 100_000))
+def test_greedy_within_gap_of_exact(seed: int) -> None:
+    _within_gap(seed)
 
 
 def _best_by_enumeration(p: PsrlProblem) -> float:

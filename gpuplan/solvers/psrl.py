@@ -327,10 +327,12 @@ def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], de
 
 
 def solve_psrl(problem: PsrlProblem, *, time_limit_s: float | None = None, seed: int = 0,
-               progress: Progress = no_progress, search: bool = True, max_rounds: int = 200) -> PsrlPlan:
+               progress: Progress = no_progress, search: bool = True, max_rounds: int = 200,
+               perturb_rounds: int = 40) -> PsrlPlan:
     """Return the subtree-affinity / prefix-split greedy's plan, improved by local search when `search`.
     On small batches (<= SMALL_BATCH samples) the greedy restarts from several split tolerances (how far
-    over the balanced target a whole subtree may go) and the best plan after local search is kept."""
+    over the balanced target a whole subtree may go), the best plan after local search is kept, and
+    `perturb_rounds` seeded kicks (two samples moved, local search again) try to leave its local optimum."""
     fits = _need_fit(problem)
     deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else 60.0)
     tolerances = MULTI_START_TOLERANCES if problem.built.n_samples <= SMALL_BATCH else (0.02,)
@@ -347,7 +349,49 @@ def solve_psrl(problem: PsrlProblem, *, time_limit_s: float | None = None, seed:
         if time.perf_counter() > deadline:
             break
     assert best is not None
-    return _plan(problem, best[1], stats={**best[2], "starts": len(tolerances)})
+    kicks = 0
+    if search and problem.built.n_samples <= SMALL_BATCH:
+        progress(None, "perturbed restarts")
+        pl, kicks = _perturbed_search(problem, best[1], fits, deadline, seed, rounds=perturb_rounds)
+        best = (max(pl.loads), pl, best[2])
+    return _plan(problem, best[1], stats={**best[2], "starts": len(tolerances), "improving_kicks": kicks})
+
+
+def _copy(problem: PsrlProblem, pl: Placement) -> Placement:
+    """Return a fresh Placement with pl's assignment and chosen owners."""
+    out = Placement(problem, exchange=pl.exchange)
+    for s, w in enumerate(pl.assign):
+        out.move([s], w)
+    for v, o in enumerate(pl.owner):
+        if o >= 0 and o in out.cnt[v]:
+            out.set_owner(v, o)
+    return out
+
+
+def _perturbed_search(problem: PsrlProblem, start: Placement, fits: list[list[bool]], deadline: float, seed: int,
+                      rounds: int) -> tuple[Placement, int]:
+    """Iterated local search for small batches: `rounds` times, move two random samples to random workers
+    that hold them (seeded), run the local search, keep the result when the makespan drops. Returns the
+    best placement and the number of improving kicks."""
+    import random
+
+    r = random.Random(seed)
+    best = start
+    kicks = 0
+    S = problem.built.n_samples
+    for _ in range(rounds):
+        if time.perf_counter() > deadline:
+            break
+        pl = _copy(problem, best)
+        for _ in range(2):
+            s = r.randrange(S)
+            ok = [w for w in range(pl.W) if fits[s][w] and w != pl.assign[s]]
+            if ok:
+                pl.move([s], r.choice(ok))
+        local_search(problem, pl, fits, deadline, max_rounds=50)
+        if max(pl.loads) < max(best.loads) * (1 - 1e-12):
+            best, kicks = pl, kicks + 1
+    return best, kicks
 
 
 # ---------------------------------------------------------------- baselines
