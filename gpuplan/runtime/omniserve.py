@@ -10,7 +10,8 @@ a token. Workers hold the BE requests' KV caches and answer queries with scaled 
 Measured BE tokens/s is compared with the OmniServe latency model's prediction from figures profiled
 in the same run: f_D (staircase over tokens, per layer), the CPU attention time (line in KV tokens)
 and the per-row queue cost:  T = sum_l f_D(n_ls + b_l) + rows * c_q,  tokens/s = rows / (L T),
-with rows = B when the workers keep pace, else the rows the workers finish within T.
+with rows = B L / (L + 1) when the workers keep pace (a request's next-token query leaves at the end of
+an iteration, so each token takes L + 1 iterations), else the rows the workers finish within T.
 """
 
 from __future__ import annotations
@@ -251,13 +252,16 @@ def run_piggyback(*, be_requests: int = 16, ctx: int = 1024, ls_tokens: int = 64
 
 
 def _predict(fd: Any, L: int, B: int, ls_tokens: int, workers: int, t_attn: float, c_row: float) -> tuple[float, float, float]:
-    """Return (BE tokens/s, iteration s, rows per iteration) the OmniServe model predicts: every in-flight
-    request advances one layer per iteration when the workers keep pace (B t_attn <= workers T), else the
-    rows they finish in T; T = sum over layers of f_D(ls_tokens + rows / L) + rows * c_row (fixed point)."""
-    rows = float(B)
+    """Return (BE tokens/s, iteration s, rows per iteration) the OmniServe model predicts: an in-flight
+    request advances one layer per iteration, except that its next token's layer-0 query leaves at the end
+    of an iteration and merges in the iteration after next (L + 1 iterations per token), so B L / (L + 1)
+    rows per iteration when the workers keep pace, else the rows they finish in T;
+    T = sum over layers of f_D(ls_tokens + rows / L) + rows * c_row (fixed point)."""
+    full = B * L / (L + 1.0)
+    rows = full
     T = L * float(fd(ls_tokens + rows / L)) + rows * c_row
     for _ in range(100):
-        rows = min(float(B), workers * T / t_attn) if t_attn > 0 else float(B)
+        rows = min(full, workers * T / t_attn) if t_attn > 0 else full
         T_new = L * float(fd(ls_tokens + rows / L)) + rows * c_row
         if abs(T_new - T) <= 1e-12 * max(T, 1e-12):
             break
