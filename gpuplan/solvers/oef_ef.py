@@ -241,7 +241,8 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     worst = 0.0
     last_drop_obj = np.inf
 
-    rounds_limit_s = time_limit_s if time_limit_s is None or not (hull and envy) else time_limit_s * (1 - hull_share)
+    reserve = envy and (hull or market)          # the last hull_share of the limit: market and hull
+    rounds_limit_s = time_limit_s if time_limit_s is None or not reserve else time_limit_s * (1 - hull_share)
 
     def remaining() -> float | None:
         return None if rounds_limit_s is None else rounds_limit_s - (time.perf_counter() - started)
@@ -284,7 +285,8 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
             break
         I, K, _, worst = violated_envy(V, X_last, rho, top=top)
         if progress:
-            progress(None, f"envy rows: round {rnd}, {len(pairs)} rows in the LP, {len(I)} violated")
+            progress(None, f"envy rows: round {rnd}, {len(pairs)} rows in the LP, {len(I)} violated, "
+                           f"bound {bound:.6g}")
         if not len(I):
             break
         if drop_every and rnd % drop_every == 0 and len(pairs) and bound < last_drop_obj * (1 - 1e-12):
@@ -315,11 +317,12 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         anchor, anchor_from = grouped, f"the EF LP restricted to one bundle per group ({group_stats.get('groups')} groups)"
     recent: list[np.ndarray] = []
     if envy and market and weight is not None and gpus is not None:
-        from gpuplan.solvers.oef_market import market_allocation
+        from gpuplan.solvers.oef_market import best_market
 
-        budget = None if time_limit_s is None else max(0.25 * (time_limit_s - (time.perf_counter() - started)), 0.1)
-        M, recent, market_stats = market_allocation(V, usable, weight, gpus, size, capacity, E,
-                                                    time_limit_s=budget)
+        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+        budget = None if left is None else max((0.4 if hull else 1.0) * left, 0.1)
+        M, recent, market_stats = best_market(V, usable, weight, gpus, size, capacity, E, si_ref,
+                                              time_limit_s=budget)
         stats.update(market_stats)
         t_fix = envy_free_mix(V, M, E, rho)           # floating point: the oracle has the last word
         M = (1 - t_fix) * M + t_fix * E

@@ -85,7 +85,7 @@ def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpu
     the row's time fractions multiply (count x gpus), so W and capacity count every job.
     """
     started = time.perf_counter()
-    W = float((weight * size / gpus).sum())
+    W = float((weight * size / gpus).sum())      # every job's budget: classes count each member
     price = np.full(len(capacity), W / float(capacity.sum()))
     best, best_eff, best_t = E, float((size * (V * E).sum(axis=1)).sum()), 1.0
     recent: list[np.ndarray] = []
@@ -108,3 +108,40 @@ def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpu
         eta = max(0.02, eta * 0.99)
     return best, recent, {"market_iterations": it, "market_mix_with_equal_share": best_t,
                           "market_efficiency": best_eff}
+
+
+def budgets(weight: np.ndarray, gpus: np.ndarray, exponent: float) -> np.ndarray:
+    """Return each job's budget w_i^a g_i^(1 - a) (a = exponent in [0, 1]; a = 1: the weights).
+
+    Any such budgets keep the market's demand envy-free in OEF's sense: b_i / b_k =
+    (w_i / w_k)^a (g_i / g_k)^(1 - a) >= min(w_i / w_k, g_i / g_k) = s, so job i can afford s z_k.
+    Only a = 1 guarantees SI; smaller a moves money to jobs holding more GPUs, which the
+    efficiency objective (sum of GPUs x U) weighs more.
+    """
+    return weight ** exponent * gpus ** (1.0 - exponent)
+
+
+def best_market(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
+                capacity: np.ndarray, E: np.ndarray, si_ref: np.ndarray, *,
+                exponents: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25, 0.0), time_limit_s: float | None = None
+                ) -> tuple[np.ndarray, list[np.ndarray], dict[str, float]]:
+    """Return market_allocation's (plan, recent demands, stats) for the most efficient budget
+    exponent (see budgets) whose plan is SI (U_i >= si_ref_i, no tolerance), trying `exponents`
+    in order and stopping at the first that is not SI; a = 1 (SI by the argument above) first.
+    Plans are rows x m time fractions; efficiency in slowest-GPU equivalents."""
+    started = time.perf_counter()
+    best: tuple[np.ndarray, list[np.ndarray], dict[str, float]] | None = None
+    for q, a in enumerate(exponents):
+        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+        if best is not None and left is not None and left <= 0:
+            break
+        share = None if left is None else left / (len(exponents) - q)
+        plan, recent, stats = market_allocation(V, usable, budgets(weight, gpus, a), gpus, size, capacity, E,
+                                                time_limit_s=share)
+        if best is not None and not ((V * plan).sum(axis=1) >= si_ref).all():
+            break
+        stats["market_budget_exponent"] = a
+        if best is None or stats["market_efficiency"] > best[2]["market_efficiency"]:
+            best = (plan, recent, stats)
+    assert best is not None
+    return best
