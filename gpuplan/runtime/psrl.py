@@ -134,7 +134,9 @@ class Model:
         if tg.numel() == 0:
             return hidden.sum() * 0.0
         logits = self.head(rows)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tg.reshape(-1), reduction="sum")
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tg.reshape(-1), reduction="sum")
 
 
 def _cat_past(kv: dict[int, list[tuple[Any, Any]]], ancestors: list[int]) -> list[tuple[Any, Any]] | None:
