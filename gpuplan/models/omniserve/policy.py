@@ -238,7 +238,7 @@ class MixedPolicy:
         self.decision_s.append(time.perf_counter() - started)
         self.decision_inflight.append(len(self.cpu))
         if not len(pre_idx) and not len(dec):
-            if len(self.cpu) and self.p.mode == "omniserve":   # waiting on CPU attention: idle until one is back
+            if len(self.cpu):   # waiting on CPU attention or a KV transfer: idle until one is back
                 nxt = float(self.ready[self.cpu].min())
                 return Iteration(max(nxt - now, 1e-6), info={"idle": 1.0})
             return None
