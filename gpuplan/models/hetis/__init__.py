@@ -325,8 +325,10 @@ def snapshot_instance(problem: HetisProblem, plan: HetisPlan) -> Any:
     req = problem.requests()
     k = min(problem.head_map_requests, len(req))
     prim = [d for st in plan.replicas[0].stages for d in st.devices]
+    own = {d: st.layers for st in plan.replicas[0].stages for d in st.devices} \
+        if len(plan.replicas[0].stages) > 1 else None
     devs = sorted(plan.attention_devices)
-    at = attention_cost(problem, devs, prim)
+    at = attention_cost(problem, devs, prim, own)
     cap, _ = capacity(problem, plan)
     H = problem.config.kv
     o = problem.o_pred()

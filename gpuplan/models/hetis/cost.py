@@ -205,8 +205,11 @@ class AttentionCost:
         return t + np.where(heads > 0, self.c0_s + self.c1_s_per_head * heads, 0.0)
 
 
-def attention_cost(problem: Any, devices: Sequence[int], primaries: Sequence[int]) -> AttentionCost:
-    """Return the AttentionCost of `devices` when the dense part runs on `primaries`."""
+def attention_cost(problem: Any, devices: Sequence[int], primaries: Sequence[int],
+                   own_layers: dict[int, int] | None = None) -> AttentionCost:
+    """Return the AttentionCost of `devices` when the dense part runs on `primaries`. A primary of a
+    pipeline stage exchanges messages only for the layers of the other stages (`own_layers`: device ->
+    its stage's layers; absent: a primary exchanges none)."""
     cfg = problem.config
     e = DTYPE_BYTES[problem.dtype]
     g = {x.id: x for x in gpus_of(problem)}
@@ -220,10 +223,12 @@ def attention_cost(problem: Any, devices: Sequence[int], primaries: Sequence[int
         spt.append(kvb / (x.bandwidth_Bps * MEMORY_EFFICIENCY))
         is_worker = d not in set(primaries)
         wk.append(is_worker)
-        if is_worker and prim:
-            bw, lat = min((link_of(problem, x, p) for p in prim), key=lambda t: (t[1], -t[0]))
-            c0.append(2 * cfg.num_layers * lat)
-            c1.append(2 * cfg.num_layers * 2 * q_per_kv * cfg.dhead * e / bw)
+        remote = cfg.num_layers if is_worker else cfg.num_layers - (own_layers or {}).get(d, cfg.num_layers)
+        others = [p for p in prim if p.id != d]
+        if remote > 0 and others:
+            bw, lat = min((link_of(problem, x, p) for p in others), key=lambda t: (t[1], -t[0]))
+            c0.append(2 * remote * lat)
+            c1.append(2 * remote * 2 * q_per_kv * cfg.dhead * e / bw)
         else:
             c0.append(0.0)
             c1.append(0.0)

@@ -282,7 +282,8 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) 
         fractions = np.array([fr[d] for d in kv_ids.tolist()])
         pos = {d: k for k, d in enumerate(kv_ids.tolist())}
         groups = [np.array([pos[d] for d in st.devices], dtype=np.int64) for st in replica.stages]
-    attn = attention_cost(problem, kv_ids.tolist(), primaries)
+    own = {d: st.layers for st in replica.stages for d in st.devices} if len(replica.stages) > 1 else None
+    attn = attention_cost(problem, kv_ids.tolist(), primaries, own)
     cap = np.array([cap_all[d] for d in kv_ids.tolist()]) / pp
     if hetis_mode and replica.share < 1:
         # data-parallel replicas share every attention device's KV memory and HBM bandwidth in proportion

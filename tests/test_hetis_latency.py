@@ -1,0 +1,59 @@
+"""The serving latency models reproduce held-out profiled iteration times (real torch on this CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuplan.models.workload import TransformerConfig
+from gpuplan.sim.latency import LinearLatency, StaircaseLatency, relative_errors
+
+torch = pytest.importorskip("torch")
+
+CFG = TransformerConfig(name="tiny-serving", num_layers=2, hidden=512, heads=8, ffn_hidden=1536, vocab=1000)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():  # type: ignore[no-untyped-def]
+    """One torch thread: the profiler's clock is then the process's CPU time (robust on a shared machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _held_out(samples: list[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    x = np.array([s[0] for s in samples], dtype=float)
+    t = np.array([s[1] for s in samples])
+    fit = np.arange(len(x)) % 2 == 0
+    return x[fit], t[fit], x[~fit], t[~fit]
+
+
+def test_dense_staircase_predicts_held_out_token_counts_within_10_percent() -> None:
+    from gpuplan.profiling.serving import profile_dense
+
+    samples = profile_dense(CFG, [16, 48, 64, 96, 128, 192, 256, 320, 384], layers=1, repeats=7)
+    x, t, hx, ht = _held_out(samples)
+    model = StaircaseLatency.fit(x, t)
+    err = relative_errors(model, hx, ht)
+    assert err.max() < 0.10, (samples, model, err)
+
+
+def test_decode_attention_line_predicts_held_out_kv_tokens_within_10_percent() -> None:
+    from gpuplan.profiling.serving import profile_decode_attention
+
+    samples = profile_decode_attention(CFG, [2048, 4096, 6144, 8192, 12288, 16384, 20480, 24576, 32768],
+                                       batch=4, repeats=7)
+    x, t, hx, ht = _held_out(samples)
+    model = LinearLatency.fit(x, t)
+    err = relative_errors(model, hx, ht)
+    assert err.max() < 0.10, (samples, model, err)
+
+
+def test_profilers_refuse_bad_counts() -> None:
+    from gpuplan.profiling.serving import profile_decode_attention, profile_dense
+
+    with pytest.raises(ValueError):
+        profile_dense(CFG, [0])
+    with pytest.raises(ValueError):
+        profile_decode_attention(CFG, [])
