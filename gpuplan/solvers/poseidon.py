@@ -201,6 +201,7 @@ class Structure:
         self.vp2p = self.p2p if v == 1 else [_p2p(cm, shapes[k % S], shapes[(k + 1) % S], self.b[k % S])
                                              for k in range(S * v - 1)]
         self._rt_cache: list[tuple[list[float], float]] | None = None
+        self._extra_at: list[list[float]] | None = None
 
     @property
     def _rt(self) -> list[tuple[list[float], float]]:
@@ -386,7 +387,7 @@ class Structure:
         """Return `cut_bound` (seconds) of every layer mapping in `rows`, equal to the last bit: the
         same float operations in the same order, one stage at a time across all rows (numpy)."""
         if len(rows) < CUT_BATCH_MIN:
-            return [self.cut_bound(n) for n in rows]
+            return [self.cut_bound(n) for n in (rows.tolist() if hasattr(rows, "tolist") else rows)]
         import numpy as np
 
         m, last, v, S = self.m, self.S - 1, self.v, self.S
@@ -431,8 +432,10 @@ class Structure:
         if any(n < v or n > k or n % v for n, k in zip(layers, self.nmax)):
             return INF
         fwd = [n * f for n, f in zip(layers, self.f)]
-        bwd = [n * (g + next(x for k, x in zip(caps, extra) if n <= k))
-               for n, g, caps, extra in zip(layers, self.g, self.caps, self.extra)]
+        if self._extra_at is None:  # per stage and layer count: the recomputation seconds per block
+            self._extra_at = [[next((x for k, x in zip(caps, extra) if n <= k), 0.0) for n in range(nmax + 1)]
+                              for caps, extra, nmax in zip(self.caps, self.extra, self.nmax)]
+        bwd = [n * (g + ex[n]) for n, g, ex in zip(layers, self.g, self._extra_at)]
         tail = [self.tail(s, n) for s, n in enumerate(layers)]
         if v == 1:
             fwd = [x + e for x, e in zip(fwd, self.ef)]
@@ -481,38 +484,48 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
     (`Structure.cut_bound`), of which the 2S with the lowest bounds are walked. In the two wide
     ones, moves are tried in order of their path bound and the first that improves is taken. A move whose path bound already reaches the best time so far
     is skipped without walking the DAG (it cannot improve)."""
-    S = st.S
-    adjacent = [(i, i + 1) for i in range(S - 1)] + [(i + 1, i) for i in range(S - 1)]
-    singles = [(a, b) for a in range(S) for b in range(S) if a != b]
+    S, v = st.S, st.v
+    import numpy as np
+
+    adjacent, singles = _move_deltas(S)
+    cap = np.asarray(st.nmax)
     cur_t = st.time(cur)
     stats.dag_evaluations += 1
     level = 0
     while True:
+        here = np.asarray(cur)
         if level < 2:
-            moves = [(mv,) for mv in (adjacent if level == 0 else singles)]
+            deltas = adjacent if level == 0 else singles
         else:  # pairs of the most promising single moves
-            keys = st.cut_bounds([_moved(cur, (mv,), st.nmax, st.v) or st.nmax for mv in singles])
-            ranked = [mv for _, mv in sorted(zip(keys, singles), key=lambda x: x[0])][:2 * S]
-            moves = [(x, y) for i, x in enumerate(ranked) for y in ranked[i:] if x[0] != y[1] and x[1] != y[0]]
-        rows = [n for n in (_moved(cur, mv, st.nmax, st.v) for mv in moves) if n is not None]
-        cands = list(zip(st.cut_bounds(rows), rows))
-        cands.sort(key=lambda x: x[0])
+            moved = here + v * singles
+            moved[~((moved >= v) & (moved <= cap)).all(axis=1)] = cap
+            keys = np.asarray(st.cut_bounds(moved))
+            ranked = np.argsort(keys, kind="stable")[:2 * S]
+            pairs = [(x, y) for i, x in enumerate(ranked) for y in ranked[i:]
+                     if _SINGLE[S][x][0] != _SINGLE[S][y][1] and _SINGLE[S][x][1] != _SINGLE[S][y][0]]
+            deltas = (singles[[x for x, _ in pairs]] + singles[[y for _, y in pairs]] if pairs
+                      else np.zeros((0, S), dtype=np.int64))
+        rows = here + v * deltas
+        rows = rows[((rows >= v) & (rows <= cap)).all(axis=1)]
+        bounds = np.asarray(st.cut_bounds(rows))
+        order = np.argsort(bounds, kind="stable")
         step_t, step = cur_t, None
         if level == 2:  # a budget of 2S DAG walks, the pairs with the lowest bounds first
-            stats.cuts_pruned += max(0, len(cands) - 2 * S)
-            cands = cands[:2 * S]
-        for k, (bound, n) in enumerate(cands):
-            if bound >= step_t:  # every later move's bound is larger still
-                stats.cuts_pruned += len(cands) - k
+            stats.cuts_pruned += max(0, len(order) - 2 * S)
+            order = order[:2 * S]
+        for k, o in enumerate(order.tolist()):
+            if bounds[o] >= step_t:  # every later move's bound is larger still
+                stats.cuts_pruned += len(order) - k
                 break
             if stats.out_of_time():  # anytime: the best mapping walked so far
                 return (step_t, step) if step is not None else (cur_t, cur)
+            n = rows[o].tolist()
             t = st.time(n)
             stats.dag_evaluations += 1
             if t < step_t - 1e-12 * step_t:
                 step_t, step = t, n
                 if level:  # first improvement in the wide neighbourhoods
-                    stats.cuts_pruned += len(cands) - k - 1
+                    stats.cuts_pruned += len(order) - k - 1
                     break
         if step is not None:
             cur_t, cur, level = step_t, step, 0
@@ -524,14 +537,32 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
             return cur_t, cur
 
 
-def _moved(cur: list[int], moves: tuple[tuple[int, int], ...], cap: list[int], unit: int = 1) -> list[int] | None:
-    """Return the layer counts after moving `unit` layers (the interleave: counts stay multiples of
-    it) per (from, to) pair; None when a count leaves [unit, cap]."""
-    n = list(cur)
-    for a, b in moves:
-        n[a] -= unit
-        n[b] += unit
-    return n if all(unit <= v <= k for v, k in zip(n, cap)) else None
+_SINGLE: dict[int, list[tuple[int, int]]] = {}  # per stage count: the single moves (from, to), in order
+
+
+def _move_deltas(S: int) -> tuple[Any, Any]:
+    """Return (adjacent, singles): integer arrays (moves x S) of the layer-count changes of moving one
+    unit across one boundary ((i, i+1) for every i, then (i+1, i)) and between any two stages
+    ((a, b), a != b, in order), as `_descend` tries them; cached per S."""
+    import numpy as np
+
+    if S not in _MOVES:
+        adj = [(i, i + 1) for i in range(S - 1)] + [(i + 1, i) for i in range(S - 1)]
+        single = [(a, b) for a in range(S) for b in range(S) if a != b]
+
+        def matrix(moves: list[tuple[int, int]]) -> Any:
+            d = np.zeros((len(moves), S), dtype=np.int64)
+            for r, (a, b) in enumerate(moves):
+                d[r, a] -= 1
+                d[r, b] += 1
+            return d
+
+        _SINGLE[S] = single
+        _MOVES[S] = (matrix(adj), matrix(single))
+    return _MOVES[S]
+
+
+_MOVES: dict[int, tuple[Any, Any]] = {}
 
 
 def ridge_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
