@@ -200,11 +200,11 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     first solve the EF LP restricted to one bundle per group of similar jobs (solvers/oef_groups.py)
     within half the limit, and return it instead of the mix with E when it is better. hull (with
     envy, when the rounds stop before the optimum): the plan is the best per-job mix of the last
-    relaxed optimum, the best envy-free plan in hand and E (solvers/oef_hull.py), which gets the
-    last `hull_share` of the time limit. market (with envy, at a time limit; needs each row's
-    `weight` and `gpus`, rows being jobs or classes of one job): the equal-incomes market allocation
-    (solvers/oef_market.py) joins the candidates and replaces E as the plan to fall back on when it is
-    better. Raises InfeasibleError if the LP is infeasible,
+    relaxed optimum, the best envy-free plan in hand and E (solvers/oef_hull.py). market (with envy,
+    at a time limit; needs each row's `weight` and `gpus`, rows being jobs or classes of one job):
+    the equal-incomes market allocation (solvers/oef_market.py) joins the candidates and replaces E
+    as the plan to fall back on when it is better. With a time limit, market and hull share its last
+    `hull_share` (market 70%, hull the rest); the rounds of envy rows get the first part. Raises InfeasibleError if the LP is infeasible,
     SolverError if HiGHS fails without a time limit.
     """
     import highspy
@@ -320,7 +320,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         from gpuplan.solvers.oef_market import best_market
 
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
-        budget = None if left is None else max((0.4 if hull else 1.0) * left, 0.1)
+        budget = None if left is None else max((0.7 if hull else 1.0) * left, 0.1)
         M, recent, market_stats = best_market(V, usable, weight, gpus, size, capacity, E, si_ref,
                                               time_limit_s=budget)
         stats.update(market_stats)

@@ -27,6 +27,7 @@ iterations' demands are also returned as candidates for a per-job mix LP (solver
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
@@ -75,21 +76,27 @@ def capacity_mix(X: np.ndarray, E: np.ndarray, size: np.ndarray, capacity: np.nd
 
 def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray,
                       size: np.ndarray, capacity: np.ndarray, E: np.ndarray, *, iterations: int = 300,
-                      keep: int = 4, time_limit_s: float | None = None
-                      ) -> tuple[np.ndarray, list[np.ndarray], dict[str, float]]:
+                      keep: int = 4, time_limit_s: float | None = None, price: np.ndarray | None = None,
+                      eta: float = 0.5) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
     """Return (best plan, the last `keep` distinct demands, stats): the plan is a market demand
     (time fractions, rows x m) mixed with the equal split E to fit capacity, the most efficient
     (sum size_r V_r . x_r, slowest-GPU equivalents) over the tatonnement iterations.
 
     Rows are jobs or classes of identical jobs: weight and gpus are one job's, size is the GPUs
-    the row's time fractions multiply (count x gpus), so W and capacity count every job.
+    the row's time fractions multiply (count x gpus), so W and capacity count every job. `price`:
+    starting prices (scaled to p . C <= W; default W / sum C each), `eta` the first step; stats
+    carry the last prices as "price" (a warm start for another run).
     """
     started = time.perf_counter()
     W = float((weight * size / gpus).sum())      # every job's budget: classes count each member
-    price = np.full(len(capacity), W / float(capacity.sum()))
+    if price is None:
+        price = np.full(len(capacity), W / float(capacity.sum()))
+    else:
+        price = np.maximum(np.asarray(price, dtype=float), 1e-12)
+        price = price * min(1.0, W / float(price @ capacity))
     best, best_eff, best_t = E, float((size * (V * E).sum(axis=1)).sum()), 1.0
     recent: list[np.ndarray] = []
-    eta, it = 0.5, 0
+    it = 0
     for it in range(1, iterations + 1):
         if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             break
@@ -107,7 +114,7 @@ def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpu
             price *= W / float(price @ capacity)
         eta = max(0.02, eta * 0.99)
     return best, recent, {"market_iterations": it, "market_mix_with_equal_share": best_t,
-                          "market_efficiency": best_eff}
+                          "market_efficiency": best_eff, "price": price}
 
 
 def budgets(weight: np.ndarray, gpus: np.ndarray, exponent: float) -> np.ndarray:
@@ -124,20 +131,24 @@ def budgets(weight: np.ndarray, gpus: np.ndarray, exponent: float) -> np.ndarray
 def best_market(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
                 capacity: np.ndarray, E: np.ndarray, si_ref: np.ndarray, *,
                 exponents: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25, 0.0), time_limit_s: float | None = None
-                ) -> tuple[np.ndarray, list[np.ndarray], dict[str, float]]:
+                ) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
     """Return market_allocation's (plan, recent demands, stats) for the most efficient budget
     exponent (see budgets) whose plan is SI (U_i >= si_ref_i, no tolerance), trying `exponents`
     in order and stopping at the first that is not SI; a = 1 (SI by the argument above) first.
     Plans are rows x m time fractions; efficiency in slowest-GPU equivalents."""
     started = time.perf_counter()
-    best: tuple[np.ndarray, list[np.ndarray], dict[str, float]] | None = None
+    best: tuple[np.ndarray, list[np.ndarray], dict[str, Any]] | None = None
+    price: np.ndarray | None = None
     for q, a in enumerate(exponents):
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
         if best is not None and left is not None and left <= 0:
             break
         share = None if left is None else left / (len(exponents) - q)
         plan, recent, stats = market_allocation(V, usable, budgets(weight, gpus, a), gpus, size, capacity, E,
-                                                time_limit_s=share)
+                                                time_limit_s=share, price=price,
+                                                eta=0.5 if price is None else 0.2,
+                                                iterations=300 if price is None else 150)
+        price = stats.pop("price")                      # the next exponent starts from these prices
         if best is not None and not ((V * plan).sum(axis=1) >= si_ref).all():
             break
         stats["market_budget_exponent"] = a
