@@ -65,27 +65,30 @@ class TinyModel:
         return x @ nxt["qkv"], x
 
 
-def _median_time(fn: Any, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def _min_times(fns: list[Any], repeats: int) -> np.ndarray:
+    """Return the least time (s) of each function over `repeats` interleaved passes (one call of each per
+    pass, after a warm-up): on a shared machine the minimum is the call least disturbed by other jobs, and
+    interleaving spreads a burst of load over every sample instead of a few."""
+    for fn in fns:
         fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    best = np.full(len(fns), math.inf)
+    for _ in range(repeats):
+        for j, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[j] = min(best[j], time.perf_counter() - t0)
+    return best
 
 
 def profile_dense(model: TinyModel, tokens: np.ndarray, repeats: int = 15) -> np.ndarray:
-    """Return the measured time (s, median of `repeats`) of one layer's dense modules for each token count."""
+    """Return the measured time (s, least of `repeats` interleaved passes) of one layer's dense modules for
+    each token count."""
     import torch
 
     torch.set_num_threads(1)
     h = model.shape.hidden
-    out = []
-    for n in np.asarray(tokens).tolist():
-        x = torch.randn(int(n), h)
-        out.append(_median_time(lambda: model.dense(0, x, x), repeats))
-    return np.asarray(out)
+    xs = [torch.randn(int(n), h) for n in np.asarray(tokens).tolist()]
+    return _min_times([lambda x=x: model.dense(0, x, x) for x in xs], repeats)
 
 
 def _attend(q: Any, k: Any, v: Any) -> Any:
@@ -95,18 +98,19 @@ def _attend(q: Any, k: Any, v: Any) -> Any:
 
 
 def profile_attention(model: TinyModel, ctx: np.ndarray, repeats: int = 15) -> np.ndarray:
-    """Return the measured time (s, median) of one layer of decode attention for one request per KV length."""
+    """Return the measured time (s, least of `repeats` interleaved passes) of one layer of decode attention
+    for one request per KV length."""
     import torch
 
     torch.set_num_threads(1)
     s = model.shape
-    out = []
+    fns = []
     for c in np.asarray(ctx).tolist():
         k = torch.randn(s.heads, int(c), s.head_dim)
         v = torch.randn(s.heads, int(c), s.head_dim)
         q = torch.randn(s.heads, s.head_dim)
-        out.append(_median_time(lambda: _attend(q, k, v), repeats))
-    return np.asarray(out)
+        fns.append(lambda q=q, k=k, v=v: _attend(q, k, v))
+    return _min_times(fns, repeats)
 
 
 def _worker(rank: int, shape: TinyShape, ctx: dict[int, int], inbox: Any, outbox: Any) -> None:
