@@ -15,7 +15,10 @@ Contract:
 - GPUs of a known architecture get NCCL 2.30.7's own model (gpuplan.models.nccl_tuning): the
   graphs NCCL's search would build for the group (ranks, nodes spanned, ranks per node, NVLink or
   PCIe, NVSwitch, NICs per node and their bandwidth: a ring across nodes runs on every rail) and the
-  (algorithm, protocol) NCCL picks at that size, with its latency and bandwidth.
+  (algorithm, protocol) NCCL picks at that size, with its latency and bandwidth, plus what NCCL's
+  kernel pipeline adds to that estimate (nccl_tuning.pipeline_us: Simple's per-slice handshake on the
+  ring, the NVLS stage fill, the broadcast / reduce chain fill); `nccl_estimate_s` is NCCL's estimate
+  alone.
 - Devices of an "unknown" architecture (measured or declared types, CPUs) fall back to an
   alpha-beta ring over the cluster's own links (slowest link crossed, its latency per step).
 - `calibration`: a Profile's fitted collectives (`calibration_from_profile`), keyed by (op, group
@@ -249,7 +252,16 @@ def collective_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iter
             return fit.time_s(size)
     if shape.topology is None or op not in TUNED_OPS:
         return fallback_time_s(op, size, shape.ranks, shape.link_GBps, shape.link_latency_s)
-    return nt.choose(shape.topology, op, float(size), algos=_algos(algos)).time_us * 1e-6
+    ch = nt.choose(shape.topology, op, float(size), algos=_algos(algos))
+    return (ch.time_us + nt.pipeline_us(shape.topology, op, ch.algo, ch.proto, float(size), ch.channels)) * 1e-6
+
+
+def nccl_estimate_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
+                    algos: Iterable[str] | None = None) -> float | None:
+    """Return NCCL's own estimate (s) of its default choice (latency + size / bandwidth, without the
+    kernel pipeline collective_time_s adds), or None where there is no NCCL model for the group."""
+    ch = nccl_choice(cluster, op, size_bytes, device_ids, dtype_bytes, algos)
+    return None if ch is None else ch.time_us * 1e-6
 
 
 def bus_bandwidth_GBps(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,

@@ -609,3 +609,146 @@ def max_threads(t: Topology, algo: str, proto: str, g: Graphs | None = None) -> 
         ring = (g or graphs(t)).ring
         return 256 if ring.bw_intra_GBps * ring.channels <= 12.0 else 512
     return 512
+
+
+# ---- the pipeline NCCL's kernels run (what NCCL's latency + size / bandwidth estimate leaves out) ----
+# NCCL's estimate is latency + size / bandwidth: a message is one pass whose steps pipeline perfectly.
+# Its kernels move each channel's share in loops of fixed-size chunks, and two structures of that
+# pipeline cost time the estimate does not hold, most at mid sizes where a channel runs few loops:
+#
+# - Simple's per-slice handshake (src/device/prims_simple.h genericOp): a CTA handles one slice at a
+#   time, waitPeer -> reduceCopy -> barrier -> postPeer (fence_acq_rel_sys, then the tail flag), so the
+#   handshake does not overlap the slice's copy. A ring step on a chunk is SlicePerChunk slices
+#   (all_reduce.h runRing: ProtoSimple<ALLREDUCE_CHUNKSTEPS / ALLREDUCE_SLICESTEPS = 2 slices>), and a
+#   channel runs ceil(channel bytes / (nRanks x chunk)) loops; NCCL's latency counts one handshake per
+#   step. Each further slice of a step costs the part of NCCL's Simple step latency that LL does not
+#   pay (tuning.cc hwLat[hw][RING][SIMPLE] - hwLat[hw][RING][LL]: the fence and flag round; LL carries
+#   its flag in every 8-byte line and its wire latency is hidden behind the copy).
+# - NVLS's three-stage pipeline (all_reduce.h RunWorkColl<..., NCCL_ALGO_NVLS, SIMPLE>, one node):
+#   scatter warps copy the input to the heads' buffers, reduce warps run multimem ld_reduce / st on
+#   their head's chunk, gather warps copy the result out; a loop is nHeads chunks, and the second and
+#   third stages start one loop late (fill: two loop-stage times). The NVLS tree (NVLS_TREE) has four
+#   warp groups per node (scatter, reduce -> tree up, tree down -> multicast, gather).
+# - The broadcast / reduce ring pipeline (PipelineFrom / PipelineTo, Simple): a chain of nRanks - 1
+#   hops that fills one chunk (BROADCAST_CHUNKSTEPS = 1 step) per hop.
+# A ring all_reduce / all_gather / reduce_scatter has no fill: every rank sends its own chunk at the
+# first step (runRing step 0), so every link is busy from the start. LL and LL128 forward line by
+# line (a flag per 8 B / 128 B line): no store-and-forward per step, no per-slice fence. Tree Simple
+# keeps NCCL's own mid-size correction (treeCorrectionFactor), which already stands for its chain.
+NCCL_STEPS = 8                                   # device.h NCCL_STEPS: FIFO slots per connection
+# init.cc DEFAULT_BUFFSIZE (Simple, 4 MiB), DEFAULT_LL_BUFFSIZE (NCCL_LL_LINES_PER_THREAD 8 x
+# NCCL_LL_MAX_NTHREADS 512 x NCCL_STEPS x 16 B), DEFAULT_LL128_BUFFSIZE (120 x 640 x 8 x 8 B).
+BUFFSIZE = {"LL": 8 * 512 * NCCL_STEPS * 16, "LL128": 120 * 640 * NCCL_STEPS * 8, "Simple": 1 << 22}
+CHUNKSTEPS = NCCL_STEPS // 2                     # collectives.h ALLREDUCE/ALLGATHER/REDUCESCATTER_CHUNKSTEPS
+SLICESTEPS = NCCL_STEPS // 4                     # collectives.h ..._SLICESTEPS
+SLICES_PER_CHUNK = CHUNKSTEPS // SLICESTEPS      # ProtoSimple<CHUNKSTEPS / SLICESTEPS, SLICESTEPS>
+BROADCAST_CHUNKSTEPS = 1                         # collectives.h BROADCAST_CHUNKSTEPS
+NVLS_CHUNK_BYTES = 128 * 1024                    # transport/nvls.cc NCCL_NVLS_CHUNKSIZE default
+NVLS_LAST_CHUNK_ALIGN_BYTES = 16384              # all_reduce.h: lastChunkSize aligned to 16384 B
+MIN_TRAFFIC_PER_CHANNEL = 32 * 1024              # enqueue.cc scheduleCollTasksToPlan MinTrafficPerChannel
+
+
+def nvls_ctas(t: Topology) -> int:
+    """Return comm->nvlsChannels, the CTAs an NVLS collective runs on (transport/nvls.cc:
+    NVLS_NCHANNELS_SM90 16; SM100 32 across nodes, 24 on one node)."""
+    if t.cc >= 100:
+        return 32 if t.nodes > 1 else 24
+    return 16
+
+
+def _traffic_per_byte(coll: str, n: int) -> int:
+    """enqueue.cc ncclFuncTrafficPerByte: all_reduce 2, all_gather / reduce_scatter nRanks, else 1."""
+    return 2 if coll == "all_reduce" else n if coll in ("all_gather", "reduce_scatter") else 1
+
+
+def cbd_channels(t: Topology, coll: str, size_bytes: float, max_channels: int) -> int:
+    """Return how many channels enqueue.cc's scheduleCollTasksToPlan spreads one op over: cells of at
+    least 32 KiB of traffic (MinTrafficPerChannel), at most `max_channels`."""
+    traffic = max(float(MIN_TRAFFIC_PER_CHANNEL), size_bytes * _traffic_per_byte(coll, t.ranks))
+    return int(max(1, min(max_channels, -(-traffic // MIN_TRAFFIC_PER_CHANNEL))))
+
+
+def nvls_chunk_bytes(t: Topology, algo: str, channel_bytes: float, heads: int) -> int:
+    """Return the chunk enqueue.cc calcCollChunking gives one channel of an NVLS (or NVLS tree) op of
+    `channel_bytes` (the scheduler calls it per channel, nChannels = 1, so concurrentOps = nHeads)."""
+    ops = heads
+    if algo == "nvls":
+        chunk = NVLS_CHUNK_BYTES
+        for factor, size in ((64, 65536), (8, 32768), (2, 16384)):
+            if channel_bytes < factor * ops * chunk and chunk > size:
+                chunk = size
+        return chunk
+    chunk = min(NVLS_CHUNK_BYTES, 65536 if t.nodes >= 4 else NVLS_CHUNK_BYTES)   # nvlsTreeMaxChunkSize
+    for factor, size in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
+        if channel_bytes < factor * ops * chunk and chunk > size:
+            chunk = size
+    return chunk
+
+
+def ring_slices_per_step(channel_bytes: float, ranks: int) -> int:
+    """Return the Simple slices one ring step runs over a channel's whole share (all loops): full loops
+    of nRanks x chunk (chunk = BUFFSIZE / NCCL_STEPS x CHUNKSTEPS) take SlicePerChunk slices each; the
+    last loop's chunk shrinks to ceil(rest / nRanks) and its slices to max(chunk / SlicePerChunk,
+    slice / 32) (prims_simple.h genericOp), so a small last chunk takes one slice."""
+    step = BUFFSIZE["Simple"] // NCCL_STEPS
+    chunk = step * CHUNKSTEPS
+    full, rest = divmod(max(channel_bytes, 1.0), ranks * chunk)
+    slices = int(full) * SLICES_PER_CHUNK
+    if rest > 0:
+        last = -(-rest // ranks)
+        slice_bytes = max(-(-last // SLICES_PER_CHUNK), step * SLICESTEPS / 32)
+        slices += int(min(SLICES_PER_CHUNK, -(-last // slice_bytes)))
+    return max(slices, 1)
+
+
+def slice_sync_us(t: Topology) -> float:
+    """Return the handshake (us) a Simple slice adds beyond LL's step on the group's intra-node
+    hardware: tuning.cc hwLat[hw][RING][SIMPLE] - hwLat[hw][RING][LL] (NVLink 2.8, PCIe 4.7)."""
+    hw = HW_LAT_US[t.intra]["ring"]
+    return hw[2] - hw[0]
+
+
+def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, channels: int,
+                g: Graphs | None = None, caps: Caps = NO_CAPS) -> float:
+    """Return the time (us) NCCL's kernel pipeline adds to NCCL's latency + size / bandwidth estimate of
+    (coll, algo, proto) on `channels` channels (see the comment above: Simple's serial per-slice
+    handshake on the ring pattern, the NVLS and NVLS-tree stage fill, the broadcast / reduce chain
+    fill); 0 where the estimate already holds the structure (LL, LL128, tree)."""
+    if proto != "Simple" or size_bytes <= 0:
+        return 0.0
+    n = t.ranks
+    e = tuning(t, g, caps).get((coll, algo, proto))
+    if e is None or e.algbw_GBps <= 0:
+        return 0.0
+    transfer = size_bytes / (1000.0 * e.algbw_GBps)       # us: NCCL's size / algBw
+    if algo == "ring" and coll in ("all_reduce", "all_gather", "reduce_scatter"):
+        nc = cbd_channels(t, coll, size_bytes, max(1, channels))
+        slices = ring_slices_per_step(size_bytes / nc, n)
+        return nsteps(coll, n) * (slices - 1) * slice_sync_us(t) * caps.latency_scale
+    if algo == "ring":        # broadcast / reduce: PipelineFrom / PipelineTo, n - 1 hops
+        nc = cbd_channels(t, coll, size_bytes, max(1, channels))
+        per = size_bytes / nc
+        unit = min(per, BUFFSIZE["Simple"] // NCCL_STEPS * BROADCAST_CHUNKSTEPS)
+        return max(0, n - 2) * transfer * unit / per
+    if algo in ("nvls", "nvlstree"):
+        graph = (g or graphs(t)).nvls
+        if graph is None:
+            return 0.0
+        heads = int(graph.channels)
+        nc = cbd_channels(t, coll, size_bytes, nvls_ctas(t))
+        per = size_bytes / nc
+        chunk = nvls_chunk_bytes(t, algo, per, heads)
+        if per < heads * chunk:   # one partial loop: heads x lastChunkSize, aligned to 16 KiB
+            last = -(-per // heads)
+            chunk = -(-last // NVLS_LAST_CHUNK_ALIGN_BYTES) * NVLS_LAST_CHUNK_ALIGN_BYTES
+        loop_share = min(1.0, heads * chunk / per)
+        stage = transfer * loop_share          # one loop through the bottleneck stage
+        if algo == "nvls":
+            return 2.0 * stage                 # scatter -> reduce/multicast -> gather: two stages of fill
+        # NVLS tree: scatter and gather run at NVLink speed, the tree's up and down groups at NCCL's rate
+        eff = caps.nvls_eff if caps.nvls_eff is not None else NVLS_EFFICIENCY[compcap_index(t.cc)]
+        intra_GBps = graph.bw_intra_GBps * eff * heads   # a node's NVLS bus bandwidth
+        bus = float(bus_bandwidth(t, g or graphs(t), coll, algo, proto, caps))
+        ratio = min(1.0, bus / intra_GBps) if intra_GBps > 0 else 1.0
+        return stage * (1.0 + 2.0 * ratio)     # four groups: fill = the other three, the NVLink ones faster
+    return 0.0
