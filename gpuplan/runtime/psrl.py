@@ -421,6 +421,9 @@ def run_plan(problem: Any, plan: Any, *, layers: int = 2, hidden: int = 64, max_
             for i, w in enumerate(names)]
     report = [Table(f"per rank: share of the step's work, predicted by the plan vs measured (tokens scaled x{scale:.3g})",
                     ["worker", "predicted_share", "measured_share", "compute_s", "moved_bytes"], rows)]
+    report.append(Table("gradients of the plan's ranks (K/V and dK/dV exchanged) vs single-process unshared training",
+                        ["gradients_match", "max_rel_grad_error", "ranks", "exchanged_bytes", "wall_s"],
+                        [[err < 1e-4, err, len(names), sum(r["moved_bytes"] for r in results), wall]]))
     return {"gradients_match": err < 1e-4, "max_rel_grad_error": err, "ranks": len(names),
             "token_scale": scale, "dedup_tokens": sum(len(forest.ids[v]) for v in set().union(
                 *[set(forest.path(e)) for e in forest.end])),
