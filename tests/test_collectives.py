@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from gpuplan.models import nccl_tuning as nt
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.collectives import (Fit, bus_bandwidth_GBps, collective_time_s, fallback_time_s,
                                         group_shape, nccl_choice)
@@ -88,7 +92,6 @@ def test_repeated_calls_are_cached_and_fast() -> None:
 
 # ---- NCCL's own tuning, checked against hand derivations from NCCL 2.30.7's code ----------------
 
-from gpuplan.models import nccl_tuning as nt  # noqa: E402
 
 A100 = dict(cc=80, nvlinks=12, nvswitch=True, pcie_GBps=24.0, nics=8, nic_GBps=25.0)
 H100 = dict(cc=90, nvlinks=18, nvswitch=True, pcie_GBps=48.0, nics=8, nic_GBps=50.0)
@@ -206,8 +209,11 @@ def _lagom_parts(cluster: Cluster, ids: list[int], size: int, algo: str, proto: 
 
 def test_ring_pattern_has_no_pipeline_fill_but_a_simple_tree_chain_does() -> None:
     """Every rank of a ring sends from the first step: a 16-node ring Simple all-reduce of 1 GiB costs
-    no more than NCCL's estimate (which adds its x1.4 multi-node plateau to the latency), not 253
-    chunks of fill on top; a Simple tree of the same nodes waits (depth - 1) chunks."""
+    NCCL's estimate (which adds its x1.4 multi-node plateau to the latency) plus only the Simple
+    per-slice handshakes, not 253 chunks of fill on top: 16 channels of 64 MiB are one loop of 128
+    ranks x 512 KiB chunks, two 256 KiB slices a step, so each of the 254 steps pays one more
+    handshake than NCCL counts (3.4 - 0.6 us on NVLink); a Simple tree of the same nodes waits
+    (depth - 1) chunks."""
     from gpuplan.models import lagom_cost as cost
     from gpuplan.models.collectives import lagom_link
 
@@ -216,8 +222,9 @@ def test_ring_pattern_has_no_pipeline_fill_but_a_simple_tree_chain_does() -> Non
     ids = list(range(128))
     lag, nccl = _lagom_parts(big, ids, GiB, "ring", "Simple", 2 * 2**20)
     link = lagom_link(big, ids)
+    assert link.channels == 16
     lat = cost.nccl_latency_us("all_reduce", "ring", "Simple", link, cost.Consts())
-    assert lag == pytest.approx(nccl - 0.4 * lat, rel=1e-3)
+    assert lag == pytest.approx(nccl - 0.4 * lat + 254 * 1 * (3.4 - 0.6), rel=1e-3)
     assert cost.fill_depth("all_reduce", "ring", "Simple", link) == 0.0
     assert cost.fill_depth("all_reduce", "tree", "LL128", link) == 0.0           # LL128 forwards per line
     depth = cost.fill_depth("all_reduce", "tree", "Simple", link)
@@ -247,7 +254,9 @@ def test_small_chunks_are_bound_by_flow_control_default_chunks_are_not() -> None
     small, nccl = _lagom_parts(c8, ids, GiB, "ring", "Simple", 4096)
     assert small > 5 * nccl
     big, _ = _lagom_parts(c8, ids, GiB, "ring", "Simple", 2 * 2**20)
-    assert big == pytest.approx(nccl, rel=1e-6)
+    # 1 GiB over 24 channels: 2 full loops of 8 x 2 MiB and a last of 8 x 1.33 MiB, 2 slices each: 6
+    # handshakes a step where NCCL counts one, 14 steps x 5 x (3.4 - 0.6) us
+    assert big == pytest.approx(nccl + 14 * 5 * 2.8, rel=1e-6)
 
 
 def test_measured_nvlink_step_latency_on_ampere_only() -> None:
@@ -310,3 +319,59 @@ def test_nccl_algo_restriction_and_nvls_chunking() -> None:
     assert cost.busy_channels("all_reduce", GiB, "nvls", link, 8, 128 * 1024) == 8
     assert cost.steps_per_rank("all_reduce", "nvls", link) == 2
     assert cost.steps_per_rank("all_reduce", "ring", link) == 14
+
+
+def test_nccl_kernel_pipeline_hand_derived() -> None:
+    """nccl_tuning.pipeline_us against hand derivations from NCCL's source constants.
+
+    8 x H100, NVLS all_reduce of 8 MiB: 16 CTAs (NVLS_NCHANNELS_SM90) of 512 KiB; chunk 128 KiB shrunk
+    to 32 KiB (512 KiB < 8 x 8 heads x 64 KiB); a loop is 8 heads x 32 KiB, so two loops, and the
+    reduce and gather stages start one loop after the stage before: two loop-stage times = one
+    transfer. 8 x A100, ring Simple of 32 MiB: 24 channels of 1.33 MiB, one loop of 8 chunks of
+    170.7 KiB, two slices a step: 14 steps x one more handshake x (3.4 - 0.6) us. LL, LL128 and the
+    tree add nothing (line-level flags; NCCL's tree correction)."""
+    from gpuplan.models.collectives import group_shape, nccl_estimate_s
+
+    h100 = Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"H100": 8}}]})
+    ids = list(range(8))
+    t = group_shape(h100, ids).topology
+    size = 8 * 2**20
+    ch = nt.choose(t, "all_reduce", float(size))
+    assert (ch.algo, ch.proto) == ("nvls", "Simple")
+    assert nt.nvls_ctas(t) == 16 and nt.cbd_channels(t, "all_reduce", size, 16) == 16
+    assert nt.nvls_chunk_bytes(t, "nvls", size / 16, 8) == 32 * 1024
+    transfer = size / (1000.0 * nt.tuning(t)[("all_reduce", "nvls", "Simple")].algbw_GBps)
+    assert nt.pipeline_us(t, "all_reduce", "nvls", "Simple", float(size), ch.channels) == pytest.approx(transfer)
+    assert collective_time_s(h100, "all_reduce", size, ids) == pytest.approx((ch.time_us + transfer) * 1e-6)
+    assert nccl_estimate_s(h100, "all_reduce", size, ids) == pytest.approx(ch.time_us * 1e-6)
+
+    a100 = _cluster()
+    ta = group_shape(a100, ids).topology
+    size = 32 * 2**20
+    cha = nt.choose(ta, "all_reduce", float(size))
+    assert (cha.algo, cha.proto, cha.channels) == ("ring", "Simple", 24)
+    assert nt.ring_slices_per_step(size / 24, 8) == 2
+    assert nt.slice_sync_us(ta) == pytest.approx(2.8)
+    assert collective_time_s(a100, "all_reduce", size, ids) == pytest.approx((cha.time_us + 14 * 2.8) * 1e-6)
+    for algo, proto in (("ring", "LL"), ("ring", "LL128"), ("tree", "Simple"), ("tree", "LL128")):
+        assert nt.pipeline_us(ta, "all_reduce", algo, proto, float(size), 24) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(log_size=st.floats(min_value=10, max_value=32), gpu=st.sampled_from(["A100-80GB", "H100"]),
+       nodes=st.sampled_from([1, 2, 4]), op=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter",
+                                                               "broadcast"]))
+def test_pipeline_only_slows_and_fades_with_loops(log_size: float, gpu: str, nodes: int, op: str) -> None:
+    """The kernel pipeline never speeds NCCL's estimate up, and its share of the time falls as a channel
+    runs more loops: at 4 GiB it adds under 10% wherever NCCL picks Simple."""
+    from gpuplan.models.collectives import nccl_estimate_s
+
+    c = Cluster.model_validate({"nodes": [{"name": f"n{i}", "gpus": {gpu: 8}} for i in range(nodes)],
+                                "inter_node": {"bandwidth_GBps": "400 Gbps", "nics_per_node": 8}})
+    ids = list(range(8 * nodes))
+    size = int(2 ** log_size)
+    est = nccl_estimate_s(c, op, size, ids)
+    model = collective_time_s(c, op, size, ids)
+    assert math.isfinite(model) and model >= est * (1 - 1e-12)
+    big = 4 * GiB
+    assert collective_time_s(c, op, big, ids) <= 1.1 * nccl_estimate_s(c, op, big, ids)

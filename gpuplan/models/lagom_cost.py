@@ -11,9 +11,10 @@ Three layers, all pure functions (numpy-friendly: channels, threads and chunk ma
 2. `comm_time_us(theta)`: the same shape with explicit channels NC, threads NT and chunk C
    (our reconstruction, notes 2.4): per-channel bandwidth scaled by thread saturation, only as many
    channels busy as there are chunks, capped by the link and by NCCL's flow control (8 FIFO slots a
-   connection, `window_GBps`); the pipeline fill of Simple chains (`fill_depth`: none for ring
-   patterns), per-step sync hidden under the transfer, and the measured NVLink step latency where
-   NCCL's table is below it (`hop_excess_us`).
+   connection, `window_GBps`); NCCL's kernel pipeline (nccl_tuning.pipeline_us: Simple's per-slice
+   handshake on the ring pattern, the NVLS and NVLS-tree stage fill) and the pipeline fill of the
+   other Simple chains (`fill_depth`: tree, broadcast / reduce), per-step sync hidden under the
+   transfer, and the measured NVLink step latency where NCCL's table is below it (`hop_excess_us`).
 3. `slowdown(theta)`: how much an overlapped computation slows while the op runs (SMs held by the
    NC CTAs, HBM bandwidth used by the transfer, L2 taken by the in-flight chunks).
 """
@@ -372,22 +373,18 @@ def _per_loop(collective: str, algo: str, link: Link) -> int:
 
 def nccl_chunk(collective: str, algo: str, proto: str, size_bytes: float, link: Link, channels: int) -> int:
     """Return the chunk (bytes) NCCL's enqueue.cc calcCollChunking gives an op of `size_bytes` on
-    `channels` channels: the buffer's (`default_chunk`), shrunk for NVLS (128 KiB, then 64 / 32 / 16 KiB
-    below 64 / 8 / 2 x channels x heads x chunk bytes), the NVLS tree (256 / 128 / 64 / 32 KiB below
-    32 / 16 / 4 / 1 x channels x heads x chunk) and the LL128 tree (halved while fewer than
-    (1 + log2 N + 0.1 ppn) x 64 / ppn chunks per channel, down to 128 KiB, then x 16 / ppn down
-    to 32 KiB)."""
+    `channels` channels: the buffer's (`default_chunk`); for NVLS and the NVLS tree the per-channel
+    rule of NCCL 2.30.7 (scheduleCollTasksToPlan calls calcCollChunking once per channel, nChannels = 1,
+    on that channel's bytes over comm->nvlsChannels CTAs: nccl_tuning.nvls_chunk_bytes, 128 KiB shrunk
+    to 64 / 32 / 16 KiB below 64 / 8 / 2 x heads x chunk, the NVLS tree's 256 / 128 / 64 / 32 KiB below
+    32 / 16 / 4 / 1 x heads x chunk); the LL128 tree's halving (while fewer than
+    (1 + log2 N + 0.1 ppn) x 64 / ppn chunks per channel, down to 128 KiB, then x 16 / ppn down to
+    32 KiB)."""
     chunk = default_chunk(algo, proto, collective)
-    if algo == "nvls":
-        ops = channels * nvls_heads(link)
-        for factor, size in ((64, 65536), (8, 32768), (2, 16384)):
-            if size_bytes < factor * ops * chunk and chunk > size:
-                chunk = size
-    elif algo == "nvlstree":
-        ops = channels * nvls_heads(link)
-        for factor, size in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
-            if size_bytes < factor * ops * chunk and chunk > size:
-                chunk = size
+    if algo in ("nvls", "nvlstree"):
+        t = link_topology(link)
+        per = size_bytes / nt.cbd_channels(t, _tuned(collective), float(size_bytes), nt.nvls_ctas(t))
+        chunk = nt.nvls_chunk_bytes(t, algo, per, nvls_heads(link))
     elif algo == "tree" and proto == "LL128":
         ppn = link.ranks / link.nodes
         steps = 1 + math.log2(link.nodes) + 0.1 * ppn
@@ -545,12 +542,23 @@ def comm_time_us(collective: str, size_bytes: float, algo: str, proto: str, link
     loops = np.ceil(size_bytes / (nc * per_loop * payload))
     piece = np.minimum(payload, size_bytes / (nc * per_loop))
     bus = nc * window_GBps(collective, algo, proto, link, c, piece, bus / nc)
-    fill = fill_depth(collective, algo, proto, link) * piece / (1000.0 * bus / nc)
     per_step_us = c.step_us + (c.net_overhead_us if link.nodes > 1 else 0.0)
     sync = loops * steps_per_rank(collective, algo, link) * per_step_us
     lat = nccl_latency_us(collective, algo, proto, link, c) + hop_excess_us(collective, algo, proto, link, c)
     transfer = size_bytes / (1000.0 * bus * ratio(collective, algo, link.ranks))
+    if pipelined(collective, algo, proto):
+        # NCCL's kernel pipeline (nccl_tuning.pipeline_us): the NVLS stage fill, the ring's per-slice sync
+        fill = nt.pipeline_us(link_topology(link), _tuned(collective), algo, proto, float(size_bytes), channels,
+                              link_graphs(link), link_caps(link, c), chunk_bytes, transfer)
+    else:
+        fill = fill_depth(collective, algo, proto, link) * piece / (1000.0 * bus / nc)
     return lat + np.maximum(transfer, sync) + fill
+
+
+def pipelined(collective: str, algo: str, proto: str) -> bool:
+    """Return whether comm_time_us takes its pipeline term from nccl_tuning.pipeline_us (Simple on the
+    ring pattern, NVLS, the NVLS tree) rather than from fill_depth's chain (tree, broadcast / reduce)."""
+    return proto == "Simple" and collective in RING_PATTERN and algo in ("ring", "nvls", "nvlstree")
 
 
 def slowdown(collective: str, size_bytes: float, algo: str, proto: str, link: Link, c: Consts, dev: Device,

@@ -685,20 +685,22 @@ def nvls_chunk_bytes(t: Topology, algo: str, channel_bytes: float, heads: int) -
     return chunk
 
 
-def ring_slices_per_step(channel_bytes: float, ranks: int) -> int:
+def ring_slices_per_step(channel_bytes: Any, ranks: int, chunk_bytes: Any = None) -> Any:
     """Return the Simple slices one ring step runs over a channel's whole share (all loops): full loops
-    of nRanks x chunk (chunk = BUFFSIZE / NCCL_STEPS x CHUNKSTEPS) take SlicePerChunk slices each; the
-    last loop's chunk shrinks to ceil(rest / nRanks) and its slices to max(chunk / SlicePerChunk,
-    slice / 32) (prims_simple.h genericOp), so a small last chunk takes one slice."""
+    of nRanks x chunk (chunk = BUFFSIZE / NCCL_STEPS x CHUNKSTEPS unless given) take SlicePerChunk
+    slices each; the last loop's chunk shrinks to ceil(rest / nRanks) and its slices to
+    max(chunk / SlicePerChunk, slice / 32) (prims_simple.h genericOp), so a small last chunk takes one
+    slice. numpy arrays broadcast through `channel_bytes` and `chunk_bytes`."""
     step = BUFFSIZE["Simple"] // NCCL_STEPS
-    chunk = step * CHUNKSTEPS
-    full, rest = divmod(max(channel_bytes, 1.0), ranks * chunk)
-    slices = int(full) * SLICES_PER_CHUNK
-    if rest > 0:
-        last = -(-rest // ranks)
-        slice_bytes = max(-(-last // SLICES_PER_CHUNK), step * SLICESTEPS / 32)
-        slices += int(min(SLICES_PER_CHUNK, -(-last // slice_bytes)))
-    return max(slices, 1)
+    chunk = np.asarray(step * CHUNKSTEPS if chunk_bytes is None else chunk_bytes, dtype=float)
+    per = np.maximum(np.asarray(channel_bytes, dtype=float), 1.0)
+    full = np.floor(per / (ranks * chunk))
+    rest = per - full * ranks * chunk
+    last = np.ceil(rest / ranks)
+    slice_bytes = np.maximum(np.ceil(last / SLICES_PER_CHUNK), chunk / SLICES_PER_CHUNK / 32)
+    tail = np.where(rest > 0, np.minimum(SLICES_PER_CHUNK, np.ceil(last / np.maximum(slice_bytes, 1.0))), 0.0)
+    out = np.maximum(full * SLICES_PER_CHUNK + tail, 1.0)
+    return float(out) if out.ndim == 0 else out
 
 
 def slice_sync_us(t: Topology) -> float:
@@ -708,28 +710,35 @@ def slice_sync_us(t: Topology) -> float:
     return hw[2] - hw[0]
 
 
-def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, channels: int,
-                g: Graphs | None = None, caps: Caps = NO_CAPS) -> float:
+def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, channels: Any,
+                g: Graphs | None = None, caps: Caps = NO_CAPS, chunk_bytes: Any = None,
+                transfer_us: Any = None) -> Any:
     """Return the time (us) NCCL's kernel pipeline adds to NCCL's latency + size / bandwidth estimate of
     (coll, algo, proto) on `channels` channels (see the comment above: Simple's serial per-slice
     handshake on the ring pattern, the NVLS and NVLS-tree stage fill, the broadcast / reduce chain
-    fill); 0 where the estimate already holds the structure (LL, LL128, tree)."""
+    fill); 0 where the estimate already holds the structure (LL, LL128, tree).
+
+    `chunk_bytes` replaces NCCL's chunk (ring: CHUNKSTEPS steps of the Simple buffer; NVLS:
+    calcCollChunking's), `transfer_us` NCCL's size / algBw (another model's transfer time); numpy
+    arrays broadcast through `channels`, `chunk_bytes` and `transfer_us`.
+    """
     if proto != "Simple" or size_bytes <= 0:
         return 0.0
     n = t.ranks
-    e = tuning(t, g, caps).get((coll, algo, proto))
-    if e is None or e.algbw_GBps <= 0:
-        return 0.0
-    transfer = size_bytes / (1000.0 * e.algbw_GBps)       # us: NCCL's size / algBw
+    if transfer_us is None:
+        e = tuning(t, g, caps).get((coll, algo, proto))
+        if e is None or e.algbw_GBps <= 0:
+            return 0.0
+        transfer_us = size_bytes / (1000.0 * e.algbw_GBps)       # us: NCCL's size / algBw
     if algo == "ring" and coll in ("all_reduce", "all_gather", "reduce_scatter"):
-        nc = cbd_channels(t, coll, size_bytes, max(1, channels))
-        slices = ring_slices_per_step(size_bytes / nc, n)
+        nc = np.minimum(np.maximum(1, channels), cbd_channels(t, coll, size_bytes, MAX_CHANNELS))
+        slices = ring_slices_per_step(size_bytes / nc, n, chunk_bytes)
         return nsteps(coll, n) * (slices - 1) * slice_sync_us(t) * caps.latency_scale
     if algo == "ring":        # broadcast / reduce: PipelineFrom / PipelineTo, n - 1 hops
-        nc = cbd_channels(t, coll, size_bytes, max(1, channels))
+        nc = np.minimum(np.maximum(1, channels), cbd_channels(t, coll, size_bytes, MAX_CHANNELS))
         per = size_bytes / nc
-        unit = min(per, BUFFSIZE["Simple"] // NCCL_STEPS * BROADCAST_CHUNKSTEPS)
-        return max(0, n - 2) * transfer * unit / per
+        chunk = BUFFSIZE["Simple"] // NCCL_STEPS * BROADCAST_CHUNKSTEPS if chunk_bytes is None else chunk_bytes
+        return max(0, n - 2) * transfer_us * np.minimum(1.0, chunk / per)
     if algo in ("nvls", "nvlstree"):
         graph = (g or graphs(t)).nvls
         if graph is None:
@@ -737,18 +746,20 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
         heads = int(graph.channels)
         nc = cbd_channels(t, coll, size_bytes, nvls_ctas(t))
         per = size_bytes / nc
-        chunk = nvls_chunk_bytes(t, algo, per, heads)
-        if per < heads * chunk:   # one partial loop: heads x lastChunkSize, aligned to 16 KiB
-            last = -(-per // heads)
-            chunk = -(-last // NVLS_LAST_CHUNK_ALIGN_BYTES) * NVLS_LAST_CHUNK_ALIGN_BYTES
-        loop_share = min(1.0, heads * chunk / per)
-        stage = transfer * loop_share          # one loop through the bottleneck stage
+        chunk = np.asarray(nvls_chunk_bytes(t, algo, per, heads) if chunk_bytes is None else chunk_bytes, dtype=float)
+        # one partial loop: heads x lastChunkSize, aligned to 16 KiB (all_reduce.h)
+        last = np.ceil(np.ceil(per / heads) / NVLS_LAST_CHUNK_ALIGN_BYTES) * NVLS_LAST_CHUNK_ALIGN_BYTES
+        chunk = np.where(per < heads * chunk, np.minimum(chunk, last), chunk)
+        stage = transfer_us * np.minimum(1.0, heads * chunk / per)    # one loop through the slowest stage
         if algo == "nvls":
-            return 2.0 * stage                 # scatter -> reduce/multicast -> gather: two stages of fill
-        # NVLS tree: scatter and gather run at NVLink speed, the tree's up and down groups at NCCL's rate
-        eff = caps.nvls_eff if caps.nvls_eff is not None else NVLS_EFFICIENCY[compcap_index(t.cc)]
-        intra_GBps = graph.bw_intra_GBps * eff * heads   # a node's NVLS bus bandwidth
-        bus = float(bus_bandwidth(t, g or graphs(t), coll, algo, proto, caps))
-        ratio = min(1.0, bus / intra_GBps) if intra_GBps > 0 else 1.0
-        return stage * (1.0 + 2.0 * ratio)     # four groups: fill = the other three, the NVLink ones faster
+            out = 2.0 * stage                  # scatter -> reduce/multicast -> gather: two stages of fill
+        else:
+            # NVLS tree: four warp groups; scatter and gather run at the node's NVLS rate, the tree's
+            # up and down groups at NCCL's (network-bound) rate
+            eff = caps.nvls_eff if caps.nvls_eff is not None else NVLS_EFFICIENCY[compcap_index(t.cc)]
+            intra_GBps = graph.bw_intra_GBps * eff * heads
+            bus = float(bus_bandwidth(t, g or graphs(t), coll, algo, proto, caps))
+            rel = min(1.0, bus / intra_GBps) if intra_GBps > 0 else 1.0
+            out = stage * (1.0 + 2.0 * rel)
+        return float(out) if np.ndim(out) == 0 else out
     return 0.0
