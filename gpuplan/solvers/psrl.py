@@ -18,7 +18,6 @@ no-sharing          every sample trained alone, LPT over their costs (the floor)
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from typing import Any
 

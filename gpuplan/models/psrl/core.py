@@ -13,7 +13,6 @@ Cost model (beyond.md 3.2, a reconstruction [R] of the paper's):
 
 from __future__ import annotations
 
-import math
 from functools import cached_property
 from typing import Any, Literal
 
