@@ -74,7 +74,7 @@ def main() -> None:
             cells = [f"{label:>8}", f"{load:>8.1f}", f"{m:>8.0f}"] + [
                 f"{row[p] / m:>8.3f}" if p in row else f"{'':>8}" for p in ALL]
             print(" | ".join(cells), flush=True)
-    print("\nthreshold regime chosen (rho* = 1 / (1 + 2/h(2))):")
+    print("\nthreshold regime chosen (rho* = 0.8 h(2) / 2):")
     right = total = 0
     for (label, load), reg in regimes.items():
         row = results[(label, load)]

@@ -883,7 +883,8 @@ class SRPTMSC(SlotPolicy):
 class SCA(SlotPolicy):
     """SCA, the Smart Cloning Algorithm (Xu & Lau, INFOCOM 2015) for light load, FIFO job order: when a job's
     phase starts, its m pending tasks get r copies each, r maximising -w E[T_job(m, r)] s - gamma m r E[min_r] s
-    (s the mean task size) subject to m r <= free slots."""
+    (s the mean task size) subject to m r <= free slots; re-solved at departures: with idle slots and nothing
+    pending, a running job's remaining tasks move to r + 1 copies when the utility grows and they fit."""
 
     name = "sca"
     defaults = {"gamma": 0.1, "max_copies": 4}
@@ -891,6 +892,33 @@ class SCA(SlotPolicy):
     def decide(self, sim: Sim, tick: bool) -> None:
         reclaim_clones(sim, _fifo_key)  # re-solving at an arrival: first copies before clones
         self.fill(sim)
+        if not sim.waiting and sim.free >= 1 - EPS:
+            self.top_up(sim)
+
+    def utility(self, job: _Job, m: int, r: int, s: float) -> float:
+        """Return SCA's utility of running m tasks of mean size s (s) on r copies each."""
+        var = self.ctx.var
+        return -job.weight * var.job_time(m, r) * s - float(self.params["gamma"]) * m * r * var.mean_min_factor(r) * s
+
+    def top_up(self, sim: Sim) -> None:
+        """Re-solve at a departure: with slots idle and nothing pending, raise a running job's copies per
+        task from r to r + 1 (FIFO) while its m remaining tasks fit in the free slots and the utility grows."""
+        cap = int(self.params["max_copies"])
+        for job in sorted({t.job: None for t in sim.running}, key=_fifo_key):
+            while True:
+                tasks = list(job.running)
+                m = len(tasks)
+                r = min(len(t.copies) for t in tasks)
+                need = sum(max(0, r + 1 - len(t.copies)) for t in tasks)
+                if r >= cap or need > sim.free + EPS:
+                    break
+                s = sum(t.size for t in tasks) / m
+                if self.utility(job, m, r + 1, s) <= self.utility(job, m, r, s) + EPS:
+                    break
+                for t in tasks:
+                    while len(t.copies) < r + 1:
+                        sim.start_copy(t, resched=False)
+                    sim.reschedule(t)
 
     def copies_for(self, sim: Sim, job: _Job, task: _Task) -> int:
         if job.copies_r:
@@ -903,7 +931,7 @@ class SCA(SlotPolicy):
         for r in range(1, int(self.params["max_copies"]) + 1):
             if m * r > free and r > 1:
                 break
-            val = -job.weight * var.job_time(m, r) * s - float(self.params["gamma"]) * m * r * var.mean_min_factor(r) * s
+            val = self.utility(job, m, r, s)
             if val > best_val + EPS:
                 best, best_val = r, val
         job.copies_r = best
@@ -1010,11 +1038,17 @@ class ESE(SlotPolicy):
         return out
 
 
+UTILISATION_KNEE = 0.8
+"""The busy fraction of the slots beyond which first copies queue noticeably (the threshold's constant)."""
+
+
 def threshold_load(var: Variability) -> float:
-    """Return the workload threshold rho* = 1 / (1 + 2 / h(2)) between the light regime (SCA/SDA) and the
-    heavy one (ESE): cloning each task of a job twice inflates its machine time by 2 / h(2), and the cloned
-    load plus the uncloned load of new arrivals must fit the cluster, rho (1 + 2/h(2)) <= 1."""
-    return 1.0 / (1.0 + 2.0 / var.h(2))
+    """Return the workload threshold rho* = u* h(2) / 2 (u* = 0.8) between the light regime (SCA/SDA) and the
+    heavy one (ESE): running every task on two copies multiplies its machine time by 2 / h(2), and cloning
+    pays while the cloned utilisation rho 2 / h(2) stays below the knee u* at which first copies start to
+    queue. Pareto alpha 1.5 (h(2) = 2): 0.8; alpha 2: 0.6; uniform a = 0.5: 0.47; alpha 1.2: 1.4 (always
+    clone)."""
+    return UTILISATION_KNEE * var.h(2) / 2.0
 
 
 class Threshold(Policy):
