@@ -294,3 +294,20 @@ def test_bad_jsonl_names_line_and_field(tmp_path: Path, text: str, field: str) -
     with pytest.raises(InputError) as err:
         read_trace(path)
     assert field in str(err.value)
+
+
+def test_profile_sets_measured_rates_memory_and_exchange() -> None:
+    from gpuplan.errors import InputError as IE
+    from gpuplan.models.profile import load_profile
+    from gpuplan.models.psrl import with_profile
+
+    prof = load_profile(EXAMPLES.parent / "profile" / "cpu-2core-quick.json")
+    p = api.load_problem(EXAMPLES / "small-agent.yaml")
+    q = with_profile(p, prof)
+    d = prof.device_types[0]
+    assert q.rates[0] == pytest.approx(d.matmul_tflops["fp32"] * 1e12 * p.mfu)
+    assert q.memory[0] == d.memory_bytes
+    assert q.exchange_GBps == pytest.approx(prof.links[0].bandwidth_GBps)
+    two = prof.model_copy(update={"device_types": [d, d.model_copy(update={"name": "other"})]})
+    with pytest.raises(IE, match="no device type"):
+        with_profile(p, two)

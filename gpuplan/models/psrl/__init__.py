@@ -9,12 +9,12 @@ cost model, cache.py for block sizes and Belady eviction, traces.py for trace ge
 from __future__ import annotations
 
 from gpuplan.models.psrl.core import (PsrlPlan, PsrlProblem, cache_stats, check, finish_plan, metrics, worker_loads,
-                                      worker_memory)
+                                      worker_memory, with_profile)
 from gpuplan.models.psrl.view import describe, draw, summarize
 from gpuplan.registry import ModelSpec, register_model
 
 register_model(ModelSpec("psrl", PsrlProblem, PsrlPlan, check, summarize=summarize, describe=describe, draw=draw,
-                         runner="gpuplan.runtime.psrl:run_plan",
+                         runner="gpuplan.runtime.psrl:run_plan", with_profile=with_profile,
                          title="psRL: training-time prefix sharing for agentic RL updates"))
 
 __all__ = ["PsrlPlan", "PsrlProblem", "cache_stats", "check", "finish_plan", "metrics", "worker_loads",

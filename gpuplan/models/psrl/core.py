@@ -504,3 +504,45 @@ def check(problem: PsrlProblem, plan: PsrlPlan) -> list[Violation]:
     scalars = {k: v for k, v in m.items() if not isinstance(v, list)}
     objective = m["makespan_s"] if plan.objective is not None or plan.solver is not None else None
     return out + stated_figures_violations(plan, objective, scalars)
+
+
+def with_profile(problem: PsrlProblem, profile: Any) -> PsrlProblem:
+    """Return the problem with measured worker figures from a profile: each worker whose `gpu` names a
+    profiled device type (its name or catalog name; or every worker when the profile measures exactly one
+    type) gets that type's measured matmul TFLOP/s in `dtype` (fp32's, else the best, when not measured)
+    as peak_tflops (mfu then scales it) and its memory; the fastest measured link sets exchange_GBps.
+    Raises InputError when no worker matches a profiled device type."""
+    from gpuplan.errors import InputError
+    from gpuplan.models.catalog import canonical_name
+
+    def key(name: str | None) -> str | None:
+        return (canonical_name(name) or name.lower()) if name else None
+
+    measured: dict[str, Any] = {}
+    for d in profile.device_types:
+        for n in (d.name, d.catalog_name):
+            if key(n):
+                measured[key(n)] = d  # type: ignore[index]
+    only = profile.device_types[0] if len(profile.device_types) == 1 else None
+    workers, used = [], 0
+    for w in problem.workers:
+        d = measured.get(key(w.gpu) or "") or only
+        if d is None:
+            workers.append(w)
+            continue
+        tf = d.matmul_tflops.get(problem.dtype) or d.matmul_tflops.get("fp32") or max(d.matmul_tflops.values(),
+                                                                                      default=0.0)
+        if tf <= 0:
+            workers.append(w)
+            continue
+        used += 1
+        workers.append(w.model_copy(update={"peak_tflops": tf, "memory_bytes": d.memory_bytes}))
+    if not used:
+        have = ", ".join(d.name for d in profile.device_types) or "none"
+        raise InputError(f"the profile measures no device type the workers use (profile: {have}; workers: "
+                         f"{', '.join(sorted({w.gpu for w in problem.workers}))})", field="workers")
+    update: dict[str, Any] = {"workers": workers}
+    links = [ln.bandwidth_GBps for ln in profile.links if ln.bandwidth_GBps > 0]
+    if links:
+        update["exchange_GBps"] = max(links)
+    return problem.model_copy(update=update)
