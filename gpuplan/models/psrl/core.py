@@ -358,7 +358,8 @@ def metrics(problem: PsrlProblem, sharing: str, assign: list[int], computed: lis
     toks = problem.built.tokens
     if sharing == "none":
         computed_tokens = raw
-        stats = [{"reuse_tokens": 0.0, "hit_tokens": 0.0, "hit_rate": 1.0} for _ in range(W)]
+        # no prefix is kept: every reuse of a shared prefix is recomputed (a miss)
+        stats = [{"reuse_tokens": 1.0, "hit_tokens": 0.0, "hit_rate": 0.0} for _ in range(W)]
     else:
         computed_tokens = sum(toks[v] for w in range(W) for v in computed[w])
         stats = [cache_stats(problem, orders[w]) for w in range(W)]
