@@ -272,3 +272,23 @@ def test_run_refuses_a_plan_that_does_not_piggyback(problem) -> None:  # type: i
 
     with pytest.raises(InputError, match="piggyback"):
         run_plan(problem, plan)
+
+
+def test_same_pass_variant_is_checked_against_its_stated_bound(problem) -> None:  # type: ignore[no-untyped-def]
+    """omniserve-pass may merge a request at consecutive layers of one pass; check enforces the plan's
+    layers_per_iteration and the order of the layers."""
+    plan = gpuplan.solve(problem, solver="omniserve-pass", be_gpu_fraction=0.0)
+    assert plan.layers_per_iteration == problem.layers()
+    assert gpuplan.check(problem, plan) == []
+    k = next(k for k, r in enumerate(plan.schedule) if r.merges)
+    i, lay = plan.schedule[k].merges[-1]
+    if lay + 2 < problem.layers():
+        jump = _tampered(plan)
+        jump.schedule[k].merges.append([i, lay + 2])   # skips layer lay + 1 inside the pass
+        assert "be_two_layers" in _codes(problem, jump)
+    assert any(len({m[0] for m in r.merges}) < len(r.merges) for r in plan.schedule), "some request chains layers"
+    strict = _tampered(plan)
+    strict.layers_per_iteration = 1   # the same schedule claimed under the one-layer rule
+    assert "be_two_layers" in _codes(problem, strict)
+    one = gpuplan.solve(problem, solver="omniserve", be_gpu_fraction=0.0)
+    assert plan.predicted["be_output_tokens_per_s"] >= one.predicted["be_output_tokens_per_s"]

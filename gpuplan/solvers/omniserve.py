@@ -4,6 +4,8 @@ the shared serving engine with the same latency model and trace.
 omniserve (paper)  LS decode > LS prefill > BE prefill > BE piggyback; BE KV on CPU pools packed by
                    first-fit decreasing on memory and attention rate; the piggyback batch binary-searched
                    against the TPOT target each iteration; LS admission control by forward simulation
+omniserve-pass     the same, where a CPU result back in time joins the current pass (a request may advance
+                   several layers per iteration; the reading that makes BE throughput CPU-pace-bound)
 sarathi            Sarathi-Serve on the GPU only: LS and BE FCFS under the token budget
 headroom           Llumnix-style headroom: BE may hold at most X of the GPU KV cache; X chosen as its
                    paper would: the best BE throughput whose LS attainment stays within one point of
@@ -35,7 +37,8 @@ def _plan(problem: OmniServeProblem, params: PolicyParams, stats: dict[str, Any]
     plan = OmniServePlan(kind="omniserve", status=Status.FEASIBLE, policy=params.mode,
                          token_budget=params.token_budget, tpot_target_s=params.tpot_target_s,
                          be_gpu_fraction=params.be_gpu_fraction, admission=params.admission,
-                         be_batch_max=params.be_batch_max, pace_factor=params.pace_factor, watermark=params.watermark)
+                         be_batch_max=params.be_batch_max, pace_factor=params.pace_factor, watermark=params.watermark,
+                         layers_per_iteration=params.layers_per_iteration)
     return fill_plan(problem, plan, stats)
 
 
@@ -63,6 +66,24 @@ def solve_omniserve(problem: OmniServeProblem, *, time_limit_s: float | None = N
     return plan
 
 
+def solve_omniserve_pass(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                         progress: Progress = no_progress, token_budget: int = 0, be_gpu_fraction: float = -1.0,
+                         be_batch_max: int = 4096, pace_factor: float = 1.0, admission: bool = True) -> OmniServePlan:
+    """Return OmniServe's plan under the same-pass reading [R]: a CPU result back before its layer's
+    out-projection joins the current pass, so a BE request may advance up to every layer in one iteration
+    (while the iteration stays within the TPOT target); otherwise as `solve_omniserve`."""
+    budget, target = _base(problem, token_budget)
+    stats: dict[str, Any] = {}
+    if be_gpu_fraction < 0:
+        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress, problem.layers())
+    params = PolicyParams("omniserve", budget, target, min(1.0, be_gpu_fraction), admission,
+                          max(0, be_batch_max), max(1e-3, pace_factor), layers_per_iteration=problem.layers())
+    decision: dict[str, Any] = {}
+    plan = _plan(problem, params, decision)
+    plan.solver = SolverInfo(name="omniserve-pass", stats={**stats, **decision})
+    return plan
+
+
 def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
                   progress: Progress = no_progress, token_budget: int = 0) -> OmniServePlan:
     """Return the Sarathi-Serve plan: GPU only, LS and BE FCFS under the token budget for the TPOT SLO."""
@@ -71,7 +92,7 @@ def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = Non
 
 
 def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: float,
-                  progress: Progress = no_progress) -> tuple[float, dict[str, Any]]:
+                  progress: Progress = no_progress, layers_per_iteration: int = 1) -> tuple[float, dict[str, Any]]:
     """Return (X, stats): the share X of HEADROOM_FRACTIONS of the GPU KV cache that BE may hold under
     policy `mode` with the most BE throughput whose LS attainment is within LS_TOLERANCE of the engine
     serving LS alone (X = 0 under the headroom policy), as Llumnix-style reservation is tuned."""
@@ -80,7 +101,8 @@ def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: flo
     tried: dict[str, float] = {}
     for k, x in enumerate(HEADROOM_FRACTIONS):
         progress(k / len(HEADROOM_FRACTIONS), f"{mode}: BE share of GPU KV X = {x}")
-        f = run_policy(problem, PolicyParams(mode, budget, target, x, mode == "omniserve"), record=False).figures
+        f = run_policy(problem, PolicyParams(mode, budget, target, x, mode == "omniserve",
+                                             layers_per_iteration=layers_per_iteration), record=False).figures
         tried[str(x)] = f["be_output_tokens_per_s"]
         if f["ls_attainment"] >= ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
             best, best_be = x, f["be_output_tokens_per_s"]
@@ -145,6 +167,9 @@ def pack_exact(need_bytes: np.ndarray, need_rate: np.ndarray, free_bytes: np.nda
 register_solver("omniserve", "omniserve", solve_omniserve, role="paper", default=True,
                 description="piggybacked CPU attention for BE, LS priority and admission control, binary-searched "
                             "BE batch, FFD pool packing")
+register_solver("omniserve", "omniserve-pass", solve_omniserve_pass, role="variant",
+                description="omniserve where a CPU result back before its layer's out-projection joins the same "
+                            "pass (up to every layer per iteration)")
 register_solver("omniserve", "sarathi", solve_sarathi, role="baseline",
                 description="Sarathi-Serve: GPU only, LS and BE FCFS under the token budget")
 register_solver("omniserve", "headroom", solve_headroom, role="baseline",

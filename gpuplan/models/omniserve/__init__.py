@@ -23,7 +23,8 @@ from gpuplan.models.plan import Plan, figure_violations, stated_figures_violatio
 from gpuplan.registry import ModelSpec, register_model
 from gpuplan.sim.serving import BE, LS
 
-SOLVER_MODE = {"omniserve": "omniserve", "headroom": "headroom", "neo": "neo", "sarathi": "sarathi"}
+SOLVER_MODE = {"omniserve": "omniserve", "omniserve-pass": "omniserve", "headroom": "headroom", "neo": "neo",
+               "sarathi": "sarathi"}
 
 
 class IterationRow(BaseModel):
@@ -56,6 +57,7 @@ class OmniServePlan(Plan):
     be_batch_max: int = 0
     pace_factor: float = 1.0
     watermark: float = 0.01
+    layers_per_iteration: int = 1
     pools: list[str] = Field(default_factory=list)
     admissions: list[list[float]] = Field(default_factory=list)
     schedule: list[IterationRow] = Field(default_factory=list)
@@ -64,7 +66,7 @@ class OmniServePlan(Plan):
 def params_of(plan: OmniServePlan) -> PolicyParams:
     """Return the policy parameters a plan states."""
     return PolicyParams(plan.policy, plan.token_budget, plan.tpot_target_s, plan.be_gpu_fraction, plan.admission,
-                        plan.be_batch_max, plan.pace_factor, plan.watermark)
+                        plan.be_batch_max, plan.pace_factor, plan.watermark, plan.layers_per_iteration)
 
 
 def fill_plan(problem: OmniServeProblem, plan: OmniServePlan, stats: dict[str, Any] | None = None) -> OmniServePlan:
@@ -115,6 +117,10 @@ def _param_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[Vi
     if not 0 < plan.pace_factor <= 100 or not 0 <= plan.watermark <= 0.5:
         out.append(Violation("pace", f"pace factor {plan.pace_factor} (0..100) or watermark {plan.watermark} "
                              "(0..0.5) out of range"))
+    if not 1 <= plan.layers_per_iteration <= problem.layers() or (plan.layers_per_iteration > 1
+                                                                  and plan.policy != "omniserve"):
+        out.append(Violation("layers_per_iteration", f"{plan.layers_per_iteration} layers per iteration; expected "
+                             f"1..{problem.layers()} (more than 1 only for policy omniserve)"))
     if plan.admission and plan.policy != "omniserve":
         out.append(Violation("admission", f"LS admission control is OmniServe's; policy {plan.policy!r} has none"))
     known = set(problem.pool_names())
@@ -125,8 +131,8 @@ def _param_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[Vi
 
 def schedule_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[Violation]:
     """Return violations of the paper's constraints in the stated schedule, independent of any simulation:
-    a BE request merged twice in one iteration or at a layer other than the one after its last merge
-    (advanced two layers), merges of LS requests or outside OmniServe, GPU KV over the cache, a pool's KV
+    a BE request advanced more layers in one iteration than the plan's layers_per_iteration (1: once), or
+    at a layer other than the one after its last merge, merges outside OmniServe, GPU KV over the cache, a pool's KV
     over its memory, iterations that do not follow one another."""
     out: list[Violation] = []
     L = problem.layers()
@@ -154,25 +160,29 @@ def schedule_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[
                                      f"memory is {mem[name]:.4g} B", {"iteration": k, "pool": name}))
         if row.merges and plan.policy != "omniserve":
             out.append(Violation("merge", f"iteration {k} piggybacks BE rows under policy {plan.policy!r}"))
-        seen: set[int] = set()
+        steps: dict[int, int] = {}
         for m in row.merges:
             if len(m) != 2:
                 out.append(Violation("merge", f"iteration {k}: merge {m!r}; expected [request, layer]"))
                 continue
             i, lay = m
-            if i in seen:
-                out.append(Violation("be_two_layers", f"iteration {k}: BE request {i} is merged twice (advanced "
-                                     "two layers in one iteration)", {"iteration": k, "request": i}))
-            seen.add(i)
             if not 0 <= lay < L:
                 out.append(Violation("merge", f"iteration {k}: request {i} merged at layer {lay}; the model has "
                                      f"{L} layers"))
-            # trace order: LS requests and BE requests interleave by arrival; only the count is known here
             if not 0 <= i < n_ls + n_be:
                 out.append(Violation("merge", f"iteration {k}: request {i} is not in the trace"))
-            if i in last and lay != (last[i] + 1) % L:
+            steps[i] = steps.get(i, 0) + 1
+            if steps[i] > plan.layers_per_iteration:
+                out.append(Violation("be_two_layers", f"iteration {k}: BE request {i} advances {steps[i]} layers; "
+                                     f"the plan allows {plan.layers_per_iteration} per iteration",
+                                     {"iteration": k, "request": i}))
+            elif steps[i] > 1 and lay != last[i] + 1:
                 out.append(Violation("be_two_layers", f"iteration {k}: BE request {i} merged at layer {lay} after "
-                                     f"layer {last[i]} (a request advances one layer per iteration)",
+                                     f"layer {last[i]} in the same pass (layers follow one another, and a token's "
+                                     "last layer ends the pass)", {"iteration": k, "request": i}))
+            elif steps[i] == 1 and i in last and lay != (last[i] + 1) % L:
+                out.append(Violation("be_two_layers", f"iteration {k}: BE request {i} merged at layer {lay} after "
+                                     f"layer {last[i]} (a request advances one layer at a time)",
                                      {"iteration": k, "request": i}))
             last[i] = lay
     return out

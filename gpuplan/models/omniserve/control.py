@@ -21,7 +21,8 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 class Decision:
     """One iteration's composition: LS and BE prefill chunk sizes (tokens, aligned with the inputs),
     GPU-resident BE decodes taken (a prefix count), piggyback rows merged (a prefix count of the ready
-    list), their count per layer, and the iteration time (s)."""
+    list), their count per layer, the iteration time (s), and what it was computed from: batched tokens,
+    GPU decode KV tokens read, prefill attention (s)."""
 
     ls_chunks: np.ndarray
     be_chunks: np.ndarray
@@ -29,6 +30,9 @@ class Decision:
     merged: int
     per_layer: np.ndarray
     duration_s: float
+    tokens: int = 0
+    kv_read: float = 0.0
+    prefill_s: float = 0.0
 
 
 def fill_chunks(remaining: np.ndarray, budget: int) -> np.ndarray:
@@ -102,7 +106,7 @@ def decide(lat: Latency, *, budget: int, target_s: float, ls_decode_kv: np.ndarr
         pre += lat.prefill_attention(be_chunks, be_prefill_pos)
     if be_decode_first:
         t, per_layer = iteration_time(lat, tokens, kv_read, pre, ready_layers, 0)
-        return Decision(ls_chunks, be_chunks, n_gpu, 0, per_layer, t)
+        return Decision(ls_chunks, be_chunks, n_gpu, 0, per_layer, t, tokens, kv_read, pre)
     # OmniServe: BE decodes last, GPU-resident ones then piggyback rows, as many as the TPOT target allows
     gpu_kv = np.asarray(be_gpu_decode_kv, dtype=float)
     b = largest_be_batch(lat, tokens, kv_read, pre, ready_layers, target_s, be_max, gpu_kv)
@@ -110,7 +114,8 @@ def decide(lat: Latency, *, budget: int, target_s: float, ls_decode_kv: np.ndarr
         b = 1   # nothing else to run: progress rather than idle
     t, per_layer = iteration_time(lat, tokens, kv_read, pre, ready_layers, b, gpu_kv)
     g = min(b, len(gpu_kv))
-    return Decision(ls_chunks, be_chunks, g, b - g, per_layer, t)
+    return Decision(ls_chunks, be_chunks, g, b - g, per_layer, t, tokens + g, kv_read + float(np.sum(gpu_kv[:g])),
+                    pre)
 
 
 def pack_ffd(need_bytes: np.ndarray, need_rate: np.ndarray, free_bytes: np.ndarray,

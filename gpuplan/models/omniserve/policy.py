@@ -42,7 +42,9 @@ class PolicyParams:
     target per iteration (s), the share of GPU KV memory BE may hold (0..1), LS admission control on or
     off, the binary search's upper bound on piggyback rows per iteration, the pace factor of the pool
     packing (a pool takes BE requests while their KV tokens per layer stay within pace_factor x its
-    attention rate x the TPOT target) and the KV watermark (fraction of the cache kept free)."""
+    attention rate x the TPOT target), the KV watermark (fraction of the cache kept free) and the most
+    layers a piggybacked BE request may advance in one iteration (1: the notes' model; more: a result
+    back before its layer's out-projection joins the same pass)."""
 
     mode: str
     token_budget: int
@@ -52,6 +54,7 @@ class PolicyParams:
     be_batch_max: int = 4096
     pace_factor: float = 1.0
     watermark: float = 0.01
+    layers_per_iteration: int = 1
 
 
 class Pools:
@@ -229,7 +232,8 @@ class MixedPolicy:
         merged = ready_idx[:d.merged]
         self.last_merges = []
         if len(merged):
-            decodes.append(self._merge(merged, state, now, duration))
+            emitted, duration = self._merge(merged, state, now, d)
+            decodes.append(emitted)
         pre_idx = np.concatenate([ls_pre[d.ls_chunks > 0], be_pre[d.be_chunks > 0]]) if len(be_pre) else \
             ls_pre[d.ls_chunks > 0]
         pre_tok = np.concatenate([d.ls_chunks[d.ls_chunks > 0], d.be_chunks[d.be_chunks > 0]]) if len(be_pre) else \
@@ -372,28 +376,52 @@ class MixedPolicy:
         sel = self.cpu[ok[np.argsort(rd[ok], kind="stable")]]
         return sel, self.layer[sel]
 
-    def _merge(self, merged: np.ndarray, state: EngineState, now: float, duration: float) -> np.ndarray:
-        """Advance each merged BE request one layer; dispatch its next layer to its pool at the point of the
-        iteration where that layer's QKV is computed (the next token's layer 0 at the iteration's end);
-        return those that completed their last layer (they emit a token)."""
-        lay = self.layer[merged]
-        if self.record_merges:
-            self.last_merges = np.stack([merged, lay], axis=1).tolist()
-        nxt = lay + 1
-        emits = nxt == self.L
-        nxt[emits] = 0
-        self.layer[merged] = nxt
+    def _merge(self, merged: np.ndarray, state: EngineState, now: float, d: Any) -> tuple[np.ndarray, float]:
+        """Advance each merged BE request one layer and dispatch its next layer to its pool at the point of
+        the iteration where that layer's QKV is computed (the next token's layer 0 at the iteration's end).
+        With layers_per_iteration > 1, a request whose next result is back before that layer's
+        out-projection in this pass merges again there, while the iteration stays within the TPOT target.
+        Return (the requests that completed their last layer: they emit a token, the iteration's time in s)."""
+        duration = d.duration_s
+        per_layer = d.per_layer.copy()
         r = state.requests
-        live = ~(emits & (state.generated[merged] + 1 >= r.output_tokens[merged]))
-        ids, nl, em = merged[live], nxt[live], emits[live]
-        if len(ids):
-            ctx = state.kv_tokens(ids).astype(float) + em
-            at = now + duration * np.where(nl == 0, 1.0, nl / self.L)
-            pools = self.pool_of[ids]
-            for c in np.unique(pools).tolist():
-                m = pools == c
-                self.ready[ids[m]] = self._dispatch(c, at[m], ctx[m])
-        return merged[emits]
+        emitted = []
+        records = []
+        cur, steps = merged, 1
+        while True:
+            lay = self.layer[cur]
+            if self.record_merges:
+                records.append(np.stack([cur, lay], axis=1))
+            nxt = lay + 1
+            emits = nxt == self.L
+            nxt[emits] = 0
+            self.layer[cur] = nxt
+            emitted.append(cur[emits])
+            live = ~(emits & (state.generated[cur] + 1 >= r.output_tokens[cur]))
+            ids, nl, em = cur[live], nxt[live], emits[live]
+            if len(ids):
+                ctx = state.kv_tokens(ids).astype(float) + em
+                at = now + duration * np.where(nl == 0, 1.0, nl / self.L)
+                pools = self.pool_of[ids]
+                for c in np.unique(pools).tolist():
+                    m = pools == c
+                    self.ready[ids[m]] = self._dispatch(c, at[m], ctx[m])
+            if steps >= self.p.layers_per_iteration or not len(ids):
+                break
+            back = (nl != 0) & (self.ready[ids] <= now + (nl + 0.5) / self.L * duration)
+            cand = ids[back]
+            if not len(cand):
+                break
+            add = np.bincount(self.layer[cand], minlength=self.L)
+            t_new = self.lat.iteration_s(d.tokens, d.kv_read, d.prefill_s, per_layer + add)
+            if t_new > self.p.tpot_target_s:
+                break
+            per_layer += add
+            duration = t_new
+            cur, steps = cand, steps + 1
+        if records:
+            self.last_merges = np.concatenate(records).tolist()
+        return np.concatenate(emitted) if len(emitted) > 1 else emitted[0], duration
 
     def _neo_batch(self, state: EngineState, gpu_s: float) -> tuple[np.ndarray, float]:
         """Return (host-resident BE requests decoded on the CPU this iteration, their CPU time in s): round
