@@ -90,6 +90,12 @@ def draw(problem: PsrlProblem, plan: PsrlPlan, path: Any) -> None:
                 tree.plot([x[p], x[v]], [f.pos[v], f.pos[v]], color="0.8", lw=0.8)
             tree.plot([x[v], x[v]], [f.pos[v], f.pos[v] + f.tokens[v]], lw=3,
                       color=cmap(owner[v] % 20) if v in owner else "0.6")
+        from matplotlib.lines import Line2D
+
+        shown = sorted(set(owner.values()))[:20]
+        tree.legend([Line2D([0], [0], color=cmap(w % 20), lw=3) for w in shown], [names[w] for w in shown],
+                    fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="computed on",
+                    title_fontsize=7)
         tree.invert_yaxis()
         tree.set_ylabel("token position")
         tree.set_xticks([])
