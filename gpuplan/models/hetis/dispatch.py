@@ -108,19 +108,25 @@ def local_improve(inst: DispatchInstance, n: np.ndarray, max_moves: int | None =
     used = inst.mem_tokens @ n
     for _ in range(limit):
         t = device_times(inst, n)
+        heads = inst.base_heads + n.sum(axis=0)
         g = int(np.argmax(t))
+        rest = np.delete(t, g)
         best = (t[g] * (1 - 1e-12), -1, -1)
         for r in np.flatnonzero(n[:, g] > 0):
-            trial = n.copy()
-            trial[r, g] -= 1
-            for h in range(inst.devices):
-                if h == g or used[h] + inst.mem_tokens[r] > inst.free_head_tokens[h] + 1e-9:
-                    continue
-                trial[r, h] += 1
-                val = float(device_times(inst, trial).max())
-                trial[r, h] -= 1
+            # g after giving one head of r away; every h after taking it (vectorised over h)
+            tg = t[g] - inst.s_per_head_token[g] * inst.ctx_tokens[r] - inst.c1_s_per_head[g] \
+                - (inst.c0_s[g] if heads[g] == 1 else 0.0)
+            th = t + inst.s_per_head_token * inst.ctx_tokens[r] + inst.c1_s_per_head \
+                + np.where(heads > 0, 0.0, inst.c0_s)
+            th = np.where(used + inst.mem_tokens[r] <= inst.free_head_tokens + 1e-9, th, np.inf)
+            th[g] = np.inf
+            for h in np.argsort(th, kind="stable")[:3]:  # the three cheapest receivers suffice
+                if not np.isfinite(th[h]):
+                    break
+                others = np.delete(rest, h if h < g else h - 1) if len(rest) > 1 else rest[:0]
+                val = max(tg, th[h], float(others.max()) if len(others) else -np.inf)
                 if val < best[0]:
-                    best = (val, int(r), h)
+                    best = (val, int(r), int(h))
         if best[1] < 0:
             if not _swap(inst, n, used, g, t[g]):
                 break
