@@ -140,3 +140,17 @@ def test_a_time_limited_solve_passes_check_and_says_where_its_plan_comes_from() 
         assert "market" in stats["plan_from"] or "equal split" in stats["plan_from"]
         assert stats["certified_gap"] is None or 0 <= stats["certified_gap"] < 1
         assert plan.objective >= efficiency(arrays(problem), equal_share(arrays(problem))) - 1e-6
+
+
+@SMALL
+@given(seed=st.integers(0, 100_000), n=st.integers(2, 40), m=st.integers(1, 5))
+def test_capacity_price_bound_is_above_max_throughput_and_near_it(seed: int, n: int, m: int) -> None:
+    from gpuplan.solvers.oef_market import capacity_price_bound
+
+    problem = api.load_problem(distinct_doc(np.random.default_rng(seed), n, m))
+    a = arrays(problem)
+    bound = capacity_price_bound(a.V, a.usable, a.gpus, a.capacity, iterations=400)
+    best = api.solve(problem, solver="max-throughput").objective      # the LP the bound relaxes to
+    assert bound >= best * (1 - 1e-9) - 1e-9
+    assert bound >= full_lp(a) * (1 - 1e-9)
+    assert bound <= best * 1.5 + 1e-9                 # the prices do work (1.0 at convergence)

@@ -104,20 +104,23 @@ def envy_free_mix(V: np.ndarray, X: np.ndarray, E: np.ndarray, rho: np.ndarray, 
     """
     n = len(V)
     UX, UE = (V * X).sum(axis=1), (V * E).sum(axis=1)
+    key = np.round(np.column_stack([X, E, rho]), 12)        # identical columns give identical rows:
+    _, cols = np.unique(key, axis=0, return_index=True)     # each distinct (x_k, e_k, rho_k) once
+    cols = np.sort(cols)
+    Xc, rc = X[cols], rho[cols]
     need = 0.0
     for lo in range(0, n, block):
         hi = min(n, lo + block)
-        theta = np.minimum(1.0, rho[lo:hi, None] / rho[None, :])
-        a = theta * (V[lo:hi] @ X.T) - UX[lo:hi, None]
-        b = theta * (V[lo:hi] @ E.T) - UE[lo:hi, None]
-        idx = np.arange(lo, hi)
-        a[idx - lo, idx] = 0.0
-        b[idx - lo, idx] = 0.0
+        theta = np.minimum(1.0, rho[lo:hi, None] / rc[None, :])
+        a = theta * (V[lo:hi] @ Xc.T) - UX[lo:hi, None]
+        a[cols[None, :] == np.arange(lo, hi)[:, None]] = 0.0  # a job never envies itself
         bad = a > tol * np.maximum(UX[lo:hi, None], 1.0)
-        if bad.any():
-            if (b[bad] >= -TOL).any():
+        if bad.any():                                        # E's rows only where X's are violated
+            r, q = np.nonzero(bad)
+            b = theta[r, q] * (V[lo + r] * E[cols[q]]).sum(axis=1) - UE[lo + r]
+            if (b >= -TOL).any():
                 return 1.0
-            need = max(need, float((a[bad] / (a[bad] - b[bad])).max()))
+            need = max(need, float((a[r, q] / (a[r, q] - b)).max()))
     return 0.0 if need == 0.0 else min(1.0, need * (1 + 1e-9) + 1e-12)
 
 
@@ -130,6 +133,22 @@ class EfResult:
     upper_bound: float
     message: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
+
+
+MARKET_FIRST_SIZE = 20_000      # rows x types from which a time-limited solve runs the market first
+
+
+def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
+                 capacity: np.ndarray, E: np.ndarray, si_ref: np.ndarray, rho: np.ndarray,
+                 budget_s: float | None) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
+    """Return (the market plan, its last demands, stats) from solvers/oef_market.best_market within
+    `budget_s`, mixed back with E if the all-pairs oracle finds envy (floating point; the market's
+    demand is envy-free in exact arithmetic)."""
+    from gpuplan.solvers.oef_market import best_market
+
+    M, recent, stats = best_market(V, usable, weight, gpus, size, capacity, E, si_ref, time_limit_s=budget_s)
+    t_fix = envy_free_mix(V, M, E, rho)
+    return (1 - t_fix) * M + t_fix * E, recent, stats
 
 
 def _efficiency(size: np.ndarray, V: np.ndarray, Y: np.ndarray) -> float:
@@ -190,7 +209,7 @@ def _first_round_rows(V: np.ndarray, usable: np.ndarray, rho: np.ndarray, U: np.
 def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
                 si_ref: np.ndarray, E: np.ndarray | None, *, envy: bool = True, time_limit_s: float | None = None,
                 top: int = 3, drop_every: int = 3, max_rounds: int = 1000, groups: int = 0, hull: bool = True,
-                market: bool = True, hull_share: float = 0.3, weight: np.ndarray | None = None,
+                market: bool = True, hull_share: float = 0.2, weight: np.ndarray | None = None,
                 gpus: np.ndarray | None = None, progress: Callable[[float | None, str], None] | None = None) -> EfResult:
     """Return max sum_c size_c V_c . y_c s.t. time, capacity, SI (U >= si_ref) and, if `envy`, EF.
 
@@ -204,7 +223,9 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     at a time limit; needs each row's `weight` and `gpus`, rows being jobs or classes of one job):
     the equal-incomes market allocation (solvers/oef_market.py) joins the candidates and replaces E
     as the plan to fall back on when it is better. With a time limit, market and hull share its last
-    `hull_share` (market 70%, hull the rest); the rounds of envy rows get the first part. Raises InfeasibleError if the LP is infeasible,
+    `hull_share` (market 70%, hull the rest); the rounds of envy rows get the first part. From
+    MARKET_FIRST_SIZE rows x types up, the market runs first instead, within half the limit (the
+    first LP alone may not fit a short limit there). Raises InfeasibleError if the LP is infeasible,
     SolverError if HiGHS fails without a time limit.
     """
     import highspy
@@ -243,6 +264,11 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
 
     reserve = envy and (hull or market)          # the last hull_share of the limit: market and hull
     rounds_limit_s = time_limit_s if time_limit_s is None or not reserve else time_limit_s * (1 - hull_share)
+    use_market = envy and market and weight is not None and gpus is not None
+    early: tuple[np.ndarray, list[np.ndarray], dict[str, Any]] | None = None
+    if use_market and time_limit_s is not None and k * m >= MARKET_FIRST_SIZE:
+        # large: the first LP alone may not fit in a short limit, so the market's plan comes first
+        early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho, 0.5 * time_limit_s)
 
     def remaining() -> float | None:
         return None if rounds_limit_s is None else rounds_limit_s - (time.perf_counter() - started)
@@ -316,16 +342,13 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     if grouped is not None and _efficiency(size, V, grouped) > _efficiency(size, V, anchor):
         anchor, anchor_from = grouped, f"the EF LP restricted to one bundle per group ({group_stats.get('groups')} groups)"
     recent: list[np.ndarray] = []
-    if envy and market and weight is not None and gpus is not None:
-        from gpuplan.solvers.oef_market import best_market
-
-        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
-        budget = None if left is None else max((0.7 if hull else 1.0) * left, 0.1)
-        M, recent, market_stats = best_market(V, usable, weight, gpus, size, capacity, E, si_ref,
-                                              time_limit_s=budget)
+    if use_market:
+        if early is None:
+            left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+            early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho,
+                                 None if left is None else max((0.7 if hull else 1.0) * left, 0.1))
+        M, recent, market_stats = early
         stats.update(market_stats)
-        t_fix = envy_free_mix(V, M, E, rho)           # floating point: the oracle has the last word
-        M = (1 - t_fix) * M + t_fix * E
         if _efficiency(size, V, M) > _efficiency(size, V, anchor):
             anchor, anchor_from = M, "the market allocation (equal incomes; mixed with the equal split to fit capacity)"
     t: float | None = None
@@ -353,11 +376,17 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     if eff < _efficiency(size, V, anchor):          # a stopped hull mixes back; never below what is in hand
         Y, how, eff = anchor, anchor_from, _efficiency(size, V, anchor)
     stats["plan_from"] = how
+    from gpuplan.solvers.oef_market import capacity_price_bound
+
+    price_bound = capacity_price_bound(V, usable, size, capacity)     # valid without any LP: weaker
+    source = "the last relaxation" if price_bound >= bound else "capacity prices (Lagrangian, no envy rows)"
+    bound = min(bound, price_bound)
+    stats["upper_bound"] = float(bound)
     gap = (bound - eff) / max(bound, 1e-12) if np.isfinite(bound) else None
     stats.update({"mix_with_equal_share": t, "largest_relative_envy_of_relaxation": worst,
-                  "certified_gap": gap, "efficiency": eff})
-    where = (f"at most {gap:.2%} below the optimum (the last relaxation bounds it at {bound:.6g})"
-             if gap is not None else "with no bound on the optimum (no relaxation finished)")
+                  "certified_gap": gap, "efficiency": eff, "bound_from": source})
+    where = (f"at most {gap:.2%} below the optimum ({source} bounds it at {bound:.6g})"
+             if gap is not None else "with no bound on the optimum")
     message = (f"time limit of {time_limit_s} s reached after {rounds_done} LP round(s) of envy rows: this "
                f"envy-free plan is {how}; it is {where}")
     return EfResult(Y, Status.TIME_LIMIT, bound, message, stats)

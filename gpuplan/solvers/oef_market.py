@@ -156,3 +156,30 @@ def best_market(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.
             best = (plan, recent, stats)
     assert best is not None
     return best
+
+
+def capacity_price_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, *,
+                         iterations: int = 200) -> float:
+    """Return an upper bound on max sum_r size_r V_r . x_r s.t. time (sum_j x_rj <= 1), usable types
+    and capacity, hence on every OEF LP (slowest-GPU equivalents), by Lagrangian duality.
+
+    For any prices pi >= 0 on capacity, L(pi) = pi . C + sum_r max(0, max_j size_r (V_rj - pi_j)) is
+    at least that maximum (weak duality: the time rows stay as constraints, each row picks its best
+    type or nothing). Prices are improved by multiplicative subgradient steps (excess demand over
+    capacity) and the smallest L found is returned; O(iterations x rows x types).
+    """
+    Vu = np.where(usable, V, -np.inf)
+    pi = np.array([float(np.mean(V[usable[:, j], j])) if usable[:, j].any() else 0.0 for j in range(V.shape[1])])
+    best = np.inf
+    eta = 0.5
+    rows = np.arange(len(V))
+    for _ in range(iterations):
+        gain = size[:, None] * (Vu - pi[None, :])
+        j = gain.argmax(axis=1)
+        top = gain[rows, j]
+        take = top > 0
+        best = min(best, float(pi @ capacity + top[take].sum()))
+        used = np.bincount(j[take], weights=size[take], minlength=len(capacity))
+        pi = np.maximum(pi * np.exp(eta * (used - capacity) / capacity), 1e-12)
+        eta = max(0.01, eta * 0.98)
+    return best
