@@ -394,8 +394,9 @@ def describe(problem: StragglersProblem, plan: StragglersPlan) -> list[Table]:
 
 
 def draw(problem: StragglersProblem, plan: StragglersPlan, path: Any) -> None:
-    """Write a PNG: a per-job Gantt chart of every copy (map, reduce; killed copies hatched) when the plan
-    records its schedule, else each job's flowtime against its arrival."""
+    """Write a PNG: a Gantt chart of every copy, one row per task (job.m0, job.r0; winning copies above,
+    killed copies hatched below, bar height the slot share) when the plan records its schedule, else each
+    job's flowtime against its arrival."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -407,19 +408,23 @@ def draw(problem: StragglersProblem, plan: StragglersPlan, path: Any) -> None:
     arr = problem.arrays[0]
     ids = problem.job_ids()
     if plan.schedule:
-        jobs = sorted({int(r[0]) for r in plan.schedule})
-        fig, ax = plt.subplots(figsize=(14, 0.35 * len(jobs) + 2))
-        ypos = {j: i for i, j in enumerate(jobs)}
+        maps = problem.arrays[2]
+        rows = sorted({(int(r[0]), int(r[1])) for r in plan.schedule})
+        fig, ax = plt.subplots(figsize=(14, 0.3 * len(rows) + 2))
+        ypos = {jt: i for i, jt in enumerate(rows)}
         seen: set[str] = set()
         for j, t, ph, s, e, sh, w in plan.schedule:
             label = ("map" if ph == 0 else "reduce") + ("" if w else " (killed copy)")
             colour = PALETTE["forward"] if ph == 0 else PALETTE["backward"]
-            ax.barh(ypos[int(j)], e - s, left=s, height=0.8 * sh, color=colour, alpha=0.9 if w else 0.35,
-                    hatch=None if w else "//", edgecolor="k", linewidth=0.3,
+            y = ypos[(int(j), int(t))] + (0.12 if w else -0.22)
+            ax.barh(y, e - s, left=s, height=(0.55 if w else 0.3) * max(sh, 0.2), color=colour,
+                    alpha=0.9 if w else 0.35, hatch=None if w else "//", edgecolor="k", linewidth=0.3,
                     label=None if label in seen else label)
             seen.add(label)
-        ax.scatter([arr[j] for j in jobs], [ypos[j] for j in jobs], marker="|", color="k", s=120, label="arrival")
-        ax.set_yticks(range(len(jobs)), [ids[j] for j in jobs])
+        ax.scatter([arr[j] for j, _ in rows], [ypos[r] for r in rows], marker="|", color="k", s=80, label="arrival")
+        names = [f"{ids[j]}.{'m' if t < maps[j].size else 'r'}{t if t < maps[j].size else t - maps[j].size}"
+                 for j, t in rows]
+        ax.set_yticks(range(len(rows)), names, fontsize=7 if len(rows) > 40 else 9)
         ax.set_xlabel("time (s)")
         ax.set_title(f"{problem.name or 'stragglers'}: {plan.policy} on {problem.slots} slots, weighted flowtime "
                      f"{plan.predicted.get('weighted_flowtime_s', math.nan):.4g} s")
