@@ -144,6 +144,13 @@ def exactness_cmd(input: str, max_tokens: int, layers: int, hidden: int, threads
         prob = load_problem(input, "psrl")
     except GpuplanError as exc:
         _fail(str(exc))
+    from gpuplan.extras import MissingExtra, require
+
+    try:
+        require("torch")
+    except MissingExtra as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(4)
     import torch
 
     from gpuplan.runtime import psrl as R
