@@ -113,6 +113,17 @@ def test_check_catches_received_from_nowhere(solved) -> None:
     assert "received_from_nowhere" in codes
 
 
+def test_check_catches_a_node_computed_without_its_parent(solved) -> None:
+    p, plan = solved
+    bad = plan.model_copy(deep=True)
+    f = p.built
+    leaf = next(v for v in range(f.n_nodes) if not f.children[v])
+    idle = next(w for w in p.worker_names() if f.ids[f.parent[leaf]] not in bad.computed.get(w, [])
+                + bad.received.get(w, []))
+    bad.computed[idle] = sorted(bad.computed.get(idle, []) + [f.ids[leaf]])
+    assert "parent_missing" in {v.code for v in api.check(None, bad)}
+
+
 def test_check_catches_worker_over_memory() -> None:
     doc = api.load_problem(EXAMPLES / "small-agent.yaml").document()
     plan = api.solve(doc)

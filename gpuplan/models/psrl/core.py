@@ -405,7 +405,8 @@ def finish_plan(problem: PsrlProblem, plan: PsrlPlan, assign: list[int], compute
 def check(problem: PsrlProblem, plan: PsrlPlan) -> list[Violation]:
     """Return the violations of `plan`, recomputed from the problem (nothing in the plan trusted):
     every sample on one known worker; each of its path's nodes computed on that worker or received
-    there (and a received node computed by another worker); a node not both computed and received on
+    there (and a received node computed by another worker); a computed node's parent computed or
+    received on the same worker; a node not both computed and received on
     one worker; sharing 'none' receives nothing; each order a permutation of the worker's samples;
     blocks from {1024, 256, 64, 16} covering their node; memory within each worker's; and the stated
     loads, memory, hit rates, makespan and other figures equal to the recomputed ones."""
@@ -453,6 +454,11 @@ def check(problem: PsrlProblem, plan: PsrlPlan) -> list[Violation]:
         if both:
             out.append(Violation("both", f"{names[w]} both computes and receives node(s) "
                                  f"{sorted(f.ids[v] for v in both)[:5]}", {"worker": names[w]}))
+        orphans = sorted(f.ids[v] for v in computed[w] if f.parent[v] >= 0 and f.parent[v] not in computed[w]
+                         and f.parent[v] not in received[w])
+        if orphans:
+            out.append(Violation("parent_missing", f"{names[w]} computes node(s) {orphans[:5]} without their parent's "
+                                 "K/V (neither computed nor received there)", {"worker": names[w], "nodes": orphans}))
         for v in sorted(received[w]):
             if not any(v in computed[u] for u in range(W) if u != w):
                 out.append(Violation("received_from_nowhere", f"{names[w]} receives node {f.ids[v]}'s K/V, but no "
