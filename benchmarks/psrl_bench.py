@@ -27,7 +27,7 @@ TRACES = [
     ("tree 64x2, branching 2-4, depth 3", {"shape": "tree", "tasks": 64, "rollouts": 2, "depth": 3,
                                            "branching_min": 2, "branching_max": 4, "system_tokens": 2000,
                                            "prompt_tokens_min": 1000, "prompt_tokens_max": 4000,
-                                           "turn_tokens_min": 200, "turn_tokens_max": 500}, [32]),
+                                           "turn_tokens_min": 200, "turn_tokens_max": 500}, [32, 64]),
 ]
 QUICK = [("step 16x8x10, 2k shared prompt", {**STEP, "tasks": 16}, [12]),
          ("tree 16x2, branching 2-4, depth 3", {**TRACES[2][1], "tasks": 16}, [8])]
