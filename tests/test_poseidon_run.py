@@ -60,3 +60,29 @@ def test_runner_refuses_tensor_parallel_stages() -> None:
     bad = plan.model_copy(update={"stages": [plan.stages[0].model_copy(update={"tp": 2}), plan.stages[1]]})
     with pytest.raises(InputError, match="tensor parallelism"):
         run_plan(prob, bad)
+
+
+@pytest.mark.slow
+def test_fewer_microbatches_than_stages_runs_the_plans_order() -> None:
+    """1F1B with m = 2 < S = 3 (torch's Schedule1F1B refuses it) runs the plan's own DAG order through
+    the action-list runtime, with the gradients of one process."""
+    import torch
+
+    from gpuplan.runtime import gpt
+    from gpuplan.runtime.poseidon import order_actions, run_plan
+
+    prob, _ = two_stage()
+    doc = prob.document()
+    doc["cluster"]["nodes"] = [{"name": "n0", "gpus": {"cpu": 2, "cpu-slow": 1}}]
+    prob = P.PoseidonProblem.model_validate(doc)
+    shapes = [P.StageShape("cpu", 1, 1, (0,), ("n0",)), P.StageShape("cpu", 1, 1, (1,), ("n0",)),
+              P.StageShape("cpu-slow", 1, 1, (2,), ("n0",))]
+    plan = P.make_plan(prob, shapes, [2, 1, 1], 2)
+    assert P.check(prob, plan) == [] and plan.num_microbatches == 2
+    assert order_actions("1f1b", 3, 2)[2][:4] == ["2RECV_F0", "2F0", "2B0", "2SEND_B0"]
+    out = run_plan(prob, plan, steps=1, warmup=0, return_grads=True, timeout_s=120, sharing=[1.0, 1.0, 1.0])
+    model = gpt.model(TINY, seed=0)
+    tokens, targets = gpt.synthetic_batch(TINY, 8, 16, seed=0)
+    gpt.lm_loss(model(tokens), targets).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(out["grads"][name], p.grad, rtol=1e-4, atol=1e-6)

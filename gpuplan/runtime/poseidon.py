@@ -136,6 +136,20 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
                 phase[s], idle_since[s] = "idle", t
 
 
+def order_actions(schedule: str, num_stages: int, m: int) -> dict[int, list[str]]:
+    """Return each stage's actions in the plan's DAG op order (`_flat_ops`), with the sends and
+    receives torch's action-list runtime needs (format "compute_comms"; rank = stage)."""
+    from gpuplan.models.poseidon import _flat_ops
+    from gpuplan.runtime import tessel_actions as acts
+
+    lists: dict[int, list[str]] = {s: [] for s in range(num_stages)}
+    for s, is_f, j, _, _ in _flat_ops(schedule, num_stages, m):
+        lists[s].append(f"{s}{'F' if is_f else 'B'}{j}")
+    out = acts.with_comms(lists, {s: s for s in range(num_stages)}, m)
+    acts.check_actions(out, {s: s for s in range(num_stages)}, m)
+    return out
+
+
 def slow_down_stage(stage: Any, factor: float) -> None:
     """Wrap a PipelineStage's compute calls (forward, backward, and the weight-gradient half of a
     split backward where torch has it) to sleep (factor - 1) x their duration afterwards."""
@@ -190,6 +204,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from gpuplan.runtime import gpt
+    from gpuplan.runtime import torch_pipelining as tp
     from gpuplan.runtime.torch_pipelining import time_stage_calls
 
     cfg = TransformerConfig.model_validate(spec["config"])
@@ -205,8 +220,11 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     _cpu_time_calls(stage, cpu_sink)
     sink: list[tuple[int, str, float]] = []
     time_stage_calls(stage, sink)
-    schedule_cls = ScheduleGPipe if spec["schedule"] == "gpipe" else Schedule1F1B
-    schedule = schedule_cls(stage, m, loss_fn=gpt.lm_loss)
+    if spec["schedule"] != "gpipe" and m < S:  # torch's Schedule1F1B refuses m < S: the plan's own op order
+        schedule = tp.runtime_schedule([stage], m, gpt.lm_loss, order_actions(spec["schedule"], S, m), "compute_comms")
+    else:
+        schedule_cls = ScheduleGPipe if spec["schedule"] == "gpipe" else Schedule1F1B
+        schedule = schedule_cls(stage, m, loss_fn=gpt.lm_loss)
     opt = torch.optim.SGD(module.parameters(), lr=spec["lr"])
     calibrated = _calibrate(module, cfg, s, S, mb, seq, spec["factors"][s], spec["calibrate"])
     iters, losses_out, grads = [], [], {}
