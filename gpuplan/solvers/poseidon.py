@@ -306,6 +306,7 @@ class Structure:
             T >= m*(n_q c_q + e_q) + n_q a_q + a0_q for every q; min over cuts of the max, exactly;
         (2) micro-batch 0 forward through stages 0..S-2, the last stage's whole chain, micro-batch m-1
             backward down to stage 0 (with interleave v: through their first chunks, 1/v of the blocks);
+            with v = 1 then stage 0's all-reduce + optimizer (the last op on stage 0 is that backward);
         (3) the round trips of `round_trip`, combined with weights pi (uniform, and 1/own weight):
             T >= sum_q pi_q RT_q(n) for every cut, and the weighted sum is minimised exactly.
         With a finite `cutoff` it returns as soon as one bound reaches it (still a lower bound).
@@ -314,6 +315,9 @@ class Structure:
         last = self.S - 1
         per = [self.c[s] / self.v if s < last else m * self.c[s] for s in range(self.S)]
         base = sum(self.e[s] for s in range(last)) + m * self.e[last] + 2 * sum(self.p2p)
+        if self.v == 1:  # then stage 0's all-reduce + optimizer (the hourglass (4) at q = last)
+            per[0] += self.a[0]
+            base += self.a0[0]
         w2 = self._min_linear(per, base)
         if w2 >= cutoff:  # the caller prunes at `cutoff`: the rest cannot change that
             return w2
@@ -332,7 +336,9 @@ class Structure:
 
     def lp_bound(self) -> float:
         """Return the tightest of the path bounds together: min over REAL layer counts in [1, nmax_s]
-        summing to L of the max of bound (1) for every q, bound (2) and every round trip (an LP,
+        summing to L of the max of bound (1) for every q, bound (2), every round trip and, with v = 1,
+        (4) every hourglass: micro-batch 0 forward through stages 0..q-1, stage q's whole chain,
+        micro-batch m-1 backward down to stage 0, then stage 0's all-reduce + optimizer (an LP,
         HiGHS). A relaxation of the minimum over integer cuts of the same maximum, hence a lower
         bound on the iteration time of every cut set; shaved by 1e-7 for the solver's tolerance."""
         return self.lp_solution()[0]
@@ -359,6 +365,14 @@ class Structure:
             rhs.append(-const)
         rows.append(np.append(np.asarray([self.c[s] / self.v if s < last else m * self.c[s] for s in range(S)]), -1.0))
         rhs.append(-(sum(self.e[:last]) + m * self.e[last] + 2 * sum(self.p2p)))
+        if self.v == 1:  # (4) the hourglass through stage q's chain, then stage 0's all-reduce
+            for q in range(1, S):
+                row = np.zeros(S + 1)
+                row[:q] = self.c[:q]
+                row[q], row[S] = m * self.c[q], -1.0
+                row[0] += self.a[0]
+                rows.append(row)
+                rhs.append(-(sum(self.e[:q]) + m * self.e[q] + 2 * sum(self.p2p[:q]) + self.a0[0]))
         cost = np.zeros(S + 1)
         cost[S] = 1.0
         res = linprog(cost, A_ub=np.array(rows), b_ub=np.array(rhs), A_eq=np.array([[1.0] * S + [0.0]]),
