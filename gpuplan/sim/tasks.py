@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -349,6 +349,7 @@ class Sim:
             self.q.push(float(wl.arrival_s[order[0]]), (ARRIVE, int(order[0])))
             nxt = 1
         events = 0
+        ticks, tick_budget = 0, 20 * (wl.tasks() + wl.jobs) + 100_000
         policy = self.policy
         while self.q:
             t = self.q.peek_time()
@@ -374,6 +375,10 @@ class Sim:
                 elif kind == TICK:
                     tick = True
                     acted = True
+                    ticks += 1
+                    if ticks > tick_budget:
+                        raise ValueError(f"{policy.name} passed {tick_budget:,} monitoring ticks of {self.tick_s:.3g} s "
+                                         f"at t = {t:.4g} s; raise tick_s (a task runs far longer than the period)")
                     if self.active:
                         self.q.push(t + self.tick_s, (TICK,))
                     else:
