@@ -180,7 +180,7 @@ def iteration_time_fast(fwd: list[float], bwd: list[float], p2p: list[float], ta
     """
     S = len(tail)
     if record is None:
-        walk = _compiled_walk(schedule, S, m, interleave)
+        walk = _walk_for(schedule, S, m, interleave)
         if walk is not None:
             return walk(fwd, bwd, p2p, tail)  # type: ignore[no-any-return]
     free = [0.0] * S
@@ -201,9 +201,26 @@ def iteration_time_fast(fwd: list[float], bwd: list[float], p2p: list[float], ta
 
 
 COMPILED_OPS_LIMIT = 20000  # longer DAGs are walked by the loop (compiling them costs more than it saves)
+COMPILE_AFTER = 48  # walks of one DAG shape by the loop before it is compiled (a compile costs ~100 loop walks)
+_WALK_CALLS: dict[tuple[str, int, int, int], int] = {}
+_WALKS: dict[tuple[str, int, int, int], Any] = {}
 
 
-@lru_cache(maxsize=64)
+def _walk_for(schedule: str, num_stages: int, m: int, interleave: int) -> Any:
+    """Return the compiled walk of this DAG shape (`_compiled_walk`) once the shape has been walked
+    COMPILE_AFTER times, else None (the loop walks it); at most 512 shapes are kept."""
+    key = (schedule, num_stages, m, interleave)
+    walk = _WALKS.get(key)
+    if walk is None:
+        calls = _WALK_CALLS[key] = _WALK_CALLS.get(key, 0) + 1
+        if calls < COMPILE_AFTER:
+            return None
+        if len(_WALKS) >= 512:
+            _WALKS.clear()
+        walk = _WALKS[key] = _compiled_walk(schedule, num_stages, m, interleave) or False
+    return walk or None
+
+
 def _compiled_walk(schedule: str, num_stages: int, m: int, interleave: int = 1) -> Any:
     """Return a function (fwd, bwd, p2p, tail) -> seconds computing `iteration_time_fast`'s longest
     path as straight-line code for this DAG shape (None beyond COMPILED_OPS_LIMIT ops).
@@ -230,8 +247,7 @@ def _compiled_walk(schedule: str, num_stages: int, m: int, interleave: int = 1) 
         if dep >= 0:
             ready = f"e{dep} + P{send}" if send >= 0 else f"e{dep} + 0.0"
             if prev >= 0:
-                lines.append(f"    r = {ready}")
-                lines.append(f"    e{i} = (e{prev} if e{prev} > r else r) + {dur}")
+                lines.append(f"    e{i} = (e{prev} if e{prev} > (r := {ready}) else r) + {dur}")
             else:
                 lines.append(f"    e{i} = ({ready}) + {dur}")
         elif prev >= 0:  # ready at 0.0; a device's clock never goes below 0
