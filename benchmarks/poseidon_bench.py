@@ -107,6 +107,7 @@ def unseen_section(quick: bool) -> None:
     whether both found the same plan time."""
     import os
 
+    load0 = os.getloadavg()
     rows = []
     for name, gpus, model, batch, limit in UNSEEN[:1] if quick else UNSEEN:
         prob = problem(gpus, model, batch)
@@ -117,7 +118,7 @@ def unseen_section(quick: bool) -> None:
             runs.append((plan, cpu_s() - c0, time.perf_counter() - w0))
         (p1, c1, w1), (pn, cn, wn) = runs
         target = 60.0 if sum(gpus.values()) > 64 else 10.0
-        rows.append([name, model, SP.count_structures(prob), p1.status.value, f"{c1:.1f}", f"{w1:.1f}",
+        rows.append([name, model, p1.solver.stats["structures"], p1.status.value, f"{c1:.1f}", f"{w1:.1f}",
                      pn.status.value, f"{cn:.1f}", f"{wn:.1f}", f"{w1 / wn:.2f}x",
                      "yes" if math.isclose(p1.iteration_time_s, pn.iteration_time_s, rel_tol=1e-9) else
                      f"{pn.iteration_time_s / p1.iteration_time_s:.4f}",
@@ -131,6 +132,9 @@ def unseen_section(quick: bool) -> None:
                            ["instance", "model", "structures", "1 proc status", "1 proc CPU s", "1 proc wall s",
                             "pool status", "pool CPU s", "pool wall s", "pool speed-up", "same optimum",
                             "goal met", "plan"], rows)))
+    load1 = os.getloadavg()
+    print(f"load average (1, 5, 15 min) at the start {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}, at the end "
+          f"{load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f} on {cores} cores")
 
 
 def ridge_section(quick: bool) -> None:
