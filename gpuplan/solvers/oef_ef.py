@@ -135,7 +135,7 @@ class EfResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-MARKET_FIRST_SIZE = 20_000      # rows x types from which a time-limited solve runs the market first
+MARKET_FIRST_SIZE = 10_000      # rows x types from which a time-limited solve runs the market first
 
 
 def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
