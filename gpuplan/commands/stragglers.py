@@ -57,7 +57,7 @@ def simulate_stragglers(input: str, policies: tuple[str, ...], loads: tuple[floa
 
     \b
     Examples:
-      gpuplan simulate stragglers examples/stragglers/synthetic.yaml --policy srptms-c --policy mantri --load 0.9
+      gpuplan simulate stragglers examples/stragglers/synthetic.yaml --policy srptms-c --policy sca --load 0.3 --load 0.9
       gpuplan simulate stragglers examples/stragglers/small-trace.yaml --png flowtime.png
     Exit codes: 0 simulated, 2 bad input or option."""
     from gpuplan import registry
