@@ -613,7 +613,7 @@ def max_threads(t: Topology, algo: str, proto: str, g: Graphs | None = None) -> 
 
 # ---- the pipeline NCCL's kernels run (what NCCL's latency + size / bandwidth estimate leaves out) ----
 # NCCL's estimate is latency + size / bandwidth: a message is one pass whose steps pipeline perfectly.
-# Its kernels move each channel's share in loops of fixed-size chunks, and two structures of that
+# Its kernels move each channel's share in loops of fixed-size chunks, and three structures of that
 # pipeline cost time the estimate does not hold, most at mid sizes where a channel runs few loops:
 #
 # - Simple's per-slice handshake (src/device/prims_simple.h genericOp): a CTA handles one slice at a
