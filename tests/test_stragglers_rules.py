@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gpuplan import api
-from gpuplan.models.stragglers import StragglersProblem
+from gpuplan.models.stragglers import StragglersProblem, simulate_problem
 from gpuplan.models.stragglers.speedup import Variability
 from gpuplan.sim import tasks as T
 
@@ -85,8 +85,8 @@ def test_threshold_switches_at_rho_star() -> None:
     var = Variability("pareto", alpha=1.5)
     assert T.threshold_load(var) == pytest.approx(0.8 * var.h(2) / 2)
     jobs = {"jobs": 50, "seed": 2}
-    light = api.solve(StragglersProblem(slots=10, workload={**jobs, "load": 0.5}), solver="threshold")
-    heavy = api.solve(StragglersProblem(slots=10, workload={**jobs, "load": 0.85}), solver="threshold")
+    light, _ = simulate_problem(StragglersProblem(slots=10, workload={**jobs, "load": 0.5}), "threshold", {}, 0)
+    heavy, _ = simulate_problem(StragglersProblem(slots=10, workload={**jobs, "load": 0.85}), "threshold", {}, 0)
     assert light.params["regime"] == "sca" and heavy.params["regime"] == "ese"
 
 
