@@ -71,6 +71,8 @@ _EXAMPLES = {
     "tessel": "examples/tessel/1f1b-4.yaml",
     "lagom": "examples/lagom/small.yaml",
     "aurora": "examples/aurora/small-2regions.yaml",
+    "psrl": "examples/psrl/small-agent.yaml",
+    "omniserve": "examples/omniserve/llama70b-small.yaml",
 }
 
 

@@ -60,6 +60,10 @@ def _poseidon_enlarge(p: Doc) -> None:
     p["cluster"]["nodes"][0]["gpus"]["cpu"] += 3
 
 
+def _omniserve_enlarge(p: Doc) -> None:
+    p["cpu_pools"].append({**p["cpu_pools"][0], "name": "extra"})
+
+
 def _set(path: str, value: Any) -> Callable[[Doc], None]:
     """Return a function setting a dotted path ([i] for list items) of a document; a callable
     `value` maps the old value to the new one."""
@@ -87,6 +91,10 @@ CASES: dict[str, Case] = {
     "poseidon": Case("poseidon/cpu-two-types.yaml", _poseidon_enlarge,
                      _set("cluster.device_types.cpu.memory_bytes", lambda v: v * 100), "iteration_time_s",
                      _set("stages[0].forward_s", NAN), _set("global_batch", 16)),
+    "psrl": Case("psrl/small-agent.yaml", _set("workers[0].count", 4), _set("cache_fraction", 0.5), "makespan_s",
+                 _set("load_s.gpu0", NAN), _set("exchange_GBps", 5.0)),
+    "omniserve": Case("omniserve/llama70b-small.yaml", _omniserve_enlarge, _set("ls.ttft_slo_s", 30.0),
+                      "be_output_tokens_per_s", _set("schedule[0].duration_s", NAN), _set("seed", 1)),
 }
 
 
@@ -206,7 +214,7 @@ def test_oef_contract_comes_from_the_registry() -> None:
 
 
 # examples whose default solve takes more than a few seconds on a small CPU
-SLOW_EXAMPLES = {"a100-v100-t4.yaml", "mshape-4.yaml", "llama2-13b-tp8-dp4.yaml"}
+SLOW_EXAMPLES = {"a100-v100-t4.yaml", "mshape-4.yaml", "llama2-13b-tp8-dp4.yaml", "paper-like.yaml"}
 
 
 def _example_params() -> list[Any]:

@@ -22,6 +22,8 @@ EXAMPLES = {
     "tessel": "examples/tessel/hand-2.yaml",
     "lagom": "examples/lagom/small.yaml",
     "aurora": "examples/aurora/small-2regions.yaml",
+    "psrl": "examples/psrl/small-agent.yaml",
+    "omniserve": "examples/omniserve/llama70b-small.yaml",
 }
 
 BLOCKER = textwrap.dedent('''
