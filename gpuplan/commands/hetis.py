@@ -20,7 +20,7 @@ from gpuplan.errors import GpuplanError, InputError
                    "package), auto, or a CSV of prompt_tokens,output_tokens (default: the problem's).")
 @click.option("--rate", type=click.FloatRange(min=1e-3, max=1e5), default=None,
               help="Requests per second (default: the problem's trace rate).")
-@click.option("--requests", type=click.IntRange(1, 20_000), default=None,
+@click.option("--requests", type=click.IntRange(1, 2_000), default=None,
               help="How many requests (default: the problem's).")
 @click.option("--solver", "solvers", multiple=True,
               help="A hetis solver whose layout serves the trace (repeatable; default: every applicable one).")
