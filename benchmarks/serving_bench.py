@@ -126,7 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="13b", help="13b, 30b or 13b,30b (each adds ~40 s of CPU)")
     ap.add_argument("--trace", default="auto")
-    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--skip-run", action="store_true")
     a = ap.parse_args()
     started = time.perf_counter()
