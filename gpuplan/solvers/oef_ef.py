@@ -17,10 +17,11 @@ stop the LP from handing the same kind of bundle to another job in every round).
 slack and carry no dual are dropped every few rounds, so the LP keeps roughly the binding rows
 (dropping non-binding rows leaves the current vertex optimal, so the bound stays valid).
 
-A time limit returns the best envy-free plan in hand: the smallest mix (1 - t) X + t E of the last
-relaxed optimum X and the weighted equal split E (envy-free and SI, see models/oef.equal_share)
-that is envy-free on every pair (each row is linear, so the largest t any pair needs is exact),
-with the relaxation's value as a certified upper bound.
+A time limit returns the best envy-free SI plan in hand: the equal-incomes market allocation
+(solvers/oef_market.py: envy-free and SI at any prices), the per-job mix LP over it, the last relaxed
+optimum and the equal split E (solvers/oef_hull.py), or the smallest global mix (1 - t) X + t E
+(envy_free_mix: each row is linear, so the largest t any pair needs is exact); the certified upper
+bound is the smaller of the last relaxation's value and a Lagrangian capacity-price bound.
 """
 
 from __future__ import annotations
