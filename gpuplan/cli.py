@@ -73,6 +73,7 @@ _EXAMPLES = {
     "aurora": "examples/aurora/small-2regions.yaml",
     "psrl": "examples/psrl/small-agent.yaml",
     "omniserve": "examples/omniserve/llama70b-small.yaml",
+    "stragglers": "examples/stragglers/three-jobs.yaml",
 }
 
 

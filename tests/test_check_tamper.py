@@ -64,6 +64,10 @@ def _omniserve_enlarge(p: Doc) -> None:
     p["cpu_pools"].append({**p["cpu_pools"][0], "name": "extra"})
 
 
+def _stragglers_enlarge(p: Doc) -> None:
+    p["jobs"].append({**p["jobs"][0], "id": "extra"})
+
+
 def _set(path: str, value: Any) -> Callable[[Doc], None]:
     """Return a function setting a dotted path ([i] for list items) of a document; a callable
     `value` maps the old value to the new one."""
@@ -95,6 +99,8 @@ CASES: dict[str, Case] = {
                  _set("load_s.gpu0", NAN), _set("exchange_GBps", 5.0)),
     "omniserve": Case("omniserve/llama70b-small.yaml", _omniserve_enlarge, _set("ls.ttft_slo_s", 30.0),
                       "be_output_tokens_per_s", _set("schedule[0].duration_s", NAN), _set("seed", 1)),
+    "stragglers": Case("stragglers/three-jobs.yaml", _stragglers_enlarge, _set("slots", 64), "weighted_flowtime_s",
+                       _set("completion_s[0]", NAN), _set("jobs[0].weight", 5.0)),
 }
 
 
@@ -165,6 +171,11 @@ def test_plan_for_another_input_is_reported(solved: dict[str, Doc], kind: str) -
 
 SPECIFIC: list[tuple[str, str, Callable[[Doc], None], set[str]]] = [
     # OEF: the guarantees checked are the solver's contract, not the plan's list
+    ("stragglers", "false completion time", _scale("completion_s[0]", 0.5), {"figure"}),
+    ("stragglers", "false machine time", _scale("predicted.machine_time_s", 0.5), {"figure"}),
+    ("stragglers", "reduce copy before its maps",
+     _set("schedule", lambda s: [r if r[2] == 0 else r[:3] + [0.0] + r[4:] for r in s]), {"map_before_reduce", "figure"}),
+    ("stragglers", "other seed", _set("sim_seed", 7), {"figure"}),
     ("oef", "guarantees removed", _set("guarantees", []), {"guarantees"}),
     ("oef", "unfair shares, guarantees removed",
      lambda d: (_set("guarantees", [])(d), _set("shares", lambda s: [[0.0] * len(r) for r in s[:1]] + s[1:])(d)),

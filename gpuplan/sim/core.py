@@ -35,31 +35,32 @@ class EventQueue(Generic[T]):
     """
 
     def __init__(self) -> None:
-        self._heap: list[Event[T]] = []
+        # (time, seq, payload) tuples: tuple comparison in C, never reaching the payload (seq is unique)
+        self._heap: list[tuple[float, int, T]] = []
         self._seq = 0
 
     def push(self, time_s: float, payload: T) -> Event[T]:
         """Schedule `payload` at `time_s` (s); return the event. Refuses a non-finite time."""
         if not math.isfinite(time_s):
             raise ValueError(f"event time {time_s!r} is not finite")
-        event = Event(float(time_s), self._seq, payload)
+        entry = (float(time_s), self._seq, payload)
         self._seq += 1
-        heapq.heappush(self._heap, event)
-        return event
+        heapq.heappush(self._heap, entry)
+        return Event(*entry)
 
     def pop(self) -> Event[T]:
         """Remove and return the earliest event (IndexError when empty)."""
-        return heapq.heappop(self._heap)
+        return Event(*heapq.heappop(self._heap))
 
     def peek_time(self) -> float:
         """Return the earliest event's time (s), or +inf when the queue is empty."""
-        return self._heap[0].time_s if self._heap else math.inf
+        return self._heap[0][0] if self._heap else math.inf
 
     def pop_until(self, time_s: float) -> list[Event[T]]:
         """Remove and return every event at or before `time_s` (s), earliest first."""
         out: list[Event[T]] = []
-        while self._heap and self._heap[0].time_s <= time_s:
-            out.append(heapq.heappop(self._heap))
+        while self._heap and self._heap[0][0] <= time_s:
+            out.append(Event(*heapq.heappop(self._heap)))
         return out
 
     def __len__(self) -> int:
