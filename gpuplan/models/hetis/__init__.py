@@ -382,13 +382,58 @@ def meets_slo(problem: HetisProblem, plan: HetisPlan, rate_per_s: float) -> bool
     return f["ttft_p_s"] <= problem.slo.ttft_s and f["tpot_p_s"] <= problem.slo.tpot_s
 
 
-def max_rate_per_s(problem: HetisProblem, plan: HetisPlan) -> float:
-    """Return the largest request rate (requests/s) meeting the SLOs, by bisection over the problem's
-    search range (gpuplan.sim.serving.max_rate; 0 when even the lowest rate fails)."""
+def rate_search(problem: HetisProblem, plan: HetisPlan) -> tuple[float, float]:
+    """Return (the largest request rate meeting the SLOs, the smallest rate the search saw fail; 0 when
+    none failed), requests/s, by bisection over the problem's search range (gpuplan.sim.serving.max_rate;
+    the rate is 0 when even the lowest rate fails)."""
     from gpuplan.sim.serving import max_rate
 
     s = problem.search
-    return max_rate(lambda r: meets_slo(problem, plan, r), s.low_per_s, s.high_per_s, rel_tol=s.rel_tol)
+    failing = [math.inf]
+
+    def meets(rate: float) -> bool:
+        ok = meets_slo(problem, plan, rate)
+        if not ok:
+            failing[0] = min(failing[0], rate)
+        return ok
+
+    rate = max_rate(meets, s.low_per_s, s.high_per_s, rel_tol=s.rel_tol)
+    return rate, failing[0] if math.isfinite(failing[0]) else 0.0
+
+
+def max_rate_per_s(problem: HetisProblem, plan: HetisPlan) -> float:
+    """Return the largest request rate (requests/s) meeting the SLOs (see rate_search)."""
+    return rate_search(problem, plan)[0]
+
+
+def rate_violations(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
+    """Return violations of the stated max rate, verified by its defining property in two simulations:
+    the SLOs hold at max_rate_per_s and fail at first_failing_rate_per_s, a rate above it within the
+    search's tolerance (or: max = 0 and the lowest rate fails; or: max = the highest rate, which holds)."""
+    s = problem.search
+    r = plan.predicted.get("max_rate_per_s")
+    f = plan.predicted.get("first_failing_rate_per_s", 0.0)
+    if r is None:
+        return [Violation("figure", "the plan states no predicted.max_rate_per_s")]
+    bad = lambda why: [Violation("figure", f"predicted.max_rate_per_s = {r:.6g} req/s: {why}",  # noqa: E731
+                                 {"field": "predicted.max_rate_per_s", "stated": r})]
+    if r == 0:
+        if f != s.low_per_s:
+            return bad(f"a rate of 0 states that the lowest rate {s.low_per_s:g} fails, so "
+                       f"first_failing_rate_per_s must be it, not {f:.6g}")
+        return [] if not meets_slo(problem, plan, s.low_per_s) else bad(f"the SLOs hold at {s.low_per_s:g} req/s")
+    if not s.low_per_s <= r <= s.high_per_s * (1 + 1e-12):
+        return bad(f"outside the search range {s.low_per_s:g}..{s.high_per_s:g}")
+    if f == 0:
+        if not math.isclose(r, s.high_per_s, rel_tol=1e-12):
+            return bad("no failing rate is stated, so it must be the top of the search range")
+    elif not r < f <= r * (1 + s.rel_tol) * (1 + 1e-9):
+        return bad(f"first_failing_rate_per_s = {f:.6g} is not above it within the search tolerance {s.rel_tol:g}")
+    if not meets_slo(problem, plan, r):
+        return bad("the SLOs do not hold at that rate (re-simulated)")
+    if f and meets_slo(problem, plan, f):
+        return bad(f"the SLOs still hold at first_failing_rate_per_s = {f:.6g} (re-simulated)")
+    return []
 
 
 def dense_step_s(problem: HetisProblem, plan: HetisPlan) -> float:
@@ -417,7 +462,7 @@ def metrics(problem: HetisProblem, plan: HetisPlan, *, with_rate: bool = True) -
 
         out["snapshot_attention_s"] = objective_s(snapshot_instance(problem, plan), head_matrix(problem, plan)[0])
     if with_rate:
-        out["max_rate_per_s"] = max_rate_per_s(problem, plan)
+        out["max_rate_per_s"], out["first_failing_rate_per_s"] = rate_search(problem, plan)
     return out
 
 
@@ -438,7 +483,8 @@ def finish_plan(problem: HetisProblem, plan: HetisPlan) -> HetisPlan:
 def check(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
     """Return the violations of `plan`: the layout (devices, layers, tp, weights that fit), the head map
     (every request's heads placed exactly once, on attention devices, within each device's KV memory),
-    stated capacities, and every predicted figure re-simulated with the plan's trace and seed."""
+    stated capacities, every predicted figure re-simulated with the plan's trace and seed, and the max
+    rate by its defining property (SLOs hold there, fail at the stated failing rate just above it)."""
     from gpuplan.models.hetis.dispatch import violations as map_violations
 
     out = layout_violations(problem, plan)
@@ -466,9 +512,12 @@ def check(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
         out.append(Violation("head_map", "a head-wise plan states its snapshot head map"))
     if out:
         return out
-    m = metrics(problem, plan, with_rate="max_rate_per_s" in plan.predicted or plan.objective is not None)
-    objective = m.get("max_rate_per_s") if plan.objective is not None else None
-    return out + stated_figures_violations(plan, objective, m, rel_tol=1e-6)
+    m = metrics(problem, plan, with_rate=False)
+    out += stated_figures_violations(plan, None, m, rel_tol=1e-6)
+    if plan.objective is not None or "max_rate_per_s" in plan.predicted:
+        out += rate_violations(problem, plan)
+        out += figure_violations("objective", plan.objective, plan.predicted.get("max_rate_per_s", math.nan))
+    return out
 
 
 # ---------------------------------------------------------------- registration
