@@ -208,10 +208,13 @@ _WALKS: dict[tuple[str, int, int, int], Any] = {}
 
 def _walk_for(schedule: str, num_stages: int, m: int, interleave: int) -> Any:
     """Return the compiled walk of this DAG shape (`_compiled_walk`) once the shape has been walked
-    COMPILE_AFTER times, else None (the loop walks it); at most 512 shapes are kept."""
+    COMPILE_AFTER times, else None (the loop walks it); at most 512 shapes are kept (and the walk counts
+    of 8192)."""
     key = (schedule, num_stages, m, interleave)
     walk = _WALKS.get(key)
     if walk is None:
+        if len(_WALK_CALLS) >= 8192:
+            _WALK_CALLS.clear()
         calls = _WALK_CALLS[key] = _WALK_CALLS.get(key, 0) + 1
         if calls < COMPILE_AFTER:
             return None
