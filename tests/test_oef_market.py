@@ -21,7 +21,8 @@ SMALL = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCh
 
 
 def within_capacity(a, X) -> bool:
-    return bool(((a.gpus[:, None] * X).sum(axis=0) <= a.capacity * (1 + 1e-9) + 1e-9).all())
+    """Capacity as models/oef.check holds it (LP solutions meet rows within HiGHS's tolerance)."""
+    return bool(((a.gpus[:, None] * X).sum(axis=0) <= a.capacity * (1 + 1e-6) + 1e-7).all())
 
 
 def is_si(a, X, ref) -> bool:
