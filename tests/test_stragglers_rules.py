@@ -12,7 +12,7 @@ import pytest
 
 from gpuplan import api
 from gpuplan.models.stragglers import StragglersProblem, simulate_problem
-from gpuplan.models.stragglers.speedup import Variability
+from gpuplan.models.stragglers.speedup import Variability, sda_expectations
 from gpuplan.sim import tasks as T
 
 
@@ -81,13 +81,63 @@ def test_sda_duplicates_only_after_tau() -> None:
     assert all(r[3] == pytest.approx(tau_s) for r in later)
 
 
+def test_threshold_is_the_processor_sharing_crossover() -> None:
+    """rho* is where E[T(m, 1)] / (1 - rho) = E[T(m, 2)] / (1 - c rho), c = 2 / h(2), capped at stability."""
+    assert T.threshold_load(Variability("pareto", alpha=1.5)) == pytest.approx(1.0)  # c = 1: clone until saturation
+    assert T.threshold_load(Variability("pareto", alpha=2.0)) == pytest.approx(0.5)  # g = 1.5, c = 4/3
+    assert T.threshold_load(Variability("pareto", alpha=1.2)) == pytest.approx(Variability("pareto", 1.2).h(2) / 2)
+    for var in (Variability("pareto", alpha=2.0), Variability("uniform", a=0.5), Variability("pareto", alpha=1.7)):
+        for m in (1, 3, 10):
+            rho = T.threshold_load(var, m)
+            assert 0 < rho < 1
+            c = 2 / var.h(2)
+            def flow(r: int, load: float) -> float:
+                return var.job_time(m, r) / (1 - (c if r == 2 else 1.0) * load)
+            assert flow(2, rho) == pytest.approx(flow(1, rho), rel=1e-9)
+            assert flow(2, 0.9 * rho) < flow(1, 0.9 * rho) and flow(2, min(0.99 / c, 1.1 * rho)) > flow(1, min(0.99 / c, 1.1 * rho))
+
+
 def test_threshold_switches_at_rho_star() -> None:
-    var = Variability("pareto", alpha=1.5)
-    assert T.threshold_load(var) == pytest.approx(0.8 * var.h(2) / 2)
     jobs = {"jobs": 50, "seed": 2}
-    light, _ = simulate_problem(StragglersProblem(slots=10, workload={**jobs, "load": 0.5}), "threshold", {}, 0)
-    heavy, _ = simulate_problem(StragglersProblem(slots=10, workload={**jobs, "load": 0.85}), "threshold", {}, 0)
+    var = {"model": "pareto", "alpha": 2.0}
+    light, _ = simulate_problem(StragglersProblem(slots=10, variability=var, workload={**jobs, "load": 0.3}), "threshold", {}, 0)
+    heavy, _ = simulate_problem(StragglersProblem(slots=10, variability=var, workload={**jobs, "load": 0.85}), "threshold", {}, 0)
     assert light.params["regime"] == "sca" and heavy.params["regime"] == "ese"
+    assert 0.3 < light.params["rho_star"] < 0.85
+
+
+def test_sda_expectations_match_sampling() -> None:
+    """The order-statistics E[T_job] and machine time of SDA against 200,000 sampled jobs."""
+    g = np.random.default_rng(7)
+    for var, tau_f, d, m in ((Variability("pareto", 1.5), 2.0, 2, 5), (Variability("uniform", a=0.5), 1.5, 1, 3)):
+        tau = tau_f * var.floor()
+        n = 200_000
+        x = 1 / var.speeds(g, n * m).reshape(n, m)
+        y = (1 / var.speeds(g, n * m * d)).reshape(n, m, d).min(axis=2)
+        late = x > tau
+        t = np.where(late, tau + np.minimum(x - tau, y), x)
+        machine = np.where(late, tau + (1 + d) * (t - tau), x)
+        job_e, machine_e = sda_expectations(var, m, tau, d)
+        assert job_e == pytest.approx(float(t.max(axis=1).mean()), rel=0.02)
+        assert machine_e == pytest.approx(float(machine.mean()), rel=0.02)
+    var = Variability("pareto", 1.5)  # d = 0 or tau = 0: plain one copy / r = d + 1 clones up front
+    assert sda_expectations(var, 10, 5.0, 0)[0] == pytest.approx(var.job_time(10, 1), rel=1e-3)
+    assert sda_expectations(var, 10, 0.0, 1)[0] == pytest.approx(var.job_time(10, 2), rel=1e-3)
+
+
+def test_sda_choice_is_the_best_candidate() -> None:
+    for var in (Variability("pareto", 1.5), Variability("pareto", 2.0), Variability("uniform", a=0.5)):
+        for m in (1, 4):
+            tau_f, d = T.sda_choice(var, m, 0.1)
+            vals = {(t, k): sda_expectations(var, m, t * var.floor(), k) for t in T.SDA_TAUS for k in T.SDA_COPIES}
+            best = min(j + 0.1 * m * mt for j, mt in vals.values())
+            j, mt = vals[(tau_f, d)]
+            assert j + 0.1 * m * mt == pytest.approx(best)
+            tau_f, d = T.sda_choice(var, m, 0.1, target=0.8)
+            base = var.job_time(m, 1)
+            ok = [mt for j, mt in vals.values() if j <= 0.8 * base]
+            if ok:
+                assert vals[(tau_f, d)][0] <= 0.8 * base + 1e-9 and vals[(tau_f, d)][1] == pytest.approx(min(ok))
 
 
 def test_mantri_duplicate_test_is_its_resource_rule() -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpuplan.models.stragglers.speedup import Variability, dolly_copies
+from gpuplan.models.stragglers.speedup import Variability, dolly_copies, sda_expectations
 from gpuplan.sim.core import EventQueue, rng as make_rng
 
 ARRIVE, FINISH, TICK, PROBE = 0, 1, 2, 3
@@ -888,16 +888,18 @@ class SRPTMSC(SlotPolicy):
 class SCA(SlotPolicy):
     """SCA, the Smart Cloning Algorithm (Xu & Lau, INFOCOM 2015) for light load, FIFO job order: when a job's
     phase starts, its m pending tasks get r copies each, r maximising -w E[T_job(m, r)] s - gamma m r E[min_r] s
-    (s the mean task size) subject to m r <= free slots; re-solved at departures: with idle slots and nothing
-    pending, a running job's remaining tasks move to r + 1 copies when the utility grows and they fit."""
+    (s the mean task size) subject to m r <= free slots; clones are given back when a pending task needs a
+    slot. With `resolve` 1 (off by default: an addition of ours, not the paper's rule) the choice is also
+    re-solved at departures: with idle slots and nothing pending, a running job's remaining tasks move to
+    r + 1 copies when the utility grows and they fit."""
 
     name = "sca"
-    defaults = {"gamma": 0.1, "max_copies": 4}
+    defaults = {"gamma": 0.1, "max_copies": 4, "resolve": 0}
 
     def decide(self, sim: Sim, tick: bool) -> None:
         reclaim_clones(sim, _fifo_key)  # re-solving at an arrival: first copies before clones
         self.fill(sim)
-        if not sim.waiting and sim.free >= 1 - EPS:
+        if int(self.params["resolve"]) and not sim.waiting and sim.free >= 1 - EPS:
             self.top_up(sim)
 
     def utility(self, job: _Job, m: int, r: int, s: float) -> float:
@@ -943,40 +945,48 @@ class SCA(SlotPolicy):
         return best
 
 
-def sda_choice(var: Variability, m: int, gamma: float) -> tuple[float, int]:
-    """Return SDA's (tau in floor units, d extra copies) minimising E[job time] + gamma m E[machine time per
-    task] for a job of m unit tasks: one copy each; a task unfinished at tau * floor gets d more. Seeded
-    Monte Carlo (4,000 jobs) over tau in {1.5, 2, 3, 4, 6} and d in {1, 2}."""
-    g = make_rng(12345)
-    n = 4000
-    x0 = 1.0 / var.speeds(g, n * m).reshape(n, m)
-    fresh = 1.0 / var.speeds(g, n * m * 2).reshape(n, m, 2)
-    best, best_val = (3.0, 1), math.inf
-    for tau_f in (1.5, 2.0, 3.0, 4.0, 6.0):
-        tau = tau_f * var.floor()
-        for d in (1, 2):
-            late = x0 > tau
-            new_min = fresh[:, :, :d].min(axis=2)
-            t = np.where(late, tau + np.minimum(x0 - tau, new_min), x0)
-            machine = np.where(late, tau + (1 + d) * (t - tau), x0)
-            val = float(t.max(axis=1).mean() + gamma * m * machine.mean())
-            if val < best_val - 1e-12:
-                best, best_val = (tau_f, d), val
-    return best
+SDA_TAUS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
+"""SDA's candidate check times, in multiples of the fastest possible task time (the Pareto floor x_m)."""
+SDA_COPIES = (1, 2, 3)
+"""SDA's candidate numbers of extra copies for a detected straggler."""
+
+
+def sda_choice(var: Variability, m: int, gamma: float, target: float = 0.0) -> tuple[float, int]:
+    """Return SDA's (tau in floor units, d extra copies) for a job of m unit tasks, from the exact Pareto (or
+    uniform) order statistics of sda_expectations: with `target` > 0, the least expected machine time per task
+    subject to E[T_job] <= target * E[T_job] without detection (the fastest choice when none meets it); else
+    the least E[T_job] + gamma m E[machine time per task] (SCA's utility with w = 1). Candidates: tau in
+    SDA_TAUS x floor, d in SDA_COPIES; ties go to the earlier candidate (deterministic)."""
+    floor = var.floor()
+    base = var.job_time(m, 1)
+    cands = []
+    for tau_f in SDA_TAUS:
+        for d in SDA_COPIES:
+            job, machine = sda_expectations(var, m, tau_f * floor, d)
+            cands.append((tau_f, d, job, machine))
+    if target > 0:
+        ok = [c for c in cands if c[2] <= target * base + 1e-12]
+        best = min(ok, key=lambda c: c[3]) if ok else min(cands, key=lambda c: c[2])
+    else:
+        best = min(cands, key=lambda c: c[2] + gamma * m * c[3])
+    return best[0], best[1]
 
 
 class SDA(SlotPolicy):
     """SDA, the Straggler Detection Algorithm (Xu & Lau) for light load, FIFO job order: one copy per task; a
-    task still running `tau` floor-times its size after it started is a straggler and gets `d` more copies
-    (as free slots allow). tau and d are chosen by sda_choice unless given."""
+    task still running `tau` floor-times its size after it started is a straggler (Pareto's decreasing hazard)
+    and gets `d` more copies (as free slots allow). tau and d come from sda_choice for the median job unless
+    given: the weighted sum with `gamma`, or the least machine time meeting `target` (a fraction of the
+    undetected job time) when target > 0."""
 
     name = "sda"
-    defaults = {"gamma": 0.1, "tau": 0.0, "d": 0}
+    defaults = {"gamma": 0.1, "tau": 0.0, "d": 0, "target": 0.0}
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(ctx, **params)
         if not float(self.params["tau"]) or not int(self.params["d"]):
-            tau, d = sda_choice(ctx.var, max(1, ctx.median_tasks), float(self.params["gamma"]))
+            tau, d = sda_choice(ctx.var, max(1, ctx.median_tasks), float(self.params["gamma"]),
+                                float(self.params["target"]))
             self.params["tau"] = float(self.params["tau"]) or tau
             self.params["d"] = int(self.params["d"]) or d
 
@@ -1043,17 +1053,24 @@ class ESE(SlotPolicy):
         return out
 
 
-UTILISATION_KNEE = 0.8
-"""The busy fraction of the slots beyond which first copies queue noticeably (the threshold's constant)."""
+def threshold_load(var: Variability, m: int = 1, r: int = 2) -> float:
+    """Return the workload threshold rho* (a fraction of slot capacity) below which cloning every task of a
+    job of m tasks on r copies (SCA/SDA) gives a lower mean flowtime than running one copy (ESE's regime).
 
-
-def threshold_load(var: Variability) -> float:
-    """Return the workload threshold rho* = u* h(2) / 2 (u* = 0.8) between the light regime (SCA/SDA) and the
-    heavy one (ESE): running every task on two copies multiplies its machine time by 2 / h(2), and cloning
-    pays while the cloned utilisation rho 2 / h(2) stays below the knee u* at which first copies start to
-    queue. Pareto alpha 1.5 (h(2) = 2): 0.8; alpha 2: 0.6; uniform a = 0.5: 0.47; alpha 1.2: 1.4 (always
-    clone)."""
-    return UTILISATION_KNEE * var.h(2) / 2.0
+    Derivation (our reconstruction; no fitted constant): cloning multiplies a task's expected machine time by
+    c = r E[min_r] / E[X] = r / h(r) and divides the job's expected time by g = E[T_job(m, 1)] / E[T_job(m, r)]
+    (Pareto order statistics). Treat the cluster as one processor-sharing server (M/G/1-PS: the mean response
+    time is E[S] / (1 - utilisation), insensitive to the service distribution): at offered load rho the job's
+    flowtime is E[T_job(m, 1)] / (1 - rho) without clones and E[T_job(m, r)] / (1 - c rho) with them. Cloning
+    pays while g (1 - c rho) > 1 - rho, i.e. rho < (g - 1) / (g c - 1) when g c > 1, and never beyond the
+    stability limit rho < 1 / c = h(r) / r. Pareto alpha 1.5, m = 1: c = 1, rho* = 1 (always clone below
+    saturation); alpha 2: 0.5; uniform a = 0.5: 0.20; alpha 1.2: h(2) / 2 = 1.75."""
+    g = var.job_time(m, 1) / var.job_time(m, r)
+    c = r / var.h(r)
+    stable = 1.0 / c
+    if g * c <= 1.0 + 1e-12:
+        return stable
+    return min(stable, (g - 1.0) / (g * c - 1.0))
 
 
 class Threshold(Policy):
@@ -1065,7 +1082,7 @@ class Threshold(Policy):
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(ctx, **params)
-        rho_star = float(self.params["rho_star"]) or threshold_load(ctx.var)
+        rho_star = float(self.params["rho_star"]) or threshold_load(ctx.var, max(1, ctx.median_tasks))
         self.params["rho_star"] = rho_star
         light = str(self.params["light"])
         if light not in ("sca", "sda"):
