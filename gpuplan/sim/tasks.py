@@ -1112,14 +1112,256 @@ def policy_params(name: str) -> dict[str, Any]:
     return dict(POLICIES[name].defaults)
 
 
+# ---------------------------------------------------------------- the vectorised engine
+
+SHARED_POLICIES = ("fair-r", "laps-r", "hesrpt", "fair")
+"""The time-shared allotment policies the vectorised engine runs (every runnable task of a chosen job holds a
+copy, so a job's allotment is one share and a copy count per task)."""
+
+
+def _shared_allotment(pol: FairR, N: int, jobs: list[int], remaining: list[float], arrival: list[float],
+                      runnable: list[list[int]], hesrpt_p: float = 0.0) -> tuple[list[int], list[float]]:
+    """Return (chosen job ids in the policy's order, machines of each) for the time-shared policies, from job
+    ids (arrival order), remaining work (s), arrival times (s) and runnable task lists: FairR.chosen/shares on
+    plain data (`hesrpt_p`: heSRPT's exponent when already fitted)."""
+    name = pol.name
+    if name == "laps-r":
+        k = max(1, math.ceil(float(pol.params["beta"]) * len(jobs) - EPS)) if jobs else 0
+        jobs = jobs[len(jobs) - k:]
+    elif name == "hesrpt":
+        jobs = sorted(jobs, key=lambda j: (-remaining[j], -arrival[j], -j))
+    if not jobs:
+        return jobs, []
+    if name == "fair":
+        caps = [len(runnable[j]) for j in jobs]
+        out = [0.0] * len(jobs)
+        left, todo = float(N), sorted(range(len(jobs)), key=lambda i: caps[i])
+        pos = 0
+        while pos < len(todo):
+            level = left / (len(todo) - pos)
+            i = todo[pos]
+            if caps[i] <= level:
+                out[i] = caps[i]
+                left -= caps[i]
+                pos += 1
+            else:
+                for i in todo[pos:]:
+                    out[i] = level
+                break
+        return jobs, out
+    if name == "hesrpt":
+        p = hesrpt_p or float(pol.params["p"]) or hesrpt_exponent(pol.ctx.var, N)
+        c = 1.0 / (1.0 - p)
+        M = len(jobs)
+        cum = (np.arange(M + 1) / M) ** c
+        return jobs, list(N * np.diff(cum))
+    return jobs, [N / len(jobs)] * len(jobs)
+
+
+def simulate_shared(workload: Workload, slots: int, var: Variability, pol: FairR, seed: int,
+                    record: bool) -> SimResult:
+    """Run a time-shared allotment policy (SHARED_POLICIES) with opportunistic checkpointing, vectorised over the
+    running tasks: between two events every running task progresses at share * (its best copy's speed) / size,
+    so one numpy step advances them all and finds the next completion; allotments are recomputed only at
+    arrival and departure epochs. Same rules, random draws (one speed per started copy, in allotment order) and
+    event order (one arrival per epoch) as the event-queue engine; returns the SimResult (times in s)."""
+    wl = workload
+    J = wl.jobs
+    N = slots
+    rng = make_rng(seed)
+    redundant = pol.redundant
+    maxc = int(pol.params.get("max_copies", 1))
+    first: list[int] = []
+    sizes_l: list[float] = []
+    nmaps: list[int] = []
+    nreds: list[int] = []
+    for m, r in zip(wl.map_s, wl.reduce_s):
+        first.append(len(sizes_l))
+        nmaps.append(int(m.size))
+        nreds.append(int(r.size))
+        sizes_l.extend(m.tolist())
+        sizes_l.extend(r.tolist())
+    T = len(sizes_l)
+    size = np.array(sizes_l, dtype=float)
+    prog = np.zeros(T)
+    vmax = np.zeros(T)
+    speeds: list[list[float]] = [[] for _ in range(T)]
+    segs: list[list[float]] = [[] for _ in range(T)] if record else []
+    share_arr = np.zeros(T)
+    ncop = np.zeros(T, dtype=np.int64)
+    mark = np.zeros(T, dtype=np.int64)
+    epoch = 0
+    schedule: list[tuple[int, int, int, float, float, float, bool]] | None = [] if record else None
+    runnable: list[list[int]] = [[] for _ in range(J)]
+    maps_left = list(nmaps)
+    left = [a + b for a, b in zip(nmaps, nreds)]
+    remaining = [float(m.sum() + r.sum()) for m, r in zip(wl.map_s, wl.reduce_s)]
+    completion = np.full(J, np.nan)
+    order = np.argsort(wl.arrival_s, kind="stable").tolist()
+    arrival = wl.arrival_s.astype(float).tolist()
+    active: dict[int, None] = {}
+    act = np.zeros(0, dtype=np.int64)
+    act_l: list[int] = []
+    rate = np.zeros(0)
+    busy = 0.0
+    machine = 0.0
+    started = killed = events = 0
+    now = arrival[order[0]] if J else 0.0
+    ai = 0
+    max_events = MAX_EVENTS
+    hesrpt_p = (float(pol.params["p"]) or hesrpt_exponent(var, N)) if pol.name == "hesrpt" else 0.0
+
+    _task_job = [0] * T
+    for j in range(J):
+        for t in range(first[j], first[j] + nmaps[j] + nreds[j]):
+            _task_job[t] = j
+
+    def emit(t: int, i: int, won: bool) -> None:
+        j = _task_job[t]
+        idx = t - first[j]
+        seg = segs[t]
+        schedule.append((j, idx, 0 if idx < nmaps[j] else 1, seg[i], now, float(share_arr[t]), won))  # type: ignore[union-attr]
+        seg[i] = now
+
+    while ai < J or active:
+        if act_l:
+            tfin = now + (1.0 - prog[act]) / rate
+            k = int(np.argmin(tfin))
+            tf = float(tfin[k])
+        else:
+            tfin = None
+            tf = math.inf
+        ta = arrival[order[ai]] if ai < J else math.inf
+        t_next = min(tf, ta)
+        if act_l:
+            dt = t_next - now
+            prog[act] += dt * rate
+            machine += dt * busy
+        now = t_next
+        done: list[int] = []
+        if tf <= ta and tfin is not None:
+            done = act[tfin == tf].tolist()
+        for t in done:
+            events += 1
+            j = _task_job[t]
+            ncp = len(speeds[t])
+            if record:
+                best = max(range(ncp), key=lambda i: (speeds[t][i], -i))
+                for i in range(ncp):
+                    emit(t, i, i == best)
+            killed += ncp - 1
+            speeds[t] = []
+            ncop[t] = 0
+            prog[t] = 1.0
+            runnable[j].remove(t)
+            left[j] -= 1
+            remaining[j] -= sizes_l[t]
+            if t < first[j] + nmaps[j]:
+                maps_left[j] -= 1
+                if maps_left[j] == 0 and nreds[j]:
+                    runnable[j] = list(range(first[j] + nmaps[j], first[j] + nmaps[j] + nreds[j]))
+            if left[j] == 0:
+                completion[j] = now
+                del active[j]
+        if ta <= tf:
+            j = order[ai]
+            ai += 1
+            events += 1
+            active[j] = None
+            runnable[j] = list(range(first[j], first[j] + nmaps[j]))
+            if not nmaps[j]:
+                runnable[j] = list(range(first[j], first[j] + nreds[j]))
+                maps_left[j] = 0
+        if events > max_events:
+            raise RuntimeError(f"simulation passed {max_events} events; the policy does not make progress")
+        # -- the allotment of this epoch
+        jobs, xs = _shared_allotment(pol, N, list(active), remaining, arrival, runnable, hesrpt_p)
+        new_l: list[int] = []
+        new_share: list[float] = []
+        new_cop: list[int] = []
+        for j, x in zip(jobs, xs):
+            tasks = runnable[j]
+            k = len(tasks)
+            if k == 0 or x <= EPS:
+                continue
+            new_l.extend(tasks)
+            if x < k - EPS or not redundant:
+                new_share.extend([min(1.0, x / k)] * k)
+                new_cop.extend([1] * k)
+            else:
+                total = min(int(math.ceil(x - EPS)), k * maxc)
+                per, extra = divmod(total, k)
+                new_share.extend([min(1.0, x / total)] * k)
+                new_cop.extend([per + 1] * extra + [per] * (k - extra))
+        epoch += 1
+        new = np.array(new_l, dtype=np.int64)
+        mark[new] = epoch
+        for t in act[mark[act] != epoch].tolist():  # no longer allotted: every copy killed, progress kept
+            n_old = len(speeds[t])
+            if n_old:
+                if record:
+                    for i in range(n_old):
+                        emit(t, i, False)
+                    segs[t] = []
+                killed += n_old
+                speeds[t] = []
+                ncop[t] = 0
+        cop = np.array(new_cop, dtype=np.int64)
+        sh = np.array(new_share)
+        diff = ncop[new] != cop
+        changed = new[diff].tolist()
+        for t, n in zip(changed, cop[diff].tolist()):  # shrink first (slowest copies)
+            sp = speeds[t]
+            if len(sp) > n:
+                drop = sorted(range(len(sp)), key=lambda i: sp[i])[:len(sp) - n]
+                for i in sorted(drop, reverse=True):
+                    if record:
+                        emit(t, i, False)
+                        del segs[t][i]
+                    del sp[i]
+                killed += len(drop)
+                vmax[t] = max(sp)
+        old_sh = share_arr[new]
+        held = np.array([len(speeds[t]) for t in new_l], dtype=np.int64) if record else None
+        resh = np.abs(sh - old_sh) > EPS
+        if record:
+            for t in new[resh & (held > 0)].tolist():
+                for i in range(len(speeds[t])):
+                    emit(t, i, False)
+        share_arr[new] = np.where(resh | (ncop[new] == 0), sh, old_sh)
+        for t, n in zip(changed, cop[diff].tolist()):  # then new copies, in allotment order
+            sp = speeds[t]
+            grow = n - len(sp)
+            if grow > 0:
+                for _ in range(grow):
+                    sp.append(var.speed(rng, 0.0))
+                    if record:
+                        segs[t].append(now)
+                started += grow
+                vmax[t] = max(sp)
+        ncop[new] = cop
+        act = new
+        act_l = new_l
+        shares_now = share_arr[new]
+        busy = float(cop @ shares_now) if new_l else 0.0
+        rate = shares_now * vmax[new] / size[new] if new_l else np.zeros(0)
+        if busy > N + 1e-6:
+            raise AssertionError(f"policy {pol.name} holds {busy} slots of {N} at {now}")
+    if np.isnan(completion).any():
+        raise RuntimeError(f"policy {pol.name} left {int(np.isnan(completion).sum())} jobs unfinished")
+    return SimResult(completion, machine, started, killed, events, pol.name, dict(pol.params), schedule)
+
+
 def simulate(workload: Workload, slots: int, var: Variability, policy: str, *, seed: int = 0,
              params: dict[str, Any] | None = None, load: float = 0.5, tick_s: float | None = None,
-             record: bool = False, monitoring: str = "elapsed") -> SimResult:
+             record: bool = False, monitoring: str = "elapsed", engine: str = "auto") -> SimResult:
     """Run `workload` on `slots` slots under `policy` (a key of POLICIES) with the variability model `var`;
     return the SimResult (times in s). `load` is the offered load the threshold policy sees; `tick_s` the
     monitoring period of Mantri, LATE and ESE (default a quarter of the mean task size); `record` keeps
     every copy segment; `monitoring` what Mantri, LATE, ESE and SRPTMS+C see of a running copy (its elapsed
-time only, or exact progress). Raises KeyError for an unknown policy, ValueError for a bad parameter."""
+time only, or exact progress); `engine` "auto" runs the time-shared policies (SHARED_POLICIES) on the vectorised
+engine (simulate_shared) and the rest on the event queue, "events" runs every policy on the event queue.
+Raises KeyError for an unknown policy, ValueError for a bad parameter."""
     if policy not in POLICIES:
         raise KeyError(policy)
     cls = POLICIES[policy]
@@ -1134,4 +1376,8 @@ time only, or exact progress). Raises KeyError for an unknown policy, ValueError
     pol = cls(ctx, **params)
     if monitoring not in ("elapsed", "progress"):
         raise ValueError(f"monitoring {monitoring!r}; expected elapsed or progress")
+    if engine not in ("auto", "events"):
+        raise ValueError(f"engine {engine!r}; expected auto or events")
+    if engine == "auto" and policy in SHARED_POLICIES:
+        return simulate_shared(workload, slots, var, pol, seed, record)  # type: ignore[arg-type]
     return Sim(workload, slots, var, pol, seed, record, tick, monitoring).run()
