@@ -23,7 +23,8 @@ def summarize(problem: Any, plan: Any) -> dict[str, Any]:
     return {"layout": _layout(plan), "dispatch": plan.dispatch + (" + re-dispatch" if plan.redispatch else ""),
             "max_rate_per_s": p.get("max_rate_per_s"), "ttft_p95_s": p.get("ttft_p_s"),
             "tpot_p95_s": p.get("tpot_p_s"), "attainment": p.get("attainment"),
-            "usable_kv_GB": plan.usable_kv_bytes / 1e9, "dense_step_ms": 1e3 * p.get("dense_step_s", float("nan"))}
+            "usable_kv_GB": plan.usable_kv_bytes / 1e9, "dense_step_ms": 1e3 * p.get("dense_step_s", float("nan")),
+            "snapshot_attention_ms": 1e3 * p["snapshot_attention_s"] if "snapshot_attention_s" in p else None}
 
 
 def describe(problem: Any, plan: Any) -> list[Table]:
