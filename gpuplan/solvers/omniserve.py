@@ -18,16 +18,18 @@ neo                NEO-style: GPU memory first; when full, BE KV goes to the hos
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from gpuplan.models.omniserve import OmniServePlan, OmniServeProblem, fill_plan
-from gpuplan.models.omniserve.costs import build_latency, token_budget
+from gpuplan.models.omniserve.costs import build_latency, build_trace, token_budget
 from gpuplan.models.omniserve.evaluate import run_policy
 from gpuplan.models.omniserve.policy import PolicyParams
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
+from gpuplan.sim.serving import BE
 
 HEADROOM_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
 LS_TOLERANCE = 0.01   # "within one point" of LS attainment
@@ -38,7 +40,8 @@ def _plan(problem: OmniServeProblem, params: PolicyParams, stats: dict[str, Any]
                          token_budget=params.token_budget, tpot_target_s=params.tpot_target_s,
                          be_gpu_fraction=params.be_gpu_fraction, admission=params.admission,
                          be_batch_max=params.be_batch_max, pace_factor=params.pace_factor, watermark=params.watermark,
-                         layers_per_iteration=params.layers_per_iteration)
+                         layers_per_iteration=params.layers_per_iteration, be_inflight_max=params.be_inflight_max,
+                         be_prefill_max=params.be_prefill_max)
     return fill_plan(problem, plan, stats)
 
 
@@ -49,39 +52,92 @@ def _base(problem: OmniServeProblem, budget: int) -> tuple[int, float]:
 
 def solve_omniserve(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
                     progress: Progress = no_progress, token_budget: int = 0, be_gpu_fraction: float = -1.0,
-                    be_batch_max: int = 4096, pace_factor: float = 1.0, admission: bool = True) -> OmniServePlan:
+                    be_batch_max: int = 4096, pace_factor: float = 1.0, admission: bool = True,
+                    be_inflight_max: int = -1) -> OmniServePlan:
     """Return OmniServe's plan: the piggybacking policy with the Sarathi token budget for the TPOT SLO
     (or `token_budget` when > 0), BE attention on the CPU pools; a share X of the GPU KV cache may hold BE
     requests that decode on the GPU (`be_gpu_fraction`; < 0: chosen by `best_fraction` as for the
-    headroom baseline), LS admission control; the plan states the simulated figures."""
-    budget, target = _base(problem, token_budget)
-    stats: dict[str, Any] = {}
-    if be_gpu_fraction < 0:
-        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress)
-    params = PolicyParams("omniserve", budget, target, min(1.0, be_gpu_fraction), admission,
-                          max(0, be_batch_max), max(1e-3, pace_factor))
-    decision: dict[str, Any] = {}
-    plan = _plan(problem, params, decision)
-    plan.solver = SolverInfo(name="omniserve", stats={**stats, **decision})
-    return plan
+    headroom baseline), bounds on BE prefill tokens per iteration and on BE requests in flight on the
+    pools (`be_inflight_max` < 0: both chosen by `best_controls`; else no prefill bound and this in-flight
+    bound, 0: none), LS admission control; the plan states the simulated figures."""
+    return _omniserve(problem, "omniserve", 1, progress, token_budget, be_gpu_fraction, be_batch_max, pace_factor,
+                      admission, be_inflight_max)
 
 
 def solve_omniserve_pass(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
                          progress: Progress = no_progress, token_budget: int = 0, be_gpu_fraction: float = -1.0,
-                         be_batch_max: int = 4096, pace_factor: float = 1.0, admission: bool = True) -> OmniServePlan:
+                         be_batch_max: int = 4096, pace_factor: float = 1.0, admission: bool = True,
+                         be_inflight_max: int = -1) -> OmniServePlan:
     """Return OmniServe's plan under the same-pass reading [R]: a CPU result back before its layer's
     out-projection joins the current pass, so a BE request may advance up to every layer in one iteration
     (while the iteration stays within the TPOT target); otherwise as `solve_omniserve`."""
+    return _omniserve(problem, "omniserve-pass", problem.layers(), progress, token_budget, be_gpu_fraction,
+                      be_batch_max, pace_factor, admission, be_inflight_max)
+
+
+def _omniserve(problem: OmniServeProblem, name: str, lpi: int, progress: Progress, token_budget: int,
+               be_gpu_fraction: float, be_batch_max: int, pace_factor: float, admission: bool,
+               be_inflight_max: int) -> OmniServePlan:
     budget, target = _base(problem, token_budget)
     stats: dict[str, Any] = {}
     if be_gpu_fraction < 0:
-        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress, problem.layers())
+        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress, lpi)
     params = PolicyParams("omniserve", budget, target, min(1.0, be_gpu_fraction), admission,
-                          max(0, be_batch_max), max(1e-3, pace_factor), layers_per_iteration=problem.layers())
+                          max(0, be_batch_max), max(1e-3, pace_factor), layers_per_iteration=lpi,
+                          be_inflight_max=max(0, be_inflight_max))
+    if be_inflight_max < 0:
+        params, more = best_controls(problem, params, stats.get("ls_only_attainment"), progress)
+        stats.update(more)
     decision: dict[str, Any] = {}
     plan = _plan(problem, params, decision)
-    plan.solver = SolverInfo(name="omniserve-pass", stats={**stats, **decision})
+    plan.solver = SolverInfo(name=name, stats={**stats, **decision})
     return plan
+
+
+def inflight_candidates(problem: OmniServeProblem) -> list[int]:
+    """Return the bounds on BE requests in flight on CPU pools `best_controls` tries: 0 (no bound) and, for
+    each k, how many of the trace's BE requests (in arrival order, prompt + output KV bytes each) the
+    first k pools' memory holds, so that a subset's own limit is among the choices (more pools never
+    leave fewer options)."""
+    if not problem.pools() or problem.be.requests == 0:
+        return [0]
+    trace, _ = build_trace(problem)
+    be = trace.service == BE
+    need = np.cumsum((trace.prompt_tokens[be] + trace.output_tokens[be]).astype(float)) * problem.kv_bytes_per_token()
+    mem = np.cumsum([p.memory_bytes for _, p in problem.pools()])
+    caps = sorted({max(1, int(np.searchsorted(need, m, side="right"))) for m in mem})
+    return [0] + caps
+
+
+def prefill_candidates(problem: OmniServeProblem, budget: int) -> list[int]:
+    """Return the bounds on BE prefill tokens per iteration `best_controls` tries: 0 (what the token budget
+    leaves) and 1, 2 and 4 dense tiles below the budget."""
+    tau = build_latency(problem).dense.tau
+    return [0] + [k * tau for k in (1, 2, 4) if k * tau < budget]
+
+
+def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float | None = None,
+                  progress: Progress = no_progress) -> tuple[PolicyParams, dict[str, Any]]:
+    """Return (params with the BE prefill bound of `prefill_candidates`, then the bound on BE in flight of
+    `inflight_candidates`, each with the most BE throughput whose LS attainment is within LS_TOLERANCE of
+    the engine serving LS alone; stats). Why these bounds exist: see PolicyParams."""
+    if ls_ref is None:
+        ls_ref = run_policy(problem, PolicyParams("headroom", params.token_budget, params.tpot_target_s, 0.0),
+                            record=False).figures["ls_attainment"]
+    stats: dict[str, Any] = {"ls_only_attainment": ls_ref}
+    for field, cands in (("be_prefill_max", prefill_candidates(problem, params.token_budget)),
+                         ("be_inflight_max", inflight_candidates(problem) if problem.pools() else [0])):
+        best, best_be = getattr(params, field), -1.0
+        tried: dict[str, float] = {}
+        for k, v in enumerate(cands):
+            progress(k / len(cands), f"omniserve: {field} = {v}")
+            f = run_policy(problem, replace(params, **{field: v}), record=False).figures
+            tried[str(v)] = f["be_output_tokens_per_s"]
+            if f["ls_attainment"] >= ls_ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
+                best, best_be = v, f["be_output_tokens_per_s"]
+        params = replace(params, **{field: best})
+        stats[f"be_tokens_per_s_by_{field}"] = tried
+    return params, stats
 
 
 def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,

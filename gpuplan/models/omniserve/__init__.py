@@ -58,6 +58,8 @@ class OmniServePlan(Plan):
     pace_factor: float = 1.0
     watermark: float = 0.01
     layers_per_iteration: int = 1
+    be_inflight_max: int = 0
+    be_prefill_max: int = 0
     pools: list[str] = Field(default_factory=list)
     admissions: list[list[float]] = Field(default_factory=list)
     schedule: list[IterationRow] = Field(default_factory=list)
@@ -66,7 +68,8 @@ class OmniServePlan(Plan):
 def params_of(plan: OmniServePlan) -> PolicyParams:
     """Return the policy parameters a plan states."""
     return PolicyParams(plan.policy, plan.token_budget, plan.tpot_target_s, plan.be_gpu_fraction, plan.admission,
-                        plan.be_batch_max, plan.pace_factor, plan.watermark, plan.layers_per_iteration)
+                        plan.be_batch_max, plan.pace_factor, plan.watermark, plan.layers_per_iteration,
+                        plan.be_inflight_max, plan.be_prefill_max)
 
 
 def fill_plan(problem: OmniServeProblem, plan: OmniServePlan, stats: dict[str, Any] | None = None) -> OmniServePlan:
@@ -114,6 +117,12 @@ def _param_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[Vi
         out.append(Violation("be_gpu_fraction", f"BE share of GPU KV memory {plan.be_gpu_fraction}; expected 0..1"))
     if not 0 <= plan.be_batch_max <= 100_000:
         out.append(Violation("be_batch_max", f"BE batch bound {plan.be_batch_max}; expected 0..100000"))
+    if not 0 <= plan.be_inflight_max <= 100_000 or (plan.be_inflight_max and plan.policy != "omniserve"):
+        out.append(Violation("be_inflight_max", f"bound on BE in flight on CPU pools {plan.be_inflight_max}; expected "
+                             "0..100000 (0: none; only for policy omniserve)"))
+    if not 0 <= plan.be_prefill_max <= MAX_BUDGET or (plan.be_prefill_max and plan.policy != "omniserve"):
+        out.append(Violation("be_prefill_max", f"bound on BE prefill tokens per iteration {plan.be_prefill_max}; "
+                             f"expected 0..{MAX_BUDGET} (0: none; only for policy omniserve)"))
     if not 0 < plan.pace_factor <= 100 or not 0 <= plan.watermark <= 0.5:
         out.append(Violation("pace", f"pace factor {plan.pace_factor} (0..100) or watermark {plan.watermark} "
                              "(0..0.5) out of range"))

@@ -82,11 +82,12 @@ def largest_be_batch(lat: Latency, tokens: int, kv_read: float, prefill_s: float
 def decide(lat: Latency, *, budget: int, target_s: float, ls_decode_kv: np.ndarray, ls_prefill_left: np.ndarray,
            ls_prefill_pos: np.ndarray, be_prefill_left: np.ndarray, be_prefill_pos: np.ndarray,
            be_gpu_decode_kv: np.ndarray, ready_layers: np.ndarray, be_max: int,
-           be_decode_first: bool = False) -> Decision:
+           be_decode_first: bool = False, be_prefill_max: int = 0) -> Decision:
     """Return the iteration's Decision under the priorities LS decode > LS prefill > BE prefill > BE decode.
 
     `be_decode_first` (the headroom baseline, vLLM/Sarathi order) lets GPU-resident BE decodes take the
-    budget before BE prefill; OmniServe keeps the paper's order. Piggyback rows never push the iteration
+    budget before BE prefill; OmniServe keeps the paper's order. `be_prefill_max` > 0 bounds the BE prefill
+    tokens of the iteration (below what the budget leaves). Piggyback rows never push the iteration
     past `target_s`; the rest follows the token budget as Sarathi-Serve does.
     """
     left = budget - len(ls_decode_kv)
@@ -96,7 +97,7 @@ def decide(lat: Latency, *, budget: int, target_s: float, ls_decode_kv: np.ndarr
     if be_decode_first:   # the headroom baseline: BE decodes are in the budget, before BE prefill
         n_gpu = int(min(max(left, 0), len(be_gpu_decode_kv)))
         left -= n_gpu
-    be_chunks = fill_chunks(be_prefill_left, left)
+    be_chunks = fill_chunks(be_prefill_left, min(left, be_prefill_max) if be_prefill_max > 0 else left)
     tokens = len(ls_decode_kv) + int(ls_chunks.sum()) + int(be_chunks.sum()) + n_gpu
     kv_read = float(np.sum(ls_decode_kv)) + float(np.sum(be_gpu_decode_kv[:n_gpu]))
     pre = 0.0

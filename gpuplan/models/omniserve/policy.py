@@ -44,7 +44,16 @@ class PolicyParams:
     packing (a pool takes BE requests while their KV tokens per layer stay within pace_factor x its
     attention rate x the TPOT target), the KV watermark (fraction of the cache kept free) and the most
     layers a piggybacked BE request may advance in one iteration (1: the notes' model; more: a result
-    back before its layer's out-projection joins the same pass)."""
+    back before its layer's out-projection joins the same pass), and the most BE requests decoding from CPU
+    pools at once, prefills bound for a pool included (0: as many as the pools' memory and pace hold).
+
+    Why a bound on BE in flight [R]: with one layer per pass every piggybacked BE request advances one
+    layer per GPU iteration, so a BE prefill chunk that stretches the iteration to the TPOT target slows
+    every in-flight decode (measured: 0.026 s iterations with the pools full, 0.2 s while BE prefills);
+    past some in-flight count, starting one more BE prefill costs more BE tokens than it adds. For the same
+    reason the BE prefill tokens per iteration may be bounded (`be_prefill_max`; 0: what the token budget
+    leaves): above the dense staircase's floor the GPU prefills at about the same tokens per second with
+    small chunks as with large ones, while short iterations give every piggybacked request more passes."""
 
     mode: str
     token_budget: int
@@ -55,6 +64,8 @@ class PolicyParams:
     pace_factor: float = 1.0
     watermark: float = 0.01
     layers_per_iteration: int = 1
+    be_inflight_max: int = 0
+    be_prefill_max: int = 0
 
 
 class Pools:
@@ -218,7 +229,8 @@ class MixedPolicy:
                    be_prefill_left=state.prefill_target[be_pre] - state.prefilled[be_pre] if len(be_pre) else _EMPTY,
                    be_prefill_pos=state.prefilled[be_pre] if len(be_pre) else _EMPTY,
                    be_gpu_decode_kv=state.kv_tokens(be_gpu) if len(be_gpu) else _EMPTY,
-                   ready_layers=ready_layers, be_max=be_max, be_decode_first=self.p.mode != "omniserve")
+                   ready_layers=ready_layers, be_max=be_max, be_decode_first=self.p.mode != "omniserve",
+                   be_prefill_max=self.p.be_prefill_max)
         duration = d.duration_s
         decodes = [ls_dec, be_gpu[:d.be_gpu_decodes]]
         self.last_be_gpu = d.be_gpu_decodes
@@ -336,6 +348,7 @@ class MixedPolicy:
         if ls_pending:
             return
         be_gpu = self._be_gpu_tokens(state)
+        inflight = len(self.cpu) + sum(1 for i in self.be_pre if self.dest.get(i, -1) >= 0)
         wave = [self.be_wait[k] for k in range(min(PACK_WAVE, len(self.be_wait)))]
         r = state.requests
         total = np.array([int(r.prompt_tokens[i] + r.output_tokens[i]) for i in wave], dtype=float)
@@ -355,8 +368,10 @@ class MixedPolicy:
                     (self.p.mode == "neo" and used + int(total[k]) + self.watermark <= self.cap):
                 self.dest[i] = -1
                 be_gpu += int(total[k])
-            elif place[k] >= 0 and self.pools.reserved[place[k]] + total[k] * self.kvb <= self.pools.memory[place[k]]:
+            elif place[k] >= 0 and self.pools.reserved[place[k]] + total[k] * self.kvb <= self.pools.memory[place[k]] \
+                    and not (self.p.be_inflight_max and inflight >= self.p.be_inflight_max):
                 c = int(place[k])
+                inflight += 1
                 self.dest[i] = c
                 self.pools.reserved[c] += total[k] * self.kvb
                 self.pools.load[c] += total[k]
