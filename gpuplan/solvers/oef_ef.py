@@ -367,6 +367,8 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         how = (f"the best per-job mix of {anchor_from}, the last relaxed optimum"
                f"{', the last market demands' if recent else ''}{'' if anchor is E else ' and the equal split'}"
                f"{'' if hull_stats['hull_finished'] else ' (its rounds stopped: mixed back with the first)'}")
+        if hull_stats.get("hull_mix_back") == 1.0 or "hull_mix_back" not in hull_stats:
+            how = anchor_from                      # the mix LP did not get past its first candidate
     elif X_last is not None:
         t = envy_free_mix(V, X_last, anchor, rho)
         Y = (1 - t) * X_last + t * anchor
