@@ -156,6 +156,22 @@ def _min_slope(cm: CostModel, sh: StageShape, first: bool, last: bool, S: int, a
     return cache[key]
 
 
+def _tail_s(cm: CostModel, sh: StageShape, n: int, first: bool, last: bool, S: int) -> float:
+    """Return cm.tail_s(sh, n, first, last, S) (seconds), cached on the cost model across structures
+    (tail_s reads S only as S == 1); at most TAIL_CACHE entries, then the cache starts over."""
+    cache = cm.__dict__.setdefault("_tail_s", {})
+    key = (sh, n, first, last, S == 1)
+    out = cache.get(key)
+    if out is None:
+        if len(cache) >= TAIL_CACHE:
+            cache.clear()
+        out = cache[key] = cm.tail_s(sh, n, first, last, S)
+    return out  # type: ignore[no-any-return]
+
+
+TAIL_CACHE = 1 << 20
+
+
 def _p2p(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> float:
     """Return p2p_s(cm, a, b, micro_batch), cached on the cost model."""
     cache = cm.__dict__.setdefault("_p2p", {})
@@ -202,6 +218,7 @@ class Structure:
                                              for k in range(S * v - 1)]
         self._rt_cache: list[tuple[list[float], float]] | None = None
         self._extra_at: list[list[float]] | None = None
+        self._balanced: tuple[float, list[int]] | None = None
 
     @property
     def _rt(self) -> list[tuple[list[float], float]]:
@@ -212,11 +229,11 @@ class Structure:
 
     def tail(self, s: int, n: int) -> float:
         """Return stage s's exact all-reduce + optimizer seconds with n blocks (the tied-embedding
-        gradient all-reduce included on the first and last stage), cached."""
+        gradient all-reduce included on the first and last stage), cached (`_tail_s`)."""
         key = (s, n)
         if key not in self._tails:
             sh = self.shapes[s]
-            self._tails[key] = (self.cm.tail_s(sh, n, s == 0, s == self.S - 1, self.S)
+            self._tails[key] = (_tail_s(self.cm, sh, n, s == 0, s == self.S - 1, self.S)
                                 + (self._tied if s in (0, self.S - 1) else 0.0))
         return self._tails[key]
 
@@ -256,6 +273,15 @@ class Structure:
             n[s] -= take
             extra -= take
         return lo * (1 - 1e-9), n
+
+    def balanced(self) -> tuple[float, list[int]]:
+        """Return `minmax_partition` of each stage's m micro-batches plus its all-reduce (bound (1) of
+        `lower_bound`: seconds, and the time-balanced layer counts `quick_map` starts from), cached."""
+        if self._balanced is None:
+            m = self.m
+            self._balanced = self.minmax_partition([m * c + a for c, a in zip(self.c, self.a)],
+                                                   [m * e + a0 for e, a0 in zip(self.e, self.a0)])
+        return self._balanced[0], list(self._balanced[1])
 
     def round_trip(self) -> list[tuple[list[float], float]]:
         """Return, per stage q, (coef, const) of the round-trip path bound T >= sum_s coef[s] n_s + const:
@@ -321,8 +347,7 @@ class Structure:
         w2 = self._min_linear(per, base)
         if w2 >= cutoff:  # the caller prunes at `cutoff`: the rest cannot change that
             return w2
-        w1, _ = self.minmax_partition([m * c + a for c, a in zip(self.c, self.a)],
-                                      [m * e + a0 for e, a0 in zip(self.e, self.a0)])
+        w1, _ = self.balanced()
         if w1 >= cutoff:
             return max(w1, w2)
         rt = self._rt
@@ -605,8 +630,7 @@ def ridge_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
 def quick_map(st: Structure, stats: Stats) -> tuple[float, list[int]]:
     """Return (iteration time, layers) of the faster of the time-balanced split (see `ridge_map`)
     and the even split (`uniform_layers`): two DAG walks, the search's first look at a structure."""
-    _, balanced = st.minmax_partition([st.m * c + a for c, a in zip(st.c, st.a)],
-                                      [st.m * e + a0 for e, a0 in zip(st.e, st.a0)])
+    _, balanced = st.balanced()
     even = [st.v * n for n in uniform_layers(st.cm.p.model.num_layers // st.v, st.S)]
     stats.dag_evaluations += 2
     return min(((st.time(n), n) for n in (balanced, even)), key=lambda x: x[0])
