@@ -2,7 +2,7 @@
 variability, the gap to the LP lower bound on small instances, and the paper targets.
 
     python benchmarks/stragglers_bench.py              # default: ~1-2 minutes on a busy 2-core machine
-    python benchmarks/stragglers_bench.py --big        # also time 100,000 jobs under three policies
+    python benchmarks/stragglers_bench.py --big        # also time 100,000 jobs under nine policies
 
 Main table: a generated workload (heavy-tailed task counts, Poisson arrivals, weights 1-3) on --slots
 slots; per variability model and offered load, each policy's weighted flowtime divided by Mantri's
@@ -32,13 +32,16 @@ SHORT = {"srptms-c": "SRPTMS+C", "srpt-r": "SRPT+R", "fair-r": "Fair+R", "laps-r
          "srpt": "SRPT", "fair": "Fair", "fifo": "FIFO", "mantri": "Mantri"}
 
 
-def run(problem: StragglersProblem, policy: str, seeds: int) -> tuple[float, str]:
-    """Return (mean weighted flowtime over seeds (s), the threshold policy's regime or '')."""
+def run(problem: StragglersProblem, policy: str, seeds: int, params: dict | None = None) -> tuple[float, str]:
+    """Return (mean weighted flowtime over seeds (s), the threshold policy's regime and rho*, or '')."""
     values, regime = [], ""
     for seed in range(seeds):
-        res, figs = simulate_problem(problem, policy, {}, seed, record=False)
+        res, figs = simulate_problem(problem, policy, dict(params or {}), seed, record=False)
         values.append(figs["weighted_flowtime_s"])
-        regime = str(res.params.get("regime", ""))
+        if "regime" in res.params:
+            regime = f"{res.params['regime']} {float(res.params['rho_star']):.3f}"
+        if policy == "sda":
+            regime = f"tau {float(res.params['tau']):g} x_m, d {int(res.params['d'])}"
     return float(np.mean(values)), regime
 
 
@@ -59,6 +62,8 @@ def main() -> None:
     print(" | ".join(f"{c:>8}" for c in cols))
     results: dict[tuple[str, float], dict[str, float]] = {}
     regimes: dict[tuple[str, float], str] = {}
+    sda_choice: dict[str, str] = {}
+    resolve: dict[str, float] = {}
     for label, var in VARIABILITY:
         policies = ALL if label == "pareto a=1.5" else SWEEP
         for load in LOADS:
@@ -67,21 +72,27 @@ def main() -> None:
             row = {"mantri": run(prob, "mantri", args.seeds)[0]}
             for p in policies:
                 row[p], reg = run(prob, p, args.seeds)
-                if reg:
+                if p == "threshold":
                     regimes[(label, load)] = reg
+                elif p == "sda":
+                    sda_choice[label] = reg
+            if load == 0.3:  # SCA with the departure re-solve (not the paper's rule; off by default)
+                resolve[label] = run(prob, "sca", args.seeds, {"resolve": 1})[0] / row["mantri"]
             results[(label, load)] = row
             m = row["mantri"]
             cells = [f"{label:>8}", f"{load:>8.1f}", f"{m:>8.0f}"] + [
                 f"{row[p] / m:>8.3f}" if p in row else f"{'':>8}" for p in ALL]
             print(" | ".join(cells), flush=True)
-    print("\nthreshold regime chosen (rho* = 0.8 h(2) / 2):")
+    print("\nthreshold regime chosen (rho* = the M/G/1-PS crossover (g - 1) / (g c - 1), c = 2 / h(2), "
+          "g = E[T(m, 1)] / E[T(m, 2)], m the median job's tasks; at most h(2) / 2):")
     right = total = 0
-    for (label, load), reg in regimes.items():
+    for (label, load), reg_rho in regimes.items():
+        reg, rho = reg_rho.split()
         row = results[(label, load)]
         better = "sca" if row["sca"] <= row["ese"] else "ese"
         total += 1
         right += reg == better
-        print(f"  {label:>13} load {load:.1f}: chose {reg.upper():3}  (SCA {row['sca'] / row['mantri']:.3f}, "
+        print(f"  {label:>13} load {load:.1f}: rho* {rho}, chose {reg.upper():3}  (SCA {row['sca'] / row['mantri']:.3f}, "
               f"ESE {row['ese'] / row['mantri']:.3f} of Mantri) {'ok' if reg == better else 'WORSE REGIME'}")
 
     print("\nLP lower bound on small instances (30 jobs, 8 slots, load 0.7): weighted flowtime / bound "
@@ -106,12 +117,16 @@ def main() -> None:
               f"target >= 20%: {'met' if r_heavy <= 0.8 else 'NOT met'}); best of SCA/SDA at load 0.3 = "
               f"{r_light:.3f} ({(1 - r_light) * 100:+.0f}% below; target >= 40%: {'met' if r_light <= 0.6 else 'NOT met'})")
     print(f"  threshold picked the better regime in {right} of {total} cells")
+    print("\nSDA's (tau, d) from the order statistics (median job, gamma 0.1): " +
+          "; ".join(f"{label}: {c}" for label, c in sda_choice.items()))
+    print("SCA with the departure re-solve (resolve=1; not the paper's rule) at load 0.3, of Mantri: " +
+          "; ".join(f"{label}: {r:.3f}" for label, r in resolve.items()))
     if args.big:
         print("\n100,000 jobs (pareto a=1.5, load 0.7, 50 slots): wall time per policy")
         prob = StragglersProblem(slots=50, variability={"model": "pareto", "alpha": 1.5},
                                  workload={"jobs": 100_000, "load": 0.7, "seed": 1, "max_map_tasks": 20})
         prob.arrays  # generate once, outside the timing
-        for p in ("fifo", "mantri", "srptms-c", "srpt-r", "threshold"):
+        for p in ("fifo", "mantri", "srptms-c", "srpt-r", "threshold", "fair-r", "laps-r", "hesrpt", "fair"):
             t = time.perf_counter()
             res, figs = simulate_problem(prob, p, {}, 0, record=False)
             print(f"  {p:>9}: {time.perf_counter() - t:6.1f} s, {res.events:,} events, "
