@@ -37,9 +37,11 @@ def make_policy(problem: OmniServeProblem, lat: Latency, params: PolicyParams) -
 
 def run_policy(problem: OmniServeProblem, params: PolicyParams, *, seed: int | None = None,
                ls_rate_per_s: float | None = None, be_rate_per_s: float | None = None,
-               record: bool = True, lat: Latency | None = None, lengths_source: str | None = None) -> Evaluation:
+               record: bool = True, lat: Latency | None = None, lengths_source: str | None = None,
+               log_be: bool = False) -> Evaluation:
     """Simulate the problem's LS + BE trace (its seed, or `seed`; optionally other rates) under `params`;
-    LS lengths from `lengths_source` when given (see costs.build_trace); return the Evaluation.
+    LS lengths from `lengths_source` when given (see costs.build_trace); `log_be`: the recorder logs BE
+    tokens per iteration (Recorder.be_log); return the Evaluation.
     Deterministic: same inputs, same figures and schedule."""
     lat = lat or build_latency(problem)
     trace, _ = build_trace(problem, seed, ls_rate_per_s, be_rate_per_s, lengths_source)
@@ -49,7 +51,8 @@ def run_policy(problem: OmniServeProblem, params: PolicyParams, *, seed: int | N
     if hasattr(policy, "record_merges"):
         policy.record_merges = record and problem.schedule_limit > 0
     pools = list(getattr(policy, "pools").names) if hasattr(policy, "pools") else []
-    rec = Recorder(policy, window, problem.schedule_limit if record else 0, problem.kv_capacity_tokens(), pools)
+    rec = Recorder(policy, window, problem.schedule_limit if record else 0, problem.kv_capacity_tokens(), pools,
+                   be_log=[] if log_be else None)
     res = simulate(trace, rec)
     return Evaluation(res, rec, policy, metrics(problem, res, rec, window), window)
 

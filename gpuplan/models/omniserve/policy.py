@@ -469,7 +469,8 @@ def admission_forecast(tokens_ahead: float, per_iteration: float, iteration_s: f
 @dataclass
 class Recorder:
     """Wraps a policy: counts BE tokens emitted by `window_s`, stops once the LS load is served after the
-    window, and records the first `limit` iterations (the explicit schedule)."""
+    window, and records the first `limit` iterations (the explicit schedule); with `be_log` a list, also
+    (end time in s, BE tokens so far, BE requests on CPU pools) per iteration within the window."""
 
     inner: Any
     window_s: float
@@ -479,6 +480,7 @@ class Recorder:
     be_tokens: int = 0
     schedule: list[dict[str, Any]] = field(default_factory=list)
     stopped: bool = False
+    be_log: list[tuple[float, int, int]] | None = None   # (iteration end s, BE tokens so far, BE on pools)
 
     def on_arrival(self, idx: np.ndarray, state: EngineState) -> None:
         """Pass arrivals on; after the window (LS served) they are refused."""
@@ -506,6 +508,8 @@ class Recorder:
             first = p[(r.service[p] == BE) & (state.prefilled[p] + it.prefill_tokens == state.prefill_target[p])
                       & (state.generated[p] == 0)] if len(p) else p
             self.be_tokens += len(first) + int(np.count_nonzero(r.service[it.decode_idx] == BE))
+            if self.be_log is not None:
+                self.be_log.append((end, self.be_tokens, len(getattr(self.inner, "cpu", ()))))
         if len(self.schedule) < self.limit:
             self.schedule.append(self._row(state, it))
         return it
