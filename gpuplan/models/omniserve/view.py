@@ -21,9 +21,10 @@ def summarize(problem: Any, plan: Any) -> dict[str, Any]:
 def describe(problem: Any, plan: Any) -> list[Table]:
     """Return the policy, the pools and the first iterations of the schedule as tables."""
     params = Table(f"policy {plan.policy}", ["token_budget", "tpot_target_s", "be_gpu_fraction", "admission",
-                                             "be_batch_max", "pace_factor", "be_inflight_max"],
+                                             "be_batch_max", "pace_factor", "be_prefill_max",
+                                             "be_inflight_max"],
                    [[plan.token_budget, plan.tpot_target_s, plan.be_gpu_fraction, plan.admission, plan.be_batch_max,
-                     plan.pace_factor, plan.be_inflight_max]])
+                     plan.pace_factor, plan.be_prefill_max, plan.be_inflight_max]])
     figs = Table("predicted", ["figure", "value"], [[k, v] for k, v in plan.predicted.items()])
     pools = {n: p for n, p in problem.pools()}
     prow = [[n, pools[n].local, pools[n].attention_tokens_per_s, pools[n].memory_bytes / 1e9, pools[n].network_gbps]
