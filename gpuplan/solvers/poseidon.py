@@ -521,8 +521,10 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
     across one boundary (steepest step); one layer between any two stages; two of those single
     moves at once, paired from the 2S single moves with the lowest path bounds
     (`Structure.cut_bound`), of which the 2S with the lowest bounds are walked. In the two wide
-    ones, moves are tried in order of their path bound and the first that improves is taken. A move whose path bound already reaches the best time so far
-    is skipped without walking the DAG (it cannot improve)."""
+    ones, moves are tried in order of their path bound and the first that improves is taken. A move
+    whose path bound already reaches the best time so far is skipped without walking the DAG (it
+    cannot improve). Moves are integer arrays (`_move_deltas`) and their bounds are computed
+    together (`Structure.cut_bounds`, equal to `cut_bound` to the last bit)."""
     S, v = st.S, st.v
     import numpy as np
 
