@@ -29,10 +29,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gpuplan.errors import InputError
-from gpuplan.models.base import Problem, Schema, Table, Violation
+from gpuplan.models.base import Problem, Schema, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
-from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_config
+from gpuplan.models.workload import TransformerConfig, model_config
 from gpuplan.registry import ModelSpec, register_model
 from gpuplan.units import Seconds
 
