@@ -13,8 +13,9 @@ with a per-device KV cache. Where a request's KV lives is the layout's business:
   memory-proportional  the same devices, every request split by one static head vector proportional
                        to each device's KV capacity (the heads-by-memory baseline)
 
-Hetis' data-parallel primary replicas share the attention devices: each gets its request share of every
-device's KV memory and HBM bandwidth (a fluid approximation of concurrent use). A replica with pp
+Hetis' data-parallel primary replicas each keep their own primaries and share the attention workers
+(GPUs that are no replica's primaries): each gets its request share of every worker's KV memory and
+HBM bandwidth (a fluid approximation of concurrent use). A replica with pp
 pipeline stages runs pp interleaved batches (virtual engines, vLLM-style): each
 gets 1/pp of the replica's requests and KV memory, and its token step is
 max(sum of stage times, pp * slowest stage). Data-parallel replicas (and virtual engines) get the
@@ -274,7 +275,10 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) 
     hetis_mode = plan.dispatch != "tensor-parallel"
     cap_all = kv_capacity(problem, plan.replicas, plan.attention_devices)
     if hetis_mode:
-        kv_ids = np.array(sorted(plan.attention_devices), dtype=np.int64)
+        # a replica's heads go to its own primaries and to the attention workers (devices that are no
+        # replica's primaries); other replicas' primaries serve their own replica
+        others = {d for r in plan.replicas if r is not replica for st in r.stages for d in st.devices}
+        kv_ids = np.array(sorted(d for d in plan.attention_devices if d not in others), dtype=np.int64)
         fractions, groups = None, None
     else:
         fr = kv_fractions_tp(problem, replica)
@@ -286,12 +290,13 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) 
     attn = attention_cost(problem, kv_ids.tolist(), primaries, own)
     cap = np.array([cap_all[d] for d in kv_ids.tolist()]) / pp
     if hetis_mode and replica.share < 1:
-        # data-parallel replicas share every attention device's KV memory and HBM bandwidth in proportion
-        # to their request shares (a fluid, processor-sharing approximation of concurrent use)
+        # data-parallel replicas share the attention workers' KV memory and HBM bandwidth in proportion to
+        # their request shares (a fluid, processor-sharing approximation of concurrent use)
         share = max(replica.share, 1e-9)
-        cap = cap * share
-        attn = AttentionCost(attn.ids, attn.s_per_token / share, attn.worker, attn.c0_s, attn.c1_s_per_head,
-                             attn.overhead)
+        w = attn.worker
+        cap = np.where(w, cap * share, cap)
+        attn = AttentionCost(attn.ids, np.where(w, attn.s_per_token / share, attn.s_per_token), w, attn.c0_s,
+                             attn.c1_s_per_head, attn.overhead)
     static = None
     if plan.dispatch == "memory-proportional":
         static = np.array([plan.static_heads.get(str(d), 0) for d in kv_ids.tolist()], dtype=np.int64)
