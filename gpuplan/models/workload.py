@@ -30,8 +30,10 @@ class TransformerConfig(Schema):
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "TransformerConfig":
-        if self.heads % self.kv: 
+        if self.heads % self.kv:
             raise ValueError(f"at kv_heads: a divisor of heads={self.heads}, not {self.kv}")
+        if self.head_dim is None and self.hidden % self.heads:
+            raise ValueError(f"at heads: a divisor of hidden={self.hidden} (or give head_dim), not {self.heads}")
         return self
 
     @property
