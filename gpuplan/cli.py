@@ -74,6 +74,7 @@ _EXAMPLES = {
     "psrl": "examples/psrl/small-agent.yaml",
     "omniserve": "examples/omniserve/llama70b-small.yaml",
     "stragglers": "examples/stragglers/three-jobs.yaml",
+    "hetis": "examples/hetis/small.yaml",
 }
 
 

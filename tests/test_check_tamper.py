@@ -99,6 +99,8 @@ CASES: dict[str, Case] = {
                  _set("load_s.gpu0", NAN), _set("exchange_GBps", 5.0)),
     "omniserve": Case("omniserve/llama70b-small.yaml", _omniserve_enlarge, _set("ls.ttft_slo_s", 30.0),
                       "be_output_tokens_per_s", _set("schedule[0].duration_s", NAN), _set("seed", 1)),
+    "hetis": Case("hetis/small.yaml", _set("cluster.nodes[0].gpus.A100-80GB", 4), _set("slo.tpot_s", 1.0),
+                  "max_rate_per_s", _set("kv_capacity_bytes.0", NAN), _set("trace.seed", 1)),
     "stragglers": Case("stragglers/three-jobs.yaml", _stragglers_enlarge, _set("slots", 64), "weighted_flowtime_s",
                        _set("completion_s[0]", NAN), _set("jobs[0].weight", 5.0)),
 }
@@ -225,7 +227,8 @@ def test_oef_contract_comes_from_the_registry() -> None:
 
 
 # examples whose default solve takes more than a few seconds on a small CPU
-SLOW_EXAMPLES = {"a100-v100-t4.yaml", "mshape-4.yaml", "llama2-13b-tp8-dp4.yaml", "paper-like.yaml"}
+SLOW_EXAMPLES = {"a100-v100-t4.yaml", "mshape-4.yaml", "llama2-13b-tp8-dp4.yaml", "paper-like.yaml",
+                 "paper-12gpu.yaml", "paper-opt30b.yaml"}
 
 
 def _example_params() -> list[Any]:

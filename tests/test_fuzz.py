@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
 FAST_SOLVER = {"oef": "equal-share", "aurora": "dense-broadcast", "lagom": "nccl-default",
                "poseidon": "megatron", "tessel": "1f1b",
-               "psrl": "no-sharing", "omniserve": "sarathi", "stragglers": "fifo"}
+               "psrl": "no-sharing", "omniserve": "sarathi", "stragglers": "fifo", "hetis": "uniform-tp"}
 CLEAN_EXITS = {0, 1, 2, 3}
 SECONDS_PER_CALL = 20.0  # generous: the 2-core CI machine is shared; a hang takes minutes
 NASTY: list[Any] = [float("inf"), float("-inf"), float("nan"), 1e308, -1e308, -1, 0, 10**12, 2**63, 1e7,
