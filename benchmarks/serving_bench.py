@@ -9,8 +9,15 @@
    for the LP relaxation and CP-SAT; the water-filling's gap to CP-SAT on random instances.
 3. measured vs predicted decode step of the CPU execution (gloo processes, emulated device types).
 
-Run: .venv/bin/python benchmarks/serving_bench.py [--models 13b|30b|13b,30b] [--trace auto|sample|FILE.csv]
-     [--requests N] [--skip-run]
+Two workloads per model, each in its own table: 'sharegpt' (the issue's ShareGPT lengths; the targets
+are judged on it) and 'long' (LongBench-like long prompts: gpuplan.sim.traces.long_prompt_trace's
+LongBench-v2 means, 8,952 prompt / 136 output tokens, each prompt cut to the model's context window
+minus its output, as LongBench's own evaluation truncates; the same SLOs; the rate search starts at
+0.1 req/s). The long row is where decode attention and KV memory limit the batch, the case head-wise
+dispatch is for; its ratios are reported, not judged against the ShareGPT targets.
+
+Run: .venv/bin/python benchmarks/serving_bench.py [--models 13b|30b|13b,30b] [--workloads sharegpt,long]
+     [--trace auto|sample|FILE.csv] [--requests N] [--skip-run]
 Timings are taken on whatever machine runs it (a busy shared one says so in its load average).
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,17 +40,38 @@ MODELS = {"13b": "paper-12gpu.yaml", "30b": "paper-opt30b.yaml"}
 SOLVERS = ["hetis", "hexgen", "splitwise", "uniform-tp", "heads-by-memory", "hetis-lp"]
 
 
-def _problem(name: str, trace: str, requests: int | None) -> object:
+LONG_PAIRS = 2000  # length pairs drawn for the long-context workload
+
+
+def long_lengths_csv(max_seq_len: int, folder: str, seed: int = 0) -> str:
+    """Write LongBench-like (prompt_tokens, output_tokens) pairs to a CSV in `folder` and return its path:
+    long_prompt_trace's lengths, each prompt cut to max_seq_len minus its output (tokens)."""
+    from gpuplan.sim.traces import long_prompt_trace
+
+    req = long_prompt_trace(LONG_PAIRS, 1.0, max_tokens=max_seq_len, seed=seed)
+    o = np.minimum(req.output_tokens, max_seq_len // 4)
+    pr = np.maximum(1, np.minimum(req.prompt_tokens, max_seq_len - o))
+    path = Path(folder) / f"longbench-like-{max_seq_len}.csv"
+    path.write_text("prompt_tokens,output_tokens\n" + "".join(f"{a},{b}\n" for a, b in zip(pr, o)))
+    return str(path)
+
+
+def _problem(name: str, trace: str, requests: int | None, workload: str = "sharegpt", folder: str = "") -> object:
     doc = api.load_problem(EXAMPLES / MODELS[name]).document()
     doc["trace"]["lengths"] = trace if trace in ("auto", "sample", "sharegpt") else str(Path(trace).resolve())
+    if workload == "long":
+        seq = api.load_problem(doc).config.max_seq_len
+        doc["trace"]["lengths"] = long_lengths_csv(seq, folder)
+        doc["search"] = {**doc.get("search", {}), "low_per_s": 0.1}
     if requests:
         doc["trace"]["requests"] = requests
     return api.load_problem(doc)
 
 
-def serving_table(name: str, trace: str, requests: int | None) -> tuple[Table, dict[str, float]]:
+def serving_table(name: str, trace: str, requests: int | None, workload: str = "sharegpt",
+                  folder: str = "") -> tuple[Table, dict[str, float]]:
     """Solve every solver on the paper cluster; return the comparison table and the target ratios."""
-    prob = _problem(name, trace, requests)
+    prob = _problem(name, trace, requests, workload, folder)
     rows, plans = [], {}
     for s in SOLVERS:
         started = time.process_time()
@@ -62,6 +91,12 @@ def serving_table(name: str, trace: str, requests: int | None) -> tuple[Table, d
               "vs_splitwise": h.objective / plans["splitwise"].objective,
               "kv_vs_uniform": h.usable_kv_bytes / uni}
     desc = prob.lengths()[2]
+    if workload == "long":
+        p_len, o_len, _ = prob.lengths()
+        desc = (f"LONG CONTEXT, LongBench-like (mean prompt {np.mean(p_len):.0f}, output {np.mean(o_len):.0f} tokens, "
+                f"cut to the {prob.config.max_seq_len}-token context)")
+    else:
+        desc = f"SHAREGPT {desc}"
     title = (f"{prob.config.name} on 4xA100-80GB + 4xRTX3090 + 4xP100-12GB, {prob.trace.requests} requests, lengths "
              f"{desc}; SLO P95 TTFT <= {prob.slo.ttft_s:g} s and TPOT <= {prob.slo.tpot_s:g} s")
     return Table(title, ["solver", "layout (tp x layers per stage | replicas)", "max rate (req/s)",
@@ -125,20 +160,29 @@ def main() -> None:
     """Print every table of the benchmark."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="13b", help="13b, 30b or 13b,30b (each adds ~40 s of CPU)")
+    ap.add_argument("--workloads", default="sharegpt,long", help="sharegpt, long or sharegpt,long")
     ap.add_argument("--trace", default="auto")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--skip-run", action="store_true")
     a = ap.parse_args()
     started = time.perf_counter()
     verdicts = []
+    folder = tempfile.TemporaryDirectory()
     for name in a.models.split(","):
-        table, r = serving_table(name, a.trace, a.requests)
-        print(table_text(table))
-        verdicts += [[name, "hetis / hexgen max rate", r["vs_hexgen"], ">= 1.3 (paper 1.33)", r["vs_hexgen"] >= 1.3],
-                     [name, "hetis / splitwise max rate", r["vs_splitwise"], ">= 2 (paper 2.25)",
-                      r["vs_splitwise"] >= 2.0],
-                     [name, "hetis / uniform-tp usable KV", r["kv_vs_uniform"], ">= 1.8 (paper 1.87)",
-                      r["kv_vs_uniform"] >= 1.8]]
+        for wl in a.workloads.split(","):
+            table, r = serving_table(name, a.trace, a.requests, wl, folder.name)
+            print(table_text(table))
+            if wl != "sharegpt":
+                verdicts += [[f"{name} {wl}", "hetis / hexgen max rate", r["vs_hexgen"], "(reported)", "-"],
+                             [f"{name} {wl}", "hetis / splitwise max rate", r["vs_splitwise"], "(reported)", "-"],
+                             [f"{name} {wl}", "hetis / uniform-tp usable KV", r["kv_vs_uniform"], "(reported)", "-"]]
+                continue
+            verdicts += [[name, "hetis / hexgen max rate", r["vs_hexgen"], ">= 1.3 (paper 1.33)", r["vs_hexgen"] >= 1.3],
+                         [name, "hetis / splitwise max rate", r["vs_splitwise"], ">= 2 (paper 2.25)",
+                          r["vs_splitwise"] >= 2.0],
+                         [name, "hetis / uniform-tp usable KV", r["kv_vs_uniform"], ">= 1.8 (paper 1.87)",
+                          r["kv_vs_uniform"] >= 1.8]]
+    folder.cleanup()
     print(table_text(dispatch_table()))
     if not a.skip_run:
         print(table_text(run_table()))

@@ -102,25 +102,46 @@ def test_check_catches_stated_figures_that_differ(problem: object, plan: HetisPl
     assert any(v.code == "figure" for v in gpuplan.check(problem, bad))
 
 
-def test_stage_a_takes_the_fewest_primaries_within_delta(problem: object) -> None:
-    from gpuplan.solvers.hetis import _set_partitions, _subsets, dp_dense_step, dp_layout, node_groups, stage_a
+def test_stage_a_takes_the_fewest_primaries_within_delta_of_the_best_max_rate(problem: object) -> None:
+    from gpuplan.models.hetis import max_rate_per_s
+    from gpuplan.solvers.hetis import hetis_layout_plan, primaries_of, stage_a, stage_a_candidates
 
-    chosen, _ = stage_a(problem)
-    cands = []
-    groups = node_groups(problem)
-    for subset in _subsets(groups):
-        for part in _set_partitions(list(range(len(subset)))):
-            reps = dp_layout(problem, [[subset[k] for k in b] for b in part])
-            if reps is not None:
-                cands.append((dp_dense_step(problem, reps), sum(len(s.devices) for r in reps for s in r.stages)))
-    best = min(t for t, _ in cands)
-    t_chosen = dp_dense_step(problem, chosen)
-    n_chosen = sum(len(s.devices) for r in chosen for s in r.stages)
-    assert t_chosen <= best * (1 + problem.delta) + 1e-12
-    assert all(n >= n_chosen for t, n in cands if t <= best * (1 + problem.delta))
+    chosen, table = stage_a(problem)
+    rated = [(max_rate_per_s(problem, hetis_layout_plan(problem, reps)), primaries_of(reps))
+             for _, reps in stage_a_candidates(problem)]
+    assert [r["max_rate_per_s"] for r in table] == [r for r, _ in rated]
+    best = max(r for r, _ in rated)
+    rate_chosen = max_rate_per_s(problem, hetis_layout_plan(problem, chosen))
+    n_chosen = primaries_of(chosen)
+    assert rate_chosen * (1 + problem.delta) >= best
+    assert all(n >= n_chosen for r, n in rated if r * (1 + problem.delta) >= best)
     loose = problem.model_copy(update={"delta": 10.0})
     few, _ = stage_a(loose)
-    assert sum(len(s.devices) for r in few for s in r.stages) == min(n for _, n in cands)
+    assert primaries_of(few) == min(n for _, n in rated)
+    strict = problem.model_copy(update={"delta": 0.0})
+    top, _ = stage_a(strict)
+    assert max_rate_per_s(problem, hetis_layout_plan(problem, top)) == best
+
+
+def test_stage_a_considers_every_hexgen_configuration(problem: object) -> None:
+    from gpuplan.solvers.hetis import _layout_key, configurations, hexgen_configurations, stage_a_candidates
+
+    ours = {_layout_key(reps) for _, reps in configurations(problem)}
+    assert all(_layout_key(reps) in ours for _, reps in hexgen_configurations(problem))
+    simulated = {_layout_key(reps) for _, reps in stage_a_candidates(problem)}
+    hex_top = sorted(hexgen_configurations(problem), key=lambda c: -c[0])[:3]
+    assert all(_layout_key(reps) in simulated for _, reps in hex_top)
+
+
+def test_head_dispatch_on_hexgens_layout_is_never_below_hexgen(problem: object) -> None:
+    from gpuplan.models.hetis import max_rate_per_s
+    from gpuplan.solvers.hetis import hetis_layout_plan
+
+    hexgen = gpuplan.solve(problem, solver="hexgen")
+    on_top = max_rate_per_s(problem, hetis_layout_plan(problem, hexgen.replicas))
+    assert on_top >= hexgen.objective
+    hetis = gpuplan.solve(problem, solver="hetis")
+    assert hetis.objective * (1 + problem.delta) >= on_top
 
 
 def test_uniform_tp_is_bounded_by_the_smallest_gpu(problem: object) -> None:
@@ -195,3 +216,20 @@ def test_snapshot_instance_uses_the_plan_attention_devices(problem: object, plan
     inst = snapshot_instance(problem, plan)
     assert inst.devices == len(plan.attention_devices)
     assert len(inst.ctx_tokens) == problem.head_map_requests
+
+
+def test_splitwise_takes_the_best_simulated_pool_split(problem: object) -> None:
+    from gpuplan.models.hetis import HetisPlan as Plan
+    from gpuplan.models.plan import Status
+    from gpuplan.models.hetis import max_rate_per_s
+    from gpuplan.solvers.hetis import _pool_options, node_groups
+
+    groups = node_groups(problem)
+    plan = gpuplan.solve(problem, solver="splitwise")
+    rates = []
+    for k in range(len(groups)):  # one group prompts, the rest decode; and the other way round
+        for pre_g, dec_g in (([groups[k]], groups[:k] + groups[k + 1:]), (groups[:k] + groups[k + 1:], [groups[k]])):
+            for a in _pool_options(problem, pre_g, "prefill"):
+                for b in _pool_options(problem, dec_g, "decode"):
+                    rates.append(max_rate_per_s(problem, Plan(kind="hetis", status=Status.FEASIBLE, replicas=a + b)))
+    assert rates and plan.objective == max(rates)
