@@ -56,8 +56,14 @@ def test_simulate_hetis_refuses_a_missing_trace(small: Path) -> None:
 
 @pytest.mark.slow
 def test_run_executes_heads_on_gloo_workers(small: Path, tmp_path: Path) -> None:
+    # a 32-request snapshot: past what the two A100 primaries serve best alone, so water-filling puts
+    # heads on the RTX 3090 attention workers (with 6 requests it keeps every head on the primaries)
+    doc = yaml.safe_load(small.read_text())
+    doc["head_map_requests"] = 32
+    busy = tmp_path / "busy.yaml"
+    busy.write_text(yaml.safe_dump(doc))
     plan = tmp_path / "plan.json"
-    _ok(["solve", "hetis", str(small), "-q", "-o", str(plan)])
+    _ok(["solve", "hetis", str(busy), "-q", "-o", str(plan)])
     _ok(["run", str(plan), f"--json={tmp_path / 'run.json'}"])
     out = _ok(["run", str(plan), "--option", "steps=2"])
     result = json.loads((tmp_path / "run.json").read_text())["result"]
