@@ -120,11 +120,13 @@ WHY_MISSES = [
     "    fusion (Feb 2022); the model counts the TP all-reduce unhidden, as 2021 ran it, so these do not",
     "    explain a 2021 deficit in it. Megatron 2021's interleaved schedule itself (--lockstep: ported, with",
     "    rendezvous exchanges) is within 0.2% of the model's DAG without the exchanges' time;",
-    "  * Megatron-LM's blocking pipeline exchange is not yet in the model's schedule: _communicate waits for",
-    "    batch_isend_irecv, calls torch.cuda.synchronize() and then all-gathers the scatter/gather chunks",
-    "    across TP, so the device idles for the send + all-gather after every forward and backward",
-    "    (models.poseidon_cost.blocking_exchanges folds it in; wiring it into models/poseidon.py and the",
-    "    search's own walk is pending): it moves the narayanan21 pipelined rows by 1-3% (530B 1.16 -> 1.13);",
+    "  * Megatron-LM's pipeline exchanges block (problem field blocking_p2p, true by default and in every",
+    "    row): _communicate waits for batch_isend_irecv, calls torch.cuda.synchronize() and, without",
+    "    sequence parallelism, all-gathers the scatter/gather chunks across TP, so the model adds the send",
+    "    (+ all-gather) to the op before each exchange (models.poseidon.exchanges_s, in evaluate and the",
+    "    search's walk alike): 0.1-2.6% on the pipelined rows (narayanan21 530B 1.15 -> 1.13, now within",
+    "    15%; 76B 1.19 -> 1.18; korthikanti22 0.1-0.6%),",
+    "    and the ported 2021 schedule with the exchanges' time (--lockstep) is within 0.8% of that DAG;",
     "  * 22B sel+SP (one micro-batch per iteration): the per-iteration terms weigh ~10% there; the",
     "    optimizer step moves Megatron's ~50 B/param (unscale + inf check 8, grad norm 4, Adam 28, fp32 ->",
     "    16-bit copy 6, zeroing 4) at the streaming fraction of HBM (models/poseidon.py);",
@@ -345,12 +347,13 @@ def lockstep_time_s(S: int, v: int, m: int, fwd: list[float], bwd: list[float], 
 
 
 def lockstep_lines() -> list[str]:
-    """Return, for each interleaved narayanan21 row, the pipeline seconds of the model's DAG (data
-    flow, sends on the edges) and of Megatron 2021's interleaved schedule with blocking rendezvous
-    exchanges (`lockstep_time_s`), with and without the exchanges' own time, and the row's ratio if
-    the model took the lockstep figure."""
+    """Return, for each interleaved narayanan21 row, the pipeline seconds of the DAG with the sends
+    on its edges, of the model's DAG with blocking exchanges (what `evaluate` walks), and of Megatron
+    2021's interleaved schedule with blocking rendezvous exchanges (`lockstep_time_s`), with and
+    without the exchanges' own time, and the row's ratio if the model took the lockstep figure."""
     from gpuplan.models import poseidon as P
     from gpuplan.models.poseidon_config import config_problem, config_stages, parse_config
+    from gpuplan.models.poseidon_cost import blocking_exchanges
 
     doc = yaml.safe_load(DATA.read_text(encoding="utf-8"))
     d = doc["defaults"]
@@ -370,12 +373,15 @@ def lockstep_lines() -> list[str]:
         b = [prob.global_batch // (m * sh.dp) for sh in shapes]
         fwd, bwd = P.chunk_lists(cm, shapes, layers, ev.stages, b, v)
         dag = P.iteration_time_fast(fwd, bwd, ev.p2p, [0.0] * S, m, prob.schedule, None, v)
+        bf, bb, sends = blocking_exchanges(fwd, bwd, P.exchanges_s(cm, shapes, b, ev.p2p))
+        model = P.iteration_time_fast(bf, bb, sends, [0.0] * S, m, prob.schedule, None, v)  # what evaluate walks
         gather = cm.tp_collective_s(shapes[0].device_type, shapes[0].tp, "all_gather", cm.boundary_bytes(b[0]))
-        lock = lockstep_time_s(S, v, m, fwd, bwd, ev.p2p[0], gather)
+        lock = lockstep_time_s(S, v, m, fwd, bwd, ev.p2p[0], 0.0 if prob.sequence_parallel else gather)
         bare = lockstep_time_s(S, v, m, fwd, bwd, 0.0, 0.0)
-        ratio = evaluate_row(row, d)["ratio"] * ev.iteration_time_s / (ev.iteration_time_s - dag + lock)
-        out.append(f"  {row['name']:<5} S {S:>2} v {v} m {m:>3}: DAG {dag:7.3f} s, lockstep {lock:7.3f} s "
-                   f"({lock / dag:.4f}x; without the exchanges' time {bare / dag:.4f}x) -> ratio {ratio:.3f}")
+        ratio = evaluate_row(row, d)["ratio"] * ev.iteration_time_s / (ev.iteration_time_s - model + lock)
+        out.append(f"  {row['name']:<5} S {S:>2} v {v} m {m:>3}: DAG {dag:7.3f} s, with blocking exchanges "
+                   f"{model:7.3f} s, lockstep {lock:7.3f} s ({lock / model:.4f}x the blocking DAG; without the "
+                   f"exchanges' time {bare / dag:.4f}x the DAG) -> ratio {ratio:.3f}")
     return out
 
 

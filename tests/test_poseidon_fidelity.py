@@ -14,7 +14,7 @@ from gpuplan.errors import InputError
 from gpuplan.models import poseidon as P
 from gpuplan.models import poseidon_cost as C
 from gpuplan.models.cluster import device_type
-from gpuplan.models.poseidon_config import parse_config
+from gpuplan.models.poseidon_config import config_stages, parse_config
 from gpuplan.models.workload import model_config, scaled
 
 
@@ -415,3 +415,68 @@ def test_same_pipeline_pairs_of_the_two_sources() -> None:
     for a, b in pairs:
         gap = F.pipeline_seconds(a, doc["defaults"]) / F.pipeline_seconds(b, doc["defaults"])
         assert 1.05 < gap < 1.15
+
+
+# ---- Megatron's blocking pipeline exchanges (blocking_p2p) ----------------------------------------
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_exchanges_are_the_send_plus_the_tp_all_gather_without_sequence_parallelism(sp: bool) -> None:
+    from gpuplan.models import collectives
+
+    prob = problem(gpus=16, sequence_parallel=sp)
+    shapes, _, m = config_stages(prob, parse_config("tp=4,pp=2,dp=2,mb=2"))
+    cm = P.CostModel(prob)
+    b = [prob.global_batch // (m * sh.dp) for sh in shapes]
+    send = P.p2p_s(cm, shapes[0], shapes[1], b[0])
+    (x,) = P.exchanges_s(cm, shapes, b, [send])
+    # Megatron's _communicate: each TP rank sends 1/tp of the boundary tensor; without SP the receiver
+    # all-gathers the chunks into the whole [seq, micro-batch, hidden] tensor before using it
+    whole = b[0] * prob.seq_len * prob.model.hidden * 2
+    gather = collectives.collective_time_s(prob.cluster, "all_gather", whole, list(shapes[1].gpu_ids[:4]), 2)
+    assert gather > 0
+    assert x == pytest.approx(send if sp else send + gather, rel=1e-12)
+
+
+@pytest.mark.parametrize("sp, v", [(False, 1), (False, 2), (True, 1), (True, 2)])
+def test_blocking_exchanges_slow_a_pipeline_and_only_the_assumption_changes(sp: bool, v: int) -> None:
+    config = f"tp=2,pp=4,dp=1,mb=1,recompute=full,interleave={v}"
+    block = gpuplan.evaluate_config(problem(gpus=8, batch=8, sequence_parallel=sp), config)
+    free = gpuplan.evaluate_config(problem(gpus=8, batch=8, sequence_parallel=sp, blocking_p2p=False), config)
+    assert block.iteration_time_s > free.iteration_time_s  # 8 micro-batches: the exchanges add to the path
+    # the stage figures (compute, sends, all-reduce, memory) are the same; only the schedule differs
+    assert [s.model_dump() for s in block.stages] == [s.model_dump() for s in free.stages]
+    assert api.check(None, block) == [] and api.check(None, free) == []
+    # check recomputes under the problem's stated assumption: the other one's time is a violation
+    wrong = P.check(P.PoseidonProblem.model_validate(free.problem), block)
+    assert any(x.code == "predicted_time" for x in wrong)
+
+
+def test_one_stage_has_no_exchange_to_block() -> None:
+    config = "tp=8,pp=1,dp=1,mb=2,recompute=full"
+    times = [gpuplan.evaluate_config(problem(gpus=8, sequence_parallel=False, blocking_p2p=x), config).iteration_time_s
+             for x in (True, False)]
+    assert times[0] == times[1]
+
+
+@settings(max_examples=20, deadline=None)
+@given(v=st.sampled_from([1, 2]), sp=st.booleans(), data=st.data())
+def test_search_walk_equals_evaluate_with_blocking_exchanges(v: int, sp: bool, data: st.DataObject) -> None:
+    from gpuplan.solvers import poseidon as SP
+
+    prob = api.load_problem({"kind": "poseidon", "cluster": {"gpus": {"A100-80GB": 4, "V100": 4}, "gpus_per_node": 4,
+                                                             "inter_node": {"bandwidth_GBps": "50 Gbps"}},
+                             "model": scaled(model_config("gpt3-350m"), num_layers=8).model_dump(),
+                             "global_batch": 16, "seq_len": 1024, "max_stages": 4, "max_microbatches": 8,
+                             "sequence_parallel": sp}, "poseidon")
+    cm = P.CostModel(prob)
+    structs = [s for s in SP.structures(prob, cm, interleaved=True) if s.v == v and s.feasible()]
+    st_ = data.draw(st.sampled_from(structs))
+    cuts = sorted(data.draw(st.lists(st.sampled_from(range(v, 8, v)), min_size=st_.S - 1, max_size=st_.S - 1,
+                                     unique=True)))
+    n = [b - a for a, b in zip([0] + cuts, cuts + [8])]
+    t = st_.time(n)
+    ev = P.evaluate(cm, st_.shapes, n, st_.m, fast=False, interleave=v)
+    assert t == pytest.approx(ev.iteration_time_s, rel=1e-12) or t == ev.iteration_time_s == float("inf")
+    if t < float("inf"):
+        assert st_.lower_bound() <= t * (1 + 1e-12)
+        assert st_.cut_bound(n) <= t * (1 + 1e-12)

@@ -116,7 +116,8 @@ def test_check_rejects_a_tp_that_divides_the_heads_but_not_the_node() -> None:
 
 
 def test_search_never_produces_a_tp_the_heads_do_not_allow() -> None:
-    cfg = scaled(model_config("gpt3-1.3b"), num_layers=8).model_copy(update={"heads": 12, "kv_heads": None})
+    cfg = scaled(model_config("gpt3-1.3b"), num_layers=8).model_copy(
+        update={"heads": 12, "kv_heads": None, "head_dim": 128})  # 12 heads of 128: no tp 8
     doc = {"kind": "poseidon", "cluster": {"gpus": {"H100": 8}, "gpus_per_node": 8}, "model": cfg.model_dump(),
            "global_batch": 16, "seq_len": 1024}
     prob = api.load_problem(doc, "poseidon")

@@ -27,8 +27,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
-from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, embedding_times, head_times,
-                                          layer_times, memory_s, model_flops_per_sample, stage_call_s)
+from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, blocking_exchanges,
+                                          embedding_times, head_times, layer_times, memory_s, model_flops_per_sample,
+                                          stage_call_s)
 from gpuplan.models.poseidon_dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
                                          peak_chunks_in_flight, stage_order, topological_ops)
 from gpuplan.models.profile import LayerCost, LayerTable, Profile, cluster_document
@@ -47,8 +48,12 @@ class PoseidonProblem(Problem):
     type's measured ceiling, or `matmul_sweep`: per type, measured (n, fraction of peak) of square
     matmuls; a flat `efficiency` replaces the curve when given) unless `layer_costs` (a profile's
     per-layer table) gives measured forward/backward seconds per device type. `flash_attention`,
-    `causal_attention` (flash skips masked blocks) and `sequence_parallel` (Megatron SP) are the
-    recorded execution assumptions; `recompute` is "auto" (per stage the fastest mode that fits:
+    `causal_attention` (flash skips masked blocks), `sequence_parallel` (Megatron SP) and
+    `blocking_p2p` are the recorded execution assumptions: `blocking_p2p` true (Megatron-LM on GPUs,
+    the default) holds the sending device for each pipeline exchange, its send plus the TP
+    all-gather of its scatter/gather chunks (`exchanges_s`); false for a runtime whose sends overlap
+    compute (gpuplan run's torch.distributed.pipelining on gloo: a send is only an edge of the DAG).
+    `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
     weights) + in-flight activations, within `memory_fraction` of the device memory.
@@ -67,6 +72,7 @@ class PoseidonProblem(Problem):
     flash_attention: bool = True
     causal_attention: bool = True
     sequence_parallel: bool = True
+    blocking_p2p: bool = True  # Megatron-LM's p2p_communication._communicate (see `exchanges_s`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -494,6 +500,19 @@ def p2p_s(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> floa
     return link.transfer_s(cm.boundary_bytes(micro_batch) / a.tp)
 
 
+def exchanges_s(cm: CostModel, shapes: list[StageShape], b: list[int], p2p: list[float]) -> list[float]:
+    """Return the seconds of each blocking pipeline exchange between virtual stages k and k + 1
+    (k = chunk * S + stage): the send `p2p[k]` plus, without sequence parallelism, the all-gather
+    across TP that rebuilds the tensor from its scatter/gather chunks (Megatron-LM's
+    p2p_communication._communicate gathers them after the receive; with sequence parallelism each
+    TP rank sends its own sequence slice and nothing is gathered); the slower side's all-gather."""
+    S = len(shapes)
+    if cm.p.sequence_parallel:
+        return list(p2p)
+    return [p + max(cm.tp_collective_s(sh.device_type, sh.tp, "all_gather", cm.boundary_bytes(b[k % S]))
+                    for sh in (shapes[k % S], shapes[(k + 1) % S])) for k, p in enumerate(p2p)]
+
+
 # ------------------------------------------------------------------------------------------------
 # Evaluating a whole plan
 # ------------------------------------------------------------------------------------------------
@@ -563,11 +582,14 @@ def evaluate(cm: CostModel, shapes: list[StageShape], layers: list[int], m: int,
     b = [G // (m * sh.dp) for sh in shapes]
     p2p = [p2p_s(cm, shapes[k % S], shapes[(k + 1) % S], b[k % S]) for k in range(S * v - 1)]
     fwd, bwd = chunk_lists(cm, shapes, layers, costs, b, v)
+    sends = p2p
+    if cm.p.blocking_p2p:  # the exchange holds the sending op's device; the DAG's sends become 0
+        fwd, bwd, sends = blocking_exchanges(fwd, bwd, exchanges_s(cm, shapes, b, p2p))
     tail = [c.allreduce_s + c.optimizer_s for c in costs]
     if fast:
-        t = iteration_time_fast(fwd, bwd, p2p, tail, m, cm.p.schedule, record, v)
+        t = iteration_time_fast(fwd, bwd, sends, tail, m, cm.p.schedule, record, v)
     else:
-        t = dag_longest_path_s(build_dag(fwd, bwd, p2p, tail, m, cm.p.schedule, v))
+        t = dag_longest_path_s(build_dag(fwd, bwd, sends, tail, m, cm.p.schedule, v))
     return Evaluation(t, costs, p2p, interleave=v)
 
 

@@ -19,10 +19,10 @@ from typing import Any, Iterator
 
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
-from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape,
+from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, exchanges_s,
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
                                      stage_memory, tp_fits)
-from gpuplan.models.poseidon_cost import RECOMPUTE_MODES
+from gpuplan.models.poseidon_cost import RECOMPUTE_MODES, blocking_exchanges
 from gpuplan.registry import Progress, register_solver
 from gpuplan.solvers.poseidon_bounds import ComboEntry, list_combos
 
@@ -216,6 +216,11 @@ class Structure:
         # sends between virtual stages k and k + 1 (k = chunk * S + stage); = p2p when v = 1
         self.vp2p = self.p2p if v == 1 else [_p2p(cm, shapes[k % S], shapes[(k + 1) % S], self.b[k % S])
                                              for k in range(S * v - 1)]
+        # blocking exchanges (`exchanges_s`: send + TP all-gather), folded into the sending ops by
+        # `_time` when the problem says Megatron's exchanges block (as `evaluate` does)
+        self.block = cm.p.blocking_p2p
+        self.xch = exchanges_s(cm, shapes, self.b, self.p2p) if self.block else self.p2p
+        self.vxch = self.xch if v == 1 or not self.block else exchanges_s(cm, shapes, self.b, self.vp2p)
         self._rt_cache: list[tuple[list[float], float]] | None = None
         self._extra_at: list[list[float]] | None = None
         self._balanced: tuple[float, list[int]] | None = None
@@ -479,7 +484,10 @@ class Structure:
         if v == 1:
             fwd = [x + e for x, e in zip(fwd, self.ef)]
             bwd = [x + e for x, e in zip(bwd, self.eg)]
-            return iteration_time_fast(fwd, bwd, self.p2p, tail, self.m, self.cm.p.schedule)
+            sends = self.p2p
+            if self.block:
+                fwd, bwd, sends = blocking_exchanges(fwd, bwd, self.xch)
+            return iteration_time_fast(fwd, bwd, sends, tail, self.m, self.cm.p.schedule)
         S = self.S
         vf = [fwd[k % S] / v for k in range(S * v)]
         vb = [bwd[k % S] / v for k in range(S * v)]
@@ -487,7 +495,10 @@ class Structure:
         vb[0] += self.eg[0]
         vf[-1] += self.ef[-1]
         vb[-1] += self.eg[-1]
-        return iteration_time_fast(vf, vb, self.vp2p, tail, self.m, self.cm.p.schedule, None, v)
+        sends = self.vp2p
+        if self.block:
+            vf, vb, sends = blocking_exchanges(vf, vb, self.vxch)
+        return iteration_time_fast(vf, vb, sends, tail, self.m, self.cm.p.schedule, None, v)
 
 
 # ------------------------------------------------------------------------------------------------
