@@ -1,9 +1,12 @@
 """Hetis solvers: the paper's layout (Stage A + water-filling dispatch + re-dispatch), its dispatch
 variants, and the baselines the paper compares with, all judged by the shared serving engine.
 
-hetis            Stage A: primary set and dense pipeline (TP in a node, PP across nodes, layers by
-                 speed under memory), the smallest set within (1 + delta) of the best dense step;
-                 decode attention of every request water-filled over all GPUs; periodic re-dispatch
+hetis            Stage A: primary set and dense configuration (every subset of node groups and
+                 grouping into data-parallel pipelines, TP in a node, PP across nodes, layers by speed
+                 under memory; HexGen's configurations included), each with head-wise dispatch on top,
+                 the best few by a dense proxy simulated for their max rate under the SLOs; the fewest
+                 primaries within (1 + delta) of the best rate. Decode attention of every request
+                 water-filled over all GPUs; periodic re-dispatch
 hetis-lp         the same layout; the snapshot's heads placed by the LP relaxation + rounding
 exact            the same layout; the snapshot's heads placed by CP-SAT (small instances)
 uniform-tp       one replica over every GPU: TP inside each node, the layers split evenly over the
@@ -12,7 +15,8 @@ hexgen           HexGen-style static asymmetric TP/PP: every grouping of the nod
                  data-parallel replicas, stages fastest first, layers balanced by speed under
                  memory, requests by throughput share; the best by simulated max rate
 splitwise        Splitwise-style phase split: node groups assigned to a prefill pool and a decode
-                 pool, KV shipped between them; the best assignment by simulated max rate
+                 pool (every split, every grouping of each pool into replicas), KV shipped between
+                 them; the best by simulated max rate
 heads-by-memory  Hetis' primaries; every request's heads split over all GPUs in proportion to their
                  KV capacity (static), no re-dispatch
 """

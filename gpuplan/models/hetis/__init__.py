@@ -4,8 +4,10 @@ Mo et al., SC 2025 (arXiv 2509.08309), recast as a model (docs/hetis.md says whi
 paper's and which are our reconstruction):
 
   Stage A  primary workers: a subset of the GPUs and a dense parallel configuration (TP inside a
-           node, PP across nodes) for the compute-bound modules; the smallest set whose dense step
-           is within (1 + delta) of the best, delta = 0.05.
+           node, PP across nodes, data-parallel replicas; HexGen's configurations included) for the
+           compute-bound modules, each judged with Stage B on top by the serving objective (the max
+           request rate under the SLOs); the fewest primaries within (1 + delta) of the best rate,
+           delta = 0.05.
   Stage B  every request's KV heads are dispatched over ALL GPUs (primaries and attention workers):
            water-filling on max_g (attention_g + messages_g) under per-device KV memory.
   Stage C  periodic re-dispatch: heads move off the slowest device when max/mean > theta, the
