@@ -27,7 +27,8 @@ def _problem(layers: int) -> dict:
             "cluster": {"device_types": CPU_TYPES, "nodes": [{"name": "cpu0", "gpus": {"cpu": 1, "cpu-slow2x": 2}}]},
             "model": {"name": "gpt-mini", "num_layers": layers, "hidden": 64, "heads": 4, "ffn_hidden": 256,
                       "vocab": 2048, "gated_mlp": False},
-            "global_batch": 8, "seq_len": 32, "dtype": "fp32", "optimizer_state_bytes_per_param": 0, "max_tp": 1}
+            "global_batch": 8, "seq_len": 32, "dtype": "fp32", "optimizer_state_bytes_per_param": 0, "max_tp": 1,
+            "max_stages": 2}
 
 
 @given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 4))
