@@ -113,7 +113,7 @@ WHY_MISSES = [
     "    PyTorch 20.12: CUDA 11.1) and 94.4 s in korthikanti22; the 530B pipeline (280 micro-batches) 54.1 s",
     "    with 3 interleaved chunks vs 49.1 s without, although interleaving shrinks the bubble from 12% to 4%.",
     "    The model's differences within each pair (dp all-reduce, interleaving) are 0-6% and go the other",
-    "    way for 530B, so it cannot follow the 9% (1T) and 18% (530B: 1.103 / 0.938) between the sources:",
+    "    way for 530B, so it cannot follow the 9% (1T) and 15% (530B: 1.103 / 0.955) between the sources:",
     "    at the 2022 level (0.97-1.06 on korthikanti22's full-recompute rows) every narayanan21 row inherits",
     "    it. The SC'21 code lacks what Megatron added by 2022: the input-gradient TP all-reduce overlapped",
     "    with the weight-gradient GEMM (Sep 2021), the persistent layer norm (Oct 2021), gradient-accumulation",
