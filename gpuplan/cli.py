@@ -16,7 +16,7 @@ from gpuplan import api, registry
 from gpuplan.commands import ProblemInputs, default_inputs
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.base import Table
-from gpuplan.cliout import STDOUT, emit_json, json_flag, json_option, say, setup_logging, table_doc
+from gpuplan.cliout import STDOUT, emit_json, json_flag, json_option, print_check, say, setup_logging, table_doc
 from gpuplan.render import plan_header, print_tables
 
 EXIT_VIOLATIONS = 1
@@ -360,17 +360,7 @@ def check_cmd(plan_file: str, input_file: str | None, json_out: str | None = Non
         violations = api.check(input_file, plan)
     except GpuplanError as exc:
         _fail(exc)
-    emit_json("check", {"plan_file": plan_file, "kind": plan.kind, "status": plan.status.value,
-                        "valid": not violations, "violations": [str(v) for v in violations]}, json_out)
-    if json_out == STDOUT:
-        sys.exit(EXIT_VIOLATIONS if violations else 0)
-    if not violations:
-        click.echo(f"{plan_file}: valid ({plan.kind}, {plan.status.value})")
-        return
-    click.echo(f"{plan_file}: {len(violations)} violation(s)")
-    for v in violations:
-        click.echo(f"  {v}")
-    sys.exit(EXIT_VIOLATIONS)
+    print_check(plan_file, plan.kind, plan.status.value, violations, f"{plan.kind}, {plan.status.value}", json_out)
 
 
 @main.command("show")

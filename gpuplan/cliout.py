@@ -81,6 +81,23 @@ def emit_json(command: str, doc: dict[str, Any] | list[Any], dest: str | None) -
         atomic_write_text(dest, text)
 
 
+def print_check(plan_file: str, kind: str, status: str | None, violations: list[Any], valid_note: str,
+                json_out: str | None) -> None:
+    """Print a check verdict (or emit {command: check, plan_file, kind, status, valid, violations});
+    return when valid, exit 1 on violations."""
+    emit_json("check", {"plan_file": plan_file, "kind": kind, "status": status, "valid": not violations,
+                        "violations": [str(v) for v in violations]}, json_out)
+    if json_out != STDOUT:
+        if not violations:
+            click.echo(f"{plan_file}: valid ({valid_note})")
+        else:
+            click.echo(f"{plan_file}: {len(violations)} violation(s)")
+            for v in violations:
+                click.echo(f"  {v}")
+    if violations:
+        sys.exit(1)
+
+
 def say(message: str, json_out: str | None) -> None:
     """Echo a human message: on stdout normally, on stderr when stdout carries the JSON document."""
     click.echo(message, err=json_out == STDOUT)

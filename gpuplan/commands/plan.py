@@ -54,24 +54,12 @@ def bundle_doc(path: str, manifest: dict[str, Any] | None, tables: list[Any]) ->
 def check_bundle_cli(path: str, json_out: str | None = None) -> None:
     """Check a bundle and print the verdict (with `json_out`, the document {command, plan_file, kind,
     status, valid, violations} as `check --json` prints it, status null); exit 1 on violations."""
-    from gpuplan.cliout import STDOUT, emit_json
+    from gpuplan.cliout import print_check
     from gpuplan.compose import check_bundle
     from gpuplan.compose.bundle import BUNDLE_KIND
 
-    violations = check_bundle(path)
-    emit_json("check", {"plan_file": path, "kind": BUNDLE_KIND, "status": None, "valid": not violations,
-                        "violations": [str(v) for v in violations]}, json_out)
-    if json_out == STDOUT:
-        if violations:
-            sys.exit(1)
-        return
-    if not violations:
-        click.echo(f"{path}: valid (training bundle: poseidon + tessel + lagom agree)")
-        return
-    click.echo(f"{path}: {len(violations)} violation(s)")
-    for v in violations:
-        click.echo(f"  {v}")
-    sys.exit(1)
+    print_check(path, BUNDLE_KIND, None, check_bundle(path), "training bundle: poseidon + tessel + lagom agree",
+                json_out)
 
 
 def show_bundle_cli(path: str, png: str | None, json_out: str | None = None) -> None:
