@@ -454,7 +454,7 @@ def _fix_shares(replicas: list[Replica]) -> None:
 
 
 def _layout_key(replicas: list[Replica]) -> str:
-    return repr(sorted([[(tuple(s.devices), s.layers) for s in r.stages] for r in replicas]))
+    return repr(sorted([(r.phase, [(tuple(s.devices), s.layers) for s in r.stages]) for r in replicas]))
 
 
 def _dedupe(cands: list[tuple[float, HetisPlan]]) -> list[tuple[float, HetisPlan]]:
