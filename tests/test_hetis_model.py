@@ -233,3 +233,16 @@ def test_splitwise_takes_the_best_simulated_pool_split(problem: object) -> None:
                 for b in _pool_options(problem, dec_g, "decode"):
                     rates.append(max_rate_per_s(problem, Plan(kind="hetis", status=Status.FEASIBLE, replicas=a + b)))
     assert rates and plan.objective == max(rates)
+
+
+def test_layouts_that_differ_only_in_a_replicas_phase_are_distinct() -> None:
+    from gpuplan.models.hetis import Replica, Stage
+    from gpuplan.solvers.hetis import _layout_key
+
+    a = [Replica(stages=[Stage(devices=[0], layers=2)], phase="prefill"),
+         Replica(stages=[Stage(devices=[1], layers=2)], phase="prefill"),
+         Replica(stages=[Stage(devices=[2], layers=2)], phase="decode")]
+    b = [r.model_copy(deep=True) for r in a]
+    b[1].phase = "decode"
+    assert _layout_key(a) != _layout_key(b)
+    assert _layout_key(a) == _layout_key(list(reversed(a)))
