@@ -242,7 +242,8 @@ def _compiled_walk(schedule: str, num_stages: int, m: int, interleave: int = 1) 
              f"    ({''.join(f'B{k}, ' for k in range(V))}) = bwd",
              f"    ({''.join(f'T{s}, ' for s in range(num_stages))}) = tail"]
     if V > 1:
-        lines.append(f"    ({''.join(f'P{k}, ' for k in range(V - 1))}) = p2p")
+        # callers may pass a send after the last virtual stage (0.0), as the loop tolerates
+        lines.append(f"    ({''.join(f'P{k}, ' for k in range(V - 1))}) = p2p[:{V - 1}]")
     last: list[int] = [-1] * num_stages  # the op before, per device
     for i, ((s, is_f, _, dep, send), k) in enumerate(zip(ops, virtual)):
         dur = f"{'F' if is_f else 'B'}{k}"
