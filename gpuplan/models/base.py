@@ -199,6 +199,14 @@ def check_input_numbers(data: Any, file: str | None = None) -> None:
                 raise InputError.at(file, where, obj, str(exc).rsplit(", not ", 1)[0]) from None
 
 
+def document_path(value: str | Path, info: Any) -> Path:
+    """Return `value` as a Path, resolved against the validating document's folder (`base_dir` in the
+    pydantic validation context that `validate` sets) when it is relative."""
+    path = Path(value)
+    base = (getattr(info, "context", None) or {}).get("base_dir")
+    return path if path.is_absolute() or base is None else Path(base) / path
+
+
 def validate(schema: type[BaseModel], data: Any, *, file: str | Path | None = None,
              base_dir: Path | None = None) -> Any:
     """Validate `data` against `schema`; return the instance or raise InputError naming the file.

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from gpuplan.models.base import Schema
+from gpuplan.models.base import Schema, document_path
 from gpuplan.models.catalog import canonical_name, catalog_entry, catalog_names
 from gpuplan.units import GBps, Bytes, Seconds, TFLOPS
 
@@ -170,11 +169,7 @@ class Cluster(Schema):
         if "profile" in data:
             from gpuplan.models.profile import cluster_document_from_profile_file
 
-            base = (info.context or {}).get("base_dir") if info.context else None
-            path = Path(data.pop("profile"))
-            if not path.is_absolute() and base is not None:
-                path = Path(base) / path
-            data = {**cluster_document_from_profile_file(path), **data}
+            data = {**cluster_document_from_profile_file(document_path(data.pop("profile"), info)), **data}
         if "gpus" in data:
             gpus = data.pop("gpus")
             per_node = data.pop("gpus_per_node", 8)

@@ -33,7 +33,7 @@ from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTi
 from gpuplan.models.poseidon_dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
                                          peak_chunks_in_flight, stage_order, topological_ops)
 from gpuplan.models.profile import LayerCost, LayerTable, Profile, cluster_document
-from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_config
+from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_by_name
 
 __all__ = ["_flat_ops", "build_dag", "dag_longest_path_s", "iteration_time_fast", "stage_order", "topological_ops"]
 from gpuplan.registry import ModelSpec, register_model
@@ -84,13 +84,7 @@ class PoseidonProblem(Problem):
     @model_validator(mode="before")
     @classmethod
     def _model_by_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            data = dict(data)
-            try:
-                data["model"] = model_config(data["model"]).model_dump()
-            except ValueError as exc:
-                raise ValueError(f"at model: {exc}") from None
-        return data
+        return model_by_name(data)
 
     @model_validator(mode="after")
     def _devices_and_sequence(self) -> "PoseidonProblem":

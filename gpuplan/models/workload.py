@@ -6,6 +6,8 @@ Counts follow the usual conventions (Megatron-LM / Korthikanti et al. 2022): a m
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from gpuplan.models.base import Schema
@@ -151,6 +153,18 @@ def model_config(name: str | TransformerConfig | dict) -> TransformerConfig:
         raise ValueError(f"a model from the catalog ({', '.join(CATALOG)}) or a mapping of its shape, "
                          f"not {name!r}")
     return CATALOG[key]
+
+
+def model_by_name(data: Any) -> Any:
+    """Return a problem document with a catalog model name under `model` replaced by that model's shape
+    (a pydantic 'before' validator's helper); other documents unchanged. Raises ValueError at 'model'."""
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        data = dict(data)
+        try:
+            data["model"] = model_config(data["model"]).model_dump()
+        except ValueError as exc:
+            raise ValueError(f"at model: {exc}") from None
+    return data
 
 
 def scaled(config: TransformerConfig, *, num_layers: int | None = None, hidden: int | None = None,

@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from gpuplan.errors import InputError
-from gpuplan.models.base import Problem, Schema, Violation
+from gpuplan.models.base import Problem, Schema, Violation, document_path
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
-from gpuplan.models.workload import TransformerConfig, model_config
+from gpuplan.models.workload import TransformerConfig, model_by_name
 from gpuplan.registry import ModelSpec, register_model
 from gpuplan.units import Seconds
 
@@ -71,10 +70,7 @@ class TraceSpec(Schema):
             return v
         if not v or len(v) > 4096:
             raise ValueError("'sample', 'sharegpt', 'auto' or the path of a CSV with prompt_tokens,output_tokens")
-        p = Path(v)
-        base = (info.context or {}).get("base_dir") if info.context else None
-        if not p.is_absolute() and base is not None:
-            p = Path(base) / p
+        p = document_path(v, info)
         if not p.is_file():
             raise ValueError(f"'sample', 'sharegpt', 'auto' or an existing CSV file; {v!r} is none")
         return str(p)
@@ -110,13 +106,7 @@ class HetisProblem(Problem):
     @model_validator(mode="before")
     @classmethod
     def _model_by_name(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("model"), str):
-            data = dict(data)
-            try:
-                data["model"] = model_config(data["model"]).model_dump()
-            except ValueError as exc:
-                raise ValueError(f"at model: {exc}") from None
-        return data
+        return model_by_name(data)
 
     @model_validator(mode="after")
     def _sizes(self) -> "HetisProblem":

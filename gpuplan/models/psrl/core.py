@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from gpuplan.models.base import Problem, Schema, Violation
+from gpuplan.models.base import Problem, Schema, Violation, document_path
 from gpuplan.models.cluster import DeviceType, device_type
 from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
 from gpuplan.models.psrl import cache
@@ -131,7 +131,6 @@ class PsrlProblem(Problem):
     def _read_trace(cls, data: Any, info: ValidationInfo) -> Any:
         if not isinstance(data, dict) or "trace" not in data:
             return data
-        from pathlib import Path
 
         from gpuplan.models.psrl.traces import read_trace
 
@@ -139,13 +138,9 @@ class PsrlProblem(Problem):
         trace = data.pop("trace")
         if not isinstance(trace, str) or not trace:
             raise ValueError(f"at trace: a path to a JSONL rollout file, not {trace!r}")
-        base = (info.context or {}).get("base_dir") if info.context else None
-        path = Path(trace)
-        if not path.is_absolute() and base is not None:
-            path = Path(base) / path
         if data.get("forest") is not None:
             raise ValueError("at trace: one of forest, trace or generate, not trace and forest")
-        data["forest"] = read_trace(path)
+        data["forest"] = read_trace(document_path(trace, info))
         return data
 
     @model_validator(mode="after")

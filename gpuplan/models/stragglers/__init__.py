@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from gpuplan.models.base import Problem, Schema, Table, Violation
+from gpuplan.models.base import Problem, Schema, Table, Violation, document_path
 from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
 from gpuplan.models.stragglers.speedup import Variability
 from gpuplan.models.stragglers.trace import MAX_JOBS, MAX_TASKS, MAX_TASKS_PER_PHASE, read_trace, synthetic_jobs
@@ -107,19 +107,14 @@ class StragglersProblem(Problem):
         """Replace `trace: FILE.csv` by the jobs it holds (so a plan embeds them and checks anywhere)."""
         if not isinstance(data, dict) or "trace" not in data:
             return data
-        from pathlib import Path
 
         data = dict(data)
         trace = data.pop("trace")
         if not isinstance(trace, str) or not trace:
             raise ValueError(f"at trace: the path of a CSV trace, not {trace!r}")
-        base = (info.context or {}).get("base_dir") if info.context else None
-        path = Path(trace)
-        if not path.is_absolute() and base is not None:
-            path = Path(base) / path
         if "jobs" in data:
             raise ValueError("at trace: either trace or jobs, not both")
-        data["jobs"] = read_trace(path)
+        data["jobs"] = read_trace(document_path(trace, info))
         return data
 
     @model_validator(mode="after")
