@@ -74,3 +74,48 @@ def metrics(problem: OmniServeProblem, res: SimResult, rec: Recorder, window_s: 
         "iterations": float(res.iterations),
         "window_s": window_s,
     }
+
+
+class _PrefillOnly(MixedPolicy):
+    """The ceiling's policy: a BE request leaves the engine once its prefill completes (its decode is free)."""
+
+    def _finish_prefills(self, state: Any) -> None:
+        super()._finish_prefills(state)
+        self.cpu = self.cpu[:0]
+
+
+def be_prefill_ceiling(problem: OmniServeProblem, params: PolicyParams, *, lat: Latency | None = None,
+                       seed: int | None = None) -> dict[str, float]:
+    """Return the GPU-prefill ceiling on BE output throughput at the problem's LS load: BE prefill takes
+    every token of the budget LS leaves (LS decode > LS prefill > BE prefill, LS admission control as
+    `params` states, the token budget and TPOT target of `params`), no BE decode runs on the GPU, and each
+    BE request whose prefill completes within the LS window is credited with its whole output at once.
+
+    Every policy here prefills BE prompts on the GPU under LS priority, so none emits more BE tokens in the
+    window than the requests it prefilled there hold; this run prefills the most (the GPU does nothing
+    else for BE). Keys: `be_output_tokens_per_s` (the ceiling, output tokens/s), `be_prefill_tokens_per_s`
+    (BE prompt tokens prefilled per second of the window), `be_prefilled` (requests), `ls_attainment`
+    (fraction), `window_s` (s). The bound is a simulation of the same engine, not a formula: it assumes
+    nothing about how BE decodes (CPU pools of unlimited memory and pace stand for "decode is free")."""
+    doc = problem.document()
+    doc["cpu_pools"] = [{"name": "ceiling", "attention_tokens_per_s": 1e13, "memory_bytes": 1e18,
+                         "network_gbps": 1e5, "latency_s": 0.0}]
+    free = OmniServeProblem.model_validate(doc)
+    p = PolicyParams("omniserve", params.token_budget, params.tpot_target_s, 0.0, params.admission,
+                     be_batch_max=0, watermark=params.watermark)
+    lat = lat or build_latency(problem)
+    trace, _ = build_trace(free, seed)
+    ls = trace.service == LS
+    window = float(trace.arrival_s[ls][-1]) if ls.any() else 0.0
+    policy = _PrefillOnly(free, lat, p)
+    policy.record_merges = False
+    rec = Recorder(policy, window, 0, free.kv_capacity_tokens(), ["ceiling"])
+    res = simulate(trace, rec)
+    be = (res.requests.service == BE) & np.isfinite(res.ttft_s)
+    done = be & (res.requests.arrival_s + np.where(be, res.ttft_s, 0.0) <= window)
+    out = float(res.requests.output_tokens[done].sum())
+    pre = float(res.requests.prompt_tokens[done].sum())
+    slo = res.slo(problem.ls.ttft_slo_s, problem.ls.tpot_slo_s, service=LS)
+    w = max(window, 1e-12)
+    return {"be_output_tokens_per_s": out / w, "be_prefill_tokens_per_s": pre / w,
+            "be_prefilled": float(np.count_nonzero(done)), "ls_attainment": slo["attainment"], "window_s": window}
