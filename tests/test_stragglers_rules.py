@@ -81,20 +81,56 @@ def test_sda_duplicates_only_after_tau() -> None:
     assert all(r[3] == pytest.approx(tau_s) for r in later)
 
 
-def test_threshold_is_the_processor_sharing_crossover() -> None:
-    """rho* is where E[T(m, 1)] / (1 - rho) = E[T(m, 2)] / (1 - c rho), c = 2 / h(2), capped at stability."""
-    assert T.threshold_load(Variability("pareto", alpha=1.5)) == pytest.approx(1.0)  # c = 1: clone until saturation
-    assert T.threshold_load(Variability("pareto", alpha=2.0)) == pytest.approx(0.5)  # g = 1.5, c = 4/3
-    assert T.threshold_load(Variability("pareto", alpha=1.2)) == pytest.approx(Variability("pareto", 1.2).h(2) / 2)
+def test_ps_crossover_load() -> None:
+    """The previous threshold (kept for comparison): where E[T(m, 1)] / (1 - rho) = E[T(m, 2)] / (1 - c rho),
+    c = 2 / h(2), capped at stability."""
+    assert T.ps_crossover_load(Variability("pareto", alpha=1.5)) == pytest.approx(1.0)  # c = 1: clone until saturation
+    assert T.ps_crossover_load(Variability("pareto", alpha=2.0)) == pytest.approx(0.5)  # g = 1.5, c = 4/3
+    assert T.ps_crossover_load(Variability("pareto", alpha=1.2)) == pytest.approx(Variability("pareto", 1.2).h(2) / 2)
     for var in (Variability("pareto", alpha=2.0), Variability("uniform", a=0.5), Variability("pareto", alpha=1.7)):
         for m in (1, 3, 10):
-            rho = T.threshold_load(var, m)
+            rho = T.ps_crossover_load(var, m)
             assert 0 < rho < 1
             c = 2 / var.h(2)
             def flow(r: int, load: float) -> float:
                 return var.job_time(m, r) / (1 - (c if r == 2 else 1.0) * load)
             assert flow(2, rho) == pytest.approx(flow(1, rho), rel=1e-9)
             assert flow(2, 0.9 * rho) < flow(1, 0.9 * rho) and flow(2, min(0.99 / c, 1.1 * rho)) > flow(1, min(0.99 / c, 1.1 * rho))
+
+
+def test_threshold_is_where_sca_capacity_binds() -> None:
+    """rho* = h(r*) / r*: the load at which the cloned cluster's offered load rho r* E[min_r*] / E[X] reaches
+    the slots, r* SCA's unconstrained utility maximiser for the median job (checked by enumeration)."""
+    for var in (Variability("pareto", alpha=1.2), Variability("pareto", alpha=1.5), Variability("pareto", alpha=2.0),
+                Variability("uniform", a=0.5), Variability("pareto", alpha=3.0)):
+        for m in (1, 2, 5, 20):
+            util = {r: -var.job_time(m, r) - 0.1 * m * r * var.mean_min_factor(r) for r in range(1, 5)}
+            r_star = max(util, key=lambda r: (util[r], -r))
+            assert T.sca_copies(var, m, 0.1, 4) == r_star
+            rho = T.threshold_load(var, m, 0.1, 4)
+            if r_star == 1:
+                assert rho == 0.0
+                continue
+            # at rho* the cloned offered load is exactly the capacity: rho r* E[min_r*] = E[X]
+            assert rho * r_star * var.mean_min_factor(r_star) == pytest.approx(var.mean_factor(), rel=1e-9)
+    assert T.threshold_load(Variability("pareto", alpha=1.5), 1) == pytest.approx(7 / 9)  # r* = 3, h(3) = 7/3
+    assert T.threshold_load(Variability("pareto", alpha=1.2), 1) > 1  # heavy tails: always the light regime
+
+
+def test_sca_resolves_at_departures_by_marginal_utility() -> None:
+    """SCA re-solves its program when a job leaves (the default): the freed slots go to the running job whose
+    remaining tasks gain the most utility per extra slot from one more copy each; resolve 0 leaves them idle."""
+    jobs = [{"id": "a", "arrival_s": 0, "map_s": [5.0, 5.0]}, {"id": "c", "arrival_s": 0, "map_s": [0.01]}]
+    var = {"model": "pareto", "alpha": 1.5}
+    on = api.solve(_problem(4, jobs, variability=var), solver="sca")
+    off = api.solve(_problem(4, jobs, variability=var), solver="sca", resolve=0)
+    assert on.params["resolve"] == 1
+    for plan in (on, off):  # a starts on 2 x 2 copies; c's arrival takes one of a's clones back
+        assert _copies_at(plan, 0.0)[(1, 0)] == 1 and sum(v for (j, _), v in _copies_at(plan, 0.0).items() if j == 0) == 3
+    c_end = max(r[4] for r in on.schedule if r[0] == 1)
+    assert [r for r in on.schedule if r[0] == 0 and r[3] == pytest.approx(c_end)], "c's slot goes back to a's task"
+    assert not [r for r in off.schedule if r[0] == 0 and r[3] > 0]
+    assert api.check(None, on) == [] and api.check(None, off) == []
 
 
 def test_threshold_switches_at_rho_star() -> None:

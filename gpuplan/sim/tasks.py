@@ -886,15 +886,18 @@ class SRPTMSC(SlotPolicy):
 
 
 class SCA(SlotPolicy):
-    """SCA, the Smart Cloning Algorithm (Xu & Lau, INFOCOM 2015) for light load, FIFO job order: when a job's
-    phase starts, its m pending tasks get r copies each, r maximising -w E[T_job(m, r)] s - gamma m r E[min_r] s
-    (s the mean task size) subject to m r <= free slots; clones are given back when a pending task needs a
-    slot. With `resolve` 1 (off by default: an addition of ours, not the paper's rule) the choice is also
-    re-solved at departures: with idle slots and nothing pending, a running job's remaining tasks move to
-    r + 1 copies when the utility grows and they fit."""
+    """SCA, the Smart Cloning Algorithm (Xu & Lau, INFOCOM 2015) for light load, FIFO job order. Its program
+    (research note 4.3): choose r_i copies per task of every job i in the system to maximise
+    sum_i -w_i E[T_job(m_i, r_i)] s_i - gamma m_i r_i E[min_r] s_i subject to sum_i m_i r_i <= N (s_i the mean
+    task size), solved by greedy marginal allocation (E[T_job] is convex decreasing in r). The program's job
+    set changes at arrivals and departures, so it is re-solved there (`resolve` 1, the default): when a job's
+    phase starts its m pending tasks get the r maximising its utility within the free slots; with idle slots
+    and nothing pending, the running jobs' remaining tasks are raised from r to r + 1 copies, the job with the
+    best marginal utility per extra slot first, while it grows and fits. Clones are given back when a pending
+    task needs a slot. `resolve` 0 decides once per phase start (no re-solve at departures)."""
 
     name = "sca"
-    defaults = {"gamma": 0.1, "max_copies": 4, "resolve": 0}
+    defaults = {"gamma": 0.1, "max_copies": 4, "resolve": 1}
 
     def decide(self, sim: Sim, tick: bool) -> None:
         reclaim_clones(sim, _fifo_key)  # re-solving at an arrival: first copies before clones
@@ -908,24 +911,36 @@ class SCA(SlotPolicy):
         return -job.weight * var.job_time(m, r) * s - float(self.params["gamma"]) * m * r * var.mean_min_factor(r) * s
 
     def top_up(self, sim: Sim) -> None:
-        """Re-solve at a departure: with slots idle and nothing pending, raise a running job's copies per
-        task from r to r + 1 (FIFO) while its m remaining tasks fit in the free slots and the utility grows."""
+        """Re-solve at a departure by greedy marginal allocation: with slots idle and nothing pending, among
+        the running jobs whose remaining m tasks can go from r to r + 1 copies within the free slots and gain
+        utility, raise the one with the largest gain per extra slot (ties: FIFO), until none qualifies."""
         cap = int(self.params["max_copies"])
-        for job in sorted({t.job: None for t in sim.running}, key=_fifo_key):
-            while True:
+        jobs = sorted({t.job: None for t in sim.running}, key=_fifo_key)
+        while jobs:
+            best: tuple[float, int, _Job, int] | None = None
+            for i, job in enumerate(jobs):
                 tasks = list(job.running)
+                if not tasks:
+                    continue
                 m = len(tasks)
                 r = min(len(t.copies) for t in tasks)
                 need = sum(max(0, r + 1 - len(t.copies)) for t in tasks)
-                if r >= cap or need > sim.free + EPS:
-                    break
+                if r >= cap or need < 1 or need > sim.free + EPS:
+                    continue
                 s = sum(t.size for t in tasks) / m
-                if self.utility(job, m, r + 1, s) <= self.utility(job, m, r, s) + EPS:
-                    break
-                for t in tasks:
-                    while len(t.copies) < r + 1:
-                        sim.start_copy(t, resched=False)
-                    sim.reschedule(t)
+                gain = self.utility(job, m, r + 1, s) - self.utility(job, m, r, s)
+                if gain <= EPS:
+                    continue
+                key = (-gain / need, i, job, r)
+                if best is None or key[:2] < best[:2]:
+                    best = key
+            if best is None:
+                break
+            _, _, job, r = best
+            for t in list(job.running):
+                while len(t.copies) < r + 1:
+                    sim.start_copy(t, resched=False)
+                sim.reschedule(t)
 
     def copies_for(self, sim: Sim, job: _Job, task: _Task) -> int:
         if job.copies_r:
@@ -1053,18 +1068,42 @@ class ESE(SlotPolicy):
         return out
 
 
-def threshold_load(var: Variability, m: int = 1, r: int = 2) -> float:
-    """Return the workload threshold rho* (a fraction of slot capacity) below which cloning every task of a
-    job of m tasks on r copies (SCA/SDA) gives a lower mean flowtime than running one copy (ESE's regime).
+def sca_copies(var: Variability, m: int, gamma: float = 0.1, max_copies: int = 4, weight: float = 1.0) -> int:
+    """Return SCA's unconstrained copies per task r* for a job of m unit tasks: the r in 1..max_copies
+    maximising -weight E[T_job(m, r)] - gamma m r E[min_r] (SCA's utility with ample slots; ties: fewer)."""
+    best, best_val = 1, -math.inf
+    for r in range(1, max(1, max_copies) + 1):
+        val = -weight * var.job_time(m, r) - gamma * m * r * var.mean_min_factor(r)
+        if val > best_val + EPS:
+            best, best_val = r, val
+    return best
 
-    Derivation (our reconstruction; no fitted constant): cloning multiplies a task's expected machine time by
-    c = r E[min_r] / E[X] = r / h(r) and divides the job's expected time by g = E[T_job(m, 1)] / E[T_job(m, r)]
-    (Pareto order statistics). Treat the cluster as one processor-sharing server (M/G/1-PS: the mean response
-    time is E[S] / (1 - utilisation), insensitive to the service distribution): at offered load rho the job's
-    flowtime is E[T_job(m, 1)] / (1 - rho) without clones and E[T_job(m, r)] / (1 - c rho) with them. Cloning
-    pays while g (1 - c rho) > 1 - rho, i.e. rho < (g - 1) / (g c - 1) when g c > 1, and never beyond the
-    stability limit rho < 1 / c = h(r) / r. Pareto alpha 1.5, m = 1: c = 1, rho* = 1 (always clone below
-    saturation); alpha 2: 0.5; uniform a = 0.5: 0.20; alpha 1.2: h(2) / 2 = 1.75."""
+
+def threshold_load(var: Variability, m: int = 1, gamma: float = 0.1, max_copies: int = 4) -> float:
+    """Return the workload threshold rho* (a fraction of slot capacity) below which SCA's light-load regime
+    applies: rho* = E[X] / (r* E[min_r*]), r* = sca_copies(var, m, gamma, max_copies) for the median job (m
+    tasks, w = 1); for Pareto speeds that is h(r*) / r*.
+
+    Derivation (our reconstruction from SCA's program, research note 4.3; no fitted constant): SCA maximises
+    its utility subject to sum_i m_i r_i <= N. Light load is where that capacity constraint is slack, so every
+    job gets its unconstrained r*. Cloning a task on r* copies multiplies its expected machine time by
+    c = r* E[min_r*] / E[X], so the cloned cluster's offered load is c rho, and by Little's law the busy slots
+    stay below N only while rho < 1 / c. Above it the program's constraint binds on average, SCA's clones are
+    reclaimed as fast as they start, and the heavy-load regime (ESE) applies. When SCA would not clone the
+    median job at all (r* = 1) there is no light-load regime: rho* = 0. Pareto alpha 1.2: r* = 4, rho* = 1.19
+    (always SCA); alpha 1.5: r* = 3, 0.78; alpha 2, m = 1-2: r* = 3, 0.56; uniform a = 0.5, m = 2: r* = 2,
+    0.62."""
+    r = sca_copies(var, m, gamma, max_copies)
+    if r <= 1:
+        return 0.0
+    return var.mean_factor() / (r * var.mean_min_factor(r))
+
+
+def ps_crossover_load(var: Variability, m: int = 1, r: int = 2) -> float:
+    """Return the M/G/1 processor-sharing crossover load of cloning every task of a job of m tasks on r copies
+    (the previous threshold, kept for comparison): cloning multiplies a task's expected machine time by
+    c = r / h(r) and divides the job's expected time by g = E[T_job(m, 1)] / E[T_job(m, r)]; with flowtime
+    E[T] / (1 - utilisation) it pays while rho < (g - 1) / (g c - 1) (when g c > 1), capped at h(r) / r."""
     g = var.job_time(m, 1) / var.job_time(m, r)
     c = r / var.h(r)
     stable = 1.0 / c
@@ -1082,7 +1121,8 @@ class Threshold(Policy):
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(ctx, **params)
-        rho_star = float(self.params["rho_star"]) or threshold_load(ctx.var, max(1, ctx.median_tasks))
+        rho_star = float(self.params["rho_star"]) or threshold_load(
+            ctx.var, max(1, ctx.median_tasks), float(SCA.defaults["gamma"]), int(SCA.defaults["max_copies"]))
         self.params["rho_star"] = rho_star
         light = str(self.params["light"])
         if light not in ("sca", "sda"):
