@@ -18,8 +18,10 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   4 b s^2 (heads x head_dim) / tp, halved when `causal` (the kernel skips masked blocks), its
   backward 2.5x the forward (five matmuls instead of two: it recomputes the scores). Without flash,
   Megatron-LM's explicit path (2021-22): QK^T and AV batched GEMMs over the full square, the fused
-  scale-mask-softmax kernel and a separate dropout kernel over b (heads/tp) s^2 scores, the QKV bias
-  added by its own kernel and the context layer's permute copy.
+  scale-mask-softmax kernel (causal: it reads the lower triangle only) and a separate dropout kernel
+  over b (heads/tp) s^2 scores, the QKV bias added by its own kernel, the context layer's permute
+  copy, and in backward autograd's extra kernels: the alpha scaling of dQ and dK (torch.baddbmm's
+  derivative) and the concatenation of the Q, K, V gradients (the split's derivative).
 * Recomputation: "full" re-runs the whole layer forward (its GEMMs, attention, element-wise ops and
   TP collectives) in backward; "selective" (Korthikanti et al. 2022) re-runs only the attention core
   (QK^T, softmax, dropout, AV); with flash attention that core is already recomputed inside the
@@ -266,9 +268,10 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     ops.append(OpTime("QKV GEMM", *linear(h, qkv)))
     if explicit:
         # bias added by its own kernel: read + write the QKV output; backward: the bias gradient
-        # reduction reads the output gradient once
+        # reduction reads the output gradient once, and the split of the QKV output into Q, K and V
+        # (views) has autograd concatenate their three gradients into one tensor (read + write)
         f = memory_s(dev, T * qkv * w * 2)
-        ops.append(OpTime("QKV bias add", f, f / 2))
+        ops.append(OpTime("QKV bias add + split", f, f / 2 + f))
     heads = max(1, cfg.heads // tp)
     if opts.flash:
         flops = 4.0 * b * seq * seq * heads * d * (0.5 if opts.causal else 1.0)
@@ -280,11 +283,17 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         bh = b * heads
         scores = float(bh * seq * seq)
         # QK^T writes the scores; backward dQ = dS K and dK = dS^T Q (K = seq)
-        ops.append(OpTime("attention scores QK^T", g(seq, seq, d, bh), 2.0 * g(seq, d, seq, bh), core=True))
-        # fused scale+mask+softmax (read, write) then dropout (read, write output + 1-byte mask);
-        # backward: dropout (read grad + mask, write), softmax (read probs + grad, write)
-        ops.append(OpTime("softmax + dropout", memory_s(dev, scores * (4 * w + 1)),
-                          memory_s(dev, scores * (5 * w + 1)), core=True))
+        # (torch.baddbmm with alpha = 1/norm_factor: autograd's formula scales dQ and dK by alpha in
+        # two element-wise kernels, read + write each)
+        kv_out = cfg.kv * d // tp
+        ops.append(OpTime("attention scores QK^T", g(seq, seq, d, bh),
+                          2.0 * g(seq, d, seq, bh) + memory_s(dev, 2.0 * T * (q_out + kv_out) * w), core=True))
+        # Megatron's fused scale+mask+softmax (`softmax_bytes_per_score`: the causal kernel reads the
+        # lower triangle only) then the dropout kernel (read, write output + 1-byte mask; backward:
+        # read grad + mask, write)
+        sm_f, sm_b = softmax_bytes_per_score(w, seq, opts.causal)
+        ops.append(OpTime("softmax + dropout", memory_s(dev, scores * (sm_f + 2 * w + 1)),
+                          memory_s(dev, scores * (sm_b + 2 * w + 1)), core=True))
         # AV reads the probabilities; backward dV = P^T dO (K = seq) and dP = dO V^T (writes s^2)
         ops.append(OpTime("attention context AV", g(seq, d, seq, bh), g(seq, d, seq, bh) + g(seq, seq, d, bh),
                           core=True))
@@ -338,6 +347,23 @@ def ce_bytes_per_logit(w: int) -> tuple[float, float]:
     sum in place, kept as the softmax for backward (4 + 4); backward: scale the softmax by the loss
     gradient in place (4 + 4), cast back (read 4, write w). The target-logit gathers are per token."""
     return (w + 4) + 4 + 8 + 8 + 4 + 8, 8.0 + (4 + w)
+
+
+def softmax_bytes_per_score(w: int, seq: int, causal: bool) -> tuple[float, float]:
+    """Return the (forward, backward) HBM bytes per attention score of Megatron-LM's fused
+    scale + mask + softmax kernels on `w`-byte scores of `seq` keys.
+
+    Causal (`scaled_upper_triang_masked_softmax`, megatron/fused_kernels, 2021-2023): row i reads
+    its first i + 1 scores only and writes the whole row (zeros above the diagonal): forward
+    w (s+1)/(2s) + w; backward reads the output gradient and the probabilities of the lower
+    triangle and writes the whole row: 2 w (s+1)/(2s) + w. With a padding mask
+    (`scaled_masked_softmax`): 2w and 3w. The kernels' own limits (16 < keys <= 2048 until May
+    2023, micro-batch x heads a multiple of 4; otherwise PyTorch's fp32 sequence, ~9x the bytes)
+    are not modelled: every explicit-attention layer is costed with the fused kernel."""
+    if causal:
+        r = (seq + 1) / (2.0 * seq)
+        return w * r + w, 2.0 * w * r + w
+    return 2.0 * w, 3.0 * w
 
 
 def embedding_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, b: int, seq: int) -> tuple[float, float]:
