@@ -75,13 +75,14 @@ def rows() -> list[dict[str, Any]]:
         for label, cluster, ranks in clusters_of(s):
             ids = list(range(ranks))
             algos = s.get("nccl_algo")          # NCCL_ALGO the run set (None: NCCL's default choice)
+            ver = s.get("nccl_version")         # the NCCL the run used, as its source states
             for size, published in s["points"]:
-                nccl = bus_bandwidth_GBps(cluster, "all_reduce", size, ids, algos=algos)
-                est_s = nccl_estimate_s(cluster, "all_reduce", size, ids, algos=algos)
+                nccl = bus_bandwidth_GBps(cluster, "all_reduce", size, ids, algos=algos, nccl_version=ver)
+                est_s = nccl_estimate_s(cluster, "all_reduce", size, ids, algos=algos, nccl_version=ver)
                 est = bus_factor("all_reduce", ranks) * size / est_s / 1e9 if est_s else nccl
                 lagom = bus_factor("all_reduce", ranks) * size / lagom_time_s(cluster, "all_reduce", size, ids,
-                                                                              algos=algos) / 1e9
-                choice = nccl_choice(cluster, "all_reduce", size, ids, algos=algos)
+                                                                              algos=algos, nccl_version=ver) / 1e9
+                choice = nccl_choice(cluster, "all_reduce", size, ids, algos=algos, nccl_version=ver)
                 out.append({"series": s["name"], "source": " ".join(s["source"].split()), "topology": label,
                             "provenance": s.get("provenance", "statement"),
                             "size": int(size), "published": float(published), "est": est, "nccl": nccl, "lagom": lagom,

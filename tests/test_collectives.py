@@ -255,8 +255,10 @@ def test_small_chunks_are_bound_by_flow_control_default_chunks_are_not() -> None
     assert small > 5 * nccl
     big, _ = _lagom_parts(c8, ids, GiB, "ring", "Simple", 2 * 2**20)
     # 1 GiB over 24 channels: 2 full loops of 8 x 2 MiB and a last of 8 x 1.33 MiB, 2 slices each: 6
-    # handshakes a step where NCCL counts one, 14 steps x 5 x (3.4 - 0.6) us
-    assert big == pytest.approx(nccl + 14 * 5 * 2.8, rel=1e-6)
+    # handshakes a step where NCCL counts one, 14 steps x 5 x (3.4 - 0.6) us; and A100 reads each slice
+    # from the previous GPU (P2P read on SM80 NVLink): 14 x 6 slices x a round trip of two measured
+    # 1.98 us NVLink steps
+    assert big == pytest.approx(nccl + 14 * 5 * 2.8 + 14 * 6 * 2 * 1.98, rel=1e-6)
 
 
 def test_measured_nvlink_step_latency_on_ampere_only() -> None:
@@ -315,8 +317,22 @@ def test_nccl_algo_restriction_and_nvls_chunking() -> None:
     assert heads == 8
     assert cost.nccl_chunk("all_reduce", "nvls", "Simple", GiB, link, 8) == 128 * 1024
     assert cost.nccl_chunk("all_reduce", "nvls", "Simple", 2**20, link, 8) == 16 * 1024
-    assert cost.busy_channels("all_reduce", 2**19, "nvls", link, 8, 16 * 1024) == 4    # 512 KiB / (8 x 16 KiB)
-    assert cost.busy_channels("all_reduce", GiB, "nvls", link, 8, 128 * 1024) == 8
+    # NCCL 2.30.7: the scheduler's 32 KiB traffic cells over the 16 NVLS CTAs (1 MiB of traffic: all
+    # 16, or the 8 a setting asks for); 64 KiB of all_reduce is 128 KiB of traffic: 4 CTAs
+    assert cost.busy_channels("all_reduce", 2**19, "nvls", link, 16, 16 * 1024) == 16
+    assert cost.busy_channels("all_reduce", 2**19, "nvls", link, 8, 16 * 1024) == 8
+    assert cost.busy_channels("all_reduce", 2**16, "nvls", link, 16, 16 * 1024) == 4
+    assert cost.busy_channels("all_reduce", GiB, "nvls", link, 64, 128 * 1024) == 16
+    # NCCL 2.18 / 2.19 on one node: CTA bid takes whole 8 heads x 16 KiB blocks, 512 KiB: 4 CTAs
+    old = lagom_link(h100, ids, nccl_version="2.18.5")
+    assert nt.nvls_block_split(old.topo) and not nt.nvls_block_split(link.topo)
+    assert cost.busy_channels("all_reduce", 2**19, "nvls", old, 16, 16 * 1024) == 4
+    assert cost.busy_channels("all_reduce", 2**17, "nvls", old, 16, 16 * 1024) == 1
+    # every busy CTA works with all 8 heads: bandwidth in proportion to the busy CTAs
+    c = cost.Consts()
+    full = float(cost.comm_bw_GBps("all_reduce", GiB, "nvls", "Simple", link, c, 16, 640, 128 * 1024))
+    assert float(cost.comm_bw_GBps("all_reduce", 2**19, "nvls", "Simple", old, c, 16, 640, 16 * 1024)) == \
+        pytest.approx(full * 4 / 16)
     assert cost.steps_per_rank("all_reduce", "nvls", link) == 2
     assert cost.steps_per_rank("all_reduce", "ring", link) == 14
 
@@ -328,8 +344,9 @@ def test_nccl_kernel_pipeline_hand_derived() -> None:
     to 32 KiB (512 KiB < 8 x 8 heads x 64 KiB); a loop is 8 heads x 32 KiB, so two loops, and the
     reduce and gather stages start one loop after the stage before: two loop-stage times = one
     transfer. 8 x A100, ring Simple of 32 MiB: 24 channels of 1.33 MiB, one loop of 8 chunks of
-    170.7 KiB, two slices a step: 14 steps x one more handshake x (3.4 - 0.6) us. LL, LL128 and the
-    tree add nothing (line-level flags; NCCL's tree correction)."""
+    170.7 KiB, two slices a step: 14 steps x one more handshake x (3.4 - 0.6) us, plus (P2P read, SM80
+    over NVLink) a remote load's round trip per slice. LL, LL128 and the tree add nothing (line-level
+    flags; NCCL's tree correction)."""
     from gpuplan.models.collectives import group_shape, nccl_estimate_s
 
     h100 = Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"H100": 8}}]})
@@ -352,7 +369,11 @@ def test_nccl_kernel_pipeline_hand_derived() -> None:
     assert (cha.algo, cha.proto, cha.channels) == ("ring", "Simple", 24)
     assert nt.ring_slices_per_step(size / 24, 8) == 2
     assert nt.slice_sync_us(ta) == pytest.approx(2.8)
-    assert collective_time_s(a100, "all_reduce", size, ids) == pytest.approx((cha.time_us + 14 * 2.8) * 1e-6)
+    assert nt.p2p_read(ta) and nt.read_latency_us(ta) == pytest.approx(1.2)
+    # per step: one more handshake (3.4 - 0.6) and, P2P read on SM80 NVLink, two slices that each wait
+    # a remote load's round trip (2 x NCCL's one-way NVLink step, 0.6 us)
+    assert collective_time_s(a100, "all_reduce", size, ids) == pytest.approx(
+        (cha.time_us + 14 * 2.8 + 14 * 2 * 1.2) * 1e-6)
     for algo, proto in (("ring", "LL"), ("ring", "LL128"), ("tree", "Simple"), ("tree", "LL128")):
         assert nt.pipeline_us(ta, "all_reduce", algo, proto, float(size), 24) == 0.0
 

@@ -29,7 +29,7 @@ Contract:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from gpuplan.models import lagom_cost as cost
@@ -224,8 +224,18 @@ def _algos(algos: Iterable[str] | None) -> tuple[str, ...]:
     return out
 
 
+def _topology(shape: Shape, nccl_version: str | None) -> nt.Topology | None:
+    """The group's NCCL topology, running `nccl_version` when one is given (nccl_tuning.Topology:
+    it selects the one-node NVLS kernel's work split; None: NCCL 2.30.7's)."""
+    t = shape.topology
+    if t is None or nccl_version is None:
+        return t
+    return replace(t, nccl_version=nt.parse_version(nccl_version))
+
+
 def nccl_choice(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int],
-                dtype_bytes: int = 2, algos: Iterable[str] | None = None) -> nt.Choice | None:
+                dtype_bytes: int = 2, algos: Iterable[str] | None = None,
+                nccl_version: str | None = None) -> nt.Choice | None:
     """Return NCCL's default (algorithm, protocol, time us, channels, threads) for `op` over the group,
     or None when the group falls back to alpha-beta (unknown devices, point-to-point ops, one rank).
     `algos` restricts the algorithms as NCCL_ALGO does."""
@@ -233,14 +243,17 @@ def nccl_choice(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[i
     shape = group_shape(cluster, device_ids)
     if shape.topology is None or op not in TUNED_OPS or shape.ranks <= 1:
         return None
-    return nt.choose(shape.topology, op, float(_elements(size_bytes, dtype_bytes)), algos=_algos(algos))
+    return nt.choose(_topology(shape, nccl_version), op, float(_elements(size_bytes, dtype_bytes)),
+                     algos=_algos(algos))
 
 
 def collective_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
-                      calibration: Calibration | None = None, algos: Iterable[str] | None = None) -> float:
+                      calibration: Calibration | None = None, algos: Iterable[str] | None = None,
+                      nccl_version: str | None = None) -> float:
     """Return the seconds of `op` on `size_bytes` over `device_ids` of `cluster` with NCCL's default
     choice (see the module docstring for the contract); 0 for one device. `algos` restricts the
-    algorithms as NCCL_ALGO does (ValueError when none of them runs on the group)."""
+    algorithms as NCCL_ALGO does (ValueError when none of them runs on the group); `nccl_version`
+    (e.g. '2.18.5') the NCCL whose one-node NVLS kernel runs (default 2.30.7's)."""
     _check_op(op)
     shape = group_shape(cluster, device_ids)
     if shape.ranks <= 1:
@@ -252,50 +265,53 @@ def collective_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iter
             return fit.time_s(size)
     if shape.topology is None or op not in TUNED_OPS:
         return fallback_time_s(op, size, shape.ranks, shape.link_GBps, shape.link_latency_s)
-    ch = nt.choose(shape.topology, op, float(size), algos=_algos(algos))
-    return (ch.time_us + nt.pipeline_us(shape.topology, op, ch.algo, ch.proto, float(size), ch.channels)) * 1e-6
+    topo = _topology(shape, nccl_version)
+    ch = nt.choose(topo, op, float(size), algos=_algos(algos))
+    return (ch.time_us + nt.pipeline_us(topo, op, ch.algo, ch.proto, float(size), ch.channels)) * 1e-6
 
 
 def nccl_estimate_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
-                    algos: Iterable[str] | None = None) -> float | None:
+                    algos: Iterable[str] | None = None, nccl_version: str | None = None) -> float | None:
     """Return NCCL's own estimate (s) of its default choice (latency + size / bandwidth, without the
     kernel pipeline collective_time_s adds), or None where there is no NCCL model for the group."""
-    ch = nccl_choice(cluster, op, size_bytes, device_ids, dtype_bytes, algos)
+    ch = nccl_choice(cluster, op, size_bytes, device_ids, dtype_bytes, algos, nccl_version)
     return None if ch is None else ch.time_us * 1e-6
 
 
 def bus_bandwidth_GBps(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
-                       calibration: Calibration | None = None, algos: Iterable[str] | None = None) -> float:
+                       calibration: Calibration | None = None, algos: Iterable[str] | None = None,
+                       nccl_version: str | None = None) -> float:
     """Return nccl-tests' bus bandwidth (GB/s) of `op` over the group: bus factor x size / time
     (all_reduce 2(n-1)/n, all_gather / reduce_scatter (n-1)/n, others 1); 0 for one device."""
     ids = tuple(device_ids)
-    t = collective_time_s(cluster, op, size_bytes, ids, dtype_bytes, calibration, algos)
+    t = collective_time_s(cluster, op, size_bytes, ids, dtype_bytes, calibration, algos, nccl_version)
     n = len(ids)
     if n <= 1 or t <= 0:
         return 0.0
     return bus_factor(op, n) * _elements(size_bytes, dtype_bytes) / t / 1e9
 
 
-def lagom_link(cluster: Any, device_ids: Iterable[int]) -> cost.Link | None:
+def lagom_link(cluster: Any, device_ids: Iterable[int], nccl_version: str | None = None) -> cost.Link | None:
     """Return Lagom's cost-model Link for the group (NCCL's graphs on the cluster's hardware), or None
     when the group falls back to alpha-beta (unknown devices or one rank)."""
     shape = group_shape(cluster, device_ids)
     if shape.topology is None or shape.ranks <= 1:
         return None
-    return cost.link_from_topology(shape.topology, shape.arch)
+    return cost.link_from_topology(_topology(shape, nccl_version), shape.arch)
 
 
 def lagom_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
-                 consts: cost.Consts | None = None, algos: Iterable[str] | None = None) -> float:
+                 consts: cost.Consts | None = None, algos: Iterable[str] | None = None,
+                 nccl_version: str | None = None) -> float:
     """Return Lagom's extended-model seconds (chain fill, flow control, step latency, thread
     saturation) of `op` at NCCL's default setting over the group (`algos`: restricted as NCCL_ALGO
-    does); the alpha-beta fallback where there is no NCCL model."""
+    does; `nccl_version` as collective_time_s); the alpha-beta fallback where there is no NCCL model."""
     _check_op(op)
     ids = tuple(device_ids)
-    link = lagom_link(cluster, ids)
+    link = lagom_link(cluster, ids, nccl_version)
     size = _elements(size_bytes, dtype_bytes)
     if link is None or op not in cost.COLLECTIVES:
-        return collective_time_s(cluster, op, size, ids, dtype_bytes)
+        return collective_time_s(cluster, op, size, ids, dtype_bytes, nccl_version=nccl_version)
     c = consts or cost.Consts()
     a, p, nc, nthreads, chunk = cost.nccl_default(op, size, link, c, None if algos is None else _algos(algos))
     return float(cost.comm_time_us(op, size, a, p, link, c, nc, nthreads, chunk)) * 1e-6

@@ -399,11 +399,14 @@ def busy_channels(collective: str, size_bytes: float, algo: str, link: Link, cha
                   chunk_bytes: Any = None) -> Any:
     """Return how many of `channels` get work: NCCL spreads the last loop of a ring or tree over every
     channel, down to one 4 KiB slice per rank and channel, so only tiny messages leave channels idle;
-    NVLS hands out whole chunks, one per (channel, head), so an op smaller than channels x heads x
-    chunk keeps only ceil(size / (heads x chunk)) channels busy."""
-    if algo in ("nvls", "nvlstree") and chunk_bytes is not None:
-        units = np.maximum(1.0, np.ceil(size_bytes / (_per_loop(collective, algo, link) * chunk_bytes)))
-        return np.minimum(channels, units)
+    NVLS counts CTAs (nccl_tuning.nvls_busy_ctas): from NCCL 2.20 the scheduler's 32 KiB traffic
+    cells (a 64 KiB all_reduce keeps 4 of 16 busy), in NCCL 2.18 / 2.19 on one node one CTA per
+    nHeads x chunk block (a 128 KiB all_reduce on 8 GPUs runs on one CTA)."""
+    if algo in ("nvls", "nvlstree"):
+        chunk = None if chunk_bytes is None or np.ndim(chunk_bytes) else float(chunk_bytes)
+        busy = nt.nvls_busy_ctas(link_topology(link), _tuned(collective), algo, float(size_bytes),
+                                 nvls_heads(link), chunk)
+        return np.minimum(np.maximum(1, channels), busy)
     slices = np.maximum(1.0, np.floor(size_bytes / (_per_loop(collective, algo, link) * 4096.0)))
     return np.minimum(channels, slices)
 
@@ -510,13 +513,16 @@ def comm_bw_GBps(collective: str, size_bytes: float, algo: str, proto: str, link
     protocol caps)."""
     nc = busy_channels(collective, size_bytes, algo, link, channels, chunk_bytes)
     g = link_graphs(link)
+    thr = np.minimum(1.0, threads / c.thread_sat(proto))
     if algo in ("nvls", "nvlstree"):
-        nc = np.maximum(nc, 2)
+        # every CTA works with all nHeads (the NVLS graph); NCCL's bandwidth is that of its
+        # nvlsChannels CTAs, and the busy ones move nc / nvlsChannels of it
+        t = link_topology(link)
+        full = nt.bus_bandwidth(t, g, _tuned(collective), algo, proto, link_caps(link, c, cap=True), None, thr)
+        return full * nc / nt.nvls_ctas(t)
     if link.topo is not None:
         # channels beyond the searched graph's duplicate it over the same links: no more bandwidth
-        graph = g.nvls if algo in ("nvls", "nvlstree") else None
-        nc = np.minimum(nc, graph.channels if graph is not None else link.channels)
-    thr = np.minimum(1.0, threads / c.thread_sat(proto))
+        nc = np.minimum(nc, link.channels)
     return nt.bus_bandwidth(link_topology(link), g, _tuned(collective), algo, proto,
                             link_caps(link, c, cap=True), _graph_nc(link, algo, nc), thr)
 
@@ -549,7 +555,8 @@ def comm_time_us(collective: str, size_bytes: float, algo: str, proto: str, link
     if pipelined(collective, algo, proto):
         # NCCL's kernel pipeline (nccl_tuning.pipeline_us): the NVLS stage fill, the ring's per-slice sync
         fill = nt.pipeline_us(link_topology(link), _tuned(collective), algo, proto, float(size_bytes), channels,
-                              link_graphs(link), link_caps(link, c), chunk_bytes, transfer)
+                              link_graphs(link), link_caps(link, c), chunk_bytes, transfer,
+                              c.hop_us(link.arch) if link.intra == "nvlink" else None)
     else:
         fill = fill_depth(collective, algo, proto, link) * piece / (1000.0 * bus / nc)
     return lat + np.maximum(transfer, sync) + fill

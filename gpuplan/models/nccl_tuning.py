@@ -126,7 +126,9 @@ class Topology:
     (`nvswitch`) or a direct mesh; `pcie_GBps` NCCL's bandwidth of one GPU's PCIe link; per node
     `nics` NICs of `nic_GBps` each; the CPU vendor (NCCL's net overhead and LL cap across nodes);
     `latency_inter_us` the network's extra latency (graphs' latencyInter: 0 for InfiniBand); `ll128`
-    forces LL128 on or off (None: NCCL's own rule).
+    forces LL128 on or off (None: NCCL's own rule); `nccl_version` (major, minor) of the NCCL that
+    runs: it selects only the one-node NVLS kernel's work split (`nvls_block_split`); the tables
+    are NCCL 2.30.7's whatever it says.
     """
 
     ranks: int
@@ -143,6 +145,7 @@ class Topology:
     nvls_enable: bool = True
     latency_inter_us: float = 0.0
     ll128: bool | None = None
+    nccl_version: tuple[int, int] = (2, 30)
 
     @property
     def ppn(self) -> float:
@@ -586,7 +589,7 @@ def choose(t: Topology, coll: str, size_bytes: float, g: Graphs | None = None, c
     tm, a, p = best
     g = g or graphs(t)
     if a in ("nvls", "nvlstree"):
-        return Choice(a, p, tm, g.nvls.channels if g.nvls else 2, 640)
+        return Choice(a, p, tm, nvls_ctas(t), 640)
     nc = g.comm_channels
     nt = max_threads(t, a, p, g)
     thr = THREAD_THRESHOLD[p] * (t.ranks if (a == "ring" and p == "LL") else 1)
@@ -629,6 +632,11 @@ def max_threads(t: Topology, algo: str, proto: str, g: Graphs | None = None) -> 
 #   their head's chunk, gather warps copy the result out; a loop is nHeads chunks, and the second and
 #   third stages start one loop late (fill: two loop-stage times). The NVLS tree (NVLS_TREE) has four
 #   warp groups per node (scatter, reduce -> tree up, tree down -> multicast, gather).
+# - P2P read on Ampere (graph/paths.cc ncclTopoCheckP2p: NVLink between two SM80 GPUs; transport/p2p.cc
+#   puts the Simple buffer on the sender): a receiving CTA loads each slice from the previous GPU's
+#   memory after it has seen the tail flag, so every slice also waits a remote load's round trip
+#   (two one-way NVLink steps) before its data flows. LL / LL128 buffers stay on the receiver
+#   (written remotely), and no other architecture reads.
 # - The broadcast / reduce ring pipeline (PipelineFrom / PipelineTo, Simple): a chain of nRanks - 1
 #   hops that fills one chunk (BROADCAST_CHUNKSTEPS = 1 step) per hop.
 # A ring all_reduce / all_gather / reduce_scatter has no fill: every rank sends its own chunk at the
@@ -654,6 +662,48 @@ def nvls_ctas(t: Topology) -> int:
     if t.cc >= 100:
         return 32 if t.nodes > 1 else 24
     return 16
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    """Return (major, minor) of an NCCL version string such as '2.18.5' (ValueError otherwise)."""
+    parts = str(version).strip().split(".")
+    if len(parts) < 2 or not all(x.isdigit() for x in parts[:2]):
+        raise ValueError(f"nccl_version: an NCCL version such as 2.18.5, not {version!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def nvls_block_split(t: Topology, algo: str = "nvls") -> bool:
+    """Return whether the one-node NVLS all_reduce kernel hands out work in contiguous blocks: NCCL
+    2.18 / 2.19 (device/all_reduce.h RunWorkElement<NVLS, SIMPLE>: CTA `bid` takes the block at
+    bid x nHeads x chunkSize of every loop of nChannels x nHeads x chunkSize, so an op below
+    nvlsChannels x nHeads x chunk runs on ceil(size / (nHeads x chunk)) CTAs); from 2.20 each channel
+    gets an even share (`args->oneNode`: workOffset / workCount from the scheduler)."""
+    return algo == "nvls" and t.nodes == 1 and t.nccl_version < (2, 20)
+
+
+def nvls_block_chunk_bytes(t: Topology, size_bytes: float, heads: int) -> int:
+    """Return the chunk NCCL 2.18 / 2.19 give a one-node NVLS op (enqueue.cc computeColl, over the whole
+    op: concurrentOps = nvlsChannels x nHeads; 128 KiB, 64 / 32 / 16 KiB below 64 / 8 / 2 x
+    concurrentOps x chunk)."""
+    ops = nvls_ctas(t) * heads
+    chunk = NVLS_CHUNK_BYTES
+    for factor, size in ((64, 65536), (8, 32768), (2, 16384)):
+        if size_bytes < factor * ops * chunk and chunk > size:
+            chunk = size
+    return chunk
+
+
+def nvls_busy_ctas(t: Topology, coll: str, algo: str, size_bytes: float, heads: int,
+                   chunk_bytes: float | None = None) -> int:
+    """Return how many of the nvlsChannels CTAs get data: NCCL 2.18 / 2.19 (one node) one per
+    nHeads x chunk block (`chunk_bytes`, default NCCL's), up to all of them; from 2.20 the
+    scheduler's cells of 32 KiB of traffic (cbd_channels)."""
+    ctas = nvls_ctas(t)
+    if nvls_block_split(t, algo):
+        chunk = nvls_block_chunk_bytes(t, size_bytes, heads) if chunk_bytes is None else float(chunk_bytes)
+        block = heads * chunk
+        return int(max(1, min(ctas, -(-size_bytes // block))))
+    return cbd_channels(t, coll, size_bytes, ctas)
 
 
 def _traffic_per_byte(coll: str, n: int) -> int:
@@ -710,13 +760,37 @@ def slice_sync_us(t: Topology) -> float:
     return hw[2] - hw[0]
 
 
+def p2p_read(t: Topology) -> bool:
+    """Return whether every hop of the group's ring reads its Simple data from the previous GPU
+    (P2P read): graph/paths.cc ncclTopoCheckP2p enables it for an NVLink path between two SM80 GPUs
+    only (transport/p2p.cc then places the Simple buffer on the sender, so the receiver's copy starts
+    with remote loads). True on one node of SM80 GPUs over NVLink; across nodes the network hop,
+    not an NVLink one, paces the ring (NCCL's net Simple step, 14 us, against NVLink's 3.4), and the
+    8 FIFO slots per connection let the faster NVLink hops run ahead, so their read latency hides."""
+    return t.cc == 80 and (t.cc_max or t.cc) == 80 and t.intra == "nvlink" and t.nodes == 1
+
+
+def read_latency_us(t: Topology, hop_us: float | None = None) -> float:
+    """Return the latency (us) a P2P-read Simple slice exposes before its data flows: a remote load's
+    round trip, two one-way NVLink steps (`hop_us`, default NCCL's own one-way step,
+    tuning.cc hwLat[NVLINK][RING][LL] = 0.6 us). The receiver issues the loads only once it has
+    seen the sender's tail flag (prims_simple.h waitPeer -> reduceCopy), so the round trip cannot
+    overlap the handshake; a write-based slice (every other architecture) streams its stores and
+    pays only the flag, which NCCL's Simple step latency already holds."""
+    one_way = HW_LAT_US["nvlink"]["ring"][0] if hop_us is None else float(hop_us)
+    return 2.0 * one_way
+
+
 def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, channels: Any,
                 g: Graphs | None = None, caps: Caps = NO_CAPS, chunk_bytes: Any = None,
-                transfer_us: Any = None) -> Any:
+                transfer_us: Any = None, hop_us: float | None = None) -> Any:
     """Return the time (us) NCCL's kernel pipeline adds to NCCL's latency + size / bandwidth estimate of
     (coll, algo, proto) on `channels` channels (see the comment above: Simple's serial per-slice
     handshake on the ring pattern, the NVLS and NVLS-tree stage fill, the broadcast / reduce chain
     fill); 0 where the estimate already holds the structure (LL, LL128, tree).
+
+    On one node of SM80 GPUs over NVLink (`p2p_read`) every ring Simple slice also waits a remote
+    load's round trip (`read_latency_us`: two one-way NVLink steps, `hop_us` or NCCL's own 0.6 us).
 
     `chunk_bytes` replaces NCCL's chunk (ring: CHUNKSTEPS steps of the Simple buffer; NVLS:
     calcCollChunking's), `transfer_us` NCCL's size / algBw (another model's transfer time); numpy
@@ -725,6 +799,7 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
     if proto != "Simple" or size_bytes <= 0:
         return 0.0
     n = t.ranks
+    transfer_given = transfer_us
     if transfer_us is None:
         e = tuning(t, g, caps).get((coll, algo, proto))
         if e is None or e.algbw_GBps <= 0:
@@ -733,7 +808,10 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
     if algo == "ring" and coll in ("all_reduce", "all_gather", "reduce_scatter"):
         nc = np.minimum(np.maximum(1, channels), cbd_channels(t, coll, size_bytes, MAX_CHANNELS))
         slices = ring_slices_per_step(size_bytes / nc, n, chunk_bytes)
-        return nsteps(coll, n) * (slices - 1) * slice_sync_us(t) * caps.latency_scale
+        out = nsteps(coll, n) * (slices - 1) * slice_sync_us(t)
+        if p2p_read(t):       # Ampere over NVLink: every slice first waits a remote load's round trip
+            out = out + nsteps(coll, n) * slices * read_latency_us(t, hop_us)
+        return out * caps.latency_scale
     if algo == "ring":        # broadcast / reduce: PipelineFrom / PipelineTo, n - 1 hops
         nc = np.minimum(np.maximum(1, channels), cbd_channels(t, coll, size_bytes, MAX_CHANNELS))
         per = size_bytes / nc
@@ -744,12 +822,28 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
         if graph is None:
             return 0.0
         heads = int(graph.channels)
-        nc = cbd_channels(t, coll, size_bytes, nvls_ctas(t))
+        ctas = nvls_ctas(t)
+        nc = nvls_busy_ctas(t, coll, algo, size_bytes, heads,
+                            None if chunk_bytes is None or np.ndim(chunk_bytes) else float(chunk_bytes))
         per = size_bytes / nc
-        chunk = np.asarray(nvls_chunk_bytes(t, algo, per, heads) if chunk_bytes is None else chunk_bytes, dtype=float)
-        # one partial loop: heads x lastChunkSize, aligned to 16 KiB (all_reduce.h)
-        last = np.ceil(np.ceil(per / heads) / NVLS_LAST_CHUNK_ALIGN_BYTES) * NVLS_LAST_CHUNK_ALIGN_BYTES
-        chunk = np.where(per < heads * chunk, np.minimum(chunk, last), chunk)
+        busy = np.minimum(np.maximum(1, channels), nc)      # the op's CTAs with data
+        if nvls_block_split(t, algo):
+            # NCCL 2.18 / 2.19: whole nHeads x chunk blocks per CTA, no last-loop realignment
+            chunk = np.asarray(nvls_block_chunk_bytes(t, size_bytes, heads) if chunk_bytes is None else chunk_bytes,
+                               dtype=float)
+        else:
+            chunk = np.asarray(nvls_chunk_bytes(t, algo, per, heads) if chunk_bytes is None else chunk_bytes,
+                               dtype=float)
+            # one partial loop: heads x lastChunkSize, aligned to 16 KiB (all_reduce.h)
+            last = np.ceil(np.ceil(per / heads) / NVLS_LAST_CHUNK_ALIGN_BYTES) * NVLS_LAST_CHUNK_ALIGN_BYTES
+            chunk = np.where(per < heads * chunk, np.minimum(chunk, last), chunk)
+        idle = 0.0
+        if transfer_given is None:
+            # NCCL's bandwidth is that of all nvlsChannels CTAs ("NVLS should not need more than 16
+            # channels to get peak BW", enqueue.cc): the busy ones move the op at busy / ctas of it
+            idle = transfer_us * (ctas / busy - 1.0)
+            transfer_us = transfer_us * ctas / busy
+        per = size_bytes / busy
         stage = transfer_us * np.minimum(1.0, heads * chunk / per)    # one loop through the slowest stage
         if algo == "nvls":
             out = 2.0 * stage                  # scatter -> reduce/multicast -> gather: two stages of fill
@@ -761,5 +855,6 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
             bus = float(bus_bandwidth(t, g or graphs(t), coll, algo, proto, caps))
             rel = min(1.0, bus / intra_GBps) if intra_GBps > 0 else 1.0
             out = stage * (1.0 + 2.0 * rel)
+        out = out + idle
         return float(out) if np.ndim(out) == 0 else out
     return 0.0
