@@ -224,7 +224,9 @@ def test_ring_pattern_has_no_pipeline_fill_but_a_simple_tree_chain_does() -> Non
     link = lagom_link(big, ids)
     assert link.channels == 16
     lat = cost.nccl_latency_us("all_reduce", "ring", "Simple", link, cost.Consts())
-    assert lag == pytest.approx(nccl - 0.4 * lat + 254 * 1 * (3.4 - 0.6), rel=1e-3)
+    # and A100's 224 NVLink steps each take the measured 1.98 us step where NCCL's table says 0.6 (the
+    # Simple extra over LL stays NCCL's: 1.98 + 2.8 against max(3.4, 3 x 1 us net overhead))
+    assert lag == pytest.approx(nccl - 0.4 * lat + 254 * 1 * (3.4 - 0.6) + 224 * (1.98 - 0.6), rel=1e-3)
     assert cost.fill_depth("all_reduce", "ring", "Simple", link) == 0.0
     assert cost.fill_depth("all_reduce", "tree", "LL128", link) == 0.0           # LL128 forwards per line
     depth = cost.fill_depth("all_reduce", "tree", "Simple", link)
@@ -238,8 +240,9 @@ def test_ring_pattern_has_no_pipeline_fill_but_a_simple_tree_chain_does() -> Non
 
 def test_small_chunks_are_bound_by_flow_control_default_chunks_are_not() -> None:
     """A ring Simple channel keeps 4 slices in flight (8 FIFO slots, 2 per slice); each slot cycles in
-    slice time + 2 step latencies (3.4 us on NVLink): 4 KiB chunks (2 KiB slices) cap a channel at
-    4 x 2 KiB / (0.2 + 6.8 us) ~ 1.2 GB/s, far below its 10 GB/s; NCCL's 2 MiB chunks do not."""
+    slice time + 2 step latencies (4.78 us on A100's NVLink: the measured 1.98 us step plus NCCL's
+    Simple extra of 2.8): 4 KiB chunks (2 KiB slices) cap a channel at 4 x 2 KiB / (0.2 + 9.6 us)
+    ~ 0.8 GB/s, far below its 10 GB/s; NCCL's 2 MiB chunks do not."""
     from gpuplan.models import lagom_cost as cost
     from gpuplan.models.collectives import lagom_link
 
@@ -249,7 +252,8 @@ def test_small_chunks_are_bound_by_flow_control_default_chunks_are_not() -> None
     per_channel = float(cost.comm_bw_GBps("all_reduce", GiB, "ring", "Simple", link, cost.Consts(),
                                           link.channels, 512)) / link.channels
     w = float(cost.window_GBps("all_reduce", "ring", "Simple", link, cost.Consts(), 4096.0, per_channel))
-    assert w == pytest.approx(4 * 2048 / (1000.0 * (2048 / (1000.0 * per_channel) + 2 * 3.4)))
+    step = 3.4 - 0.6 + 1.98      # NCCL's Simple extra over LL on the measured A100 NVLink step
+    assert w == pytest.approx(4 * 2048 / (1000.0 * (2048 / (1000.0 * per_channel) + 2 * step)))
     assert w < per_channel / 5
     small, nccl = _lagom_parts(c8, ids, GiB, "ring", "Simple", 4096)
     assert small > 5 * nccl
@@ -258,18 +262,23 @@ def test_small_chunks_are_bound_by_flow_control_default_chunks_are_not() -> None
     # handshakes a step where NCCL counts one, 14 steps x 5 x (3.4 - 0.6) us; and A100 reads each slice
     # from the previous GPU (P2P read on SM80 NVLink): 14 x 6 slices x a round trip of two measured
     # 1.98 us NVLink steps
-    assert big == pytest.approx(nccl + 14 * 5 * 2.8 + 14 * 6 * 2 * 1.98, rel=1e-6)
+    # (and NCCL's 14 Simple steps each take the measured step: + 14 x (1.98 - 0.6))
+    assert big == pytest.approx(nccl + 14 * 5 * 2.8 + 14 * 6 * 2 * 1.98 + 14 * 1.38, rel=1e-6)
 
 
 def test_measured_nvlink_step_latency_on_ampere_only() -> None:
     """A100's ring steps cost the measured 1.98 us (nccl-tests issue 123), not NCCL's 0.6 us (LL): 14
-    steps on 8 GPUs add 14 x 1.38 us; H100 keeps NCCL's table; `nvlink_hop_us` overrides."""
+    steps on 8 GPUs add 14 x 1.38 us, whatever the protocol (the measurement replaces the LL step every
+    protocol pays; LL128's and Simple's extra over it stays NCCL's); H100 keeps NCCL's table;
+    `nvlink_hop_us` overrides."""
     from gpuplan.models import lagom_cost as cost
     from gpuplan.models.collectives import lagom_link
 
     a100 = lagom_link(_cluster(), list(range(8)))
     assert cost.hop_excess_us("all_reduce", "ring", "LL", a100, cost.Consts()) == pytest.approx(14 * 1.38)
-    assert cost.hop_excess_us("all_reduce", "ring", "Simple", a100, cost.Consts()) == 0.0   # 3.4 us > 1.98
+    assert cost.hop_excess_us("all_reduce", "ring", "Simple", a100, cost.Consts()) == pytest.approx(14 * 1.38)
+    assert cost.hop_excess_us("all_reduce", "ring", "LL128", a100, cost.Consts()) == pytest.approx(14 * 1.38)
+    assert cost.hop_excess_us("all_reduce", "ring", "LL", a100, cost.Consts(nvlink_hop_us=0.5)) == 0.0
     assert cost.hop_excess_us("all_reduce", "tree", "LL", a100, cost.Consts()) == pytest.approx(14 * 1.38)
     h100 = lagom_link(Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"H100": 8}}]}), list(range(8)))
     assert cost.hop_excess_us("all_reduce", "ring", "LL", h100, cost.Consts()) == 0.0

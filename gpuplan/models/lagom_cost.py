@@ -455,35 +455,44 @@ def fill_depth(collective: str, algo: str, proto: str, link: Link) -> float:
 def hop_excess_us(collective: str, algo: str, proto: str, link: Link, c: Consts) -> float:
     """Return the latency (us) the measured NVLink step latency adds to NCCL's: every intra-node step
     of a ring (NCCL's nsteps less its network steps) or of a tree (2 (ppn - 1)) costs
-    max(0, hop - NCCL's per-step latency) more; 0 off NVLink, for NVLS and without a measurement."""
+    max(0, hop + (NCCL's step - NCCL's LL step) - NCCL's step) more: the measurement replaces the LL
+    step (wire and flag) every protocol pays, the protocol's own extra stays NCCL's; 0 off NVLink, for
+    NVLS and without a measurement."""
     hop = c.hop_us(link.arch)
     if hop is None or link.intra != "nvlink" or algo not in ("ring", "tree"):
         return 0.0
     t = link_topology(link)
     pi = PROTOS.index(proto)
-    nccl_hop = nt.HW_LAT_US["nvlink"][algo][pi]
+    table = nt.HW_LAT_US["nvlink"][algo]
+    nccl_hop = table[pi]
+    # the measurement replaces the LL step (the wire and the flag every protocol pays); the protocol's
+    # own extra over LL (LL128's line assembly, Simple's fence) stays NCCL's
+    measured = hop + (table[pi] - table[0])
     if algo == "ring":
         if collective not in RING_PATTERN:
             return 0.0
         if link.nodes > 1:
-            nccl_hop = max(nccl_hop, nt.NET_OVERHEAD_US.get(t.cpu_vendor, 1.0) * (3 if proto == "Simple" else 1))
+            overhead = nt.NET_OVERHEAD_US.get(t.cpu_vendor, 1.0) * (3 if proto == "Simple" else 1)
+            nccl_hop, measured = max(nccl_hop, overhead), max(measured, overhead)
         intra_steps = nsteps(collective, link.ranks) - nt.net_steps(collective, link.nodes)
     else:
         intra_steps = 2 * (link.ppn - 1)
-    return intra_steps * max(0.0, hop - nccl_hop) * link.latency_scale
+    return intra_steps * max(0.0, measured - nccl_hop) * link.latency_scale
 
 
 def step_latency_us(collective: str, algo: str, proto: str, link: Link, c: Consts) -> float:
     """Return the latency (us) of one pipeline step on the group's slowest hop: NCCL's per-step
     hardware latency (tuning.cc hwLat: network across nodes, plus the graphs' latencyInter; else NVLink
-    or PCIe), raised to the measured NVLink step latency where there is one."""
+    or PCIe), with the measured NVLink step in place of NCCL's LL step where there is one (the
+    protocol's extra over LL stays NCCL's, as in hop_excess_us)."""
     pi = PROTOS.index(proto)
     a = algo if algo in ("ring", "tree") else "ring"
     if link.nodes > 1:
         return (nt.HW_LAT_US["net"]["tree" if link.ppn == 1 else a][pi] + link.inter_latency_us) * link.latency_scale
-    lat = nt.HW_LAT_US["nvlink" if link.intra == "nvlink" else "pcie"][a][pi]
+    table = nt.HW_LAT_US["nvlink" if link.intra == "nvlink" else "pcie"][a]
     hop = c.hop_us(link.arch) if link.intra == "nvlink" else None
-    return max(lat, hop or 0.0) * link.latency_scale
+    lat = table[pi] if hop is None else max(table[pi], hop + table[pi] - table[0])
+    return lat * link.latency_scale
 
 
 def window_GBps(collective: str, algo: str, proto: str, link: Link, c: Consts, piece_bytes: Any,
