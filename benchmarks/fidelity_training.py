@@ -48,6 +48,7 @@ def problem_of(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
                       "tied_embeddings": True, "max_seq_len": d["seq_len"]},
             "global_batch": row["global_batch"], "seq_len": d["seq_len"], "dtype": d["dtype"],
             "flash_attention": d["flash_attention"], "sequence_parallel": row["sequence_parallel"],
+            "overlap_dp_allreduce": row.get("ddp", d.get("ddp", "local")) == "torch",
             "max_tp": 8, "max_stages": max(16, row["pp"]), "max_microbatches": 4096}
 
 

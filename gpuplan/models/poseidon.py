@@ -53,6 +53,10 @@ class PoseidonProblem(Problem):
     the default) holds the sending device for each pipeline exchange, its send plus the TP
     all-gather of its scatter/gather chunks (`exchanges_s`); false for a runtime whose sends overlap
     compute (gpuplan run's torch.distributed.pipelining on gloo: a send is only an edge of the DAG).
+    `overlap_dp_allreduce` false (Megatron-LM's local DDP, 2019-2023 default): each stage all-reduces
+    its gradients after its last backward; true (PyTorch DDP, Megatron's --overlap-grad-reduce):
+    gradient buckets are all-reduced during the last micro-batch's backward, and only what outlasts
+    it, or at least the last bucket, stays exposed (`CostModel.dp_exposed_s`).
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
@@ -73,6 +77,7 @@ class PoseidonProblem(Problem):
     causal_attention: bool = True
     sequence_parallel: bool = True
     blocking_p2p: bool = True  # Megatron-LM's p2p_communication._communicate (see `exchanges_s`)
+    overlap_dp_allreduce: bool = False  # torch DDP / --overlap-grad-reduce (see `CostModel.dp_exposed_s`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -224,6 +229,7 @@ class CostModel:
 
         self._coll = collectives
         self._tp_coll: dict[tuple[str, int, str, float], float] = {}
+        self._dp: dict[tuple[Any, ...], tuple[float, float]] = {}
         self._scale = {"layer": 1.0, "embedding": 1.0, "head": 1.0}
         if problem.layer_costs is not None:
             for c in problem.layer_costs.costs:
@@ -304,10 +310,48 @@ class CostModel:
 
     def tail_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int = 2) -> float:
         """Return the seconds of a stage's gradient all-reduce (over dp) plus its optimizer step
-        (`optimizer_step_bytes_per_param` streamed through HBM per parameter)."""
+        (`optimizer_step_bytes_per_param` streamed through HBM per parameter). With
+        `overlap_dp_allreduce` the all-reduce is its least exposure (the last bucket): a lower bound,
+        which `dp_overlap_extra_s` completes once the backward it hides under is known."""
+        return (self.dp_exposed_s(shape, n_layers, first, last, num_stages, math.inf)
+                + self.optimizer_step_s(shape, n_layers, first, last, num_stages))
+
+    def optimizer_step_s(self, shape: StageShape, n_layers: int, first: bool, last: bool,
+                         num_stages: int = 2) -> float:
+        """Return the seconds of a stage's optimizer step: `optimizer_step_bytes_per_param` per
+        parameter (split by tp) streamed through HBM."""
         params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
-        step_s = memory_s(self.dev(shape.device_type), params * self.optimizer_step_bytes_per_param())
-        return self.dp_allreduce_s(shape, params * self.wbytes) + step_s
+        return memory_s(self.dev(shape.device_type), params * self.optimizer_step_bytes_per_param())
+
+    def dp_exposed_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int,
+                     window_s: float) -> float:
+        """Return the seconds of a stage's data-parallel gradient all-reduce that the iteration waits
+        for after the stage's last backward, which lasts `window_s` seconds.
+
+        Without `overlap_dp_allreduce`: all of it (Megatron-LM's local DDP all-reduces after the
+        backward pass, `train_step`). With it (PyTorch DDP; Megatron's --overlap-grad-reduce):
+        buckets of `DDP_BUCKET_BYTES` are all-reduced as their gradients become ready during the last
+        micro-batch's backward (earlier micro-batches run under no_sync), one collective at a time,
+        so what outlasts the window stays exposed, and at least the last bucket, which is ready only
+        when the backward ends: max(all-reduce of the last bucket, all-reduce - window_s)."""
+        key = (shape, n_layers, first, last, num_stages == 1)
+        if key not in self._dp:
+            size = self.stage_params(n_layers, first, last, num_stages) / shape.tp * self.wbytes
+            self._dp[key] = (self.dp_allreduce_s(shape, size),
+                             self.dp_allreduce_s(shape, min(size, DDP_BUCKET_BYTES)))
+        full, bucket = self._dp[key]
+        if not self.p.overlap_dp_allreduce:
+            return full
+        return max(bucket, full - window_s)
+
+    def dp_overlap_extra_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int,
+                           window_s: float) -> float:
+        """Return the seconds `dp_exposed_s` adds to `tail_s`'s lower bound when the stage's last
+        backward lasts `window_s` (0 without `overlap_dp_allreduce`)."""
+        if not self.p.overlap_dp_allreduce:
+            return 0.0
+        return (self.dp_exposed_s(shape, n_layers, first, last, num_stages, window_s)
+                - self.dp_exposed_s(shape, n_layers, first, last, num_stages, math.inf))
 
     def optimizer_step_bytes_per_param(self) -> float:
         """Return the HBM bytes one optimizer step moves per parameter.
@@ -414,6 +458,11 @@ class CostModel:
         return 2.0 * b * self.p.seq_len * self.cfg.vocab * 4 / tp
 
 
+# PyTorch DDP's default gradient bucket (bucket_cap_mb=25): the last bucket's all-reduce cannot
+# overlap the backward (`CostModel.dp_exposed_s`).
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
 @lru_cache(maxsize=65536)
 def in_flight(schedule: str, stage: int, num_stages: int, m: int, interleave: int = 1) -> float:
     """Return the most micro-batches' worth of a stage's activations held at once under the schedule
@@ -475,13 +524,14 @@ def stage_cost(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: i
         mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, mode, interleave)
         if mem <= cap:
             break
-    params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
     of, ob = stage_call_s(p.layer_costs, shape.device_type)  # the pipeline runtime, once per call
     fwd = n_layers * f1 + ef + of
     bwd = n_layers * (g1 + cm.recompute_s(shape.device_type, shape.tp, b, mode)) + eg + ob
-    grad = cm.dp_allreduce_s(shape, params * cm.wbytes)
+    # the gradient all-reduce, or with overlap_dp_allreduce what outlasts the stage's last backward
+    # (one chunk's: bwd / interleave)
+    grad = cm.dp_exposed_s(shape, n_layers, first, last, num_stages, bwd / interleave)
     ar = grad + (tied_s if first or last else 0.0)
-    opt = cm.tail_s(shape, n_layers, first, last, num_stages) - grad
+    opt = cm.optimizer_step_s(shape, n_layers, first, last, num_stages)
     return StageCost(fwd, bwd, ar, opt, mem, mode, mem <= cap)
 
 
