@@ -481,6 +481,9 @@ class Structure:
                               for caps, extra, nmax in zip(self.caps, self.extra, self.nmax)]
         bwd = [n * (g + ex[n]) for n, g, ex in zip(layers, self.g, self._extra_at)]
         tail = [self.tail(s, n) for s, n in enumerate(layers)]
+        if self.cm.p.overlap_dp_allreduce:  # as stage_cost: what outlasts the last backward (one chunk's)
+            tail = [t + self.cm.dp_overlap_extra_s(sh, n, s == 0, s == self.S - 1, self.S, (x + e) / v)
+                    for s, (t, sh, n, x, e) in enumerate(zip(tail, self.shapes, layers, bwd, self.eg))]
         if v == 1:
             fwd = [x + e for x, e in zip(fwd, self.ef)]
             bwd = [x + e for x, e in zip(bwd, self.eg)]
