@@ -424,3 +424,74 @@ def test_fidelity_b_nvls_mid_sizes_closed_by_the_stage_fill() -> None:
                if abs(r[key] / r["published"] - 1) > 0.25]
         assert off == [], (key, off)
     assert sum(abs(r["est"] / r["published"] - 1) > 0.25 for r in rows) >= 8
+
+
+def test_p2p_read_only_on_one_node_of_sm80_over_nvlink() -> None:
+    """graph/paths.cc enables P2P read for NVLink between two SM80 GPUs only; across nodes the network
+    hop paces the ring (its read latency hides), so only a one-node A100 ring Simple pays it."""
+    from gpuplan.models.collectives import group_shape
+
+    one = group_shape(_cluster(), list(range(8))).topology
+    two = group_shape(_cluster(), list(range(16))).topology
+    h100 = group_shape(Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"H100": 8}}]}),
+                       list(range(8))).topology
+    pcie = group_shape(Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"L4": 4}}]}), list(range(4))).topology
+    assert nt.p2p_read(one) and not nt.p2p_read(two) and not nt.p2p_read(h100) and not nt.p2p_read(pcie)
+    assert nt.read_latency_us(one) == pytest.approx(2 * 0.6) and nt.read_latency_us(one, 1.98) == pytest.approx(3.96)
+    size = 64 * 2**20
+    ch = nt.choose(one, "all_reduce", float(size))
+    assert (ch.algo, ch.proto) == ("ring", "Simple")
+    # 64 MiB over 24 channels: one loop of 8 chunks of 341 KiB, 2 slices a step
+    with_read = nt.pipeline_us(one, "all_reduce", "ring", "Simple", float(size), ch.channels)
+    assert with_read == pytest.approx(14 * 2.8 + 14 * 2 * 1.2)
+    assert nt.pipeline_us(one, "all_reduce", "ring", "Simple", float(size), ch.channels, hop_us=1.98) == \
+        pytest.approx(14 * 2.8 + 14 * 2 * 3.96)
+    assert nt.pipeline_us(one, "all_reduce", "ring", "LL128", float(size), ch.channels) == 0.0
+
+
+def test_nvls_work_split_by_nccl_version_hand_derived() -> None:
+    """8 x H100, NVLS all_reduce of 128 KiB. NCCL 2.18.5 (one node): the whole op's chunk is 16 KiB
+    (128 KiB < 2 x 16 CTAs x 8 heads x 32 KiB), CTA 0 takes the one block of 8 heads x 16 KiB and the
+    other 15 idle: the transfer takes 16 x NCCL's T, and its three stages run back to back (one loop):
+    lat + 16 T + 2 x 16 T. NCCL 2.30.7: 256 KiB of traffic in 32 KiB cells keeps 8 CTAs busy: 2 T,
+    and each CTA's 16 KiB is one partial loop: lat + 2 T + 2 x 2 T. Versions are parsed as NCCL
+    writes them; the choice (NVLS) does not depend on them."""
+    h100 = Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"H100": 8}}]})
+    ids = list(range(8))
+    size = 128 * 1024
+    old = collective_time_s(h100, "all_reduce", size, ids, algos=["nvls"], nccl_version="2.18.5")
+    new = collective_time_s(h100, "all_reduce", size, ids, algos=["nvls"])
+    ch = nccl_choice(h100, "all_reduce", size, ids, algos=["nvls"], nccl_version="2.18.5")
+    assert (ch.algo, ch.channels) == ("nvls", 16)
+    from gpuplan.models.collectives import group_shape
+
+    t = group_shape(h100, ids).topology
+    lat = ch.time_us - size / (1000.0 * nt.tuning(t)[("all_reduce", "nvls", "Simple")].algbw_GBps)
+    T = size / (1000.0 * nt.tuning(t)[("all_reduce", "nvls", "Simple")].algbw_GBps)
+    assert old == pytest.approx((lat + 16 * T + 2 * 16 * T) * 1e-6)
+    assert new == pytest.approx((lat + 2 * T + 2 * 2 * T) * 1e-6)
+    # 2.18.5: flat from 128 KiB to 2 MiB (each busy CTA moves one 128 KiB block)
+    flat = [collective_time_s(h100, "all_reduce", 2**k, ids, algos=["nvls"], nccl_version="2.18.5")
+            for k in range(17, 22)]
+    assert max(flat) == pytest.approx(min(flat), rel=1e-6)
+    for bad in ("two", "2", "2.x.1"):
+        with pytest.raises(ValueError, match="nccl_version"):
+            collective_time_s(h100, "all_reduce", size, ids, nccl_version=bad)
+
+
+def test_fidelity_b_closed_mid_size_points_stay_within_25_percent() -> None:
+    """Section (b): the points the P2P-read round trip (8 x A100 ring Simple, 32 MiB up) and the NVLS
+    work split per NCCL version (8 x H100 under 2.18.5, 8 x H200 under 2.20.5, every size) bring
+    within 25% stay there in Lagom's model (docs/lagom.md, validation section)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import fidelity_lagom
+
+    rows = [r for r in fidelity_lagom.rows()
+            if r["topology"] in ("1x8 H100", "1x8 H200") or (r["topology"] == "1x8 A100-80GB" and r["size"] >= 2**25)]
+    assert len(rows) >= 48
+    off = [(r["topology"], r["size"], round(r["lagom"] / r["published"], 2)) for r in rows
+           if abs(r["lagom"] / r["published"] - 1) > 0.25]
+    assert off == [], off
