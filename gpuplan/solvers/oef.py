@@ -11,6 +11,7 @@ envy rows on demand from an exact oracle over all pairs and returns the full LP'
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -203,8 +204,6 @@ def partial_allocation(c: Classes, progress: Callable[[float | None, str], None]
     allocation without job i. Truthful for these (degree-1 homogeneous) utilities. `nw` reuses a
     compiled NashWelfare of the same shape (the strategy-proofness probe re-runs it many times).
     Raises SolverError when `time_limit_s` runs out (a partial result would not be strategy-proof)."""
-    import time
-
     from gpuplan.errors import SolverError
 
     started = time.perf_counter()
@@ -267,16 +266,34 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
                                                        "types": len(a.types), **stats}))
 
 
+ROUND_S_PER_JOB = 2e-5        # laying out one round on GPU ids, per job (busy 2-core machine)
+
+
+def solver_time_s(time_limit_s: float | None, started: float, arrays_s: float, jobs: int, rounds: int) -> float | None:
+    """Return the seconds the allocation may take so the whole solve ends within `time_limit_s`
+    (None: no limit): the limit, less what has run since `started` (perf_counter), less what comes
+    after the allocation: the plan, the frame's copy of the problem into it and its digest (about
+    1.5x the time `arrays` took, `arrays_s`: both walk every job, so the estimate follows the
+    machine's load) and the rounds on GPU ids; at most 40% of the limit is set aside."""
+    if time_limit_s is None:
+        return None
+    after = min(0.4 * time_limit_s, 1.5 * arrays_s + ROUND_S_PER_JOB * jobs * rounds)
+    return max(time_limit_s - after - (time.perf_counter() - started), 0.0)
+
+
 def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
     def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
               progress: Callable[[float | None, str], None], method: str = "cuts", tie_break: str = "solver",
               groups: int = 0, **_: Any) -> OefPlan:
+        started = time.perf_counter()
         a = arrays(problem)
+        arrays_s = time.perf_counter() - started
         c = classes(a)
         progress(0.1, f"{policy}: {len(a.names)} jobs in {len(c.count)} classes")
         E = equal_share(a)[c.first]
         ref = (c.V * E).sum(axis=1)
-        Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=time_limit_s,
+        limit = solver_time_s(time_limit_s, started, arrays_s, len(a.names), problem.rounds)
+        Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=limit,
                                          method=method, fallback=E, tie_break=tie_break, groups=int(groups))
         message = str(stats.pop("message", ""))
         return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,

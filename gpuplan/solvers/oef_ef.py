@@ -45,21 +45,43 @@ def _candidates(X: np.ndarray, rho: np.ndarray) -> np.ndarray:
     return first[np.abs(X[first]).sum(axis=1) > 0]
 
 
+def _theta_scale(gap: np.ndarray, rho_rows: np.ndarray, levels: np.ndarray, bounds: np.ndarray) -> None:
+    """Multiply gap (rows x columns sorted by rho) in place by theta = min(1, rho_i / rho_k): one
+    per-row factor per rho level of the columns (levels[q] holds columns bounds[q]:bounds[q+1])."""
+    for q, level in enumerate(levels):
+        lo, hi = bounds[q], bounds[q + 1]
+        f = np.minimum(1.0, rho_rows / level)
+        if (f < 1.0).any():
+            gap[:, lo:hi] *= f[:, None]
+
+
+def _by_rho(cols: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (columns sorted by rho, stably; the distinct rho levels; each level's slice bounds)."""
+    order = np.argsort(rho[cols], kind="stable")
+    cols = cols[order]
+    levels, start = np.unique(rho[cols], return_index=True)
+    return cols, levels, np.append(start, len(cols))
+
+
 def violated_envy(V: np.ndarray, X: np.ndarray, rho: np.ndarray, *, top: int = 3, block: int = 1024
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Return (i, k, gap, largest relative envy) of the envy rows to add, from all n(n-1) pairs.
 
     gap = theta_ik V_i . x_k - U_i (normalised throughput; > TOL max(U_i, 1) is a violation). The
     pairs returned are, for every envious job i, its `top` largest gaps, and for every envied
-    bundle k the job with the largest gap / U_i; duplicates removed. The largest relative envy
-    (gap / max(U_i, 1e-9), 0 when none) covers every pair.
+    bundle k the job with the largest gap / U_i among those it violates; duplicates removed. The
+    largest relative envy (gap / max(U_i, 1e-9), 0 when none) covers every pair. One BLAS product
+    per block of rows and a few passes over it: O(n x bundles x m) flops, O(block x bundles) memory.
     """
     n = len(V)
     U = (V * X).sum(axis=1)
     cand = _candidates(X, rho)
     if not len(cand):
         return np.zeros(0, int), np.zeros(0, int), np.zeros(0), 0.0
-    Xc, rc = X[cand], rho[cand]
+    cand, levels, bounds = _by_rho(cand, rho)
+    pos = np.full(n, -1)
+    pos[cand] = np.arange(len(cand))                      # where each job's own bundle sits
+    XcT = np.ascontiguousarray(X[cand].T)
     I, K, G = [], [], []
     col_best = np.full(len(cand), -np.inf)
     col_arg = np.zeros(len(cand), dtype=int)
@@ -67,25 +89,31 @@ def violated_envy(V: np.ndarray, X: np.ndarray, rho: np.ndarray, *, top: int = 3
     t = min(top, len(cand))
     for lo in range(0, n, block):
         hi = min(n, lo + block)
-        gap = V[lo:hi] @ Xc.T
-        gap *= np.minimum(1.0, rho[lo:hi, None] / rc[None, :])
+        gap = V[lo:hi] @ XcT
+        _theta_scale(gap, rho[lo:hi], levels, bounds)
         gap -= U[lo:hi, None]
-        gap[cand[None, :] == np.arange(lo, hi)[:, None]] = -np.inf          # a job never envies itself
+        own = np.nonzero(pos[lo:hi] >= 0)[0]
+        gap[own, pos[lo + own]] = -np.inf                 # a job never envies itself
         tol = TOL * np.maximum(U[lo:hi], 1.0)
-        kk = np.argpartition(-gap, t - 1, axis=1)[:, :t]
-        vv = np.take_along_axis(gap, kk, axis=1)
-        r, s = np.nonzero(vv > tol[:, None])
-        I.append(lo + r)
+        inv = 1.0 / np.maximum(U[lo:hi], 1e-9)
+        rows = np.nonzero(gap.max(axis=1) > tol)[0]       # envious rows of this block
+        if not len(rows):
+            continue
+        sub = gap[rows]
+        kk = np.argpartition(-sub, t - 1, axis=1)[:, :t]
+        vv = np.take_along_axis(sub, kk, axis=1)
+        r, s = np.nonzero(vv > tol[rows, None])
+        I.append(lo + rows[r])
         K.append(cand[kk[r, s]])
         G.append(vv[r, s])
-        rel = np.where(gap > tol[:, None], gap / np.maximum(U[lo:hi, None], 1e-9), -np.inf)
+        rel = sub * inv[rows, None]
+        rel[sub <= tol[rows, None]] = -np.inf
         arg = np.argmax(rel, axis=0)
         val = rel[arg, np.arange(len(cand))]
         better = val > col_best
         col_best[better] = val[better]
-        col_arg[better] = lo + arg[better]
-        if np.isfinite(val).any():
-            worst = max(worst, float(val[np.isfinite(val)].max()))
+        col_arg[better] = lo + rows[arg[better]]
+        worst = max(worst, float(val.max()))
     hit = np.isfinite(col_best)
     I.append(col_arg[hit])
     K.append(cand[hit])
@@ -107,18 +135,25 @@ def envy_free_mix(V: np.ndarray, X: np.ndarray, E: np.ndarray, rho: np.ndarray, 
     UX, UE = (V * X).sum(axis=1), (V * E).sum(axis=1)
     key = np.round(np.column_stack([X, E, rho]), 12)        # identical columns give identical rows:
     _, cols = np.unique(key, axis=0, return_index=True)     # each distinct (x_k, e_k, rho_k) once
-    cols = np.sort(cols)
-    Xc, rc = X[cols], rho[cols]
+    cols, levels, bounds = _by_rho(cols, rho)
+    pos = np.full(n, -1)
+    pos[cols] = np.arange(len(cols))
+    XcT = np.ascontiguousarray(X[cols].T)
     need = 0.0
     for lo in range(0, n, block):
         hi = min(n, lo + block)
-        theta = np.minimum(1.0, rho[lo:hi, None] / rc[None, :])
-        a = theta * (V[lo:hi] @ Xc.T) - UX[lo:hi, None]
-        a[cols[None, :] == np.arange(lo, hi)[:, None]] = 0.0  # a job never envies itself
-        bad = a > tol * np.maximum(UX[lo:hi, None], 1.0)
-        if bad.any():                                        # E's rows only where X's are violated
-            r, q = np.nonzero(bad)
-            b = theta[r, q] * (V[lo + r] * E[cols[q]]).sum(axis=1) - UE[lo + r]
+        a = V[lo:hi] @ XcT
+        _theta_scale(a, rho[lo:hi], levels, bounds)
+        a -= UX[lo:hi, None]
+        own = np.nonzero(pos[lo:hi] >= 0)[0]
+        a[own, pos[lo + own]] = 0.0                          # a job never envies itself
+        tol_r = tol * np.maximum(UX[lo:hi], 1.0)
+        rows = np.nonzero(a.max(axis=1) > tol_r)[0]
+        if len(rows):                                        # E's rows only where X's are violated
+            r, q = np.nonzero(a[rows] > tol_r[rows, None])
+            r = rows[r]
+            theta = np.minimum(1.0, rho[lo + r] / rho[cols[q]])
+            b = theta * (V[lo + r] * E[cols[q]]).sum(axis=1) - UE[lo + r]
             if (b >= -TOL).any():
                 return 1.0
             need = max(need, float((a[r, q] / (a[r, q] - b)).max()))
@@ -136,6 +171,32 @@ class EfResult:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
+class Budget:
+    """The deadline of a time-limited solve and the measured cost of the all-pairs oracle.
+
+    The oracle (violated_envy, envy_free_mix) costs about `per_entry_s` x rows x bundles x types
+    seconds (several passes over a rows x bundles block): a step that ends with an oracle call is
+    only started when the deadline leaves room for that call as well.
+    """
+
+    def __init__(self, limit_s: float | None, per_entry_s: float = 5e-9) -> None:
+        self.end = None if limit_s is None else time.perf_counter() + limit_s
+        self.per_entry_s = per_entry_s
+
+    def left(self) -> float | None:
+        """Return the seconds left before the deadline (None without a limit; may be negative)."""
+        return None if self.end is None else self.end - time.perf_counter()
+
+    def oracle_s(self, rows: int, bundles: int, types: int) -> float:
+        """Return the estimated seconds of one oracle pass over rows x bundles x types."""
+        return self.per_entry_s * rows * max(bundles, 1) * types
+
+    def measured(self, seconds: float, rows: int, bundles: int, types: int) -> None:
+        """Record the seconds an oracle pass over rows x bundles x types took (the estimate follows
+        the latest measurement, never below a tenth of the default)."""
+        self.per_entry_s = max(seconds / max(rows * max(bundles, 1) * types, 1), 5e-10)
+
+
 MARKET_FIRST_SIZE = 10_000      # rows x types from which a time-limited solve runs the market first
 
 
@@ -150,6 +211,14 @@ def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np
     M, recent, stats = best_market(V, usable, weight, gpus, size, capacity, E, si_ref, time_limit_s=budget_s)
     t_fix = envy_free_mix(V, M, E, rho)
     return (1 - t_fix) * M + t_fix * E, recent, stats
+
+
+def _dual(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
+          si_ref: np.ndarray, groups: int, budget_s: float | None) -> tuple[float, dict[str, Any]]:
+    """Return solvers/oef_dual.group_dual_bound's (upper bound, stats) within `budget_s`."""
+    from gpuplan.solvers.oef_dual import group_dual_bound
+
+    return group_dual_bound(V, usable, size, capacity, rho, si_ref, groups=groups, time_limit_s=budget_s)
 
 
 def _efficiency(size: np.ndarray, V: np.ndarray, Y: np.ndarray) -> float:
@@ -210,7 +279,8 @@ def _first_round_rows(V: np.ndarray, usable: np.ndarray, rho: np.ndarray, U: np.
 def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
                 si_ref: np.ndarray, E: np.ndarray | None, *, envy: bool = True, time_limit_s: float | None = None,
                 top: int = 3, drop_every: int = 3, max_rounds: int = 1000, groups: int = 0, hull: bool = True,
-                market: bool = True, hull_share: float = 0.2, weight: np.ndarray | None = None,
+                market: bool = True, hull_share: float = 0.35, weight: np.ndarray | None = None,
+                dual: bool = True, dual_groups: int = 100,
                 gpus: np.ndarray | None = None, progress: Callable[[float | None, str], None] | None = None) -> EfResult:
     """Return max sum_c size_c V_c . y_c s.t. time, capacity, SI (U >= si_ref) and, if `envy`, EF.
 
@@ -223,10 +293,16 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     relaxed optimum, the best envy-free plan in hand and E (solvers/oef_hull.py). market (with envy,
     at a time limit; needs each row's `weight` and `gpus`, rows being jobs or classes of one job):
     the equal-incomes market allocation (solvers/oef_market.py) joins the candidates and replaces E
-    as the plan to fall back on when it is better. With a time limit, market and hull share its last
-    `hull_share` (market 70%, hull the rest); the rounds of envy rows get the first part. From
-    MARKET_FIRST_SIZE rows x types up, the market runs first instead, within half the limit (the
-    first LP alone may not fit a short limit there). Raises InfeasibleError if the LP is infeasible,
+    as the plan to fall back on when it is better. dual (with envy and a time limit): the Lagrangian
+    dual of the group relaxation (solvers/oef_dual.py, `dual_groups` groups) adds an upper bound
+    that needs no envy rows. With a time limit, the rounds of envy rows get its first
+    1 - `hull_share`; if they stop before the optimum, the market gets 40% of what is left, the dual
+    bound 85% of the rest, and the per-job mix LP what remains when it leaves room for its oracle
+    passes. From MARKET_FIRST_SIZE rows x types up, the market and the dual bound run first instead
+    (30% of the limit each, 45% when one all-pairs oracle pass would not fit a quarter of it), then
+    the rounds up to 90% of the limit. Every step ending in an all-pairs oracle pass is started only
+    when the deadline leaves room for that pass (Budget). Raises InfeasibleError if the LP is
+    infeasible,
     SolverError if HiGHS fails without a time limit.
     """
     import highspy
@@ -237,8 +313,15 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
 
     _silence_highs_banner()
     started = time.perf_counter()
+    budget = Budget(time_limit_s)
     k, m = V.shape
     n = k * m
+    full_oracle = lambda: budget.oracle_s(k, k, m)         # noqa: E731 - a bundle per row (an LP vertex)
+    price_bound = np.inf
+    if time_limit_s is not None:           # valid without any LP (weaker): computed first, its cost is fixed
+        from gpuplan.solvers.oef_market import capacity_price_bound
+
+        price_bound = capacity_price_bound(V, usable, size, capacity, iterations=50)
     grouped: np.ndarray | None = None
     group_stats: dict[str, Any] = {}
     if groups and envy and k > groups and time_limit_s is not None:
@@ -247,13 +330,18 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         labels = group_jobs(V, usable, rho, groups)
         grouped, group_stats = grouped_ef_lp(V, usable, size, capacity, rho, si_ref, labels,
                                              time_limit_s=time_limit_s / 2)
-    rows, cap, own = lp_matrices(V, size)
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    h.addVars(n, np.zeros(n), usable.ravel().astype(float))
-    h.changeColsCost(n, np.arange(n, dtype=np.int32), -(np.repeat(size, m) * V.ravel()))
+    built = False
 
-    add_rows(h, vstack([rows, cap, -own]), np.concatenate([np.ones(k), capacity, -si_ref]))
+    def build() -> None:
+        """Put the variables, time, capacity and SI rows into the HiGHS model (once, when the first
+        round starts: a limit that leaves no room for a round skips it)."""
+        rows, cap, own = lp_matrices(V, size)
+        h.addVars(n, np.zeros(n), usable.ravel().astype(float))
+        h.changeColsCost(n, np.arange(n, dtype=np.int32), -(np.repeat(size, m) * V.ravel()))
+        add_rows(h, vstack([rows, cap, -own]), np.concatenate([np.ones(k), capacity, -si_ref]))
+
     base = 2 * k + m
     pairs = np.zeros((0, 2), dtype=np.int64)          # (i, k) of the envy rows now in the LP, in row order
     added = dropped = 0
@@ -263,16 +351,30 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     worst = 0.0
     last_drop_obj = np.inf
 
-    reserve = envy and (hull or market)          # the last hull_share of the limit: market and hull
+    use_dual = envy and dual and time_limit_s is not None and k > 2
+    reserve = envy and (hull or market or use_dual)   # the last part of the limit: market, dual bound, hull
     rounds_limit_s = time_limit_s if time_limit_s is None or not reserve else time_limit_s * (1 - hull_share)
     use_market = envy and market and weight is not None and gpus is not None
     early: tuple[np.ndarray, list[np.ndarray], dict[str, Any]] | None = None
-    if use_market and time_limit_s is not None and k * m >= MARKET_FIRST_SIZE:
-        # large: the first LP alone may not fit in a short limit, so the market's plan comes first
-        early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho, 0.5 * time_limit_s)
+    dual_bound, dual_stats = np.inf, {}
+    if time_limit_s is not None and k * m >= MARKET_FIRST_SIZE and (use_market or use_dual):
+        # large: the first LP alone may not fit in a short limit, so the market's plan and the dual
+        # bound come first; the LP rounds get what is left (up to 90% of the limit)
+        hopeless = full_oracle() > 0.25 * time_limit_s                  # no LP round would fit
+        if use_market:
+            early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho,
+                                 (0.5 if hopeless else 0.35) * time_limit_s)
+        if use_dual:
+            left = budget.left() or 0.0
+            dual_s = 0.85 * left if hopeless else min(0.3 * time_limit_s, left - 0.1 * time_limit_s)
+            dual_bound, dual_stats = _dual(V, usable, size, capacity, rho, si_ref, dual_groups, max(dual_s, 0.0))
+        rounds_limit_s = 0.9 * time_limit_s
 
     def remaining() -> float | None:
-        return None if rounds_limit_s is None else rounds_limit_s - (time.perf_counter() - started)
+        """Seconds the next LP round may take: the rounds' share, less one oracle pass after it."""
+        if rounds_limit_s is None:
+            return None
+        return rounds_limit_s - (time.perf_counter() - started) - full_oracle()
 
     def add_pairs(I: np.ndarray, K: np.ndarray) -> int:
         nonlocal pairs
@@ -288,6 +390,10 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     timed_out = False
     for rnd in range(1, max_rounds + 1):
         left = remaining()
+        if not built and (left is None or left > 0):
+            build()
+            built = True
+            left = remaining()
         if left is not None:
             if left <= 0:
                 timed_out = True
@@ -310,7 +416,9 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         if not envy or k < 2:
             worst = 0.0
             break
+        t_or = time.perf_counter()
         I, K, _, worst = violated_envy(V, X_last, rho, top=top)
+        budget.measured(time.perf_counter() - t_or, k, k, m)
         if progress:
             progress(None, f"envy rows: round {rnd}, {len(pairs)} rows in the LP, {len(I)} violated, "
                            f"bound {bound:.6g}")
@@ -343,11 +451,17 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     if grouped is not None and _efficiency(size, V, grouped) > _efficiency(size, V, anchor):
         anchor, anchor_from = grouped, f"the EF LP restricted to one bundle per group ({group_stats.get('groups')} groups)"
     recent: list[np.ndarray] = []
+    # the per-job mix LP runs an oracle pass per round and one at the end: only with room for three
+    if use_market and early is None:
+        left = budget.left()
+        early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho,
+                             None if left is None else max((0.4 if use_dual else 0.9) * left, 0.0))
+    if use_dual and not dual_stats:
+        left = budget.left()
+        dual_bound, dual_stats = _dual(V, usable, size, capacity, rho, si_ref, dual_groups,
+                                       None if left is None else max(0.85 * left, 0.0))
+    stats.update(dual_stats)
     if use_market:
-        if early is None:
-            left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
-            early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho,
-                                 None if left is None else max((0.7 if hull else 1.0) * left, 0.1))
         M, recent, market_stats = early
         stats.update(market_stats)
         if _efficiency(size, V, M) > _efficiency(size, V, anchor):
@@ -357,12 +471,16 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         Y, how = anchor, anchor_from
     elif not envy:
         Y, how = (X_last, "the last relaxed optimum") if X_last is not None else (anchor, anchor_from)
+    elif hull and not (budget.left() is None or budget.left() > 3 * full_oracle() + 0.05):
+        Y, how = anchor, anchor_from
+        stats["hull_skipped"] = "no time left for the per-job mix LP and its oracle passes"
     elif hull:
         from gpuplan.solvers.oef_hull import hull_ef_lp
 
         cands = [anchor] + ([X_last] if X_last is not None else []) + recent + ([E] if anchor is not E else [])
-        left = None if time_limit_s is None else max(time_limit_s - (time.perf_counter() - started), 0.0)
-        Y, hull_stats = hull_ef_lp(V, size, capacity, rho, si_ref, cands, time_limit_s=left, top=top)
+        left = budget.left()
+        Y, hull_stats = hull_ef_lp(V, size, capacity, rho, si_ref, cands, top=top, oracle_s=full_oracle(),
+                                   time_limit_s=None if left is None else max(left - 1.2 * full_oracle(), 0.0))
         stats.update(hull_stats)
         how = (f"the best per-job mix of {anchor_from}, the last relaxed optimum"
                f"{', the last market demands' if recent else ''}{'' if anchor is E else ' and the equal split'}"
@@ -379,17 +497,21 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     if eff < _efficiency(size, V, anchor):          # a stopped hull mixes back; never below what is in hand
         Y, how, eff = anchor, anchor_from, _efficiency(size, V, anchor)
     stats["plan_from"] = how
-    from gpuplan.solvers.oef_market import capacity_price_bound
+    if not np.isfinite(price_bound):      # rounds stopped by max_rounds without a time limit
+        from gpuplan.solvers.oef_market import capacity_price_bound
 
-    price_bound = capacity_price_bound(V, usable, size, capacity)     # valid without any LP: weaker
-    source = "the last relaxation" if price_bound >= bound else "capacity prices (Lagrangian, no envy rows)"
-    bound = min(bound, price_bound)
+        price_bound = capacity_price_bound(V, usable, size, capacity)
+    sources = {"the last relaxation": bound, "capacity prices (Lagrangian, no envy rows)": price_bound,
+               f"the Lagrangian dual of the group relaxation ({dual_stats.get('dual_groups')} groups)": dual_bound}
+    source = min(sources, key=lambda s: sources[s])
+    bound = sources[source]
     stats["upper_bound"] = float(bound)
     gap = (bound - eff) / max(bound, 1e-12) if np.isfinite(bound) else None
     stats.update({"mix_with_equal_share": t, "largest_relative_envy_of_relaxation": worst,
                   "certified_gap": gap, "efficiency": eff, "bound_from": source})
     where = (f"at most {gap:.2%} below the optimum ({source} bounds it at {bound:.6g})"
              if gap is not None else "with no bound on the optimum")
-    message = (f"time limit of {time_limit_s} s reached after {rounds_done} LP round(s) of envy rows: this "
+    share = "" if time_limit_s is None else f" ({time_limit_s:.3g} s for the allocation)"
+    message = (f"time limit reached{share} after {rounds_done} LP round(s) of envy rows: this "
                f"envy-free plan is {how}; it is {where}")
     return EfResult(Y, Status.TIME_LIMIT, bound, message, stats)

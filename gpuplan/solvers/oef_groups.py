@@ -41,12 +41,13 @@ def group_jobs(V: np.ndarray, usable: np.ndarray, rho: np.ndarray, groups: int, 
         centres = pts[rng.choice(len(members), size=k, replace=False)]
         assign = np.zeros(len(members), dtype=int)
         for _ in range(8):
-            d = ((pts[:, None, :] - centres[None, :, :]) ** 2).sum(axis=2)
+            # squared distances up to the per-point constant |p|^2: one matrix product
+            d = (centres ** 2).sum(axis=1)[None, :] - 2.0 * pts @ centres.T
             assign = d.argmin(axis=1)
-            for c in range(k):
-                mine = assign == c
-                if mine.any():
-                    centres[c] = pts[mine].mean(axis=0)
+            sums = np.zeros_like(centres)
+            np.add.at(sums, assign, pts)
+            size = np.bincount(assign, minlength=k)
+            centres[size > 0] = sums[size > 0] / size[size > 0, None]
         _, assign = np.unique(assign, return_inverse=True)
         labels[members] = nxt + assign.ravel()
         nxt += int(assign.max()) + 1

@@ -27,7 +27,7 @@ MIX_TOL = 1e-7        # envy a finished LP may keep (relative to max(U_i, 1)): H
 
 def hull_ef_lp(V: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray, si_ref: np.ndarray,
                candidates: list[np.ndarray], *, time_limit_s: float | None = None, top: int = 3,
-               max_rounds: int = 200) -> tuple[np.ndarray, dict[str, Any]]:
+               max_rounds: int = 200, oracle_s: float = 0.0) -> tuple[np.ndarray, dict[str, Any]]:
     """Return (job rows n x m, stats) of max efficiency over per-job mixes of `candidates` s.t.
     capacity, SI (U >= si_ref) and envy-freeness on every pair.
 
@@ -36,7 +36,8 @@ def hull_ef_lp(V: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.nd
     is mixed with candidates[0] by the smallest envy-free t (oef_ef.envy_free_mix), so the rows
     returned are always envy-free and SI (the same mix removes envy that HiGHS's feasibility
     tolerance leaves on rows already in the LP: then t is tiny). stats: hull_rounds, hull_rows,
-    hull_finished, hull_mix_back (t).
+    hull_finished, hull_mix_back (t). oracle_s: the expected seconds of one all-pairs oracle pass,
+    left free after each LP so the rounds end within time_limit_s.
     """
     import highspy
     from scipy.sparse import coo_matrix, csr_matrix, vstack
@@ -70,7 +71,7 @@ def hull_ef_lp(V: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.nd
     rounds = 0
     for rounds in range(1, max_rounds + 1):
         if time_limit_s is not None:
-            left = time_limit_s - (time.perf_counter() - started)
+            left = time_limit_s - (time.perf_counter() - started) - oracle_s
             if left <= 0:
                 break
             h.setOptionValue("time_limit", float(h.getRunTime() + left))
