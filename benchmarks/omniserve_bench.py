@@ -157,6 +157,9 @@ def steady(base: OmniServeProblem, rate: float = 3.0, window_s: float = 2400.0) 
             got = (log[m, 1].max() if m.any() else 0.0) - (before.max() if before.size else 0.0)
             parts.append(f"{got / (hi - lo):6.2f} [{int(log[m, 2].max()) if m.any() else 0:4d}]")
         print(f"  {name:40s} LS {100 * ev.figures['ls_attainment']:6.2f}%  " + "  ".join(parts))
+    ceil = be_prefill_ceiling(prob, PolicyParams("omniserve", budget, target, 0.0, True), lat=lat)
+    print(f"  {'GPU-prefill ceiling (whole window)':40s} LS {100 * ceil['ls_attainment']:6.2f}%  "
+          f"{ceil['be_output_tokens_per_s']:6.2f} BE tok/s ({ceil['be_prefill_tokens_per_s']:.0f} BE prefill tok/s)")
 
 
 def decision_time(base: OmniServeProblem) -> None:
