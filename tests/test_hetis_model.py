@@ -246,3 +246,25 @@ def test_layouts_that_differ_only_in_a_replicas_phase_are_distinct() -> None:
     b[1].phase = "decode"
     assert _layout_key(a) != _layout_key(b)
     assert _layout_key(a) == _layout_key(list(reversed(a)))
+
+
+def test_splitwise_transfers_queue_on_the_link_between_the_pools(problem: object) -> None:
+    from gpuplan.models.hetis.policy import transfer_arrivals_s, transfer_links
+
+    plan = gpuplan.solve(problem, solver="splitwise")
+    links = transfer_links(problem, plan)
+    kvb = kv_bytes_per_token(problem.config, problem.dtype)
+    bw = problem.cluster.inter_node.bandwidth_GBps * 1e9
+    lat = float(transfer_s(problem, plan, np.zeros(1))[0])
+    # 2 x links transfers of 1000 tokens ready at once: the first `links` go together, the rest wait
+    n = 2 * links
+    arrive = transfer_arrivals_s(problem, plan, np.zeros(n), np.full(n, 1000))
+    one = 1000 * kvb / bw
+    assert np.allclose(np.sort(arrive)[:links], one + lat)
+    assert np.allclose(np.sort(arrive)[links:], 2 * one + lat)
+    # spaced wider than a transfer: no queue, each arrives bytes / bandwidth + latency after it is ready
+    ready = np.arange(4) * 10 * one
+    assert np.allclose(transfer_arrivals_s(problem, plan, ready, np.full(4, 1000)), ready + one + lat)
+    # the pool's long-run rate of transfers is bounded by the links: n transfers take n / links of one
+    many = transfer_arrivals_s(problem, plan, np.zeros(40), np.full(40, 1000))
+    assert math.isclose(float(many.max()), math.ceil(40 / links) * one + lat, rel_tol=1e-9)

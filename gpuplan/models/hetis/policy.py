@@ -20,7 +20,8 @@ pipeline stages runs pp interleaved batches (virtual engines, vLLM-style): each
 gets 1/pp of the replica's requests and KV memory, and its token step is
 max(sum of stage times, pp * slowest stage). Data-parallel replicas (and virtual engines) get the
 trace by smooth weighted round robin on their shares; a phase-split plan (Splitwise) runs the prefill
-pools first, then ships each request's KV to a decode pool (bytes / link bandwidth + latency).
+pools first, then ships each request's KV to a decode pool (bytes / link bandwidth + latency, the
+transfers queued on the links between the pools: `transfer_arrivals_s`).
 """
 
 from __future__ import annotations
@@ -393,8 +394,8 @@ def simulate_plan(problem: Any, plan: Any, req: Requests) -> tuple[SimResult, di
         finish = np.where(req.output_tokens == 1, first, np.nan)
         go = np.flatnonzero(np.isfinite(first) & (req.output_tokens > 1))
         if len(go):
-            ship = transfer_s(problem, plan, req.prompt_tokens[go])
-            p2 = _run_pool(problem, plan, dec, req, go, True, first[go] + ship, None, stats)
+            arrive = transfer_arrivals_s(problem, plan, first[go], req.prompt_tokens[go])
+            p2 = _run_pool(problem, plan, dec, req, go, True, arrive, None, stats)
             finish[go] = p2["finish_s"]
             rejected[go] |= p2["rejected"]
     out_tok = req.output_tokens
@@ -421,6 +422,36 @@ def transfer_s(problem: Any, plan: Any, prompt_tokens: np.ndarray) -> np.ndarray
                 bw, lat = x, y
     kvb = kv_bytes_per_token(problem.config, problem.dtype)
     return lat + prompt_tokens * kvb / bw
+
+
+def transfer_links(problem: Any, plan: Any) -> int:
+    """Return how many KV transfers between the prefill and the decode pool can run at once: one per
+    node (its NIC) on the narrower side, min(nodes of the prefill pool, nodes of the decode pool), >= 1."""
+    node = {x.id: x.node for x in gpus_of(problem)}
+
+    def nodes(phase: str) -> set[str]:
+        return {node[d] for r in plan.replicas if r.phase == phase for st in r.stages for d in st.devices}
+    return max(1, min(len(nodes("prefill")), len(nodes("decode"))))
+
+
+def transfer_arrivals_s(problem: Any, plan: Any, ready_s: np.ndarray, prompt_tokens: np.ndarray) -> np.ndarray:
+    """Return when each prompt's KV has arrived at the decode pool (s): transfers queue first come first
+    served on `transfer_links(problem, plan)` links of the pool's slowest link bandwidth (a link carries one
+    transfer at a time, bytes / bandwidth), each transfer ready when its prefill finished (`ready_s`),
+    plus the link latency. A link's capacity bounds the pools' rate: beyond it the queue grows."""
+    import heapq
+
+    ready = np.asarray(ready_s, dtype=float)
+    full = transfer_s(problem, plan, prompt_tokens)
+    lat = float(transfer_s(problem, plan, np.zeros(1))[0])
+    busy = full - lat
+    out = np.empty_like(ready)
+    free = [0.0] * transfer_links(problem, plan)
+    for i in np.argsort(ready, kind="stable"):
+        start = max(float(ready[i]), heapq.heappop(free))
+        heapq.heappush(free, start + float(busy[i]))
+        out[i] = start + float(busy[i]) + lat
+    return out
 
 
 def p95(values: np.ndarray, q: float = 95.0) -> float:
