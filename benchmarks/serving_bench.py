@@ -17,7 +17,7 @@ minus its output, as LongBench's own evaluation truncates; the same SLOs; the ra
 dispatch is for; its ratios are reported, not judged against the ShareGPT targets.
 
 Run: .venv/bin/python benchmarks/serving_bench.py [--models 13b|30b|13b,30b] [--workloads sharegpt,long]
-     [--trace auto|sample|FILE.csv] [--requests N] [--skip-run] [--quiet-wait S]
+     [--trace auto|sample|FILE.csv] [--requests N] [--skip-run | --only-run] [--quiet-wait S]
 Timings are taken on whatever machine runs it (a busy shared one says so in its load average).
 """
 
@@ -182,13 +182,14 @@ def main() -> None:
     ap.add_argument("--trace", default="auto")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--skip-run", action="store_true")
+    ap.add_argument("--only-run", action="store_true", help="only the CPU execution (measured vs predicted)")
     ap.add_argument("--quiet-wait", type=float, default=120.0,
                     help="seconds to wait for a quiet machine before the CPU execution (default 120)")
     a = ap.parse_args()
     started = time.perf_counter()
     verdicts = []
     folder = tempfile.TemporaryDirectory()
-    for name in a.models.split(","):
+    for name in [] if a.only_run else a.models.split(","):
         for wl in a.workloads.split(","):
             table, r = serving_table(name, a.trace, a.requests, wl, folder.name)
             print(table_text(table))
@@ -203,7 +204,8 @@ def main() -> None:
                          [name, "hetis / uniform-tp usable KV", r["kv_vs_uniform"], ">= 1.8 (paper 1.87)",
                           r["kv_vs_uniform"] >= 1.8]]
     folder.cleanup()
-    print(table_text(dispatch_table()))
+    if not a.only_run:
+        print(table_text(dispatch_table()))
     if not a.skip_run:
         tables, res = run_table(a.quiet_wait)
         for t in tables:
