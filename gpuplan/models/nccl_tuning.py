@@ -837,13 +837,22 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
             # one partial loop: heads x lastChunkSize, aligned to 16 KiB (all_reduce.h)
             last = np.ceil(np.ceil(per / heads) / NVLS_LAST_CHUNK_ALIGN_BYTES) * NVLS_LAST_CHUNK_ALIGN_BYTES
             chunk = np.where(per < heads * chunk, np.minimum(chunk, last), chunk)
+        per = size_bytes / busy
+        uneven = 1.0
+        if nvls_block_split(t, algo):
+            # the busiest CTA holds whole blocks: its share of a size that is not a multiple of them
+            loops = np.ceil(size_bytes / (busy * heads * chunk))
+            busiest = np.minimum(size_bytes, heads * chunk * loops)
+            uneven, per = busy * busiest / size_bytes, busiest
         idle = 0.0
         if transfer_given is None:
             # NCCL's bandwidth is that of all nvlsChannels CTAs ("NVLS should not need more than 16
             # channels to get peak BW", enqueue.cc): the busy ones move the op at busy / ctas of it
-            idle = transfer_us * (ctas / busy - 1.0)
-            transfer_us = transfer_us * ctas / busy
-        per = size_bytes / busy
+            idle = transfer_us * (ctas / busy * uneven - 1.0)
+            transfer_us = transfer_us * ctas / busy * uneven
+        else:
+            idle = transfer_us * (uneven - 1.0)
+            transfer_us = transfer_us * uneven
         stage = transfer_us * np.minimum(1.0, heads * chunk / per)    # one loop through the slowest stage
         if algo == "nvls":
             out = 2.0 * stage                  # scatter -> reduce/multicast -> gather: two stages of fill
