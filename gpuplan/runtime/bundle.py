@@ -193,8 +193,9 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     from gpuplan.runtime import contention
     from gpuplan.runtime import tessel_actions as acts
     from gpuplan.runtime.launch import run_workers
-    from gpuplan.runtime.poseidon import (cpu_cores, measure_core_sharing, measure_wait_costs, measure_wake_s,
-                                          runnable_config, stage_slowdowns)
+    from gpuplan.profiling.stage_speed import measure_stage_speeds
+    from gpuplan.runtime.poseidon import (cpu_cores, measure_wait_costs, measure_wake_s, runnable_config,
+                                          stage_slowdowns, table_chunk_s)
     from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
     from gpuplan.runtime.torch_pipelining import check_version
 
@@ -233,7 +234,27 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     # the S x dp compute at once (1.0 = alone), so the prediction for here is known before the run
     # the micro-batch the sharing and cold-call probes time: the one most of the workers run
     mb = statistics.median_low(s.micro_batch_size for s in stages for _ in range(s.dp))
-    rates = sharing or measure_core_sharing(cfg, seq_len=seq, micro_batch=mb, processes=world, threads=threads or 1)
+    # the plan's stages timed the executor's way just before the launch (each rank's own chunks, calls after
+    # waits, process CPU time, one rank alone) and the core sharing of those stages computing together
+    from gpuplan.runtime.bundle_mixed import offsets
+
+    first_rank = offsets(dps) if mixed else list(range(S))
+    stage_of = [max(k for k in range(S) if first_rank[k] <= r) if mixed else r % S for r in range(world)]
+    chunks_of = [[tuple(spec["ranges"][k]) for k in range(len(spec["ranges"])) if k % S == stage_of[r]]
+                 for r in range(world)]
+    speeds = None if sharing else measure_stage_speeds(
+        cfg, chunks_of, micro_batch=[stages[stage_of[r]].micro_batch_size for r in range(world)], seq_len=seq,
+        threads=threads or 1, seed=seed)  # type: ignore[arg-type]
+    rates = sharing or speeds.rates  # type: ignore[union-attr]
+    ratios: dict[int, tuple[float, float]] = {}  # virtual stage -> (forward, backward) ratio, now over the table
+    for k, (first, last) in enumerate(spec["ranges"]):
+        st = stages[k % S]
+        ref = None if speeds is None or note else table_chunk_s(pprob, st.device_type, first, last,  # type: ignore[arg-type]
+                                                                st.micro_batch_size)
+        c = [j for j in range(len(spec["ranges"])) if j % S == k % S].index(k)
+        now = (0.0, 0.0) if speeds is None else (speeds.forward_s[first_rank[k % S]][c],
+                                                 speeds.backward_s[first_rank[k % S]][c])
+        ratios[k] = (now[0] / ref[0], now[1] / ref[1]) if ref and min(ref) > 0 and min(now) > 0 else (1.0, 1.0)
     # when the workers outnumber the cores, as the Poseidon runner: the extra CPU time of a call after a
     # wait on cores the others kept busy, and the wake-up delay of a worker blocked in gloo's recv
     cores = cpu_cores()
@@ -248,7 +269,14 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     extra = {b.name: (cold[0] if b.kind == "forward" else cold[1] if b.kind in ("backward", "backward_input")
                       else 0.0) * spec["factors"][b.devices[0]]  # type: ignore[index]
              for b in tprob.blocks}  # type: ignore[attr-defined]
+    # each block's compute at the speed its chunk was timed at before the run (ratio over the table's)
+    now_extra = {b.name: extra[b.name] + b.duration_s * (ratios.get(b.stage, (1.0, 1.0))[0 if b.kind == "forward"
+                                                                                       else 1] - 1.0)
+                 for b in tprob.blocks}  # type: ignore[attr-defined]
     predicted_here = shared_cores_time_s(
+        tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
+        rates, tails, wake_s=wake, extra_s=now_extra, workers=dps, factors=spec["factors"], sleep_s=late)
+    predicted_profile_speed = shared_cores_time_s(
         tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
         rates, tails, wake_s=wake, extra_s=extra, workers=dps, factors=spec["factors"], sleep_s=late)
     from gpuplan.runtime.bundle_mixed import worker as mixed_worker
@@ -277,7 +305,11 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                            "cold_forward_s": cold[0], "cold_backward_s": cold[1], "wake_s": wake,
                            "sleep_late_s": late,
                            "predicted_here_iteration_s": predicted_here,
-                           "predicted_here_error": rel_error(predicted_here, measured), "retimed_iteration_s": retimed,
+                           "predicted_here_error": rel_error(predicted_here, measured),
+                           "predicted_profile_speed_iteration_s": predicted_profile_speed,
+                           "predicted_profile_speed_error": rel_error(predicted_profile_speed, measured),
+                           "compute_ratios": [ratios[k] for k in range(len(spec["ranges"]))],
+                           "retimed_iteration_s": retimed,
                            "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,
                            "losses": losses, "lagom_env": envs, "notes": notes}
     if return_grads:
@@ -286,8 +318,11 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
         out["grads"] = {k: torch.from_numpy(v) for r in results for k, v in r["grads"].items()}
     out.update(contention.report(before, monitor.window, step_s))
     rows = [["composed prediction (the bundle)", predicted, measured, pct(rel_error(predicted, measured))],
-            ["the same for this machine (core sharing, cold calls, wake-up; measured before the run)",
-             predicted_here, measured, pct(rel_error(predicted_here, measured))],
+            ["the same on this machine's cores at the profile's layer speed (core sharing, cold calls, wake-up; "
+             "measured before the run)", predicted_profile_speed, measured,
+             pct(rel_error(predicted_profile_speed, measured))],
+            ["the same with each stage's compute timed the executor's way before the run (the prediction for this "
+             "machine)", predicted_here, measured, pct(rel_error(predicted_here, measured))],
             ["the schedule re-timed with this run's blocks (checks the order)", retimed, measured,
              pct(rel_error(retimed, measured))]]
     brows = [[b.name, b.kind, b.devices[0], b.duration_s * 1e3, durations[b.name] * 1e3,

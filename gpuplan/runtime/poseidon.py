@@ -22,6 +22,7 @@ from gpuplan.models.base import Table
 from gpuplan.models.poseidon import CostModel, PoseidonPlan, PoseidonProblem, iteration_time_fast
 from gpuplan.models.profile import LayerCost, LayerTable
 from gpuplan.models.workload import TransformerConfig, scaled
+from gpuplan.profiling.stage_speed import measure_stage_speeds
 from gpuplan.runtime import contention
 from gpuplan.runtime.contention import cores as cpu_cores  # bundle.py uses this name
 from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
@@ -59,6 +60,41 @@ def runnable_config(problem: PoseidonProblem, max_hidden: int = 256, max_vocab: 
         note += f"{'; ' if note else 'scaled: '}sequence {max_seq} (of {seq})"
         seq = max_seq
     return cfg, seq, note
+
+
+def table_chunk_s(problem: PoseidonProblem, device_type: str, first: int, last: int, micro_batch: int
+                  ) -> tuple[float, float] | None:
+    """Return (forward_s, backward_s) the problem's layer table gives the modules of layers [first, last)
+    (with the embedding when first == 0, the head and loss when last is the model's last layer) at
+    `micro_batch`, without the emulated slowdown of `device_type` and without the pipeline runtime's
+    per-call overhead: the figure `gpuplan.profiling.stage_speed` times the same modules against.
+    None without a layer table."""
+    table = problem.layer_costs
+    if table is None:
+        return None
+    cm = CostModel(problem)
+    lf, lb = cm.layer(device_type, 1, micro_batch)
+    ef, eb = cm.extras(device_type, 1, micro_batch, first == 0, last == problem.model.num_layers)
+    factor = table.slowdowns.get(device_type, 1.0) if table.slowdowns else 1.0
+    n = last - first
+    return (n * lf + ef) / factor, (n * lb + eb) / factor
+
+
+def compute_ratios(problem: PoseidonProblem, plan: PoseidonPlan, forward_now_s: list[float],
+                   backward_now_s: list[float], scaled: bool) -> list[tuple[float, float]]:
+    """Return per stage (forward, backward) ratio of the stage's compute measured just before the run
+    the executor's way (`measure_stage_speeds`, seconds per call, one rank alone) over the layer
+    table's figure for the same modules (`table_chunk_s`); 1.0 where there is no table, a figure is
+    missing or not positive, or the run executes a scaled model (the table's modules are not the run's)."""
+    out = []
+    for k, st in enumerate(plan.stages):
+        ref = None if scaled else table_chunk_s(problem, st.device_type, st.first_layer, st.last_layer,
+                                               st.micro_batch_size)
+        if ref is None or min(ref) <= 0 or forward_now_s[k] <= 0 or backward_now_s[k] <= 0:
+            out.append((1.0, 1.0))
+        else:
+            out.append((forward_now_s[k] / ref[0], backward_now_s[k] / ref[1]))
+    return out
 
 
 def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
@@ -303,11 +339,16 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     iteration time (s, median), per-stage forward/backward time per micro-batch (s, median), each
     next to the plan's prediction, the losses, the slowdown factors and the scaling applied.
 
-    "predicted_cpu_iteration_s" is the plan's prediction for this machine: the same stage costs
-    and op order with the workers sharing `cores` CPU cores (default: the cores this process may
-    use: `sharing`, the speed of a worker while k workers compute, given or measured just before
-    the launch by `measure_core_sharing`), by `contended_iteration_s`: figures known before the
-    run. When the workers outnumber the cores, each forward and backward call there also costs the
+    "predicted_cpu_iteration_s" is the plan's prediction for this machine: the plan's op order with
+    the workers sharing this machine's cores, by `contended_iteration_s`, from figures known before
+    the run. Just before the launch `gpuplan.profiling.stage_speed.measure_stage_speeds` times the
+    plan's own stage modules the executor's way in as many processes as the run has (each call after
+    a wait, process CPU time, one rank alone): each stage's forward and backward compute is the plan's
+    times the ratio of that figure to the layer table's for the same modules ("compute_ratios",
+    "stageK_forward_ratio" / "stageK_backward_ratio"; 1 with `sharing` given, without a layer table,
+    or for a scaled model); and the same probe's stages looping together give the sharing rates (the
+    speed of a worker while k compute; `sharing` overrides them).
+    "predicted_cpu_profile_speed_iteration_s" is the same with the profile's compute (every ratio 1). When the workers outnumber the cores, each forward and backward call there also costs the
     extra CPU time of a call after a wait on cores others kept busy (`measure_cold_op_s`, measured
     just before the launch; "cold_forward_s" / "cold_backward_s", s; 0 with `sharing` given), and a
     stage waiting idle for a message starts after the scheduler's wake-up delay on busy cores
@@ -349,8 +390,15 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     table = problem.layer_costs
     threads = threads or (table.threads if table is not None and table.threads else 1)
     before = contention.quiet_window()
-    rates = sharing or measure_core_sharing(cfg, seq_len=seq, micro_batch=stages[0].micro_batch_size,
-                                            processes=S * dp, threads=threads)
+    # the plan's stages timed the executor's way just before the launch (each rank's own modules, calls
+    # after waits, process CPU time) and the core sharing of those stages computing together
+    speeds = None if sharing else measure_stage_speeds(
+        cfg, [[(stages[r % S].first_layer, stages[r % S].last_layer)] for r in range(S * dp)],
+        micro_batch=stages[0].micro_batch_size, seq_len=seq, threads=threads, seed=seed)
+    rates = sharing or speeds.rates  # type: ignore[union-attr]
+    ratios = [(1.0, 1.0)] * S if speeds is None else compute_ratios(
+        problem, plan, [speeds.forward_s[k][0] for k in range(S)], [speeds.backward_s[k][0] for k in range(S)],
+        scaled=bool(note))
     # an op after a wait (a receive, an emulated sleep) with every core taken by other workers, and
     # how late an emulated sleep ends
     *cold, late = (0.0, 0.0, 0.0) if sharing else measure_wait_costs(
@@ -375,11 +423,18 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     out["sleep_late_s"] = late
     # every forward and backward call of a stage follows a wait (a receive, an emulated sleep): its
     # measured extra CPU time, as work the emulated sleep stretches too
+    stage_rates = [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)]
+    out["compute_ratios"] = ratios
     out["predicted_cpu_iteration_s"] = contended_iteration_s(
+        [st.forward_s * r[0] + cold[0] * f for st, f, r in zip(stages, spec["factors"], ratios)],
+        [st.backward_s * r[1] + cold[1] * f for st, f, r in zip(stages, spec["factors"], ratios)], p2p, tails,
+        plan.num_microbatches, plan.schedule, spec["factors"], stage_rates, record=replay, wake_s=wake,
+        sleep_s=late)
+    # the same with the profile's compute (no ratio): what the term measured before the run adds
+    out["predicted_cpu_profile_speed_iteration_s"] = contended_iteration_s(
         [st.forward_s + cold[0] * f for st, f in zip(stages, spec["factors"])],
         [st.backward_s + cold[1] * f for st, f in zip(stages, spec["factors"])], p2p, tails,
-        plan.num_microbatches, plan.schedule, spec["factors"],
-        [rates[min(len(rates), k * dp) - 1] for k in range(1, S + 1)], record=replay, wake_s=wake, sleep_s=late)
+        plan.num_microbatches, plan.schedule, spec["factors"], stage_rates, wake_s=wake, sleep_s=late)
     out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
     # the same on idle cores (min(1, cores / k) for k workers computing): what a quiet machine gives
     out["predicted_idle_cpu_iteration_s"] = contended_iteration_s(
@@ -396,6 +451,10 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     for k, st in enumerate(stages):
         mine = [r for r in results if r["stage"] == k]
         out[f"stage{k}_slowdown"] = spec["factors"][k]
+        out[f"stage{k}_forward_ratio"], out[f"stage{k}_backward_ratio"] = ratios[k]
+        if speeds is not None:  # the probe's CPU time per call of this stage's modules, before the run
+            out[f"stage{k}_forward_now_s"] = speeds.forward_s[k][0]
+            out[f"stage{k}_backward_now_s"] = speeds.backward_s[k][0]
         out[f"stage{k}_forward_measured_s"] = statistics.median(x[1] for r in mine for x in r["iters"])
         out[f"stage{k}_forward_predicted_s"] = st.forward_s
         out[f"stage{k}_forward_predicted_cpu_s"] = statistics.median(
@@ -431,7 +490,12 @@ def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -
              pct(rel_error(plan.iteration_time_s, measured))],
             [f"plan with {workers} workers sharing {cores} idle cores", out["predicted_idle_cpu_iteration_s"],
              measured, pct(rel_error(out["predicted_idle_cpu_iteration_s"], measured))],
-            [f"plan with {workers} workers sharing {cores} cores (rates measured before the run)",
+            [f"plan with {workers} workers sharing {cores} cores, the profile's layer speed (sharing measured "
+             f"before the run)", out.get("predicted_cpu_profile_speed_iteration_s", out["predicted_cpu_iteration_s"]),
+             measured, pct(rel_error(out.get("predicted_cpu_profile_speed_iteration_s",
+                                             out["predicted_cpu_iteration_s"]), measured))],
+            [f"plan with {workers} workers sharing {cores} cores, stage compute and sharing measured the "
+             f"executor's way before the run (the prediction for this machine)",
              out["predicted_cpu_iteration_s"], measured, pct(rel_error(out["predicted_cpu_iteration_s"], measured))],
             ["plan (DAG) vs the fastest step", plan.iteration_time_s, out["measured_fastest_iteration_s"],
              pct(rel_error(plan.iteration_time_s, out["measured_fastest_iteration_s"]))]]
