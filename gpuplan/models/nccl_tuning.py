@@ -630,8 +630,10 @@ def max_threads(t: Topology, algo: str, proto: str, g: Graphs | None = None) -> 
 # - NVLS's three-stage pipeline (all_reduce.h RunWorkColl<..., NCCL_ALGO_NVLS, SIMPLE>, one node):
 #   scatter warps copy the input to the heads' buffers, reduce warps run multimem ld_reduce / st on
 #   their head's chunk, gather warps copy the result out; a loop is nHeads chunks, and the second and
-#   third stages start one loop late (fill: two loop-stage times). The NVLS tree (NVLS_TREE) has four
-#   warp groups per node (scatter, reduce -> tree up, tree down -> multicast, gather).
+#   third stages start one loop late (fill: two loop-stage times). Which CTAs get data changed in 2.20
+#   (nvls_block_split): 2.18 / 2.19 give CTA bid whole nHeads x chunk blocks, 2.20+ an even share.
+#   The NVLS tree (NVLS_TREE) has four warp groups per node (scatter, reduce -> tree up, tree down ->
+#   multicast, gather).
 # - P2P read on Ampere (graph/paths.cc ncclTopoCheckP2p: NVLink between two SM80 GPUs; transport/p2p.cc
 #   puts the Simple buffer on the sender): a receiving CTA loads each slice from the previous GPU's
 #   memory after it has seen the tail flag, so every slice also waits a remote load's round trip
@@ -791,6 +793,9 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
 
     On one node of SM80 GPUs over NVLink (`p2p_read`) every ring Simple slice also waits a remote
     load's round trip (`read_latency_us`: two one-way NVLink steps, `hop_us` or NCCL's own 0.6 us).
+    NVLS CTAs without data (`nvls_busy_ctas`: the version's work split) leave NCCL's bandwidth, that
+    of all nvlsChannels CTAs, to the busy ones; under NCCL 2.18 / 2.19's block split the busiest CTA's
+    whole blocks set the pace.
 
     `chunk_bytes` replaces NCCL's chunk (ring: CHUNKSTEPS steps of the Simple buffer; NVLS:
     calcCollChunking's), `transfer_us` NCCL's size / algBw (another model's transfer time); numpy
