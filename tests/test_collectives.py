@@ -495,3 +495,35 @@ def test_fidelity_b_closed_mid_size_points_stay_within_25_percent() -> None:
     off = [(r["topology"], r["size"], round(r["lagom"] / r["published"], 2)) for r in rows
            if abs(r["lagom"] / r["published"] - 1) > 0.25]
     assert off == [], off
+
+
+def test_ring_ll128_chunk_layout_before_nccl_2_20_hand_derived() -> None:
+    """NCCL 2.18 / 2.19 round a ring LL128 all_reduce's chunk up to 640 threads x 60 B / 2 = 19,200 B
+    and lay chunks out chunk-major over the 24 channels of 8 x A100: 4 MiB -> ceil(4 MiB / (24 x 8 x
+    19,200)) = 2 units = 38,400 B a chunk against 4 MiB / 192 = 21,845 B evenly, so every step moves
+    38,400 B; from 2.20 (even shares) and for LL (its unit is one pass of the CTA's threads) nothing."""
+    from gpuplan.models.collectives import group_shape
+
+    a100 = _cluster()
+    ids = list(range(8))
+    t = group_shape(a100, ids).topology
+    old = replace_version(t, (2, 18))
+    size = 4 * 2**20
+    assert nt.ring_layout_factor(old, "all_reduce", "ring", "LL128", size, 24, 640) == pytest.approx(38400 * 192 / size)
+    assert nt.ring_layout_factor(old, "all_reduce", "ring", "LL128", 16 * 2**20, 24, 640) == \
+        pytest.approx(5 * 19200 * 192 / (16 * 2**20))
+    assert nt.ring_layout_factor(t, "all_reduce", "ring", "LL128", size, 24, 640) == 1.0
+    assert nt.ring_layout_factor(old, "all_reduce", "ring", "LL", size, 24, 512) == 1.0
+    ch = nt.choose(old, "all_reduce", float(size))
+    assert (ch.algo, ch.proto, ch.channels, ch.threads) == ("ring", "LL128", 24, 640)
+    T = size / (1000.0 * nt.tuning(old)[("all_reduce", "ring", "LL128")].algbw_GBps)
+    assert collective_time_s(a100, "all_reduce", size, ids, nccl_version="2.18.5") == pytest.approx(
+        (ch.time_us + T * (38400 * 192 / size - 1)) * 1e-6)
+    assert collective_time_s(a100, "all_reduce", size, ids) == pytest.approx(ch.time_us * 1e-6)
+
+
+def replace_version(t: nt.Topology, version: tuple[int, int]) -> nt.Topology:
+    """`t` running NCCL `version`."""
+    from dataclasses import replace
+
+    return replace(t, nccl_version=version)

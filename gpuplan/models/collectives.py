@@ -267,7 +267,8 @@ def collective_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iter
         return fallback_time_s(op, size, shape.ranks, shape.link_GBps, shape.link_latency_s)
     topo = _topology(shape, nccl_version)
     ch = nt.choose(topo, op, float(size), algos=_algos(algos))
-    return (ch.time_us + nt.pipeline_us(topo, op, ch.algo, ch.proto, float(size), ch.channels)) * 1e-6
+    return (ch.time_us + nt.pipeline_us(topo, op, ch.algo, ch.proto, float(size), ch.channels,
+                                        threads=ch.threads)) * 1e-6
 
 
 def nccl_estimate_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,

@@ -737,6 +737,37 @@ def nvls_chunk_bytes(t: Topology, algo: str, channel_bytes: float, heads: int) -
     return chunk
 
 
+def ring_layout_factor(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, channels: Any,
+                       threads: Any) -> Any:
+    """Return how much longer than NCCL's even spread a ring LL128 all_reduce's steps take under
+    NCCL 2.18 / 2.19's chunk layout (>= 1; 1 from 2.20 and for anything else).
+
+    Before 2.20 (device/all_reduce.h runRing) the last loop's chunk of LL and LL128 is rounded up
+    to minChunkSize and chunks are laid out chunk-major across channels (offset (chunk x nChannels +
+    bid) x realChunkSize), so a channel's ring moves whole rounded chunks while the later chunk
+    positions stay empty; every step of a ring in lockstep moves the channel's largest chunk (a chunk
+    keeps its index around the ring, so the longest path follows it through all steps). LL128's unit
+    is threads x 60 B / 2 (bytePerGrain 8 x 15 x 8 / 16 = 60, and the "/2" NCCL's comment calls
+    smoother): half a pass of the CTA's 640 threads, and a CTA at NCCL's per-channel LL128 cap
+    (perChMaxRingLL128) moves bytes, so the transfer takes realChunkSize / (size / (nChannels x
+    nRanks)) of NCCL's: 8 x A100, 24 channels: 4 MiB -> 38,400 B chunks against 21,845 (1.76x),
+    8 MiB 1.32x, 16 MiB 1.10x. LL's unit is threads x 8 B, exactly one pass of the CTA's threads (one
+    16 B line each), so rounding up never adds a pass: 1. numpy arrays broadcast through `channels`
+    and `threads`."""
+    if not (t.nccl_version < (2, 20) and algo == "ring" and coll == "all_reduce" and proto == "LL128"):
+        return 1.0
+    n = t.ranks
+    nc = np.maximum(1, np.asarray(channels, dtype=float))
+    min_chunk = np.asarray(threads, dtype=float) * 60.0 / 2
+    step = BUFFSIZE["LL128"] // NCCL_STEPS * 15 // 16        # calcBytePerStep: 15 of every 16 words
+    loop = nc * n * step
+    full = np.floor(size_bytes / loop)
+    rest = size_bytes - full * loop
+    last = np.where(rest > 0, np.minimum(step, np.ceil(rest / (nc * n * min_chunk)) * min_chunk), 0.0)
+    out = np.maximum(1.0, (full * step + last) / (size_bytes / (nc * n)))
+    return float(out) if out.ndim == 0 else out
+
+
 def ring_slices_per_step(channel_bytes: Any, ranks: int, chunk_bytes: Any = None) -> Any:
     """Return the Simple slices one ring step runs over a channel's whole share (all loops): full loops
     of nRanks x chunk (chunk = BUFFSIZE / NCCL_STEPS x CHUNKSTEPS unless given) take SlicePerChunk
@@ -785,7 +816,7 @@ def read_latency_us(t: Topology, hop_us: float | None = None) -> float:
 
 def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, channels: Any,
                 g: Graphs | None = None, caps: Caps = NO_CAPS, chunk_bytes: Any = None,
-                transfer_us: Any = None, hop_us: float | None = None) -> Any:
+                transfer_us: Any = None, hop_us: float | None = None, threads: Any = None) -> Any:
     """Return the time (us) NCCL's kernel pipeline adds to NCCL's latency + size / bandwidth estimate of
     (coll, algo, proto) on `channels` channels (see the comment above: Simple's serial per-slice
     handshake on the ring pattern, the NVLS and NVLS-tree stage fill, the broadcast / reduce chain
@@ -793,6 +824,8 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
 
     On one node of SM80 GPUs over NVLink (`p2p_read`) every ring Simple slice also waits a remote
     load's round trip (`read_latency_us`: two one-way NVLink steps, `hop_us` or NCCL's own 0.6 us).
+    Under NCCL 2.18 / 2.19 a ring LL128 all_reduce's steps move rounded chunks
+    (`ring_layout_factor`, with `threads` per CTA, default NCCL's maximum).
     NVLS CTAs without data (`nvls_busy_ctas`: the version's work split) leave NCCL's bandwidth, that
     of all nvlsChannels CTAs, to the busy ones; under NCCL 2.18 / 2.19's block split the busiest CTA's
     whole blocks set the pace.
@@ -801,7 +834,7 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
     calcCollChunking's), `transfer_us` NCCL's size / algBw (another model's transfer time); numpy
     arrays broadcast through `channels`, `chunk_bytes` and `transfer_us`.
     """
-    if proto != "Simple" or size_bytes <= 0:
+    if size_bytes <= 0:
         return 0.0
     n = t.ranks
     transfer_given = transfer_us
@@ -810,6 +843,10 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
         if e is None or e.algbw_GBps <= 0:
             return 0.0
         transfer_us = size_bytes / (1000.0 * e.algbw_GBps)       # us: NCCL's size / algBw
+    if proto != "Simple":
+        # LL / LL128 forward line by line; only NCCL 2.18 / 2.19's ring LL128 chunk layout adds time
+        nt_ = max_threads(t, algo, proto, g) if threads is None else threads
+        return transfer_us * (ring_layout_factor(t, coll, algo, proto, size_bytes, channels, nt_) - 1.0)
     if algo == "ring" and coll in ("all_reduce", "all_gather", "reduce_scatter"):
         nc = np.minimum(np.maximum(1, channels), cbd_channels(t, coll, size_bytes, MAX_CHANNELS))
         slices = ring_slices_per_step(size_bytes / nc, n, chunk_bytes)
