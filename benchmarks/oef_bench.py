@@ -7,9 +7,11 @@ Prints, in one run:
      (min and mean over the inputs), and the check results of the cooperative plans;
   3. average and 95th-percentile JCT of every policy on the shipped trace (examples/oef/trace-100.yaml);
   4. distinct jobs (every job its own speedup vector, as in a real cluster): 1,000, 5,000 and 10,000
-     jobs on 3 and 8 GPU types: oef with --ef-limit (default 30 s) and with 2 s (status, certified
-     gap, where the plan comes from), oef-si and Gavel's max-min on the same input in the same run,
-     efficiency ratios, check violations, and 20 rounds of placement.
+     jobs on 3 and 8 GPU types: oef with --ef-limit (default 30 s) and with 2 s (status, wall time
+     over the limit, certified gap, where the plan and the bound come from), oef-si and Gavel's
+     max-min on the same input in the same run, efficiency ratios, check violations, and 20 rounds
+     of placement; the load average before and after. On a shared machine, multithreaded BLAS makes
+     small matrix products 30x slower (threads wait for cores): set OPENBLAS_NUM_THREADS=1 there.
 
 Run: .venv/bin/python benchmarks/oef_bench.py [--quick] [--seeds N] [--distinct-only] [--ef-limit S]
 """
@@ -17,6 +19,7 @@ Run: .venv/bin/python benchmarks/oef_bench.py [--quick] [--seeds N] [--distinct-
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -107,12 +110,23 @@ def plan_source(plan) -> str:
     return "equal split" if "equal split" in origin else origin[:20]
 
 
+def bound_source(plan) -> str:
+    """Return a short label of where an oef plan's certified upper bound comes from."""
+    if plan.status.value != "time_limit":
+        return "exact"
+    origin = str(plan.solver.stats.get("bound_from", ""))
+    if "group relaxation" in origin:
+        return f"dual, {plan.solver.stats.get('dual_iterations')} it."
+    return "LP relaxation" if "relaxation" in origin else ("capacity prices" if "capacity" in origin else origin[:20])
+
+
 def distinct_section(sizes: list[int], ef_limit_s: float, short_limit_s: float = 2.0) -> None:
     """Solve distinct-job inputs with oef (at `ef_limit_s` and at `short_limit_s`), oef-si and
     gavel-maxmin; time 20 rounds of placement; print the certified gaps and efficiency ratios."""
     from gpuplan.solvers.oef_rounds import schedule
 
     rows = []
+    load_before = os.getloadavg()[0]
     for m in (3, 8):
         for n in sizes:
             problem = api.load_problem(distinct_problem(np.random.default_rng(7 + n + m), n, m))
@@ -138,17 +152,20 @@ def distinct_section(sizes: list[int], ef_limit_s: float, short_limit_s: float =
                 g = plan.solver.stats.get("certified_gap")
                 return "0 (exact)" if plan.status.value != "time_limit" else ("-" if g is None else f"{g:.2%}")
 
-            rows.append([f"{n} x {m} types", oef.status.value, t_oef, oef.solver.stats.get("lp_rounds"),
-                         gap(oef), plan_source(oef), oef.objective / gavel.objective, t_gavel,
-                         si.objective / gavel.objective, t_si, t_quick, gap(quick), quick.objective / gavel.objective,
+            rows.append([f"{n} x {m} types", oef.status.value, t_oef, t_oef / ef_limit_s,
+                         oef.solver.stats.get("lp_rounds"), gap(oef), bound_source(oef), plan_source(oef),
+                         oef.objective / gavel.objective, t_gavel, si.objective / gavel.objective, t_si, t_quick,
+                         t_quick / short_limit_s, gap(quick), bound_source(quick), quick.objective / gavel.objective,
                          t_rounds, violations])
             print(f"  done: distinct {n} x {m}", flush=True)
     print(table_text(Table(f"4. distinct jobs (own speedup vector each): wall times (s); oef with a time limit of "
                            f"{ef_limit_s:g} s and of {short_limit_s:g} s; eff. = efficiency / Gavel max-min's",
-                           ["input", "oef status", "oef", "LP rounds", "certified gap", "plan from",
-                            "oef eff.", "gavel-maxmin", "oef-si eff.", "oef-si", f"oef {short_limit_s:g} s",
-                            f"gap {short_limit_s:g} s", f"eff. {short_limit_s:g} s", "20 rounds+placement",
-                            "check violations"], rows)))
+                           ["input", "oef status", "oef", "/limit", "LP rounds", "certified gap", "bound from",
+                            "plan from", "oef eff.", "gavel-maxmin", "oef-si eff.", "oef-si", f"oef {short_limit_s:g} s",
+                            "/limit", f"gap {short_limit_s:g} s", f"bound {short_limit_s:g} s",
+                            f"eff. {short_limit_s:g} s", "20 rounds+placement", "check violations"], rows)))
+    print(f"   load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+          f"{os.cpu_count()} CPUs; OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
 
 
 def run_input(label: str, doc: dict, with_pa: bool) -> tuple[list, dict[str, float], list[str]]:

@@ -16,7 +16,7 @@ from gpuplan.models.oef import EF, SI, arrays, efficiency, envy_pairs, equal_sha
 from gpuplan.models.plan import Status
 from gpuplan.solvers.oef_dual import dual_value, group_dual_bound
 from gpuplan.solvers.oef_ef import Budget, solve_ef_lp
-from tests.test_oef_scale import distinct_doc, full_lp
+from test_oef_scale import distinct_doc, full_lp
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

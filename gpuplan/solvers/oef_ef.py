@@ -299,8 +299,8 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     1 - `hull_share`; if they stop before the optimum, the market gets 40% of what is left, the dual
     bound 85% of the rest, and the per-job mix LP what remains when it leaves room for its oracle
     passes. From MARKET_FIRST_SIZE rows x types up, the market and the dual bound run first instead
-    (30% of the limit each, 45% when one all-pairs oracle pass would not fit a quarter of it), then
-    the rounds up to 90% of the limit. Every step ending in an all-pairs oracle pass is started only
+    (35% and 30% of the limit; 40% and the rest when one all-pairs oracle pass takes over a tenth
+    of it, so that no two LP rounds fit), then the rounds up to 90% of the limit. Every step ending in an all-pairs oracle pass is started only
     when the deadline leaves room for that pass (Budget). Raises InfeasibleError if the LP is
     infeasible,
     SolverError if HiGHS fails without a time limit.
@@ -360,13 +360,15 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     if time_limit_s is not None and k * m >= MARKET_FIRST_SIZE and (use_market or use_dual):
         # large: the first LP alone may not fit in a short limit, so the market's plan and the dual
         # bound come first; the LP rounds get what is left (up to 90% of the limit)
-        hopeless = full_oracle() > 0.25 * time_limit_s                  # no LP round would fit
+        # one oracle pass above a tenth of the limit: two LP rounds (the least that improves on the
+        # SI-only bound) will not fit, so the market and the dual bound get all of the time
+        hopeless = full_oracle() > 0.1 * time_limit_s
         if use_market:
             early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho,
-                                 (0.5 if hopeless else 0.35) * time_limit_s)
+                                 (0.4 if hopeless else 0.35) * time_limit_s)
         if use_dual:
             left = budget.left() or 0.0
-            dual_s = 0.85 * left if hopeless else min(0.3 * time_limit_s, left - 0.1 * time_limit_s)
+            dual_s = 0.9 * left if hopeless else min(0.3 * time_limit_s, left - 0.1 * time_limit_s)
             dual_bound, dual_stats = _dual(V, usable, size, capacity, rho, si_ref, dual_groups, max(dual_s, 0.0))
         rounds_limit_s = 0.9 * time_limit_s
 
