@@ -127,8 +127,8 @@ class Topology:
     `nics` NICs of `nic_GBps` each; the CPU vendor (NCCL's net overhead and LL cap across nodes);
     `latency_inter_us` the network's extra latency (graphs' latencyInter: 0 for InfiniBand); `ll128`
     forces LL128 on or off (None: NCCL's own rule); `nccl_version` (major, minor) of the NCCL that
-    runs: it selects only the one-node NVLS kernel's work split (`nvls_block_split`); the tables
-    are NCCL 2.30.7's whatever it says.
+    runs: it selects only the kernels' work layout (`nvls_block_split`, `ring_layout_factor`); the
+    tables are NCCL 2.30.7's whatever it says.
     """
 
     ranks: int
