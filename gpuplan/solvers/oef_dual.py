@@ -85,17 +85,31 @@ def group_dual_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capaci
         if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             break
         UP = (Vu * P).sum(axis=1)
-        avg = np.zeros((G, m))
-        np.add.at(avg, labels, P)
+        avg = np.stack([np.bincount(labels, weights=P[:, j], minlength=G) for j in range(m)], axis=1)
         avg /= count[:, None]
+        gA = Vu @ avg.T
+        gA *= theta
+        np.subtract(UP[:, None], gA, out=gA)                        # dD/dA: minus the group rows' envy
         grads = [capacity - (size[:, None] * P).sum(axis=0),       # dD/dpi
                  UP - si_ref,                                       # dD/dsigma
-                 UP[:, None] - theta * (Vu @ avg.T)]                # dD/dA: minus the group rows' envy
+                 gA]
         lr = lr0 / np.sqrt(it / 20 + 1)
-        for q in range(3):
-            first[q] = 0.9 * first[q] + 0.1 * grads[q]
-            second[q] = 0.999 * second[q] + 0.001 * grads[q] ** 2
-            step = (first[q] / (1 - 0.9 ** it)) / (np.sqrt(second[q] / (1 - 0.999 ** it)) + 1e-12)
-            params[q] = np.maximum(0.0, params[q] - lr * step)
+        c1, c2 = 1 - 0.9 ** it, 1 - 0.999 ** it
+        for q in range(3):                  # Adam, in place: the n x groups arrays dominate a step
+            g, f, s, x = grads[q], first[q], second[q], params[q]
+            tmp = np.multiply(g, 0.1)
+            f *= 0.9
+            f += tmp
+            np.multiply(g, g, out=tmp)
+            tmp *= 0.001
+            s *= 0.999
+            s += tmp
+            np.multiply(s, 1.0 / c2, out=tmp)
+            np.sqrt(tmp, out=tmp)
+            tmp += 1e-12
+            np.divide(f, tmp, out=tmp)
+            tmp *= lr / c1
+            x -= tmp
+            np.maximum(x, 0.0, out=x)
     bound = best + SAFETY * abs(best)
     return bound, {"dual_iterations": it, "dual_groups": G, "dual_seconds": time.perf_counter() - started}
