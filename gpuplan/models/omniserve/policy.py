@@ -118,7 +118,8 @@ class MixedPolicy:
         self.served = np.zeros(n, dtype=np.int64)   # neo: iteration of the last CPU decode (round robin)
         self.record_merges = True
         self.admissions: list[list[float]] = []   # [request, time, tokens, per iteration, T_est, waited, forecast, ok]
-        self.decision_s: list[float] = []     # controller time per iteration (s), measured
+        self.decision_s: list[float] = []     # controller time per iteration (s), measured, wall clock
+        self.decision_cpu_s: list[float] = []  # the same, this thread's CPU time (s): without other jobs' slices
         self.decision_inflight: list[int] = []  # BE requests in flight (CPU pools) at each decision
         self.last_merges: list[list[int]] = []
         self.last_cpu_decodes = 0
@@ -206,7 +207,7 @@ class MixedPolicy:
 
     def next_iteration(self, state: EngineState) -> Iteration | None:
         """Return the next iteration (see the module docstring); None when nothing can run now."""
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         now = state.now_s
         self._finish_prefills(state)
         self._fit_memory(state)
@@ -252,6 +253,7 @@ class MixedPolicy:
             d.ls_chunks[d.ls_chunks > 0]
         dec = np.concatenate(decodes) if decodes else _EMPTY
         self.decision_s.append(time.perf_counter() - started)
+        self.decision_cpu_s.append(time.thread_time() - started_cpu)
         self.decision_inflight.append(len(self.cpu))
         if not len(pre_idx) and not len(dec):
             if len(self.cpu):   # waiting on CPU attention or a KV transfer: idle until one is back
