@@ -172,6 +172,18 @@ def _tail_s(cm: CostModel, sh: StageShape, n: int, first: bool, last: bool, S: i
 TAIL_CACHE = 1 << 20
 
 
+def _extra_at(cm: CostModel, caps: tuple[int, ...], extra: tuple[float, ...], nmax: int) -> list[float]:
+    """Return, per block count n in 0..nmax, the recomputation seconds one block's backward gains in a
+    stage with memory caps `caps` and gains `extra` per mode (the first mode whose cap holds n), cached
+    on the cost model."""
+    cache = cm.__dict__.setdefault("_extra_at", {})
+    key = (caps, extra, nmax)
+    out = cache.get(key)
+    if out is None:
+        out = cache[key] = [next((x for k, x in zip(caps, extra) if n <= k), 0.0) for n in range(nmax + 1)]
+    return out  # type: ignore[no-any-return]
+
+
 def _p2p(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> float:
     """Return p2p_s(cm, a, b, micro_batch), cached on the cost model."""
     cache = cm.__dict__.setdefault("_p2p", {})
@@ -248,36 +260,38 @@ class Structure:
         return min(self.nmax) >= v and sum(self.nmax) >= L and self.S * v <= L and L % v == 0
 
     def minmax_partition(self, weight: list[float], const: list[float]) -> tuple[float, list[int]]:
-        """Return (W, layers): W a lower bound, within 1e-9 relative, on the smallest max_s(n_s
-        weight_s + const_s) over integer counts 1 <= n_s <= nmax_s summing to L, and counts that
-        reach it (bisection on W; a count for W is the most layers each stage holds within W; with
-        interleave v counts are multiples of v)."""
+        """Return (W, layers): W the smallest max_s(n_s weight_s + const_s) over integer counts
+        v <= n_s <= nmax_s (multiples of the interleave v) summing to L, shaved by 1e-9 relative (a
+        lower bound), and counts that reach it: the most layers each stage holds within W, the
+        surplus trimmed from the stages with the most time first, keeping every count >= v.
+
+        W is exact: the greedy that gives the next v layers to the stage whose time grows the least
+        reaches the min-max, since every stage's time is increasing in its count."""
+        import heapq
+
         L, S, v = self.cm.p.model.num_layers, self.S, self.v
-
-        def fill(W: float) -> list[int] | None:
-            n = [min(self.nmax[s], int(math.floor((W - const[s]) / weight[s] + 1e-9)) // v * v) if weight[s] > 0
-                 else self.nmax[s] for s in range(S)]
-            return n if min(n) >= v and sum(n) >= L else None
-
-        lo = max(v * weight[s] + const[s] for s in range(S))
-        hi = max(self.nmax[s] * weight[s] + const[s] for s in range(S))
-        if fill(lo) is not None:
-            hi = lo
-        while hi - lo > 1e-9 * hi:
-            mid = 0.5 * (lo + hi)
-            if fill(mid) is not None:
-                hi = mid
-            else:
-                lo = mid
-        n = fill(hi)
-        assert n is not None
-        # trim the surplus from the stages with the most slack, keeping every count >= 1
+        n = [v] * S
+        heap = [((v + v) * weight[s] + const[s], s) for s in range(S) if v + v <= self.nmax[s]]
+        heapq.heapify(heap)
+        W = max(v * weight[s] + const[s] for s in range(S))
+        for _ in range((L - S * v) // v):
+            if not heap:  # the caps cannot hold L layers
+                return INF, list(self.nmax)
+            t, s = heapq.heappop(heap)
+            n[s] += v
+            W = max(W, t)
+            if n[s] + v <= self.nmax[s]:
+                heapq.heappush(heap, ((n[s] + v) * weight[s] + const[s], s))
+        n = [min(self.nmax[s], int(math.floor((W - const[s]) / weight[s] + 1e-9)) // v * v) if weight[s] > 0
+             else self.nmax[s] for s in range(S)]
+        n = [max(x, v) for x in n]
+        # trim the surplus from the stages with the most slack, keeping every count >= v
         extra = sum(n) - L
         for s in sorted(range(S), key=lambda s: n[s] * weight[s] + const[s], reverse=True):
             take = min(extra, n[s] - v)
             n[s] -= take
             extra -= take
-        return lo * (1 - 1e-9), n
+        return W * (1 - 1e-9), n
 
     def balanced(self) -> tuple[float, list[int]]:
         """Return `minmax_partition` of each stage's m micro-batches plus its all-reduce (bound (1) of
@@ -363,6 +377,87 @@ class Structure:
             const = sum(pi[q] * rt[q][1] for q in range(self.S)) / tot
             best = max(best, self._min_linear(coef, const))
         return best
+
+    def dense_paths(self) -> list[tuple[list[float], float]]:
+        """Return the path bounds that involve several stages as (coef, const), T >= sum_s coef_s n_s +
+        const for every layer mapping n (seconds): every round trip (`round_trip`), the fill-and-drain
+        path (2) (with v = 1 then stage 0's all-reduce + optimizer) and, with v = 1, every hourglass
+        through an inner stage q (see `lp_bound`). Cached; every coefficient is >= 0."""
+        if getattr(self, "_dense", None) is None:
+            S, m, v, last = self.S, self.m, self.v, self.S - 1
+            rows = [(list(c), k) for c, k in self._rt]
+            per = [self.c[s] / v if s < last else m * self.c[s] for s in range(S)]
+            base = sum(self.e[s] for s in range(last)) + m * self.e[last] + 2 * sum(self.p2p)
+            if v == 1:
+                per[0] += self.a[0]
+                base += self.a0[0]
+                for q in range(1, last):
+                    row = list(self.c[:q]) + [m * self.c[q]] + [0.0] * (S - q - 1)
+                    row[0] += self.a[0]
+                    rows.append((row, sum(self.e[:q]) + m * self.e[q] + 2 * sum(self.p2p[:q]) + self.a0[0]))
+            rows.append((per, base))
+            self._dense = rows
+        return self._dense
+
+    def cannot_beat(self, cutoff: float, rounds: int = 3) -> bool:
+        """True when no integer layer mapping of this structure can run faster than `cutoff` seconds
+        (then it may be pruned); False when that is not proven.
+
+        A mapping n faster than the cutoff has every path bound below it (each bound is at most the
+        iteration time). Bound (1) gives each stage at most hi_q blocks; then, for a few rounds, the
+        sum sum_s n_s = L narrows each count from both sides, and each multi-stage path (`dense_paths`,
+        coefficients >= 0) caps each count given the others at their least: n_s <= lo_s +
+        (cutoff - path(lo)) / coef_s. Counts are multiples of v, so every cap is rounded down to one
+        and every floor up. An empty range proves it; else each multi-stage path, and their uniform
+        and 1/largest-coefficient weighted means, minimised over the narrowed ranges under the sum,
+        must stay below the cutoff. The integer ranges make this stronger than `lp_bound` on most
+        structures. The cutoff is raised by 1e-9 relative for float rounding (never prunes a tie)."""
+        S, m, v = self.S, self.m, self.v
+        L = self.cm.p.model.num_layers
+        T = cutoff * (1 + 1e-9)
+        if T == INF:
+            return False
+        hi = []
+        for s in range(S):
+            w = m * self.c[s] + self.a[s]
+            room = T - m * self.e[s] - self.a0[s]
+            k = self.nmax[s] if w <= 0 else min(self.nmax[s], int(math.floor(room / w)) if room >= 0 else -1)
+            hi.append(k // v * v)
+        lo = [v] * S
+        if min(hi) < v or sum(hi) < L:
+            return True
+        rows = self.dense_paths()
+        for _ in range(rounds):
+            changed = False
+            total_hi, total_lo = sum(hi), sum(lo)
+            for s in range(S):
+                floor_s = max(lo[s], -(-(L - (total_hi - hi[s])) // v) * v)
+                cap_s = min(hi[s], (L - (total_lo - lo[s])) // v * v)
+                if floor_s > cap_s:
+                    return True
+                if floor_s != lo[s] or cap_s != hi[s]:
+                    total_hi += cap_s - hi[s]
+                    total_lo += floor_s - lo[s]
+                    lo[s], hi[s], changed = floor_s, cap_s, True
+            for coef, const in rows:
+                base = const + sum(c * x for c, x in zip(coef, lo))
+                if base > T:
+                    return True
+                for s in range(S):
+                    if coef[s] > 0 and hi[s] > lo[s]:
+                        cap_s = lo[s] + int(math.floor((T - base) / coef[s] + 1e-9)) // v * v
+                        if cap_s < hi[s]:
+                            hi[s], changed = cap_s, True
+            if sum(hi) < L:
+                return True
+            if not changed:
+                break
+        means = []
+        for pi in ([1.0] * len(rows), [1.0 / max(max(c), 1e-300) for c, _ in rows]):
+            tot = sum(pi)
+            means.append(([sum(p * r[0][s] for p, r in zip(pi, rows)) / tot for s in range(S)],
+                          sum(p * r[1] for p, r in zip(pi, rows)) / tot))
+        return any(_min_in_ranges(coef, const, lo, hi, L) > T for coef, const in rows + means)
 
     def lp_bound(self) -> float:
         """Return the tightest of the path bounds together: min over REAL layer counts in [1, nmax_s]
@@ -477,7 +572,7 @@ class Structure:
             return INF
         fwd = [n * f for n, f in zip(layers, self.f)]
         if self._extra_at is None:  # per stage and layer count: the recomputation seconds per block
-            self._extra_at = [[next((x for k, x in zip(caps, extra) if n <= k), 0.0) for n in range(nmax + 1)]
+            self._extra_at = [_extra_at(self.cm, caps, extra, nmax)
                               for caps, extra, nmax in zip(self.caps, self.extra, self.nmax)]
         bwd = [n * (g + ex[n]) for n, g, ex in zip(layers, self.g, self._extra_at)]
         tail = [self.tail(s, n) for s, n in enumerate(layers)]
@@ -507,6 +602,20 @@ class Structure:
 # ------------------------------------------------------------------------------------------------
 # Layer mapping
 # ------------------------------------------------------------------------------------------------
+
+def _min_in_ranges(coef: list[float], const: float, lo: list[int], hi: list[int], total: int) -> float:
+    """Return min over real counts lo_s <= n_s <= hi_s summing to `total` of sum_s coef_s n_s + const
+    (greedy: the spare goes to the cheapest stages first; exact), inf when no counts fit."""
+    spare = total - sum(lo)
+    if spare < 0 or sum(hi) < total:
+        return INF
+    out = const + sum(c * x for c, x in zip(coef, lo))
+    for s in sorted(range(len(coef)), key=lambda s: coef[s]):
+        k = min(spare, hi[s] - lo[s])
+        out += k * coef[s]
+        spare -= k
+    return out
+
 
 def _round_counts(x: list[float], cap: list[int], total: int) -> list[int] | None:
     """Return integer counts in [1, cap_s] summing to `total` closest to the real counts x (floors,
@@ -1019,13 +1128,21 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
                 stats.infeasible += 1
                 continue
             lb = max(lb, st.lower_bound(best[0])) if prune else 0.0
-            if prune and lb >= best[0]:
+            if prune and (lb >= best[0] or st.cannot_beat(best[0])):
                 stats.pruned += 1
                 continue
             t, layers = quick_map(st, stats)
+            if prune and t < best[0] - 1e-12 * t and not stats.out_of_time():
+                # a new incumbent is mapped at once (depth first), so the bounds prune against its
+                # mapped time for the rest of pass 1; the mapping does not depend on the incumbent
+                t, layers = mapper(st, stats)
+                stats.evaluated += 1
+                if stats.out_of_time():  # the mapping may have been cut short: not proven
+                    status = Status.TIME_LIMIT
+            else:
+                pending.append((t, lb, k, index))
             if t < best[0] - 1e-12 * t:
                 best, stats.best_from = (t, st, layers), "search"
-            pending.append((t, lb, k, index))
             if stats.out_of_time():
                 break
         stats.unvisited += sizes[k] - handled
@@ -1044,7 +1161,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             stats.pruned += 1
             continue
         st = _structure_at(problem, cm, (entries[k].m, entries[k].used), index)
-        if prune and best[0] < INF and st.lp_bound() >= best[0]:
+        if prune and best[0] < INF and (st.cannot_beat(best[0]) or st.lp_bound() >= best[0]):
             stats.pruned += 1
             continue
         t, layers = mapper(st, stats)  # cut short inside when the deadline passes
@@ -1095,13 +1212,28 @@ def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry
     seconds; inf: it cannot fit) reaches `incumbent()`, which is then never built."""
     m, used = entry.m, entry.used
     vs = [1] + interleaves(problem, sum(o.stages for o in used), m)
+    inner, across = _combo_sends(cm, m, used)
     for oi, order in enumerate(itertools.permutations(range(len(used)))):
+        sends = inner + sum(across[a][b] for a, b in zip(order, order[1:]))
         for vi, v in enumerate(vs):
-            lb = entry.order_bound(order, v)
+            lb = entry.order_bound(order, v, sends)
             if lb >= incumbent():
                 yield oi * len(vs) + vi, lb, None
             else:
                 yield oi * len(vs) + vi, lb, Structure(cm, [sh for j in order for sh in used[j].shapes], m, v)
+
+
+def _combo_sends(cm: CostModel, m: int, used: tuple[TypeOption, ...]) -> tuple[float, list[list[float]]]:
+    """Return (inner, across): the seconds of the sends between consecutive stages of each option of a
+    combo, summed, and across[i][j] the send from option i's last stage to option j's first (the
+    micro-batch of the sender at m micro-batches): a type order's sends are inner plus its
+    consecutive pairs' `across`, the sum of `Structure.p2p`."""
+    G = cm.p.global_batch
+    mb = [G // (m * o.dp) for o in used]
+    inner = sum(_p2p(cm, o.shapes[i], o.shapes[i + 1], b) for o, b in zip(used, mb) for i in range(o.stages - 1))
+    across = [[_p2p(cm, a.shapes[-1], c.shapes[0], b) if i != j else 0.0 for j, c in enumerate(used)]
+              for i, (a, b) in enumerate(zip(used, mb))]
+    return inner, across
 
 
 POOL_MIN_STRUCTURES = 5000  # below this a process pool's start-up costs more than it saves
@@ -1215,7 +1347,7 @@ def _pooled_worker(w: int) -> dict[str, Any]:
                 stats.infeasible += 1
                 continue
             lb = max(lb, st.lower_bound(incumbent()))
-            if lb >= incumbent():
+            if lb >= incumbent() or st.cannot_beat(incumbent()):
                 stats.pruned += 1
                 continue
             t, layers = quick_map(st, stats)
@@ -1238,7 +1370,7 @@ def _pooled_worker(w: int) -> dict[str, Any]:
             stats.pruned += 1
             continue
         st = _structure_at(problem, cm, (entries[k].m, entries[k].used), index)
-        if st.lp_bound() >= incumbent():
+        if st.cannot_beat(incumbent()) or st.lp_bound() >= incumbent():
             stats.pruned += 1
             continue
         t, layers = mapper(st, stats)

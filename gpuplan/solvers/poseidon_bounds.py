@@ -49,16 +49,18 @@ class ComboEntry:
     used: tuple[Any, ...]
     terms: dict[int, tuple[float, list[float], list[float]]] = field(default_factory=dict)
 
-    def order_bound(self, order: tuple[int, ...], v: int) -> float:
+    def order_bound(self, order: tuple[int, ...], v: int, sends_s: float = 0.0) -> float:
         """Return a lower bound (seconds) on every layer mapping of the structure with the types in
-        `order` (positions in `used`) at interleave v; inf when v is not allowed or cannot fit."""
+        `order` (positions in `used`) at interleave v; inf when v is not allowed or cannot fit.
+        `sends_s`: the sum of the structure's sends between consecutive stages (`order_sends`),
+        which W2 and RT0 each pay twice (micro-batch 0's forward, then a backward down the pipeline)."""
         if not self.terms:
             return 0.0
         t = self.terms.get(v)
         if t is None:
             return INF
         w1, w2, rt0 = t
-        return max(w1, w2[order[-1]], rt0[order[0]])
+        return max(w1, max(w2[order[-1]], rt0[order[0]]) + 2 * sends_s * SHAVE)
 
 
 @dataclass
@@ -73,12 +75,14 @@ class ComboList:
     cut: bool = False  # the deadline passed while listing (the entries are then incomplete)
 
 
-def option_terms(cm: CostModel, o: Any, m: int) -> tuple[float, float, float, float, float, float] | None:
-    """Return (c, f, g, cap, embedding, head) of a stage of option `o` at m micro-batches: block
+def option_terms(cm: CostModel, o: Any, m: int) -> tuple[float, float, float, float, float, float, float] | None:
+    """Return (c, f, g, cap, embedding, head, a) of a stage of option `o` at m micro-batches: block
     forward+backward, forward and backward seconds (no recomputation), the most blocks it holds at
     any position (one micro-batch in flight, no embedding or head, the thriftiest recomputation
-    mode), and the embedding's and head's forward+backward seconds on it; None when its data-parallel
-    degree does not divide the batch into m micro-batches. Cached on the cost model."""
+    mode), the embedding's and head's forward+backward seconds on it, and the least per-block
+    all-reduce + optimizer seconds of its stages at any position (`Structure.a`, first and last
+    included); None when its data-parallel degree does not divide the batch into m micro-batches.
+    Cached on the cost model."""
     cache = cm.__dict__.setdefault("_bound_terms", {})
     key = (id(o), m)
     if key not in cache:
@@ -96,8 +100,17 @@ def option_terms(cm: CostModel, o: Any, m: int) -> tuple[float, float, float, fl
             cap = min(cm.p.model.num_layers, int((cap_bytes - base) // per)) if cap_bytes >= base + per else 0
             emb = sum(cm.extras(o.device_type, o.tp, b, True, False))
             head = sum(cm.extras(o.device_type, o.tp, b, False, True))
-            cache[key] = (f + g, f, g, float(cap), emb, head)
+            cache[key] = (f + g, f, g, float(cap), emb, head, _least_slope(cm, o))
     return cache[key]  # type: ignore[no-any-return]
+
+
+def _least_slope(cm: CostModel, o: Any) -> float:
+    """Return the least per-block all-reduce + optimizer seconds (`Structure.a`, >= 0) of option o's
+    stages at any pipeline position (inner, first, last) in a pipeline of two or more stages."""
+    from gpuplan.solvers.poseidon import _min_slope
+
+    return max(0.0, min(_min_slope(cm, x, first, last, 3, cm.tail_s(x, 0, first, last, 3))
+                        for x in o.shapes for first, last in ((False, False), (True, False), (False, True))))
 
 
 def _min_linear(coef: np.ndarray, count: np.ndarray, hi: np.ndarray, lo: float, spare: np.ndarray
@@ -145,15 +158,16 @@ def _end_bound(which: str, c: np.ndarray, f: np.ndarray, g: np.ndarray, k: np.nd
 
 
 def _water_fill(w: np.ndarray, count: np.ndarray, cap: np.ndarray, L: int) -> np.ndarray:
-    """Return per row a lower bound on the smallest W with sum_j count_j min(cap_j, W / w_j) >= L
-    (bisection; inf where sum_j count_j cap_j < L)."""
+    """Return per row a lower bound on the smallest W with sum_j count_j min(cap_j, floor(W / w_j)) >= L,
+    the integer min-max of the layer counts (bisection: the lower end never holds L layers, so it
+    stays below; inf where sum_j count_j cap_j < L)."""
     ok = (count * cap).sum(axis=1) >= L - 1e-9
     lo = np.zeros(len(w))
     hi = np.where(count > 0, cap * w, 0.0).max(axis=1)
     wsafe = np.where(w > 0, w, 1.0)
     for _ in range(50):
         mid = 0.5 * (lo + hi)
-        held = (count * np.where(w > 0, np.minimum(cap, mid[:, None] / wsafe), cap)).sum(axis=1)
+        held = (count * np.where(w > 0, np.minimum(cap, np.floor(mid[:, None] / wsafe)), cap)).sum(axis=1)
         good = held >= L
         hi = np.where(good, mid, hi)
         lo = np.where(good, lo, mid)
@@ -197,30 +211,30 @@ def list_combos(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[An
         # per type: a row per choice (0: unused), columns c, f, g, cap, emb, head, k, valid
         tabs = []
         for t in types:
-            rows_t = [(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, True)]
+            rows_t = [(0.0,) * 7 + (0, True)]
             for o in opts[t]:
                 x = option_terms(cm, o, m)
-                rows_t.append((*x, o.stages, True) if x is not None else (0.0,) * 6 + (o.stages, False))
+                rows_t.append((*x, o.stages, True) if x is not None else (0.0,) * 7 + (o.stages, False))
             tabs.append(rows_t)
         grids = np.meshgrid(*[np.arange(len(tabs[j])) for j in range(inner, T)], indexing="ij")
         inner_idx = np.stack([g.ravel() for g in grids], axis=1) if grids else np.zeros((1, 0), dtype=int)
-        inner_arr = [np.asarray([r[:7] for r in tabs[j]], dtype=float) for j in range(inner, T)]
-        inner_ok = [np.asarray([r[7] for r in tabs[j]]) for j in range(inner, T)]
+        inner_arr = [np.asarray([r[:8] for r in tabs[j]], dtype=float) for j in range(inner, T)]
+        inner_ok = [np.asarray([r[8] for r in tabs[j]]) for j in range(inner, T)]
         for prefix in np.ndindex(*[len(tabs[j]) for j in range(inner)]):
             if time.perf_counter() > deadline:
                 out.cut = True
                 break
-            if any(not tabs[j][i][7] for j, i in enumerate(prefix)):
+            if any(not tabs[j][i][8] for j, i in enumerate(prefix)):
                 continue
             n = len(inner_idx)
-            vals = np.zeros((n, T, 7))
+            vals = np.zeros((n, T, 8))
             for j, i in enumerate(prefix):
-                vals[:, j, :] = tabs[j][i][:7]
+                vals[:, j, :] = tabs[j][i][:8]
             ok = np.ones(n, dtype=bool)
             for jj in range(T - inner):
                 vals[:, inner + jj, :] = inner_arr[jj][inner_idx[:, jj]]
                 ok &= inner_ok[jj][inner_idx[:, jj]]
-            k = vals[:, :, 6]
+            k = vals[:, :, 7]
             S = k.sum(axis=1)
             used = np.concatenate([np.tile(np.asarray(prefix, dtype=int) > 0, (n, 1)), inner_idx > 0], axis=1)
             ok &= (S >= 1) & (S <= limit)
@@ -231,7 +245,7 @@ def list_combos(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[An
             idx = np.nonzero(ok)[0]
             vals, k, S, used = vals[idx], k[idx], S[idx], used[idx]
             full_idx = np.concatenate([np.tile(np.asarray(prefix, dtype=int), (len(idx), 1)), inner_idx[idx]], axis=1)
-            c, f, g, cap, emb, head = (vals[:, :, i] for i in range(6))
+            c, f, g, cap, emb, head, a = (vals[:, :, i] for i in range(7))
             nused = used.sum(axis=1)
             Si = S.astype(int)
             n_inter = np.zeros(len(idx), dtype=int)
@@ -273,7 +287,7 @@ def list_combos(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[An
             w1 = np.zeros(n)  # 0 (no bound) where the other bounds already prune the row
             need = np.nonzero(bound < cut)[0]
             if len(need):
-                w1[need] = _water_fill(m * c[need], k[need], cap[need], L)
+                w1[need] = _water_fill(m * c[need] + a[need], k[need], cap[need], L)
                 bound[need] = np.min(np.stack([np.maximum(w1[need], bv[need]) for bv in bvs]), axis=0)
             single = S == 1
             bound = np.where(single, np.where((k * cap).sum(axis=1) >= L, 0.0, INF), bound)
