@@ -273,11 +273,11 @@ def solver_time_s(time_limit_s: float | None, started: float, arrays_s: float, j
     """Return the seconds the allocation may take so the whole solve ends within `time_limit_s`
     (None: no limit): the limit, less what has run since `started` (perf_counter), less what comes
     after the allocation: the plan, the frame's copy of the problem into it and its digest (about
-    1.5x the time `arrays` took, `arrays_s`: both walk every job, so the estimate follows the
+    2x the time `arrays` took, `arrays_s`: both walk every job, so the estimate follows the
     machine's load) and the rounds on GPU ids; at most 40% of the limit is set aside."""
     if time_limit_s is None:
         return None
-    after = min(0.4 * time_limit_s, 1.5 * arrays_s + ROUND_S_PER_JOB * jobs * rounds)
+    after = min(0.4 * time_limit_s, 2.0 * arrays_s + ROUND_S_PER_JOB * jobs * rounds)
     return max(time_limit_s - after - (time.perf_counter() - started), 0.0)
 
 
