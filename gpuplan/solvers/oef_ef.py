@@ -300,10 +300,9 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     bound 85% of the rest, and the per-job mix LP what remains when it leaves room for its oracle
     passes. From MARKET_FIRST_SIZE rows x types up, the market and the dual bound run first instead
     (35% and 30% of the limit; 50% and the rest when one all-pairs oracle pass takes over a tenth
-    of it, so that no two LP rounds fit), then the rounds up to 90% of the limit. Every step ending in an all-pairs oracle pass is started only
-    when the deadline leaves room for that pass (Budget). Raises InfeasibleError if the LP is
-    infeasible,
-    SolverError if HiGHS fails without a time limit.
+    of it, so that no two LP rounds fit), then the rounds up to 90% of the limit. Every step ending
+    in an all-pairs oracle pass starts only when the deadline leaves room for that pass (Budget).
+    Raises InfeasibleError if the LP is infeasible, SolverError if HiGHS fails without a time limit.
     """
     import highspy
     from scipy.sparse import vstack
