@@ -21,7 +21,9 @@ A time limit returns the best envy-free SI plan in hand: the equal-incomes marke
 (solvers/oef_market.py: envy-free and SI at any prices), the per-job mix LP over it, the last relaxed
 optimum and the equal split E (solvers/oef_hull.py), or the smallest global mix (1 - t) X + t E
 (envy_free_mix: each row is linear, so the largest t any pair needs is exact); the certified upper
-bound is the smaller of the last relaxation's value and a Lagrangian capacity-price bound.
+bound is the smallest of the last relaxation's value, a Lagrangian capacity-price bound and the
+Lagrangian dual of the group relaxation (solvers/oef_dual.py: n x groups rows, no LP). A time limit
+is one deadline (Budget): a step that ends in an all-pairs oracle pass starts only with room for it.
 """
 
 from __future__ import annotations
