@@ -754,7 +754,8 @@ def ring_layout_factor(t: Topology, coll: str, algo: str, proto: str, size_bytes
     8 MiB 1.32x, 16 MiB 1.10x. LL's unit is threads x 8 B, exactly one pass of the CTA's threads (one
     16 B line each), so rounding up never adds a pass: 1. numpy arrays broadcast through `channels`
     and `threads`."""
-    if not (t.nccl_version < (2, 20) and algo == "ring" and coll == "all_reduce" and proto == "LL128"):
+    if not (t.nccl_version < (2, 20) and algo == "ring" and coll == "all_reduce" and proto == "LL128"
+            and size_bytes > 0):
         return 1.0
     n = t.ranks
     nc = np.maximum(1, np.asarray(channels, dtype=float))
