@@ -176,10 +176,15 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                return_grads: bool = False) -> dict[str, Any]:
     """Run a training bundle on local processes (gloo on CPU); return measured figures (seconds):
     measured_iteration_s (median step), predicted_iteration_s (the bundle's composed prediction),
-    predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with the core sharing,
-    and, when the workers outnumber the cores, the extra CPU time of a call after a wait on busy cores,
-    cold_forward_s / cold_backward_s, and the wake-up delay wake_s; the emulated stages' sleeps use no
-    core and end sleep_late_s late; all measured just before the launch),
+    predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with each block's compute
+    scaled by its chunk's "compute_ratios" entry, (forward, backward) = the chunk's modules timed the
+    executor's way just before the launch over the layer table's figure for them
+    (`gpuplan.profiling.stage_speed`; 1 with `sharing` given or for a scaled model), the core sharing of
+    the plan's own stages measured by the same probe (`sharing` overrides it), and, when the workers
+    outnumber the cores, the extra CPU time of a call after a wait on busy cores, cold_forward_s /
+    cold_backward_s, and the wake-up delay wake_s; the emulated stages' sleeps use no core and end
+    sleep_late_s late; all measured just before the launch), predicted_profile_speed_iteration_s (the
+    same at the profile's speed: every ratio 1),
     retimed_iteration_s (the schedule's order re-timed with the blocks measured in the run), per-block
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
     Stages of equal dp run through torch.distributed.pipelining's action-list runtime; stages of
