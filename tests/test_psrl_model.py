@@ -247,6 +247,55 @@ def test_belady_never_below_lru_on_dfs_orders(seed: int, fraction: float) -> Non
         assert bel["hit_rate"] == 1.0
 
 
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), shape=st.sampled_from(["stepwise", "tree"]))
+def test_dfs_orders_pay_no_cache_misses(seed: int, shape: str) -> None:
+    """At the K/V budget the memory model reserves (the longest path's), next-use eviction on a DFS order
+    never misses: every prefix stays on the resident path while its descendants run. So the solvers' plans
+    pay no miss time (miss_s 0, path_hit_rate 1) and their loads are the placement's."""
+    from gpuplan.models.psrl.core import cache_stats, path_kv_bytes
+
+    p = api.load_problem({"kind": "psrl", "model": "qwen3-0.6b", "workers": [{"name": "g", "count": 2}],
+                          "generate": {"shape": shape, "tasks": 2, "rollouts": 3, "turns_min": 2, "turns_max": 6,
+                                       "depth": 2, "prompt_tokens_min": 50, "prompt_tokens_max": 900,
+                                       "turn_tokens_min": 10, "turn_tokens_max": 700, "system_tokens": 300,
+                                       "seed": seed}}, "psrl")
+    order = p.built.dfs_samples()
+    assert cache_stats(p, order, budget_bytes=path_kv_bytes(p, order))["hit_rate"] == 1.0
+    for solver in ("psrl", "subtree-greedy"):
+        plan = api.solve(p, solver=solver)
+        assert plan.predicted["miss_s"] == 0.0 and plan.predicted["path_hit_rate"] == 1.0
+
+
+def test_an_order_that_evicts_pays_its_misses(solved) -> None:
+    """A micro-batch order that alternates between two tasks evicts their prefixes from the reserved path
+    K/V; re-creating them is charged to the worker's load, and check recomputes it."""
+    from gpuplan.models.psrl.core import finish_plan, miss_seconds
+
+    p, _ = solved
+    f = p.built
+    one = api.load_problem({**p.document(), "workers": [{"name": "g", "gpu": "H100"}]}, "psrl")
+    dfs = f.dfs_samples()
+    by_group: dict[int, list[int]] = {}
+    for s in dfs:
+        by_group.setdefault(f.group[s], []).append(s)
+    a, b = by_group[0], by_group[1]
+    alternating = [x for pair in itertools.zip_longest(a, b) for x in pair if x is not None]
+    used = set().union(*(f.sample_path(s) for s in range(f.n_samples)))
+    plain = api.solve(one, solver="psrl")
+    assert plain.order == {"g": dfs}
+    mixed = finish_plan(one, plain.model_copy(deep=True), [0] * f.n_samples, [used], [set()], orders=[alternating])
+    miss = miss_seconds(one, alternating, used, one.rates[0])
+    assert plain.predicted["miss_s"] == 0.0
+    assert miss["miss_s"] > 0 and miss["hit_rate"] < 1
+    assert mixed.objective == pytest.approx(plain.objective + miss["miss_s"], rel=1e-12)
+    assert api.check(one, mixed) == []
+    stated = mixed.model_copy(deep=True)
+    stated.load_s = dict(plain.load_s)
+    stated.objective = plain.objective
+    assert api.check(one, stated)
+
+
 # ---------------------------------------------------------------- traces
 
 def test_generator_is_seeded_and_shaped() -> None:

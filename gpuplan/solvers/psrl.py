@@ -31,6 +31,8 @@ EXACT_MAX_WORKERS = 8
 EXACT_MAX_CELLS = 4_000  # used nodes x workers
 SMALL_BATCH = 64         # at most this many samples: the local search also moves and swaps single samples
 MULTI_START_TOLERANCES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
+LARGE_TOLERANCES = (0.02, 0.1, 0.5)  # larger batches: fewer starts (each greedy + local search takes seconds)
+LS_TARGETS = 8           # large batches: the local search tries moves to the 8 least loaded workers
 TIME_UNITS_PER_S = 1e6   # CP-SAT's integer time unit: microseconds (scaled further for long makespans)
 
 
@@ -240,9 +242,12 @@ def greedy_assign(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], t
     return splits
 
 
-def _candidate_units(pl: Placement, m: int, below: list[list[int]], limit: int) -> list[list[int]]:
+def _candidate_units(pl: Placement, m: int, below: list[list[int]], limit: int, sub: list[float] | None = None,
+                     cap_flops: float = 0.0) -> list[list[int]]:
     """Return sample sets on worker m to try moving: its maximal subtrees and their children, and single
-    samples on small batches; largest first, at most `limit`."""
+    samples on small batches; largest first, at most `limit`. With `sub` (subtree FLOPs) and `cap_flops`,
+    also the largest exclusive subtrees at any depth whose FLOPs are at most cap_flops (the pieces that fit
+    the gap between the most and the least loaded worker), up to `limit` more."""
     f = pl.f
     total = {v: n for v, n in ((v, len(below[v])) for v in range(f.n_nodes))}
     exclusive = [v for v in range(f.n_nodes) if total[v] and pl.cnt[v].get(m, 0) == total[v]]
@@ -260,14 +265,27 @@ def _candidate_units(pl: Placement, m: int, below: list[list[int]], limit: int) 
         if key not in seen:
             seen.add(key)
             out.append(u)
-    return out[:limit]
+    out = out[:limit]
+    if sub is not None and cap_flops > 0:
+        fitting = sorted((v for v in exclusive if sub[v] <= cap_flops), key=lambda v: (-sub[v], v))
+        extra = 0
+        for v in fitting:
+            key = tuple(below[v])
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(below[v])
+            extra += 1
+            if extra >= limit:
+                break
+    return out
 
 
 def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], deadline: float,
                  max_rounds: int = 200, max_units: int = 48) -> int:
     """Move (and on small batches swap) sample sets off the most loaded worker while the makespan drops;
     return the number of accepted changes. Deterministic: bounded by rounds and candidates."""
-    _, below, _ = _subtree_tables(problem)
+    sub, below, _ = _subtree_tables(problem)
     changes = 0
     small = pl.f.n_samples <= SMALL_BATCH
     for _ in range(max_rounds):
@@ -275,11 +293,14 @@ def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], de
             break
         cur = max(pl.loads)
         m = min(range(pl.W), key=lambda w: (-pl.loads[w], w))
-        units = _candidate_units(pl, m, below, max_units)
+        gap_flops = (cur - min(pl.loads)) * problem.rates[m]
+        units = _candidate_units(pl, m, below, max_units, sub, gap_flops)
+        # large batches: only the least loaded workers are tried as targets
+        targets = list(range(pl.W)) if small else sorted(range(pl.W), key=lambda w: (pl.loads[w], w))[:LS_TARGETS]
         best: tuple[float, float, int, list[int], list[int] | None, int] | None = None
         for u in units:
             k = pl.counts_of(u)
-            for t in range(pl.W):
+            for t in targets:
                 if t == m or not all(fits[s][t] for s in u):
                     continue
                 d = pl.delta(k, m, t)
@@ -297,6 +318,7 @@ def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], de
                     new = max(pl.loads[w] + d.get(w, 0.0) for w in range(pl.W))
                     if new < cur * (1 - 1e-9) and (best is None or (new, 0.0) < best[:2]):
                         best = (new, 0.0, t, [], None, v + 1)
+        settle = False
         if best is None and small:
             for u in units:
                 for t in range(pl.W):
@@ -311,6 +333,11 @@ def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], de
                         if new < cur * (1 - 1e-9) and (best is None or (new, 0.0) < best[:2]):
                             best = (new, 0.0, t, u, u2, 0)
                     pl.move(u, m)
+        if best is None and small:
+            # compound moves: a move (or swap) that pays off only once the shared nodes it touches change
+            # owner (e.g. the worker keeping a prefix's computing after its other users left)
+            best = _best_compound(pl, m, units, fits, below, cur, max_units)
+            settle = best is not None
         if best is None:
             break
         _, _, t, u, u2, node = best
@@ -318,23 +345,98 @@ def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], de
             pl.set_owner(node - 1, t)
             changes += 1
             continue
-        pl.move(u, t)
-        if u2 is not None:
-            pl.move(u2, m)
+        _apply_compound(pl, m, t, u, u2, settle)
         changes += 1
     return changes
+
+
+def _touched(pl: Placement, samples: list[int]) -> list[int]:
+    """Return the nodes on the paths of `samples` (sorted)."""
+    return sorted({v for s in samples for v in pl.paths[s]})
+
+
+def settle_owners(pl: Placement, nodes: list[int], rounds: int = 2) -> None:
+    """Give each shared node of `nodes` (largest FLOPs first) to the user under which the loads are
+    lexicographically best (makespan, then sum of squared loads), `rounds` passes."""
+    p = pl.p
+    shared = sorted((v for v in nodes if len(pl.cnt[v]) > 1), key=lambda v: (-p.flops[v], v))
+    for _ in range(rounds):
+        changed = False
+        for v in shared:
+            cur_owner = next(w for w, (_, role) in pl.contrib[v].items() if role == "c")
+            best_key, best_o = None, cur_owner
+            for o in sorted(pl.cnt[v]):
+                d = pl.owner_delta(v, o)
+                loads = [pl.loads[w] + d.get(w, 0.0) for w in range(pl.W)]
+                key = (round(max(loads), 12), round(sum(x * x for x in loads), 18), o != cur_owner, o)
+                if best_key is None or key < best_key:
+                    best_key, best_o = key, o
+            if best_o != cur_owner:
+                pl.set_owner(v, best_o)
+                changed = True
+        if not changed:
+            break
+
+
+def _apply_compound(pl: Placement, m: int, t: int, u: list[int], u2: list[int] | None, settle: bool) -> None:
+    """Move u from m to t (and u2 from t to m); with `settle`, re-choose the owners of the nodes touched."""
+    pl.move(u, t)
+    if u2 is not None:
+        pl.move(u2, m)
+    if settle:
+        settle_owners(pl, _touched(pl, u + (u2 or [])))
+
+
+def _snapshot(pl: Placement) -> tuple:
+    """Return a copy of pl's mutable state."""
+    return ([dict(c) for c in pl.cnt], [dict(c) for c in pl.contrib], list(pl.assign), list(pl.loads),
+            list(pl.owner))
+
+
+def _restore(pl: Placement, snap: tuple) -> None:
+    """Put back a state taken by _snapshot."""
+    cnt, contrib, assign, loads, owner = snap
+    pl.cnt = [dict(c) for c in cnt]
+    pl.contrib = [dict(c) for c in contrib]
+    pl.assign, pl.loads, pl.owner = list(assign), list(loads), list(owner)
+
+
+def _best_compound(pl: Placement, m: int, units: list[list[int]], fits: list[list[bool]], below: list[list[int]],
+                   cur: float, max_units: int) -> tuple | None:
+    """Return the best (makespan, 0, t, u, u2, 0) among moves of a unit off worker m and swaps with a unit
+    of the target, each followed by settle_owners on the touched nodes, if one lowers the makespan."""
+    snap = _snapshot(pl)
+    best = None
+    for u in units:
+        for t in range(pl.W):
+            if t == m or not all(fits[s][t] for s in u):
+                continue
+            options: list[list[int] | None] = [None]
+            pl.move(u, t)
+            options += [u2 for u2 in _candidate_units(pl, t, below, max_units)
+                        if not set(u2) & set(u) and all(fits[s][m] for s in u2)]
+            _restore(pl, snap)
+            for u2 in options:
+                _apply_compound(pl, m, t, u, u2, True)
+                new = max(pl.loads)
+                _restore(pl, snap)
+                if new < cur * (1 - 1e-9) and (best is None or new < best[0]):
+                    best = (new, 0.0, t, u, u2, 0)
+    return best
 
 
 def solve_psrl(problem: PsrlProblem, *, time_limit_s: float | None = None, seed: int = 0,
                progress: Progress = no_progress, search: bool = True, max_rounds: int = 200,
                perturb_rounds: int = 40) -> PsrlPlan:
     """Return the subtree-affinity / prefix-split greedy's plan, improved by local search when `search`.
-    On small batches (<= SMALL_BATCH samples) the greedy restarts from several split tolerances (how far
-    over the balanced target a whole subtree may go), the best plan after local search is kept, and
+    The greedy restarts from several split tolerances (how far over the balanced target a whole subtree may
+    go: six on small batches of <= SMALL_BATCH samples, LARGE_TOLERANCES on larger ones; a loose tolerance
+    splits less and leaves the balancing to the local search's smaller pieces), the best plan after local
+    search is kept, and on small batches
     `perturb_rounds` seeded kicks (two samples moved, local search again) try to leave its local optimum."""
     fits = _need_fit(problem)
     deadline = time.perf_counter() + (time_limit_s if time_limit_s is not None else 60.0)
-    tolerances = MULTI_START_TOLERANCES if problem.built.n_samples <= SMALL_BATCH else (0.02,)
+    tolerances = MULTI_START_TOLERANCES if problem.built.n_samples <= SMALL_BATCH else LARGE_TOLERANCES
     best: tuple[float, Placement, dict[str, Any]] | None = None
     for i, tol in enumerate(tolerances):
         progress(i / len(tolerances), f"greedy (tolerance {tol})")

@@ -72,14 +72,15 @@ def allocated_tokens(counts: list[int]) -> int:
 
 
 def simulate(accesses: list[int], sizes: dict[int, float], weights: dict[int, float], budget: float,
-             policy: str = "belady") -> dict[str, float]:
+             policy: str = "belady", costs: dict[int, float] | None = None) -> dict[str, float]:
     """Replay `accesses` (node ids in the worker's processing order) on a cache of `budget` bytes.
 
     sizes: bytes each entry occupies (allocated blocks); weights: what a hit on it saves (tokens).
     The first access to an entry is compulsory (it is computed then); a later access is a reuse, a
     hit when the entry is still cached. policy: 'belady' (evict the farthest next use, bypass an
     entry used later than all it would displace) or 'lru'. Returns reuse_tokens, hit_tokens, hit_rate
-    (hit / reuse tokens, 1.0 when nothing is reused), peak_bytes and evictions.
+    (hit / reuse tokens, 1.0 when nothing is reused), peak_bytes, evictions and miss_cost (the sum of
+    `costs` (default 0) over the reuses that miss: what re-creating the evicted entries costs).
     """
     n = len(accesses)
     nxt = [math.inf] * n
@@ -92,6 +93,7 @@ def simulate(accesses: list[int], sizes: dict[int, float], weights: dict[int, fl
     used = 0.0
     seen: set[int] = set()
     reuse = hit = 0.0
+    miss_cost = 0.0
     peak = 0.0
     evictions = 0
     for i, v in enumerate(accesses):
@@ -100,6 +102,8 @@ def simulate(accesses: list[int], sizes: dict[int, float], weights: dict[int, fl
             reuse += w
             if v in cached:
                 hit += w
+            elif costs is not None:
+                miss_cost += costs.get(v, 0.0)
         seen.add(v)
         key = nxt[i] if policy == "belady" else float(i)
         if v in cached:
@@ -131,4 +135,4 @@ def simulate(accesses: list[int], sizes: dict[int, float], weights: dict[int, fl
         heapq.heappush(heap, (-key if policy == "belady" else key, v))
         peak = max(peak, used)
     return {"reuse_tokens": reuse, "hit_tokens": hit, "hit_rate": hit / reuse if reuse > 0 else 1.0,
-            "peak_bytes": peak, "evictions": float(evictions)}
+            "peak_bytes": peak, "evictions": float(evictions), "miss_cost": miss_cost}

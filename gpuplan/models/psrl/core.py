@@ -5,10 +5,12 @@ Cost model (beyond.md 3.2, a reconstruction [R] of the paper's):
               causal (query, key) pairs * attention FLOPs per pair), pairs = len_v*pos_v + len_v(len_v+1)/2
   comm(v)     exchanging v's K/V (forward) and dK/dV (backward): latency + 2 * kvb(v) / exchange rate
   load_w      sum over nodes computed on w of c(v) / (peak_w * mfu) + sum over nodes received on w of
-              comm(v); with sharing 'none' every sample's whole path is computed on its own
+              comm(v) + the prefix misses of w's micro-batch order at the K/V budget memory_w reserves (a
+              computed prefix read again after eviction: its forward, c(v) / 3; a received one: comm(v) / 2;
+              0 for DFS orders); with sharing 'none' every sample's whole path is computed on its own
   makespan    max_w load_w (the update phase's modelled time)
-  memory_w    model state + max over w's samples of the path's K/V + activations (DFS bound: one
-              root-to-node path resident at a time)
+  memory_w    model state + max over w's samples of the path's K/V (in allocated blocks) + activations
+              (DFS bound: one root-to-node path resident at a time)
 """
 
 from __future__ import annotations
@@ -246,10 +248,18 @@ class PsrlProblem(Problem):
         return [self.exchange_latency_s + 2.0 * t * self.kv_per_token / rate for t in self.built.tokens]
 
     @cached_property
+    def sample_kv_bytes(self) -> list[float]:
+        """Return, per sample, the K/V bytes of its path in allocated blocks (the segments plus padding)."""
+        alloc = [cache.allocated_tokens(b) for b in self.blocks]
+        f = self.built
+        return [sum(alloc[v] for v in f.sample_path(s)) * self.kv_per_token for s in range(f.n_samples)]
+
+    @cached_property
     def sample_bytes(self) -> list[float]:
-        """Return, per sample, the bytes its path keeps resident (K/V + activations of every token)."""
-        per = self.kv_per_token + activation_bytes_per_token(self.config)
-        return [self.built.sample_tokens(s) * per for s in range(self.built.n_samples)]
+        """Return, per sample, the bytes its path keeps resident: its K/V in allocated blocks and the
+        activations of every token."""
+        act = activation_bytes_per_token(self.config)
+        return [kv + self.built.sample_tokens(s) * act for s, kv in enumerate(self.sample_kv_bytes)]
 
     @cached_property
     def blocks(self) -> list[list[int]]:
@@ -318,21 +328,42 @@ def cache_accesses(problem: PsrlProblem, order: list[int]) -> list[int]:
     return out
 
 
+def path_kv_bytes(problem: PsrlProblem, order: list[int]) -> float:
+    """Return the K/V bytes (allocated blocks) of the largest root-to-sample path among `order`'s samples:
+    what the memory model (worker_memory) already reserves next to the model state for the DFS working set."""
+    return max((problem.sample_kv_bytes[s] for s in order), default=0.0)
+
+
 def cache_stats(problem: PsrlProblem, order: list[int], fraction: float | None = None,
-                policy: str = "belady") -> dict[str, float]:
+                policy: str = "belady", budget_bytes: float | None = None,
+                costs: dict[int, float] | None = None) -> dict[str, float]:
     """Return the prefix-cache figures of one worker's order (see cache.simulate) at a budget of
     `fraction` (default the problem's cache_fraction) of its fully resident prefix K/V: the allocated
-    block bytes of every node it reads more than once. Adds budget_bytes and resident_bytes."""
+    block bytes of every node it reads more than once; or at `budget_bytes` when given. `costs` per node
+    give miss_cost (see cache.simulate). Adds budget_bytes and resident_bytes."""
     acc = cache_accesses(problem, order)
     counts: dict[int, int] = {}
     for v in acc:
         counts[v] = counts.get(v, 0) + 1
     sizes = {v: cache.allocated_tokens(problem.blocks[v]) * problem.kv_per_token for v in counts}
     resident = sum(sizes[v] for v, c in counts.items() if c > 1)
-    budget = (problem.cache_fraction if fraction is None else fraction) * resident
+    budget = (budget_bytes if budget_bytes is not None else
+              (problem.cache_fraction if fraction is None else fraction) * resident)
     weights = {v: float(problem.built.tokens[v]) for v in counts}
-    out = cache.simulate(acc, sizes, weights, budget, policy)
+    out = cache.simulate(acc, sizes, weights, budget, policy, costs)
     return {**out, "budget_bytes": budget, "resident_bytes": resident}
+
+
+def miss_seconds(problem: PsrlProblem, order: list[int], computed: set[int], rate: float) -> dict[str, float]:
+    """Return what a worker's prefix cache costs it at the budget the memory model reserves (path_kv_bytes,
+    next-use eviction): miss_s, the seconds of re-creating every evicted prefix it reads again (a computed
+    node's forward pass again, c(v) / 3 / rate; a received node's K/V received again, comm(v) / 2), and
+    hit_rate there. DFS orders keep every prefix on the resident path while its descendants run, so they
+    pay 0 on every trace tried; another order may not."""
+    costs = {v: (problem.flops[v] / 3.0 / rate if v in computed else problem.comm_s[v] / 2.0)
+             for v in set(cache_accesses(problem, order))}
+    st = cache_stats(problem, order, budget_bytes=path_kv_bytes(problem, order), costs=costs)
+    return {"miss_s": st["miss_cost"], "hit_rate": st["hit_rate"]}
 
 
 def overall_hit_rate(stats: list[dict[str, float]]) -> float:
@@ -344,10 +375,18 @@ def overall_hit_rate(stats: list[dict[str, float]]) -> float:
 def metrics(problem: PsrlProblem, sharing: str, assign: list[int], computed: list[set[int]],
             received: list[set[int]], orders: list[list[int]]) -> dict[str, Any]:
     """Return the predicted figures: makespan_s, mean_load_s, imbalance (max/mean load), raw_tokens,
-    dedup_tokens, computed_tokens (with recomputation and repeats), exchanged_bytes, hit_rate and the
-    per-worker load_s, memory_bytes and hit_rate lists."""
+    dedup_tokens, computed_tokens (with recomputation and repeats), exchanged_bytes, hit_rate (at the
+    cache_fraction budget), miss_s (seconds of prefix misses at the reserved path K/V, included in the loads)
+    and path_hit_rate (the worst worker's hit rate there), and the per-worker load_s, memory_bytes and
+    hit_rate lists."""
     loads = worker_loads(problem, sharing, assign, computed, received)
     W = len(loads)
+    path_hit, misses = 1.0, [0.0] * W
+    if sharing != "none":  # a prefix evicted from the reserved path K/V and read again is paid in the load
+        ms = [miss_seconds(problem, orders[w], computed[w], problem.rates[w]) for w in range(W)]
+        misses = [m["miss_s"] for m in ms]
+        loads = [l + x for l, x in zip(loads, misses)]
+        path_hit = min((m["hit_rate"] for m in ms), default=1.0)
     mean = sum(loads) / W
     raw, dedup = token_counts(problem.built)
     toks = problem.built.tokens
@@ -362,6 +401,7 @@ def metrics(problem: PsrlProblem, sharing: str, assign: list[int], computed: lis
     return {"makespan_s": max(loads), "mean_load_s": mean, "imbalance": max(loads) / mean if mean > 0 else 1.0,
             "raw_tokens": float(raw), "dedup_tokens": float(dedup), "computed_tokens": float(computed_tokens),
             "exchanged_bytes": exchanged, "hit_rate": overall_hit_rate(stats),
+            "miss_s": sum(misses), "path_hit_rate": path_hit,
             "load_s": loads, "memory_bytes": worker_memory(problem, assign),
             "worker_hit_rate": [s["hit_rate"] for s in stats]}
 
