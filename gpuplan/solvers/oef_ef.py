@@ -301,7 +301,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     1 - `hull_share`; if they stop before the optimum, the market gets 40% of what is left, the dual
     bound 85% of the rest, and the per-job mix LP what remains when it leaves room for its oracle
     passes. From MARKET_FIRST_SIZE rows x types up, the market and the dual bound run first instead
-    (35% and 30% of the limit; 50% and the rest when one all-pairs oracle pass takes over a tenth
+    (35% and 30% of the limit; 50% and 75% of the rest when one all-pairs oracle pass takes over a tenth
     of it, so that no two LP rounds fit), then the rounds up to 90% of the limit. Every step ending
     in an all-pairs oracle pass starts only when the deadline leaves room for that pass (Budget).
     Raises InfeasibleError if the LP is infeasible, SolverError if HiGHS fails without a time limit.
@@ -369,7 +369,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
                                  (0.5 if hopeless else 0.35) * time_limit_s)
         if use_dual:
             left = budget.left() or 0.0
-            dual_s = 0.9 * left if hopeless else min(0.3 * time_limit_s, left - 0.1 * time_limit_s)
+            dual_s = 0.75 * left if hopeless else min(0.3 * time_limit_s, left - 0.1 * time_limit_s)
             dual_bound, dual_stats = _dual(V, usable, size, capacity, rho, si_ref, dual_groups, max(dual_s, 0.0))
         rounds_limit_s = 0.9 * time_limit_s
 
