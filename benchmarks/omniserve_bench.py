@@ -2,7 +2,7 @@
 CPU servers; ShareGPT LS, LongBench-like BE), the controller's decision time at 400 in-flight BE
 requests, and the CPU execution's measured vs predicted BE throughput. Prints every figure in one run.
 
-    .venv/bin/python benchmarks/omniserve_bench.py [--dailymails] [--no-sweep] [--no-steady] [--no-run] [--rates 1,3,5,9,14]
+    .venv/bin/python benchmarks/omniserve_bench.py [--dailymails] [--yi] [--no-sweep] [--no-steady] [--no-run] [--rates 1,3,5,9,14]
 
 Targets (issue 13 / research note beyond.md 2.4): LS SLO attainment within 1 point of Sarathi-Serve;
 BE throughput >= 3x the headroom baseline with the host CPU only and with four CPU servers (paper: up
@@ -130,6 +130,49 @@ def sweep(base: OmniServeProblem, label: str, rates: tuple[float, ...] = RATES) 
     print(f"  ({time.perf_counter() - started:.0f} s of simulation on this machine)")
 
 
+YI_34B = {"name": "yi-34b-200k", "num_layers": 60, "hidden": 7168, "heads": 56, "kv_heads": 8, "ffn_hidden": 20480,
+          "vocab": 64000, "max_seq_len": 200000}   # Yi-34B's published shape (GQA: 8 KV heads of 128)
+YI_RATES = (1.0, 4.0, 8.0)                     # the paper's LS range for Yi-34B: 1-8 req/s
+
+
+def yi_ceiling(base: OmniServeProblem, rates: tuple[float, ...] = YI_RATES) -> None:
+    """Print, for Yi-34B at TP 2 on two A100-80GB (the paper's other model; LongBench-like BE), per LS rate:
+    headroom with X chosen per rate and at the two smallest shares whatever LS gets, OmniServe on the host
+    at X = 0, 0.1 and 0.25 (its BE controls chosen per rate), and the GPU-prefill ceiling."""
+    doc = base.document()
+    doc["model"] = YI_34B
+    doc["gpus"] = {**doc["gpus"], "count": 2, "tp": 2}
+    yi = gpuplan.load_problem(doc)
+    print(f"\n== Yi-34B at TP 2 (2x A100-80GB, {yi.kv_capacity_tokens()} KV tokens, "
+          f"{yi.kv_bytes_per_token() / 1024:.0f} KiB per token), LongBench-v2-like BE, LS at the paper's 1-8 req/s")
+    print(f"{'LS/s':>5s} {'policy':28s} {'choice':32s} {'LS attain':>9s} {'BE tok/s':>8s} {'vs head':>7s}")
+    for rate in rates:
+        prob = at_rate(yi, rate)
+        host = variant(prob, host_only=True)
+        lat = build_latency(prob)
+        budget, target = token_budget(prob, lat), prob.tpot_target_s()
+        x, st = best_fraction(prob, "headroom", budget, target)
+        ref = st["ls_only_attainment"]
+        rows: list[tuple[str, str, dict[str, float]]] = [
+            ("sarathi, LS only", "", {"ls_attainment": ref, "be_output_tokens_per_s": 0.0}),
+            ("headroom", f"X={x} (best of {len(st['be_tokens_per_s_by_x'])})",
+             run_policy(prob, PolicyParams("headroom", budget, target, x), record=False, lat=lat).figures)]
+        for share in (0.1, 0.25):
+            rows.append((f"headroom X={share}", "whatever LS gets",
+                         run_policy(prob, PolicyParams("headroom", budget, target, share), record=False, lat=lat).figures))
+        for share in (0.0, 0.1, 0.25):
+            choice, f = omniserve_row(host, budget, target, share, ref)
+            rows.append((f"omniserve host, X={share:g}", choice, f))
+        ceil = be_prefill_ceiling(prob, PolicyParams("omniserve", budget, target, 0.0, True), lat=lat)
+        rows.append(("GPU-prefill ceiling", f"{ceil['be_prefill_tokens_per_s']:.0f} BE prefill tok/s",
+                     {"ls_attainment": ceil["ls_attainment"], "be_output_tokens_per_s": ceil["be_output_tokens_per_s"]}))
+        head = rows[1][2]["be_output_tokens_per_s"]
+        for name, choice, f in rows:
+            r = f["be_output_tokens_per_s"] / head if head > 0 else float("inf")
+            print(f"{rate:5.1f} {name:28s} {choice:32s} {100 * f['ls_attainment']:8.2f}% "
+                  f"{f['be_output_tokens_per_s']:8.2f} {(f'{r:6.2f}x' if name != 'sarathi, LS only' else ''):>7s}")
+
+
 def steady(base: OmniServeProblem, rate: float = 3.0, window_s: float = 2400.0) -> None:
     """Print BE tokens/s per quarter of a long window (steady state) for headroom and OmniServe: a
     piggybacked LongBench request needs 136 x (L + 1) GPU passes, longer than the sweep's window."""
@@ -208,6 +251,7 @@ def main() -> None:
     ap.add_argument("--no-run", action="store_true", help="skip the CPU execution")
     ap.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES),
                     help="LS request rates of the sweeps, comma-separated (req/s)")
+    ap.add_argument("--yi", action="store_true", help="also Yi-34B at TP 2: headroom and the GPU-prefill ceiling")
     ap.add_argument("--no-sweep", action="store_true", help="skip the LongBench-like sweep over LS rates")
     ap.add_argument("--no-steady", action="store_true", help="skip BE throughput over a 2,400 s window (minutes)")
     args = ap.parse_args()
@@ -226,6 +270,8 @@ def main() -> None:
     if args.dailymails:
         sweep(variant(base, be={"mean_prompt_tokens": 1964, "mean_output_tokens": 397, "rate_per_s": 4.0,
                                 "requests": 3600}), "DailyMails-like BE", rates)
+    if args.yi:
+        yi_ceiling(base)
     if not args.no_steady:
         steady(base)
     decision_time(gpuplan.load_problem(PAPER))  # type: ignore[arg-type]
