@@ -383,8 +383,12 @@ def test_nccl_kernel_pipeline_hand_derived() -> None:
     # a remote load's round trip (2 x NCCL's one-way NVLink step, 0.6 us)
     assert collective_time_s(a100, "all_reduce", size, ids) == pytest.approx(
         (cha.time_us + 14 * 2.8 + 14 * 2 * 1.2) * 1e-6)
-    for algo, proto in (("ring", "LL"), ("ring", "LL128"), ("tree", "Simple"), ("tree", "LL128")):
+    for algo, proto in (("ring", "LL"), ("tree", "Simple"), ("tree", "LL128")):
         assert nt.pipeline_us(ta, "all_reduce", algo, proto, float(size), 24) == 0.0
+    # ring LL128: 32 MiB / 192 = 174,763 B a step is 91.02 warp slices of 1,920 B: 5 passes of 20 warps
+    T = size / (1000.0 * nt.tuning(ta)[("all_reduce", "ring", "LL128")].algbw_GBps)
+    assert nt.pipeline_us(ta, "all_reduce", "ring", "LL128", float(size), 24) == pytest.approx(
+        T * (5 * 38400 / (size / 192) - 1))
 
 
 @settings(max_examples=60, deadline=None)
@@ -450,7 +454,11 @@ def test_p2p_read_only_on_one_node_of_sm80_over_nvlink() -> None:
     assert with_read == pytest.approx(14 * 2.8 + 14 * 2 * 1.2)
     assert nt.pipeline_us(one, "all_reduce", "ring", "Simple", float(size), ch.channels, hop_us=1.98) == \
         pytest.approx(14 * 2.8 + 14 * 2 * 3.96)
-    assert nt.pipeline_us(one, "all_reduce", "ring", "LL128", float(size), ch.channels) == 0.0
+    # LL128's buffer stays on the receiver: no read term, only its warp passes (349,525 B a step is
+    # 182.04 slices of 1,920 B: 10 passes of 20 warps)
+    T = size / (1000.0 * nt.tuning(one)[("all_reduce", "ring", "LL128")].algbw_GBps)
+    assert nt.pipeline_us(one, "all_reduce", "ring", "LL128", float(size), ch.channels) == pytest.approx(
+        T * (10 * 38400 / (size / 192) - 1))
 
 
 def test_nvls_work_split_by_nccl_version_hand_derived() -> None:
@@ -501,11 +509,12 @@ def test_fidelity_b_closed_mid_size_points_stay_within_25_percent() -> None:
     assert off == [], off
 
 
-def test_ring_ll128_chunk_layout_before_nccl_2_20_hand_derived() -> None:
-    """NCCL 2.18 / 2.19 round a ring LL128 all_reduce's chunk up to 640 threads x 60 B / 2 = 19,200 B
-    and lay chunks out chunk-major over the 24 channels of 8 x A100: 4 MiB -> ceil(4 MiB / (24 x 8 x
-    19,200)) = 2 units = 38,400 B a chunk against 4 MiB / 192 = 21,845 B evenly, so every step moves
-    38,400 B; from 2.20 (even shares) and for LL (its unit is one pass of the CTA's threads) nothing."""
+def test_ring_ll128_warp_passes_and_chunk_layout_hand_derived() -> None:
+    """A ring LL128 step moves whole passes of its 20 warps (1,920 B a warp, 38,400 B a pass). 8 x
+    A100, 24 channels, 4 MiB: 4 MiB / 192 = 21,845 B a step is one pass: 38,400 / 21,845 = 1.76x
+    NCCL's transfer; 16 MiB: 87,381 B = 45.5 slices = 3 passes (1.32x); NCCL 2.18 / 2.19 round the
+    chunk up to 640 x 60 B / 2 = 19,200 B first (16 MiB: 5 units = 96,000 B = 50 slices, 3 passes,
+    the same); 1 GiB: full 576,000 B steps are 15 passes exactly (1.00x); LL and other collectives: 1."""
     from gpuplan.models.collectives import group_shape
 
     a100 = _cluster()
@@ -513,17 +522,23 @@ def test_ring_ll128_chunk_layout_before_nccl_2_20_hand_derived() -> None:
     t = group_shape(a100, ids).topology
     old = replace_version(t, (2, 18))
     size = 4 * 2**20
-    assert nt.ring_layout_factor(old, "all_reduce", "ring", "LL128", size, 24, 640) == pytest.approx(38400 * 192 / size)
-    assert nt.ring_layout_factor(old, "all_reduce", "ring", "LL128", 16 * 2**20, 24, 640) == \
-        pytest.approx(5 * 19200 * 192 / (16 * 2**20))
-    assert nt.ring_layout_factor(t, "all_reduce", "ring", "LL128", size, 24, 640) == 1.0
-    assert nt.ring_layout_factor(old, "all_reduce", "ring", "LL", size, 24, 512) == 1.0
-    ch = nt.choose(old, "all_reduce", float(size))
+    for topo in (t, old):
+        assert nt.ring_layout_factor(topo, "all_reduce", "ring", "LL128", size, 24, 640) == \
+            pytest.approx(38400 / (size / 192))
+        assert nt.ring_layout_factor(topo, "all_reduce", "ring", "LL128", 16 * 2**20, 24, 640) == \
+            pytest.approx(3 * 38400 / (16 * 2**20 / 192))
+    # 2 MiB: even 10,923 B (6 slices, one pass); 2.18's rounded 19,200 B (10 slices, one pass)
+    assert nt.ring_layout_factor(old, "all_reduce", "ring", "LL128", 2 * 2**20, 24, 640) == \
+        nt.ring_layout_factor(t, "all_reduce", "ring", "LL128", 2 * 2**20, 24, 640)
+    # 96 MiB: 2.18 rounds 524,288 B steps up to 28 x 19,200 = 537,600 B (14 passes); 2.30.7 keeps 14 passes
+    assert nt.ring_layout_factor(t, "all_reduce", "ring", "LL128", GiB, 24, 640) == pytest.approx(1.0, abs=0.02)
+    assert nt.ring_layout_factor(t, "all_reduce", "ring", "LL", size, 24, 512) == 1.0
+    assert nt.ring_layout_factor(t, "all_gather", "ring", "LL128", size, 24, 640) == 1.0
+    ch = nt.choose(t, "all_reduce", float(size))
     assert (ch.algo, ch.proto, ch.channels, ch.threads) == ("ring", "LL128", 24, 640)
-    T = size / (1000.0 * nt.tuning(old)[("all_reduce", "ring", "LL128")].algbw_GBps)
-    assert collective_time_s(a100, "all_reduce", size, ids, nccl_version="2.18.5") == pytest.approx(
-        (ch.time_us + T * (38400 * 192 / size - 1)) * 1e-6)
-    assert collective_time_s(a100, "all_reduce", size, ids) == pytest.approx(ch.time_us * 1e-6)
+    T = size / (1000.0 * nt.tuning(t)[("all_reduce", "ring", "LL128")].algbw_GBps)
+    assert collective_time_s(a100, "all_reduce", size, ids) == pytest.approx(
+        (ch.time_us + T * (38400 / (size / 192) - 1)) * 1e-6)
 
 
 def replace_version(t: nt.Topology, version: tuple[int, int]) -> nt.Topology:

@@ -561,7 +561,7 @@ def comm_time_us(collective: str, size_bytes: float, algo: str, proto: str, link
     sync = loops * steps_per_rank(collective, algo, link) * per_step_us
     lat = nccl_latency_us(collective, algo, proto, link, c) + hop_excess_us(collective, algo, proto, link, c)
     transfer = size_bytes / (1000.0 * bus * ratio(collective, algo, link.ranks))
-    # NCCL 2.18 / 2.19: a ring LL128 all_reduce's steps move rounded chunks (1 otherwise)
+    # a ring LL128 all_reduce's steps move whole warp passes (and rounded chunks before NCCL 2.20)
     transfer = transfer * nt.ring_layout_factor(link_topology(link), _tuned(collective), algo, proto,
                                                 float(size_bytes), channels, threads)
     if pipelined(collective, algo, proto):

@@ -127,8 +127,8 @@ class Topology:
     `nics` NICs of `nic_GBps` each; the CPU vendor (NCCL's net overhead and LL cap across nodes);
     `latency_inter_us` the network's extra latency (graphs' latencyInter: 0 for InfiniBand); `ll128`
     forces LL128 on or off (None: NCCL's own rule); `nccl_version` (major, minor) of the NCCL that
-    runs: it selects only the kernels' work layout (`nvls_block_split`, `ring_layout_factor`); the
-    tables are NCCL 2.30.7's whatever it says.
+    runs: it selects only the kernels' work layout (`nvls_block_split`, the ring LL128 chunk
+    rounding in `ring_layout_factor`); the tables are NCCL 2.30.7's whatever it says.
     """
 
     ranks: int
@@ -737,35 +737,46 @@ def nvls_chunk_bytes(t: Topology, algo: str, channel_bytes: float, heads: int) -
     return chunk
 
 
+LL128_SLICE_BYTES = 32 * 8 * 15 // 16 * 8     # prims_ll128.h DataEltPerSlice: a warp's 1,920 data bytes a pass
+
+
 def ring_layout_factor(t: Topology, coll: str, algo: str, proto: str, size_bytes: float, channels: Any,
                        threads: Any) -> Any:
-    """Return how much longer than NCCL's even spread a ring LL128 all_reduce's steps take under
-    NCCL 2.18 / 2.19's chunk layout (>= 1; 1 from 2.20 and for anything else).
+    """Return how much longer than NCCL's even, continuous spread a ring LL128 all_reduce's steps take
+    (>= 1; 1 for anything else): NCCL's kernel moves a step in whole passes of its warps, and before
+    NCCL 2.20 in rounded chunks.
 
-    Before 2.20 (device/all_reduce.h runRing) the last loop's chunk of LL and LL128 is rounded up
-    to minChunkSize and chunks are laid out chunk-major across channels (offset (chunk x nChannels +
-    bid) x realChunkSize), so a channel's ring moves whole rounded chunks while the later chunk
-    positions stay empty; every step of a ring in lockstep moves the channel's largest chunk (a chunk
-    keeps its index around the ring, so the longest path follows it through all steps). LL128's unit
-    is threads x 60 B / 2 (bytePerGrain 8 x 15 x 8 / 16 = 60, and the "/2" NCCL's comment calls
-    smoother): half a pass of the CTA's 640 threads, and a CTA at NCCL's per-channel LL128 cap
-    (perChMaxRingLL128) moves bytes, so the transfer takes realChunkSize / (size / (nChannels x
-    nRanks)) of NCCL's: 8 x A100, 24 channels: 4 MiB -> 38,400 B chunks against 21,845 (1.76x),
-    8 MiB 1.32x, 16 MiB 1.10x. LL's unit is threads x 8 B, exactly one pass of the CTA's threads (one
-    16 B line each), so rounding up never adds a pass: 1. numpy arrays broadcast through `channels`
-    and `threads`."""
-    if not (t.nccl_version < (2, 20) and algo == "ring" and coll == "all_reduce" and proto == "LL128"
-            and size_bytes > 0):
+    - Warp passes (prims_ll128.h GenericOp, every version): warp w of a CTA handles the step's
+      1,920-byte slices w, w + nwarps, ... (DataEltPerSlice: 32 threads x 8 words, 15 of 16 data), one
+      slice at a time, each waiting its own source load, the received lines' flags and its stores to
+      the next GPU; warps share nothing, so a step takes ceil(slices / nwarps) passes whatever the
+      number of warps with data (the per-CTA LL128 rate NCCL caps, perChMaxRingLL128, is that of all
+      20 warps). A full step (576,000 B) is 15 passes of 640 threads; a 21,845 B step is still one.
+    - Chunk layout before 2.20 (device/all_reduce.h runRing): the last loop's chunk is rounded up to
+      minChunkSize = threads x 60 B / 2 (bytePerGrain 8 x 15 x 8 / 16 = 60, and the "/2" NCCL's
+      comment calls smoother) and chunks are laid out chunk-major over the channels, so a channel's
+      ring moves whole rounded chunks; from 2.20 every channel gets an even share (workCount).
+    Every step of a ring in lockstep moves the channel's largest chunk (a chunk keeps its index
+    around the ring), so the transfer takes passes x pass bytes / (size / (nChannels x nRanks)) of
+    NCCL's: 8 x A100, 24 channels, 640 threads: 4 MiB 1.76x, 8 MiB 1.76x, 16 MiB 1.32x, 1 GiB 1.00x.
+    numpy arrays broadcast through `channels` and `threads`."""
+    if not (algo == "ring" and coll == "all_reduce" and proto == "LL128" and size_bytes > 0):
         return 1.0
     n = t.ranks
     nc = np.maximum(1, np.asarray(channels, dtype=float))
-    min_chunk = np.asarray(threads, dtype=float) * 60.0 / 2
+    thr = np.asarray(threads, dtype=float)
+    pass_bytes = np.maximum(1.0, np.floor(thr / 32)) * LL128_SLICE_BYTES
     step = BUFFSIZE["LL128"] // NCCL_STEPS * 15 // 16        # calcBytePerStep: 15 of every 16 words
     loop = nc * n * step
     full = np.floor(size_bytes / loop)
     rest = size_bytes - full * loop
-    last = np.where(rest > 0, np.minimum(step, np.ceil(rest / (nc * n * min_chunk)) * min_chunk), 0.0)
-    out = np.maximum(1.0, (full * step + last) / (size_bytes / (nc * n)))
+    if t.nccl_version < (2, 20):
+        unit = thr * 60.0 / 2
+        last = np.minimum(step, np.ceil(rest / (nc * n * unit)) * unit)
+    else:
+        last = np.ceil(rest / (nc * n))
+    passes = full * np.ceil(step / pass_bytes) + np.ceil(last / pass_bytes)
+    out = np.maximum(1.0, passes * pass_bytes / (size_bytes / (nc * n)))
     return float(out) if out.ndim == 0 else out
 
 
@@ -825,8 +836,8 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
 
     On one node of SM80 GPUs over NVLink (`p2p_read`) every ring Simple slice also waits a remote
     load's round trip (`read_latency_us`: two one-way NVLink steps, `hop_us` or NCCL's own 0.6 us).
-    Under NCCL 2.18 / 2.19 a ring LL128 all_reduce's steps move rounded chunks
-    (`ring_layout_factor`, with `threads` per CTA, default NCCL's maximum).
+    A ring LL128 all_reduce's steps move whole warp passes (and, under NCCL 2.18 / 2.19, rounded
+    chunks): `ring_layout_factor`, with `threads` per CTA (default NCCL's maximum).
     NVLS CTAs without data (`nvls_busy_ctas`: the version's work split) leave NCCL's bandwidth, that
     of all nvlsChannels CTAs, to the busy ones; under NCCL 2.18 / 2.19's block split the busiest CTA's
     whole blocks set the pace.
@@ -845,7 +856,7 @@ def pipeline_us(t: Topology, coll: str, algo: str, proto: str, size_bytes: float
             return 0.0
         transfer_us = size_bytes / (1000.0 * e.algbw_GBps)       # us: NCCL's size / algBw
     if proto != "Simple":
-        # LL / LL128 forward line by line; only NCCL 2.18 / 2.19's ring LL128 chunk layout adds time
+        # LL / LL128 forward line by line; only a ring LL128 step's whole warp passes add time
         nt_ = max_threads(t, algo, proto, g) if threads is None else threads
         return transfer_us * (ring_layout_factor(t, coll, algo, proto, size_bytes, channels, nt_) - 1.0)
     if algo == "ring" and coll in ("all_reduce", "all_gather", "reduce_scatter"):
