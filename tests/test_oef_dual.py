@@ -103,3 +103,17 @@ def test_dual_bound_tightens_a_stopped_solve() -> None:
     assert with_dual.upper_bound <= without.upper_bound * (1 + 1e-12)
     exact = solve_ef_lp(a.V, a.usable, a.gpus.astype(float), a.capacity, rho, ref, E)
     assert with_dual.upper_bound >= exact.upper_bound * (1 - 1e-9)
+
+
+def test_dual_groups_option_turns_the_bound_off_and_refuses_bad_counts() -> None:
+    from gpuplan.errors import InputError
+
+    problem = api.load_problem(distinct_doc(np.random.default_rng(31), 120, 5))
+    off = api.solve(problem, solver="oef", time_limit_s=0.2, dual_groups=0)
+    assert "dual_iterations" not in off.solver.stats and api.check(problem, off) == []
+    few = api.solve(problem, solver="oef", time_limit_s=0.2, dual_groups=7)
+    if few.status is Status.TIME_LIMIT:
+        assert few.solver.stats["dual_groups"] >= 7 and api.check(problem, few) == []
+    for bad in (-1, 10_001):
+        with pytest.raises(InputError, match="dual_groups"):
+            api.solve(problem, solver="oef", time_limit_s=0.2, dual_groups=bad)

@@ -75,7 +75,8 @@ def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
 
 def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None,
                   time_limit_s: float | None = None, method: str = "cuts", fallback: np.ndarray | None = None,
-                  tie_break: str = "solver", groups: int = 0) -> tuple[np.ndarray, Status, dict[str, Any]]:
+                  tie_break: str = "solver", groups: int = 0, dual_groups: int = 100
+                  ) -> tuple[np.ndarray, Status, dict[str, Any]]:
     """Return the class rows (time fractions, classes x types) of an LP policy, its status, stats.
 
     fairness: 'ef' (max efficiency s.t. SI and EF), 'si' (s.t. SI), 'none' (max efficiency),
@@ -96,7 +97,7 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
     k, m = c.V.shape
     if fairness in ("ef", "si") and method == "cuts" and si_ref is not None:
         return ef_cutting_planes(c, si_ref, time_limit_s, fallback=fallback, envy=fairness == "ef",
-                                 groups=groups)
+                                 groups=groups, dual_groups=dual_groups)
     import cvxpy as cp
 
     M = _matrices(c)
@@ -140,8 +141,8 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
 
 
 def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None = None,
-                      fallback: np.ndarray | None = None, envy: bool = True, groups: int = 0
-                      ) -> tuple[np.ndarray, Status, dict[str, Any]]:
+                      fallback: np.ndarray | None = None, envy: bool = True, groups: int = 0,
+                      dual_groups: int = 100                      ) -> tuple[np.ndarray, Status, dict[str, Any]]:
     """Return (class rows, status, stats) of max efficiency s.t. SI (and EF when `envy`).
 
     Row generation with an exact separation oracle over all class pairs (see solvers/oef_ef.py):
@@ -149,11 +150,13 @@ def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None
     e.g. the equal split) is what a time limit mixes the last relaxed optimum with; then the status
     is TIME_LIMIT and stats carry the certified gap and a `message`. groups > 0: with a time limit,
     also try the EF LP restricted to that many groups of similar jobs (solvers/oef_groups.py).
+    dual_groups: groups of the dual bound's relaxation at a time limit (solvers/oef_dual.py; 0: none).
     """
     from gpuplan.solvers.oef_ef import solve_ef_lp
 
     res = solve_ef_lp(c.V, c.usable, c.count * c.gpus, c.capacity, c.weight / c.gpus, si_ref, fallback,
-                      envy=envy, time_limit_s=time_limit_s, groups=groups, weight=c.weight, gpus=c.gpus)
+                      envy=envy, time_limit_s=time_limit_s, groups=groups, weight=c.weight, gpus=c.gpus,
+                      dual=dual_groups > 0, dual_groups=max(dual_groups, 1))
     stats = dict(res.stats)
     if res.message:
         stats["message"] = res.message
@@ -266,6 +269,7 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
                                                        "types": len(a.types), **stats}))
 
 
+MAX_DUAL_GROUPS = 1000         # the dual bound holds jobs x groups multipliers
 ROUND_S_PER_JOB = 2e-5        # laying out one round on GPU ids, per job (busy 2-core machine)
 
 
@@ -284,7 +288,12 @@ def solver_time_s(time_limit_s: float | None, started: float, arrays_s: float, j
 def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
     def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
               progress: Callable[[float | None, str], None], method: str = "cuts", tie_break: str = "solver",
-              groups: int = 0, **_: Any) -> OefPlan:
+              groups: int = 0, dual_groups: int = 100, **_: Any) -> OefPlan:
+        if not 0 <= dual_groups <= MAX_DUAL_GROUPS:
+            from gpuplan.errors import InputError
+
+            raise InputError(f"option dual_groups: 0 (no dual bound) to {MAX_DUAL_GROUPS}, not {dual_groups}",
+                             field="option.dual_groups", value=dual_groups, expected=f"0..{MAX_DUAL_GROUPS}")
         started = time.perf_counter()
         a = arrays(problem)
         arrays_s = time.perf_counter() - started
@@ -294,14 +303,16 @@ def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> 
         ref = (c.V * E).sum(axis=1)
         limit = solver_time_s(time_limit_s, started, arrays_s, len(a.names), problem.rounds)
         Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=limit,
-                                         method=method, fallback=E, tie_break=tie_break, groups=int(groups))
+                                         method=method, fallback=E, tie_break=tie_break, groups=int(groups),
+                                         dual_groups=int(dual_groups))
         message = str(stats.pop("message", ""))
         return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,
                      stats=stats, progress=progress, message=message)
 
     solve.__doc__ = (f"Return the {policy} plan (LP, HiGHS; option method=cvxpy|cuts for the EF LP, "
                      "tie_break=solver|efficiency for the max-min LPs, groups=N: with a time limit, also try "
-                     "one bundle per group of similar jobs for the EF LP).")
+                     "one bundle per group of similar jobs for the EF LP, dual_groups=N: groups of the dual "
+                     "bound a time limit certifies the EF plan with, 0 for none).")
     return solve
 
 
