@@ -33,6 +33,8 @@ SMALL_BATCH = 64         # at most this many samples: the local search also move
 MULTI_START_TOLERANCES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.5)
 LARGE_TOLERANCES = (0.02, 0.1, 0.5)  # larger batches: fewer starts (each greedy + local search takes seconds)
 LS_TARGETS = 8           # large batches: the local search tries moves to the 8 least loaded workers
+COMPOUND_UNITS = 12      # compound moves: the largest units of the most loaded worker tried, and partners per unit
+COMPOUND_KICK_MAX = 24   # at most this many samples: the seeded kicks' local searches also try compound moves
 TIME_UNITS_PER_S = 1e6   # CP-SAT's integer time unit: microseconds (scaled further for long makespans)
 
 
@@ -282,9 +284,10 @@ def _candidate_units(pl: Placement, m: int, below: list[list[int]], limit: int, 
 
 
 def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], deadline: float,
-                 max_rounds: int = 200, max_units: int = 48) -> int:
-    """Move (and on small batches swap) sample sets off the most loaded worker while the makespan drops;
-    return the number of accepted changes. Deterministic: bounded by rounds and candidates."""
+                 max_rounds: int = 200, max_units: int = 48, compound: bool = True) -> int:
+    """Move (and on small batches swap) sample sets off the most loaded worker while the makespan drops,
+    on small batches also by compound moves when `compound`; return the number of accepted changes.
+    Deterministic: bounded by rounds and candidates (the deadline only stops it early)."""
     sub, below, _ = _subtree_tables(problem)
     changes = 0
     small = pl.f.n_samples <= SMALL_BATCH
@@ -333,10 +336,10 @@ def local_search(problem: PsrlProblem, pl: Placement, fits: list[list[bool]], de
                         if new < cur * (1 - 1e-9) and (best is None or (new, 0.0) < best[:2]):
                             best = (new, 0.0, t, u, u2, 0)
                     pl.move(u, m)
-        if best is None and small:
+        if best is None and small and compound and time.perf_counter() < deadline:
             # compound moves: a move (or swap) that pays off only once the shared nodes it touches change
             # owner (e.g. the worker keeping a prefix's computing after its other users left)
-            best = _best_compound(pl, m, units, fits, below, cur, max_units)
+            best = _best_compound(pl, m, units[:COMPOUND_UNITS], fits, below, cur, COMPOUND_UNITS)
             settle = best is not None
         if best is None:
             break
@@ -489,7 +492,7 @@ def _perturbed_search(problem: PsrlProblem, start: Placement, fits: list[list[bo
             ok = [w for w in range(pl.W) if fits[s][w] and w != pl.assign[s]]
             if ok:
                 pl.move([s], r.choice(ok))
-        local_search(problem, pl, fits, deadline, max_rounds=50)
+        local_search(problem, pl, fits, deadline, max_rounds=50, compound=S <= COMPOUND_KICK_MAX)
         if max(pl.loads) < max(best.loads) * (1 - 1e-12):
             best, kicks = pl, kicks + 1
     return best, kicks
