@@ -117,3 +117,13 @@ def test_dual_groups_option_turns_the_bound_off_and_refuses_bad_counts() -> None
     for bad in (-1, 10_001):
         with pytest.raises(InputError, match="dual_groups"):
             api.solve(problem, solver="oef", time_limit_s=0.2, dual_groups=bad)
+
+
+def test_cvxpy_route_at_a_time_limit_returns_the_equal_split_with_its_status() -> None:
+    problem = api.load_problem(distinct_doc(np.random.default_rng(17), 40, 3))
+    plan = api.solve(problem, solver="oef", time_limit_s=1e-4, method="cvxpy")
+    assert plan.status in (Status.TIME_LIMIT, Status.OPTIMAL)
+    if plan.status is Status.TIME_LIMIT:
+        assert "equal split" in plan.message
+        assert np.allclose(plan.matrix(), equal_share(arrays(problem)))
+    assert api.check(problem, plan) == []

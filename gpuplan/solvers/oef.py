@@ -129,7 +129,17 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
     # The efficiency LPs go to HiGHS's primal simplex (an exact vertex; on the EF LP it is 4-25x
     # faster than HiGHS's default dual simplex, its IPM or Clarabel, measured on the benchmark inputs).
     if fairness in ("ef", "si", "none"):
-        status, _ = solve_cvxpy(prob, preferred=("HIGHS",), time_limit_s=time_limit_s, simplex_strategy=4)
+        from gpuplan.errors import SolverError
+
+        try:
+            status, _ = solve_cvxpy(prob, preferred=("HIGHS",), time_limit_s=time_limit_s, simplex_strategy=4)
+        except SolverError:
+            if time_limit_s is None or fallback is None or fairness == "none":
+                raise
+            # the reference route has no partial plan: a time limit returns the equal split (SI, EF)
+            stats["message"] = (f"time limit of {time_limit_s:.3g} s reached before cvxpy's LP finished: the plan "
+                                "is the equal split (method=cuts returns a better plan with a certified gap)")
+            return fallback.copy(), Status.TIME_LIMIT, stats
     else:
         status, _ = solve_cvxpy(prob, preferred=("CLARABEL", "HIGHS"), time_limit_s=time_limit_s)
         if tie_break == "efficiency" and t.value is not None:
