@@ -4,8 +4,9 @@ Prints, per trace: deduplicated / raw tokens; the modelled update-phase makespan
 verl's prefix-oblivious Karmarkar-Karp and the AReaL-DTA-style subtree greedy (ratios side by side);
 max / mean worker load; the prefix hit rate of next-use (Belady) eviction at 25% of the resident prefix
 K/V next to LRU's, the subtree greedy's Belady hit rate at 25%, and psRL's at the longest path's K/V (the
-budget the memory model reserves, so a miss there would be paid in the makespan). Then the measured CPU speedup of shared-prefix training over unshared training on the
-same samples (small transformer, torch on CPU) next to the cost model's prediction.
+budget the memory model reserves, so a miss there would be paid in the makespan). Then the measured CPU
+speedup of shared-prefix training over unshared training on the same samples (small transformer, torch on
+CPU) next to the cost model's prediction.
 
 Targets (issue 14): >= 3x vs Karmarkar-Karp, >= 1.3x vs the subtree greedy, max/mean <= 1.10, hit rate
 >= 95% at 25%. Run: python benchmarks/psrl_bench.py [--quick]. Timings are wall-clock on this machine.
