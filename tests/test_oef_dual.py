@@ -119,6 +119,7 @@ def test_dual_groups_option_turns_the_bound_off_and_refuses_bad_counts() -> None
             api.solve(problem, solver="oef", time_limit_s=0.2, dual_groups=bad)
 
 
+@pytest.mark.filterwarnings("ignore:Solution may be inaccurate")
 def test_cvxpy_route_at_a_time_limit_returns_the_equal_split_with_its_status() -> None:
     problem = api.load_problem(distinct_doc(np.random.default_rng(17), 40, 3))
     plan = api.solve(problem, solver="oef", time_limit_s=1e-4, method="cvxpy")
