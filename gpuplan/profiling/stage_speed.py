@@ -12,7 +12,8 @@ This probe measures, in as many fresh processes as the run has workers, with the
 * `alone`: each rank in turn (the others waiting in gloo) calls its own stage modules (gpt.stage of the
   plan's layer ranges; tokens into the first stage, activations requiring a gradient into the others,
   the loss on the last) forward, then backward, each call followed by a sleep as long as it took, and
-  times each call by process CPU time (waiting for a core does not count): seconds per call, per chunk;
+  times each call by process CPU time (waiting for a core does not count; wall time with more than one
+  torch thread, as the layer table's clock): seconds per call, per chunk;
 * `rates[k - 1]`: the speed of a worker (1.0 = alone) while k of them loop their own stage's forward and
   backward at once (ranks 0..k-1, wall time, median over the k), as the core-sharing rates of
   `gpuplan.runtime.poseidon.measure_core_sharing` but with the plan's stages instead of one block.
@@ -64,18 +65,21 @@ def _probe_worker(rank: int, world: int, config_doc: dict[str, Any], chunks_of: 
     act = torch.randn(micro_batch, seq_len, cfg.hidden, generator=gen)
     grad = torch.randn(micro_batch, seq_len, cfg.hidden, generator=gen)
 
-    def call(c: int, nap: bool) -> tuple[float, float]:  # (forward, backward) process CPU seconds
+    # the layer table's clock: process CPU time on one thread, wall time with more (CPU time sums threads)
+    clock = time.process_time if torch.get_num_threads() == 1 else time.perf_counter
+
+    def call(c: int, nap: bool) -> tuple[float, float]:  # (forward, backward) seconds by `clock`
         first, last = chunks[c]
         x = tokens if first == 0 else act.clone().requires_grad_(True)
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0 = clock(), time.perf_counter()
         y = mods[c](x)
         out = gpt.lm_loss(y, targets) if last == cfg.num_layers else y
-        cf, wf = time.process_time() - c0, time.perf_counter() - w0
+        cf, wf = clock() - c0, time.perf_counter() - w0
         if nap:
             time.sleep(wf)
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, w0 = clock(), time.perf_counter()
         out.backward() if last == cfg.num_layers else out.backward(grad)
-        cb, wb = time.process_time() - c0, time.perf_counter() - w0
+        cb, wb = clock() - c0, time.perf_counter() - w0
         if nap:
             time.sleep(wb)
         return cf, cb
