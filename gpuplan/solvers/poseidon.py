@@ -231,11 +231,27 @@ class Structure:
         # blocking exchanges (`exchanges_s`: send + TP all-gather), folded into the sending ops by
         # `_time` when the problem says Megatron's exchanges block (as `evaluate` does)
         self.block = cm.p.blocking_p2p
-        self.xch = exchanges_s(cm, shapes, self.b, self.p2p) if self.block else self.p2p
-        self.vxch = self.xch if v == 1 or not self.block else exchanges_s(cm, shapes, self.b, self.vp2p)
+        self._xch: list[float] | None = None  # built on the first DAG walk (most structures are pruned before)
+        self._vxch: list[float] | None = None
         self._rt_cache: list[tuple[list[float], float]] | None = None
         self._extra_at: list[list[float]] | None = None
         self._balanced: tuple[float, list[int]] | None = None
+
+    @property
+    def xch(self) -> list[float]:
+        """Seconds of each blocking exchange between stages s and s + 1 (`exchanges_s`; = p2p when
+        the exchanges do not block), built on first use."""
+        if self._xch is None:
+            self._xch = exchanges_s(self.cm, self.shapes, self.b, self.p2p) if self.block else self.p2p
+        return self._xch
+
+    @property
+    def vxch(self) -> list[float]:
+        """Seconds of each blocking exchange between virtual stages k and k + 1 (= xch when v = 1)."""
+        if self._vxch is None:
+            self._vxch = (self.xch if self.v == 1 or not self.block
+                          else exchanges_s(self.cm, self.shapes, self.b, self.vp2p))
+        return self._vxch
 
     @property
     def _rt(self) -> list[tuple[list[float], float]]:
@@ -1351,8 +1367,14 @@ def _pooled_worker(w: int) -> dict[str, Any]:
                 stats.pruned += 1
                 continue
             t, layers = quick_map(st, stats)
+            if t < incumbent() - 1e-12 * t and not stats.out_of_time():  # a new incumbent: mapped at once
+                t, layers = mapper(st, stats)
+                stats.evaluated += 1
+                if stats.out_of_time():
+                    cut = True
+            else:
+                pending.append((t, lb, k, index))
             offer(t, k, index, layers)
-            pending.append((t, lb, k, index))
             if stats.out_of_time():
                 break
         if handled < size:

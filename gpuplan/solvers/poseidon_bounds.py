@@ -104,11 +104,17 @@ def option_terms(cm: CostModel, o: Any, m: int) -> tuple[float, float, float, fl
     return cache[key]  # type: ignore[no-any-return]
 
 
+SLOPE_MAX_STAGES = 8  # options with more stages take a = 0 in W1 (each stage's slope costs L collective times)
+
+
 def _least_slope(cm: CostModel, o: Any) -> float:
     """Return the least per-block all-reduce + optimizer seconds (`Structure.a`, >= 0) of option o's
-    stages at any pipeline position (inner, first, last) in a pipeline of two or more stages."""
+    stages at any pipeline position (inner, first, last) in a pipeline of two or more stages; 0 (still
+    a lower bound) for options of more than SLOPE_MAX_STAGES stages."""
     from gpuplan.solvers.poseidon import _min_slope
 
+    if o.stages > SLOPE_MAX_STAGES:
+        return 0.0
     return max(0.0, min(_min_slope(cm, x, first, last, 3, cm.tail_s(x, 0, first, last, 3))
                         for x in o.shapes for first, last in ((False, False), (True, False), (False, True))))
 
