@@ -49,7 +49,7 @@ def placement_rows(traces: list) -> list[list]:
         for W in counts:
             p = problem(gen, W)
             t0 = time.perf_counter()
-            ps = api.solve(p, solver="psrl")
+            ps = api.solve(p, solver="psrl", time_limit_s=600)  # bounded by rounds, not by this machine's load
             solve_s = time.perf_counter() - t0
             kk = api.solve(p, solver="karmarkar-karp")
             dta = api.solve(p, solver="subtree-greedy")

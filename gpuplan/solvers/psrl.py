@@ -458,7 +458,8 @@ def solve_psrl(problem: PsrlProblem, *, time_limit_s: float | None = None, seed:
         progress(None, "perturbed restarts")
         pl, kicks = _perturbed_search(problem, best[1], fits, deadline, seed, rounds=perturb_rounds)
         best = (max(pl.loads), pl, best[2])
-    return _plan(problem, best[1], stats={**best[2], "starts": len(tolerances), "improving_kicks": kicks})
+    return _plan(problem, best[1], stats={**best[2], "starts": len(tolerances), "improving_kicks": kicks,
+                                          "stopped_by_time_limit": time.perf_counter() > deadline})
 
 
 def _copy(problem: PsrlProblem, pl: Placement) -> Placement:
