@@ -68,14 +68,57 @@ class EngineSpec:
     theta: float = 1.2
     mig_bw: np.ndarray | None = None       # G x G B/s
     mig_lat: np.ndarray | None = None      # G x G s
+    ship_bw: np.ndarray | None = None      # B/s from the engine's primaries to each KV device (inf: a primary)
+    ship_lat: np.ndarray | None = None     # s, the same links' latency
+    own: np.ndarray | None = None          # bool per KV device: one of this replica's primaries
+    replica: int = 0                       # index of the replica in the plan (pooled engines)
+
+
+class KvPool:
+    """What the engines of every data-parallel replica share when decode attention is pooled over all
+    GPUs (the paper's dispatch): each device's KV memory (every engine's KV bytes on it count against
+    its capacity) and its time. Per engine: KV bytes in use per device, and its last iteration's
+    busy seconds per device (attention, and dense work on its own primaries) with that iteration's
+    start and duration, from which the others' utilisation of a device is read (processor sharing)."""
+
+    def __init__(self, cap_bytes: np.ndarray, replicas: list[int]) -> None:
+        E, G = len(replicas), len(cap_bytes)
+        self.cap_bytes = cap_bytes
+        self.replica = np.asarray(replicas, dtype=np.int64)
+        self.used = np.zeros((E, G))
+        self.busy = np.zeros((E, G))
+        self.start_s = np.zeros(E)
+        self.dur_s = np.ones(E)
+
+    def others_used(self, e: int) -> np.ndarray:
+        """Return the KV bytes per device every other engine holds."""
+        return self.used.sum(axis=0) - self.used[e]
+
+    def others_load(self, e: int, now_s: float) -> np.ndarray:
+        """Return, per device, the fraction of its time other replicas' engines keep it busy around
+        `now_s` (their last iteration's busy seconds / its duration, when it is still running), capped at
+        MAX_FOREIGN_LOAD."""
+        mine = self.replica == self.replica[e]
+        live = (~mine) & (self.start_s + self.dur_s > now_s)
+        if not np.any(live):
+            return np.zeros(self.used.shape[1])
+        rho = (self.busy[live] / self.dur_s[live][:, None]).sum(axis=0)
+        return np.minimum(rho, MAX_FOREIGN_LOAD)
+
+
+MAX_FOREIGN_LOAD = 0.95  # a device never gives another replica less than 5 % of its time
 
 
 class HetisEnginePolicy:
     """The engine policy of one virtual replica (see the module docstring); `problem` gives the model."""
 
-    def __init__(self, problem: Any, spec: EngineSpec, n_requests: int) -> None:
+    def __init__(self, problem: Any, spec: EngineSpec, n_requests: int, pool: KvPool | None = None,
+                 engine: int = 0) -> None:
         self.p = problem
         self.s = spec
+        self.pool = pool
+        self.engine = engine
+        self.shipped_bytes = 0.0
         G = len(spec.kv_ids)
         self.F = np.zeros((n_requests, G))
         self.n = np.zeros((n_requests, G), dtype=np.int64)
@@ -115,6 +158,8 @@ class HetisEnginePolicy:
         fit now. `used` is the KV bytes in use per device; share/heads the decoding loads."""
         s = self.s
         room = s.cap_bytes * (1 - WATERMARK) - used
+        if self.pool is not None:
+            room = room - self.pool.others_used(self.engine)
         if s.mode == "tensor-parallel":
             f = s.fractions
         elif s.mode == "memory-proportional":
@@ -122,7 +167,7 @@ class HetisEnginePolicy:
             f = s.static_heads / s.heads
         else:
             H = s.heads
-            base = s.attn.s_per_token / H * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0)
+            base = s.attn.s_per_token / H * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0) * self._slow
             load = base * H * share
             nvec = None
             for mem in (need + s.o_pred, float(need)):
@@ -151,13 +196,14 @@ class HetisEnginePolicy:
             return 0.0
         self.last_redispatch_s = state.now_s
         share, heads = self._loads(dec, state)
-        t = s.attn.device_times(share, heads)
+        t = self._times(share, heads)
         active = s.cap_bytes > 0
         if not np.any(active) or t.max() <= s.theta * t[active].mean():
             return 0.0
         ctx = state.kv_tokens(dec).astype(float)
         used = (self.F[dec] * (ctx + 1)[:, None]).sum(axis=0) * s.kv_bytes_token
-        per = s.attn.s_per_token / s.heads * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0)
+        per = s.attn.s_per_token / s.heads * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0) * self._slow
+        cap = s.cap_bytes * (1 - WATERMARK) - (self.pool.others_used(self.engine) if self.pool is not None else 0.0)
         seconds = 0.0
         for _ in range(2 * s.heads):
             g = int(np.argmax(t))
@@ -169,7 +215,7 @@ class HetisEnginePolicy:
             nb = ctx[k] * s.head_bytes_token
             gain = per * ctx[k] + s.attn.c1_s_per_head
             cand = t + gain + np.where(heads > 0, 0.0, s.attn.c0_s)
-            cand = np.where(used + nb <= s.cap_bytes * (1 - WATERMARK), cand, np.inf)
+            cand = np.where(used + nb <= cap, cand, np.inf)
             cand[g] = np.inf
             h = int(np.argmin(cand))
             if not np.isfinite(cand[h]) or max(cand[h], t[g] - gain[g]) >= t[g]:
@@ -188,17 +234,33 @@ class HetisEnginePolicy:
             self.moves += 1
         return seconds
 
+    @property
+    def _slow(self) -> np.ndarray | float:
+        """Return per KV device the factor 1 / (1 - other replicas' load on it) of this iteration (1 alone)."""
+        return getattr(self, "_slow_now", 1.0)
+
+    def _times(self, share: np.ndarray, heads: np.ndarray) -> np.ndarray:
+        """Return per-device decode attention + message seconds: the devices' work stretched by the time
+        other replicas keep them busy (messages are link time, not stretched)."""
+        s = self.s
+        work = s.attn.s_per_token * share * np.where(s.attn.worker, 1.0 + s.attn.overhead, 1.0)
+        msg = np.where(heads > 0, s.attn.c0_s + s.attn.c1_s_per_head * heads, 0.0)
+        return work * self._slow + msg
+
     # -- the iteration
 
     def next_iteration(self, state: EngineState) -> Iteration | None:
         """Return the next iteration: running decodes, prefill chunks, admissions; its duration from the
         cost model (dense stages, prefill attention, decode attention per device, migrations)."""
         s = self.s
+        pool = self.pool
+        others = pool.others_used(self.engine) if pool is not None else 0.0
+        self._slow_now = 1.0 / (1.0 - pool.others_load(self.engine, state.now_s)) if pool is not None else 1.0
         run = np.asarray(self.running, dtype=np.int64)
         while len(run):
             dec_flag = (state.prefilled[run] >= state.prefill_target[run]).astype(float)
             used = ((state.kv_tokens(run) + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
-            if np.all(used <= s.cap_bytes * (1 + 1e-9) + 1e-6):
+            if np.all(used + others <= s.cap_bytes * (1 + 1e-9) + 1e-6):
                 break
             victim = int(run[-1])
             state.preempt(victim)
@@ -228,7 +290,7 @@ class HetisEnginePolicy:
             need = int(state.prefill_target[i])
             f = self._place(i, need, used, share, heads)
             if f is None:
-                if not self.running and not chunks:
+                if not self.running and not chunks and (pool is None or not np.any(others > 0)):
                     self.waiting.popleft()  # does not fit even alone: refuse rather than stall
                     state.reject(i)
                     continue
@@ -240,6 +302,8 @@ class HetisEnginePolicy:
             c = need if s.prefill_free else min(budget, need)
             chunks.append((i, c))
             budget -= 1 if s.prefill_free else c
+        if pool is not None:
+            pool.used[self.engine] = used
         if not len(decoding) and not chunks:
             return None
         p_idx = np.array([c[0] for c in chunks], dtype=np.int64)
@@ -249,7 +313,17 @@ class HetisEnginePolicy:
         if len(chunks) and not s.prefill_free:
             pos = state.prefilled[p_idx]
             stage_t = [t + prefill_attention_stage_s(self.p, sc, p_tok, pos) for t, sc in zip(stage_t, s.stages)]
-        times = s.attn.device_times(share, heads) if len(decoding) else np.zeros(len(s.kv_ids))
+        alone = s.attn.device_times(share, heads) if len(decoding) else np.zeros(len(s.kv_ids))
+        dense_busy = np.zeros(len(s.kv_ids))
+        if pool is not None and s.own is not None:
+            # my primaries also run other replicas' attention heads: my dense work shares their time
+            pos_of = {int(d): k for k, d in enumerate(s.kv_ids.tolist())}
+            for k, sc in enumerate(s.stages):
+                ks = [pos_of[d] for d in sc.devices if d in pos_of]
+                dense_busy[ks] = stage_t[k]
+                slow = float(np.max(self._slow_now[ks])) if ks else 1.0
+                stage_t[k] *= slow
+        times = self._times(share, heads) if len(decoding) else np.zeros(len(s.kv_ids))
         pp = len(stage_t)
         if s.mode == "tensor-parallel":
             for k, grp in enumerate(s.groups or []):
@@ -259,15 +333,38 @@ class HetisEnginePolicy:
         else:
             attn = float(times.max()) if len(times) else 0.0
             step = max(sum(stage_t) + attn, pp * max(max(stage_t), attn))
+            step = max(step, self._ship_s(p_idx, p_tok))
         step += self._redispatch(decoding, state)
+        if pool is not None:
+            pool.busy[self.engine] = (alone - np.where(heads > 0, s.attn.c0_s + s.attn.c1_s_per_head * heads, 0.0)) \
+                + dense_busy
+            pool.start_s[self.engine] = state.now_s
+            pool.dur_s[self.engine] = step
         return Iteration(step, p_idx, p_tok, decoding,
                          {"decodes": float(len(decoding)), "prefill_tokens": float(p_tok.sum()), "attention_s": attn})
+
+    def _ship_s(self, p_idx: np.ndarray, p_tok: np.ndarray) -> float:
+        """Return the seconds to ship this iteration's prefill KV of heads placed off the replica's own
+        primaries to the devices holding them (per device: link latency + bytes / bandwidth; the devices'
+        links in parallel, overlapped with the iteration's compute layer by layer, so the step is at least
+        the slowest). 0 without such heads."""
+        s = self.s
+        if s.ship_bw is None or not len(p_idx):
+            return 0.0
+        heads = (self.n[p_idx] * p_tok[:, None]).sum(axis=0).astype(float)  # head-tokens per device
+        remote = (heads > 0) & np.isfinite(s.ship_bw)
+        if not np.any(remote):
+            return 0.0
+        nbytes = heads[remote] * s.head_bytes_token
+        self.shipped_bytes += float(nbytes.sum())
+        return float(np.max(s.ship_lat[remote] + nbytes / s.ship_bw[remote]))
 
 
 # ---------------------------------------------------------------- building engines from a plan
 
 
-def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) -> list[EngineSpec]:
+def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool,
+                     replica_index: int = 0) -> list[EngineSpec]:
     """Return the EngineSpecs of one replica: pp virtual engines sharing its memory."""
     cfg = problem.config
     stages = stage_costs(problem, replica.stages)
@@ -276,10 +373,11 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) 
     hetis_mode = plan.dispatch != "tensor-parallel"
     cap_all = kv_capacity(problem, plan.replicas, plan.attention_devices)
     if hetis_mode:
-        # a replica's heads go to its own primaries and to the attention workers (devices that are no
-        # replica's primaries); other replicas' primaries serve their own replica
-        others = {d for r in plan.replicas if r is not replica for st in r.stages for d in st.devices}
-        kv_ids = np.array(sorted(d for d in plan.attention_devices if d not in others), dtype=np.int64)
+        # decode attention pooled over ALL GPUs (the paper's dispatch): a replica's heads may go to its own
+        # primaries, to attention workers and to other replicas' primaries; the engines of all replicas
+        # share each device's KV memory and time (KvPool), and a device that is not one of this
+        # replica's primaries is reached over the link (messages per layer, prompt KV shipped at prefill)
+        kv_ids = np.array(sorted(plan.attention_devices), dtype=np.int64)
         fractions, groups = None, None
     else:
         fr = kv_fractions_tp(problem, replica)
@@ -289,15 +387,9 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) 
         groups = [np.array([pos[d] for d in st.devices], dtype=np.int64) for st in replica.stages]
     own = {d: st.layers for st in replica.stages for d in st.devices} if len(replica.stages) > 1 else None
     attn = attention_cost(problem, kv_ids.tolist(), primaries, own)
-    cap = np.array([cap_all[d] for d in kv_ids.tolist()]) / pp
-    if hetis_mode and replica.share < 1:
-        # data-parallel replicas share the attention workers' KV memory and HBM bandwidth in proportion to
-        # their request shares (a fluid, processor-sharing approximation of concurrent use)
-        share = max(replica.share, 1e-9)
-        w = attn.worker
-        cap = np.where(w, cap * share, cap)
-        attn = AttentionCost(attn.ids, np.where(w, attn.s_per_token / share, attn.s_per_token), w, attn.c0_s,
-                             attn.c1_s_per_head, attn.overhead)
+    # pooled engines share one ledger of every device's whole capacity; tensor-parallel virtual engines
+    # split their replica's memory
+    cap = np.array([cap_all[d] for d in kv_ids.tolist()]) / (1 if hetis_mode else pp)
     static = None
     if plan.dispatch == "memory-proportional":
         static = np.array([plan.static_heads.get(str(d), 0) for d in kv_ids.tolist()], dtype=np.int64)
@@ -309,10 +401,19 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool) 
         for b in range(G):
             if a != b:
                 bw[a, b], lat[a, b] = link_of(problem, g[int(kv_ids[a])], g[int(kv_ids[b])])
+    own = np.array([d in set(primaries) for d in kv_ids.tolist()], dtype=bool)
+    ship_bw = np.full(G, np.inf)
+    ship_lat = np.zeros(G)
+    for k, d in enumerate(kv_ids.tolist()):
+        if not own[k]:  # the nearest of the replica's primaries (lowest latency, then widest)
+            ship_bw[k], ship_lat[k] = min((link_of(problem, g[d], g[p]) for p in primaries),
+                                          key=lambda t: (t[1], -t[0]))
     spec = EngineSpec(stages, kv_ids, cap, attn, plan.dispatch, fractions, groups, static, cfg.kv,
                       kv_bytes_per_token(cfg, problem.dtype), head_bytes_per_token(problem), problem.o_pred(),
                       problem.token_budget, problem.max_batch, prefill_free,
-                      problem.redispatch_every_s if plan.redispatch else 0.0, problem.redispatch_theta, bw, lat)
+                      problem.redispatch_every_s if plan.redispatch else 0.0, problem.redispatch_theta, bw, lat,
+                      ship_bw if hetis_mode else None, ship_lat if hetis_mode else None, own if hetis_mode else None,
+                      replica_index)
     return [spec] * pp
 
 
@@ -347,14 +448,16 @@ def _run_pool(problem: Any, plan: Any, replicas: list[Any], req: Requests, idx: 
     (first_s, finish_s, rejected) indexed like idx."""
     engines: list[EngineSpec] = []
     weights: list[float] = []
-    for rep in replicas:
-        specs = _virtual_engines(problem, plan, rep, prefill_free)
+    for k, rep in enumerate(replicas):
+        specs = _virtual_engines(problem, plan, rep, prefill_free, k)
         engines += specs
         weights += [rep.share / len(specs)] * len(specs)
     where = route(len(idx), weights)
     first = np.full(len(idx), np.nan)
     finish = np.full(len(idx), np.nan)
     rejected = np.zeros(len(idx), dtype=bool)
+    if engines and engines[0].own is not None:  # head-wise dispatch pooled over all GPUs: one joint run
+        return _run_pooled(problem, engines, req, idx, where, arrival, output, stats)
     for k, spec in enumerate(engines):
         mine = np.flatnonzero(where == k)
         if not len(mine):
@@ -374,6 +477,103 @@ def _run_pool(problem: Any, plan: Any, replicas: list[Any], req: Requests, idx: 
         stats["head_moves"] = stats.get("head_moves", 0.0) + pol.moves
         stats["dispatches"] = stats.get("dispatches", 0.0) + pol.dispatches
     return {"first_s": first, "finish_s": finish, "rejected": rejected}
+
+
+def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.ndarray, where: np.ndarray,
+                arrival: np.ndarray | None, output: np.ndarray | None,
+                stats: dict[str, float]) -> dict[str, np.ndarray]:
+    """Simulate the engines of a pooled layout together (they share each device's KV memory and time):
+    the engine whose clock is earliest runs its next iteration (gpuplan.sim.serving's iteration rules,
+    per engine); an engine that cannot admit because others hold the memory waits for the next event.
+    Return per-request arrays (first_s, finish_s, rejected) indexed like idx."""
+    from gpuplan.sim.serving import EngineState
+
+    pool = KvPool(engines[0].cap_bytes.copy(), [e.replica for e in engines])
+    first = np.full(len(idx), np.nan)
+    finish = np.full(len(idx), np.nan)
+    rejected = np.zeros(len(idx), dtype=bool)
+    runs = []
+    for k, spec in enumerate(engines):
+        mine = np.flatnonzero(where == k)
+        sub, order = _sub(req, idx[mine], None if arrival is None else arrival[mine],
+                          None if output is None else output[mine])
+        back = {int(v): j for j, v in enumerate(idx[mine].tolist())}
+        pos = mine[np.array([back[int(v)] for v in order.tolist()], dtype=np.int64)] if len(mine) else mine
+        runs.append([sub, pos, HetisEnginePolicy(problem, spec, len(sub), pool, k), EngineState(sub), 0, False])
+    budget = 50_000_000
+    stalled: set[int] = set()
+    while budget > 0:
+        live = [r for r in runs if not r[5]]
+        if not live:
+            break
+        run = min(live, key=lambda r: r[3].now_s)
+        sub, _, pol, st, nxt, _ = run
+        upto = int(np.searchsorted(sub.arrival_s, st.now_s, side="right"))
+        if upto > nxt:
+            pol.on_arrival(np.arange(nxt, upto, dtype=np.int64), st)
+            run[4] = nxt = upto
+        it = pol.next_iteration(st)
+        if it is None:
+            nexts = [float(sub.arrival_s[nxt])] if nxt < len(sub) else []
+            if not pol.waiting:
+                if nexts:
+                    st.now_s = max(st.now_s, nexts[0])
+                else:
+                    run[5] = True
+                continue
+            # memory held by other engines: wait for the next event (another engine's, or an arrival)
+            stalled.add(id(run))
+            if len(stalled) >= len(live) and not any(r[4] < len(r[0]) for r in live):
+                st.reject(pol.waiting.popleft())  # every engine waits on the others: refuse one request
+                stalled.clear()
+                continue
+            later = [r[3].now_s for r in live if r is not run and r[3].now_s > st.now_s] + nexts
+            st.now_s = min(later) if later else st.now_s + 1e-6
+            continue
+        stalled.clear()
+        budget -= 1
+        _advance(st, sub, pol, it)
+    for sub, pos, pol, st, _, _ in runs:
+        if not len(sub):
+            continue
+        first[pos] = st.first_token_s
+        finish[pos] = st.finish_s
+        rejected[pos] = st.rejected
+        stats["iterations"] = stats.get("iterations", 0.0) + st.iterations
+        stats["preemptions"] = stats.get("preemptions", 0.0) + st.preemptions
+        stats["migrated_bytes"] = stats.get("migrated_bytes", 0.0) + pol.migrated_bytes
+        stats["shipped_bytes"] = stats.get("shipped_bytes", 0.0) + pol.shipped_bytes
+        stats["head_moves"] = stats.get("head_moves", 0.0) + pol.moves
+        stats["dispatches"] = stats.get("dispatches", 0.0) + pol.dispatches
+    return {"first_s": first, "finish_s": finish, "rejected": rejected}
+
+
+def _advance(state: Any, sub: Requests, policy: HetisEnginePolicy, it: Iteration) -> None:
+    """Apply one iteration to an engine's state, as gpuplan.sim.serving.simulate does."""
+    if not (math.isfinite(it.duration_s) and it.duration_s > 0):
+        raise ValueError(f"policy returned an iteration of {it.duration_s!r} s; expected a finite time > 0")
+    end = state.now_s + it.duration_s
+    touched = []
+    if len(it.prefill_idx):
+        p = it.prefill_idx
+        state.prefilled[p] += it.prefill_tokens
+        done = p[(state.prefilled[p] == state.prefill_target[p]) & (state.generated[p] == 0)]
+        state.generated[done] = 1
+        state.first_token_s[done] = end
+        touched.append(done)
+    if len(it.decode_idx):
+        state.generated[it.decode_idx] += 1
+        touched.append(it.decode_idx)
+    state.iterations += 1
+    state.busy_s += it.duration_s
+    state.now_s = end
+    if touched:
+        t = np.concatenate(touched) if len(touched) > 1 else touched[0]
+        fin = t[state.generated[t] >= sub.output_tokens[t]]
+        if len(fin):
+            fin = np.unique(fin)
+            state.finish_s[fin] = end
+            policy.on_finish(fin, state)
 
 
 def simulate_plan(problem: Any, plan: Any, req: Requests) -> tuple[SimResult, dict[str, float]]:
