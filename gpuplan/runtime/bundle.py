@@ -176,15 +176,15 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                return_grads: bool = False) -> dict[str, Any]:
     """Run a training bundle on local processes (gloo on CPU); return measured figures (seconds):
     measured_iteration_s (median step), predicted_iteration_s (the bundle's composed prediction),
-    predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with each block's compute
-    scaled by its chunk's "compute_ratios" entry, (forward, backward) = the chunk's modules timed the
-    executor's way just before the launch over the layer table's figure for them
-    (`gpuplan.profiling.stage_speed`; 1 with `sharing` given or for a scaled model), the core sharing of
-    the plan's own stages measured by the same probe (`sharing` overrides it), and, when the workers
+    predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with the core sharing of
+    the plan's own stages measured just before the launch (`gpuplan.profiling.stage_speed`; `sharing`
+    overrides it), and, when the workers
     outnumber the cores, the extra CPU time of a call after a wait on busy cores, cold_forward_s /
     cold_backward_s, and the wake-up delay wake_s; the emulated stages' sleeps use no core and end
-    sleep_late_s late; all measured just before the launch), predicted_profile_speed_iteration_s (the
-    same at the profile's speed: every ratio 1),
+    sleep_late_s late; all measured just before the launch), predicted_timed_stages_iteration_s (a
+    diagnostic: the same with each block's compute scaled by its chunk's "compute_ratios" entry, the
+    chunk's modules timed alone by the same probe over the layer table's figure for them; 1 with
+    `sharing` given or for a scaled model),
     retimed_iteration_s (the schedule's order re-timed with the blocks measured in the run), per-block
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
     Stages of equal dp run through torch.distributed.pipelining's action-list runtime; stages of
@@ -280,10 +280,10 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                  for b in tprob.blocks}  # type: ignore[attr-defined]
     predicted_here = shared_cores_time_s(
         tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
-        rates, tails, wake_s=wake, extra_s=now_extra, workers=dps, factors=spec["factors"], sleep_s=late)
-    predicted_profile_speed = shared_cores_time_s(
-        tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
         rates, tails, wake_s=wake, extra_s=extra, workers=dps, factors=spec["factors"], sleep_s=late)
+    predicted_timed = shared_cores_time_s(  # a diagnostic: the blocks at the probe's timing of their chunks
+        tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
+        rates, tails, wake_s=wake, extra_s=now_extra, workers=dps, factors=spec["factors"], sleep_s=late)
     from gpuplan.runtime.bundle_mixed import worker as mixed_worker
 
     with contention.ContentionMonitor() as monitor:
@@ -311,9 +311,11 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                            "sleep_late_s": late,
                            "predicted_here_iteration_s": predicted_here,
                            "predicted_here_error": rel_error(predicted_here, measured),
-                           "predicted_profile_speed_iteration_s": predicted_profile_speed,
-                           "predicted_profile_speed_error": rel_error(predicted_profile_speed, measured),
+                           "predicted_timed_stages_iteration_s": predicted_timed,
+                           "predicted_timed_stages_error": rel_error(predicted_timed, measured),
                            "compute_ratios": [ratios[k] for k in range(len(spec["ranges"]))],
+                           "probe_others_share": None if speeds is None else speeds.others_share,
+                           "probe_attempts": 0 if speeds is None else speeds.attempts,
                            "retimed_iteration_s": retimed,
                            "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,
                            "losses": losses, "lagom_env": envs, "notes": notes}
@@ -323,11 +325,10 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
         out["grads"] = {k: torch.from_numpy(v) for r in results for k, v in r["grads"].items()}
     out.update(contention.report(before, monitor.window, step_s))
     rows = [["composed prediction (the bundle)", predicted, measured, pct(rel_error(predicted, measured))],
-            ["the same on this machine's cores at the profile's layer speed (core sharing, cold calls, wake-up; "
-             "measured before the run)", predicted_profile_speed, measured,
-             pct(rel_error(predicted_profile_speed, measured))],
-            ["the same with each stage's compute timed the executor's way before the run (the prediction for this "
-             "machine)", predicted_here, measured, pct(rel_error(predicted_here, measured))],
+            ["the same for this machine (its stages' core sharing, cold calls, wake-up; measured before the run)",
+             predicted_here, measured, pct(rel_error(predicted_here, measured))],
+            ["the same with each chunk's compute as timed before the run (diagnostic)", predicted_timed, measured,
+             pct(rel_error(predicted_timed, measured))],
             ["the schedule re-timed with this run's blocks (checks the order)", retimed, measured,
              pct(rel_error(retimed, measured))]]
     brows = [[b.name, b.kind, b.devices[0], b.duration_s * 1e3, durations[b.name] * 1e3,
