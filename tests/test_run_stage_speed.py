@@ -1,5 +1,6 @@
-"""The term `gpuplan run` measures just before the launch: the plan's own stages timed the executor's way
-(gpuplan.profiling.stage_speed), compared with the layer table's figure for the very same modules."""
+"""The probe `gpuplan run` takes just before the launch (gpuplan.profiling.stage_speed): the sharing rates
+of the plan's own stages, and each stage timed alone, compared with the layer table's figure for the very
+same modules (the "timed stages" diagnostic)."""
 
 from __future__ import annotations
 
