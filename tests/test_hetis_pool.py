@@ -103,15 +103,24 @@ def test_prompt_kv_shipped_to_remote_heads_is_priced_by_the_link(problem: object
 
 
 def test_another_replicas_load_stretches_attention_on_its_devices(problem: object) -> None:
+    pool = pol.KvPool(np.ones(4), [0, 1])
+    w = pol.LOAD_WINDOW_S
+    # replica 1 keeps its 3090s busy 50 % of a step of one window: its moving average rises to 0.5 (1 - 1/e)
+    pool.record(1, np.array([0.0, 0.0, 0.5 * w, 0.5 * w]), 0.0, w)
+    want = 0.5 * (1 - np.exp(-1.0))
+    assert pool.others_load(0, w).tolist() == pytest.approx([0.0, 0.0, want, want])
+    assert pool.others_load(0, 2 * w).tolist() == pytest.approx([0.0, 0.0, want / np.e, want / np.e])  # idle decays
+    assert pool.others_load(1, w).tolist() == [0.0] * 4   # an engine's own replica is not "other"
+    for k in range(50):                                   # a device never gives another replica < 5 % of its time
+        pool.record(1, np.array([0.0, 0.0, w, w]), (1 + k) * w, w)
+    assert max(pool.others_load(0, 51 * w)) == pol.MAX_FOREIGN_LOAD
+
+
+def test_dispatch_weighs_the_delay_a_head_causes_on_another_replicas_primary(problem: object) -> None:
     plan = _two_replicas(problem)
-    specs = [pol._virtual_engines(problem, plan, r, False, k)[0] for k, r in enumerate(plan.replicas)]
-    pool = pol.KvPool(specs[0].cap_bytes.copy(), [0, 1])
-    pool.busy[1] = np.array([0.0, 0.0, 0.02, 0.02])  # replica 1 keeps its 3090s busy 50 % of a 40 ms step
-    pool.start_s[1], pool.dur_s[1] = 0.0, 0.04
-    rho = pool.others_load(0, 0.01)
-    assert rho.tolist() == pytest.approx([0.0, 0.0, 0.5, 0.5])
-    assert pool.others_load(0, 0.05).tolist() == [0.0] * 4   # its iteration is over: no load
-    assert pool.others_load(1, 0.01).tolist() == [0.0] * 4   # an engine's own replica is not "other"
+    spec = pol._virtual_engines(problem, plan, plan.replicas[0], False, 0)[0]
+    assert spec.foreign.tolist() == [d in (2, 3) for d in spec.kv_ids.tolist()]
+    assert spec.own.tolist() == [d in (0, 1) for d in spec.kv_ids.tolist()]
 
 
 def test_pooled_capacity_is_the_whole_device_not_a_share(problem: object) -> None:

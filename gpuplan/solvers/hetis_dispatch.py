@@ -17,20 +17,27 @@ CPSAT_SCALE_S = 1e-8  # CP-SAT works in integer units of 10 ns
 
 
 def lp_dispatch(inst: DispatchInstance, *, time_limit_s: float | None = None) -> tuple[np.ndarray, float]:
-    """Return (R x G integer head counts, LP lower bound in s): the LP relaxation (fixed message costs
-    relaxed by y_g in [0, 1] with x_rg <= H y_g) solved by cvxpy, rounded by largest remainder."""
+    """Return (R x G integer head counts, LP lower bound in s): the LP relaxation (each replica's fixed
+    message cost on a device relaxed by y_kg in [0, 1] with x_rg <= H y_{k_r g}) solved by cvxpy, rounded
+    by largest remainder."""
     import cvxpy as cp
 
     R, G, H = len(inst.ctx_tokens), inst.devices, inst.heads
+    S, c0, c1, bh = inst.per_group()
+    grp = inst.groups
+    K = S.shape[0]
     x = cp.Variable((R, G), nonneg=True)
-    y = cp.Variable(G, nonneg=True)
+    y = cp.Variable((K, G), nonneg=True)
     z = cp.Variable()
-    heads = inst.base_heads + cp.sum(x, axis=0)
-    t = inst.base_s + cp.multiply(inst.s_per_head_token, inst.ctx_tokens @ x) + \
-        cp.multiply(inst.c0_s, y) + cp.multiply(inst.c1_s_per_head, heads)
+    onehot = np.zeros((K, R))
+    onehot[grp, np.arange(R)] = 1.0
+    heads = bh + onehot @ x                                   # K x G: each replica's heads per device
+    per = S[grp] * inst.ctx_tokens[:, None]                   # R x G: s per head of request r on g
+    t = inst.base_s + cp.sum(cp.multiply(per, x), axis=0) + cp.sum(cp.multiply(c0, y) + cp.multiply(c1, heads),
+                                                                     axis=0)
     cons = [cp.sum(x, axis=1) == H, y <= 1, t <= z, inst.mem_tokens @ x <= inst.free_head_tokens]
-    cons += [x[:, g] <= H * y[g] for g in range(G)]
-    cons += [y[g] == 1 for g in range(G) if inst.base_heads[g] > 0]
+    cons += [x[r, g] <= H * y[grp[r], g] for r in range(R) for g in range(G)]
+    cons += [y[k, g] == 1 for k in range(K) for g in range(G) if bh[k, g] > 0]
     prob = cp.Problem(cp.Minimize(z), cons)
     solve_cvxpy(prob, time_limit_s=time_limit_s)
     frac = np.clip(np.asarray(x.value, dtype=float), 0, H)
@@ -40,30 +47,37 @@ def lp_dispatch(inst: DispatchInstance, *, time_limit_s: float | None = None) ->
 def cpsat_dispatch(inst: DispatchInstance, *, time_limit_s: float | None = 10.0, seed: int = 0,
                    hint: np.ndarray | None = None) -> tuple[np.ndarray, Status, float]:
     """Return (R x G head counts, status, lower bound in s) of the exact dispatch by CP-SAT: integer
-    n_rg, a used-flag per device for its message latency, times in integer units of CPSAT_SCALE_S
+    n_rg, a used-flag per replica and device for its message latency, times in integer units of CPSAT_SCALE_S
     (each coefficient rounded up, so the model's optimum is within rounding of the true one)."""
     from ortools.sat.python import cp_model
 
     R, G, H = len(inst.ctx_tokens), inst.devices, inst.heads
+    S, c0s, c1, bh = inst.per_group()
+    grp = inst.groups
+    K = S.shape[0]
     q = CPSAT_SCALE_S
     m = cp_model.CpModel()
     n = [[m.NewIntVar(0, H, f"n{r}_{g}") for g in range(G)] for r in range(R)]
-    used = [m.NewBoolVar(f"u{g}") for g in range(G)]
-    per = [[int(np.ceil(inst.s_per_head_token[g] * inst.ctx_tokens[r] / q + inst.c1_s_per_head[g] / q))
+    used = [[m.NewBoolVar(f"u{k}_{g}") for g in range(G)] for k in range(K)]
+    per = [[int(np.ceil(S[grp[r], g] * inst.ctx_tokens[r] / q + c1[grp[r], g] / q))
             for g in range(G)] for r in range(R)]
-    base = [int(np.ceil(inst.base_s[g] / q + inst.c1_s_per_head[g] * inst.base_heads[g] / q)) for g in range(G)]
-    c0 = [int(np.ceil(inst.c0_s[g] / q)) for g in range(G)]
-    horizon = sum(max(p) for p in per) * H + max(base, default=0) + max(c0, default=0) + 1
+    base = [int(np.ceil(inst.base_s[g] / q + float(c1[:, g] @ bh[:, g]) / q)) for g in range(G)]
+    c0 = [[int(np.ceil(c0s[k, g] / q)) for g in range(G)] for k in range(K)]
+    horizon = sum(max(p) for p in per) * H + max(base, default=0) + sum(max(c, default=0) for c in c0) + 1
     z = m.NewIntVar(0, horizon, "z")
     for r in range(R):
         m.Add(sum(n[r]) == H)
     for g in range(G):
-        total = sum(n[r][g] for r in range(R))
-        if inst.base_heads[g] > 0:
-            m.Add(used[g] == 1)
-        else:
-            m.Add(total <= H * R * used[g])
-        m.Add(base[g] + c0[g] * used[g] + sum(per[r][g] * n[r][g] for r in range(R)) <= z)
+        for k in range(K):
+            mine = [r for r in range(R) if grp[r] == k]
+            if bh[k, g] > 0:
+                m.Add(used[k][g] == 1)
+            elif mine:
+                m.Add(sum(n[r][g] for r in mine) <= H * len(mine) * used[k][g])
+            else:
+                m.Add(used[k][g] == 0)
+        m.Add(base[g] + sum(c0[k][g] * used[k][g] for k in range(K)) + sum(per[r][g] * n[r][g] for r in range(R))
+              <= z)
         m.Add(sum(int(np.floor(inst.mem_tokens[r])) * n[r][g] for r in range(R))
               <= int(np.floor(inst.free_head_tokens[g])))
     if hint is not None:

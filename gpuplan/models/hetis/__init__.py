@@ -308,26 +308,37 @@ def capacity(problem: HetisProblem, plan: HetisPlan) -> tuple[dict[int, float], 
 
 
 def snapshot_instance(problem: HetisProblem, plan: HetisPlan) -> Any:
-    """Return the DispatchInstance of the head-map snapshot: the trace's first head_map_requests requests
+    """Return the DispatchInstance of the head-map snapshot: the trace's first head_map_requests requests,
+    routed to the replicas as the simulator routes them (smooth weighted round robin on their shares),
     placed together on empty attention devices (context prompt + predicted output / 2, memory prompt +
-    predicted output)."""
+    predicted output). Decode attention is pooled over all GPUs: each replica's costs on a device (a
+    device other than its own primaries is reached over the link, with the storage overhead), every
+    replica's heads counted on each device's time and memory."""
     from gpuplan.models.hetis.cost import attention_cost, head_bytes_per_token
     from gpuplan.models.hetis.dispatch import DispatchInstance
+    from gpuplan.models.hetis.policy import route
 
     req = problem.requests()
     k = min(problem.head_map_requests, len(req))
-    prim = [d for st in plan.replicas[0].stages for d in st.devices]
-    own = {d: st.layers for st in plan.replicas[0].stages for d in st.devices} \
-        if len(plan.replicas[0].stages) > 1 else None
+    reps = [r for r in plan.replicas if r.phase != "decode"] or plan.replicas
     devs = sorted(plan.attention_devices)
-    at = attention_cost(problem, devs, prim, own)
-    cap, _ = capacity(problem, plan)
+    S, C0, C1 = [], [], []
     H = problem.config.kv
+    for rep in reps:
+        prim = [d for st in rep.stages for d in st.devices]
+        own = {d: st.layers for st in rep.stages for d in st.devices} if len(rep.stages) > 1 else None
+        at = attention_cost(problem, devs, prim, own)
+        S.append(at.s_per_token / H * np.where(at.worker, 1 + at.overhead, 1.0))
+        C0.append(at.c0_s)
+        C1.append(at.c1_s_per_head)
+    group = route(k, [max(r.share, 0.0) for r in reps]) if sum(r.share for r in reps) > 0 else np.zeros(k, int)
+    cap, _ = capacity(problem, plan)
     o = problem.o_pred()
-    return DispatchInstance(at.s_per_token / H * np.where(at.worker, 1 + at.overhead, 1.0), at.c0_s,
-                            at.c1_s_per_head, np.zeros(len(devs)), np.zeros(len(devs)),
+    G = len(devs)
+    return DispatchInstance(np.array(S), np.array(C0), np.array(C1), np.zeros(G), np.zeros((len(reps), G)),
                             np.array([cap[d] for d in devs]) / head_bytes_per_token(problem),
-                            req.prompt_tokens[:k] + o / 2.0, req.prompt_tokens[:k] + o, H)
+                            req.prompt_tokens[:k] + o / 2.0, req.prompt_tokens[:k] + o, H,
+                            np.asarray(group, dtype=np.int64))
 
 
 def head_matrix(problem: HetisProblem, plan: HetisPlan) -> tuple[np.ndarray, list[Violation]]:

@@ -8,7 +8,10 @@ n_rg heads of r on g (the same split in every layer):
     N_g = base_heads_g + sum_r n_rg                         (heads on g in the iteration)
     sum_g n_rg = H (every head once);  sum_r n_rg * m_r <= free_g (head-tokens of memory)
 
-and the decode step's attention is max_g T_g, which dispatch minimises. Pure numpy here: the
+and the decode step's attention is max_g T_g, which dispatch minimises. When several data-parallel
+replicas pool their decode attention over all GPUs, the costs are per replica and device (a device is
+one replica's primary and another's remote attention worker) and T_g counts every replica's heads on g
+(DispatchInstance.group). Pure numpy here: the
 production water-filling heuristic (O(H * |G|) per request, plus a bounded local improvement for
 batches) and the static splits of the baselines; the LP relaxation and the exact CP-SAT model live
 in gpuplan/solvers/hetis_dispatch.py.
@@ -23,9 +26,15 @@ import numpy as np
 
 @dataclass
 class DispatchInstance:
-    """A batch to place. Arrays over devices (G): s_per_head_token (s per head per context token),
-    c0_s, c1_s_per_head, base_s, base_heads, free_head_tokens. Arrays over requests (R): ctx_tokens,
-    mem_tokens. heads: KV heads per request (H)."""
+    """A batch to place. Arrays over devices (G): base_s, free_head_tokens. Per replica k and device g
+    (K x G, or G when K = 1): s_per_head_token (s per head per context token), c0_s (message latency of
+    replica k's heads on g, paid once when any is there), c1_s_per_head, base_heads (heads of replica k's
+    active requests on g). Arrays over requests (R): ctx_tokens, mem_tokens, and `group` (the replica
+    each request belongs to; all 0 by default). heads: KV heads per request (H).
+
+    With several replicas pooling their decode attention over all GPUs, device g serves every replica's
+    heads: T_g = base_s_g + sum_k [N_kg > 0] (c0_kg + c1_kg N_kg) + sum_r n_rg s_{k_r g} ctx_r, with
+    N_kg = base_heads_kg + sum_{r in k} n_rg; memory counts every request on g."""
 
     s_per_head_token: np.ndarray
     c0_s: np.ndarray
@@ -36,18 +45,45 @@ class DispatchInstance:
     ctx_tokens: np.ndarray
     mem_tokens: np.ndarray
     heads: int
+    group: np.ndarray | None = None
 
     @property
     def devices(self) -> int:
         """Return the number of devices G."""
-        return len(self.s_per_head_token)
+        return len(self.free_head_tokens)
+
+    @property
+    def groups(self) -> np.ndarray:
+        """Return the replica index of each request (R ints)."""
+        if self.group is None:
+            return np.zeros(len(self.ctx_tokens), dtype=np.int64)
+        return np.asarray(self.group, dtype=np.int64)
+
+    def per_group(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Return (s, c0, c1, base_heads) as K x G arrays (s per head-token, s, s per head, heads)."""
+        S = np.atleast_2d(np.asarray(self.s_per_head_token, dtype=float))
+        K = max(S.shape[0], int(self.groups.max()) + 1 if len(self.ctx_tokens) else 1)
+
+        def two(a: np.ndarray) -> np.ndarray:
+            a = np.atleast_2d(np.asarray(a, dtype=float))
+            return np.broadcast_to(a, (K, self.devices)) if a.shape[0] == 1 else a
+        return two(S), two(self.c0_s), two(self.c1_s_per_head), two(self.base_heads)
+
+
+def group_heads(inst: DispatchInstance, n: np.ndarray) -> np.ndarray:
+    """Return N (K x G): heads of each replica on each device, its active requests' and the placement's."""
+    _, _, _, bh = inst.per_group()
+    out = bh.copy()
+    np.add.at(out, inst.groups, n)
+    return out
 
 
 def device_times(inst: DispatchInstance, n: np.ndarray) -> np.ndarray:
     """Return T_g (s) per device for the placement n (R x G head counts)."""
-    heads = inst.base_heads + n.sum(axis=0)
-    t = inst.base_s + inst.s_per_head_token * (inst.ctx_tokens @ n)
-    return t + np.where(heads > 0, inst.c0_s + inst.c1_s_per_head * heads, 0.0)
+    S, c0, c1, _ = inst.per_group()
+    N = group_heads(inst, n)
+    t = inst.base_s + ((S[inst.groups] * inst.ctx_tokens[:, None]) * n).sum(axis=0)
+    return t + np.where(N > 0, c0 + c1 * N, 0.0).sum(axis=0)
 
 
 def objective_s(inst: DispatchInstance, n: np.ndarray) -> float:
@@ -73,28 +109,31 @@ def water_filling(inst: DispatchInstance, *, improve: bool = True) -> np.ndarray
     """Return the R x G head counts of the water-filling heuristic, or None when some head fits nowhere.
 
     Requests go in decreasing context order (largest first); each of their heads goes to the device
-    whose time after taking it is smallest among the devices with memory left for it. With `improve`,
+    whose time after taking it is smallest among the devices with memory left for it (a device's time
+    counts every replica's heads on it; a replica pays a device's message latency once). With `improve`,
     single-head moves off the slowest device follow while they lower the maximum (at most 256; they
     fix the greedy's myopia about a device's fixed message latency). O(H * G) per request before them."""
     R, G, H = len(inst.ctx_tokens), inst.devices, inst.heads
+    S, c0, c1, _ = inst.per_group()
+    grp = inst.groups
     n = np.zeros((R, G), dtype=np.int64)
-    heads = inst.base_heads.astype(float).copy()
-    load = inst.base_s.astype(float).copy()
+    N = group_heads(inst, n)
+    t = device_times(inst, n)
     free = inst.free_head_tokens.astype(float).copy()
     order = np.argsort(-inst.ctx_tokens, kind="stable")
     for r in order:
-        add = inst.s_per_head_token * inst.ctx_tokens[r]
+        k = grp[r]
+        add = S[k] * inst.ctx_tokens[r] + c1[k]
         m = inst.mem_tokens[r]
         for _ in range(H):
-            nh = heads + 1
-            t = load + add + inst.c0_s + inst.c1_s_per_head * nh
-            t = np.where(free >= m - 1e-9, t, np.inf)
-            g = int(np.argmin(t))
-            if not np.isfinite(t[g]):
+            cand = t + add + np.where(N[k] > 0, 0.0, c0[k])
+            cand = np.where(free >= m - 1e-9, cand, np.inf)
+            g = int(np.argmin(cand))
+            if not np.isfinite(cand[g]):
                 return None
             n[r, g] += 1
-            heads[g] += 1
-            load[g] += add[g]
+            N[k, g] += 1
+            t[g] = cand[g]
             free[g] -= m
     if improve:
         local_improve(inst, n)
@@ -105,19 +144,20 @@ def local_improve(inst: DispatchInstance, n: np.ndarray, max_moves: int | None =
     """Move single heads off the slowest device (or swap two requests' heads when memory binds) while that
     lowers max_g T_g; return n (changed in place)."""
     limit = max_moves if max_moves is not None else min(256, 4 * inst.heads * max(1, len(inst.ctx_tokens)))
+    S, c0, c1, _ = inst.per_group()
+    grp = inst.groups
     used = inst.mem_tokens @ n
     for _ in range(limit):
         t = device_times(inst, n)
-        heads = inst.base_heads + n.sum(axis=0)
+        N = group_heads(inst, n)
         g = int(np.argmax(t))
         rest = np.delete(t, g)
         best = (t[g] * (1 - 1e-12), -1, -1)
         for r in np.flatnonzero(n[:, g] > 0):
+            k = grp[r]
             # g after giving one head of r away; every h after taking it (vectorised over h)
-            tg = t[g] - inst.s_per_head_token[g] * inst.ctx_tokens[r] - inst.c1_s_per_head[g] \
-                - (inst.c0_s[g] if heads[g] == 1 else 0.0)
-            th = t + inst.s_per_head_token * inst.ctx_tokens[r] + inst.c1_s_per_head \
-                + np.where(heads > 0, 0.0, inst.c0_s)
+            tg = t[g] - S[k, g] * inst.ctx_tokens[r] - c1[k, g] - (c0[k, g] if N[k, g] == 1 else 0.0)
+            th = t + S[k] * inst.ctx_tokens[r] + c1[k] + np.where(N[k] > 0, 0.0, c0[k])
             th = np.where(used + inst.mem_tokens[r] <= inst.free_head_tokens + 1e-9, th, np.inf)
             th[g] = np.inf
             for h in np.argsort(th, kind="stable")[:3]:  # the three cheapest receivers suffice

@@ -71,42 +71,49 @@ class EngineSpec:
     ship_bw: np.ndarray | None = None      # B/s from the engine's primaries to each KV device (inf: a primary)
     ship_lat: np.ndarray | None = None     # s, the same links' latency
     own: np.ndarray | None = None          # bool per KV device: one of this replica's primaries
+    foreign: np.ndarray | None = None      # bool per KV device: another replica's primary
     replica: int = 0                       # index of the replica in the plan (pooled engines)
 
 
 class KvPool:
     """What the engines of every data-parallel replica share when decode attention is pooled over all
     GPUs (the paper's dispatch): each device's KV memory (every engine's KV bytes on it count against
-    its capacity) and its time. Per engine: KV bytes in use per device, and its last iteration's
-    busy seconds per device (attention, and dense work on its own primaries) with that iteration's
-    start and duration, from which the others' utilisation of a device is read (processor sharing)."""
+    its capacity) and its time. Per engine: KV bytes in use per device, and the fraction of each
+    device's time it keeps busy (attention, and dense work on its own primaries), a moving average over
+    LOAD_WINDOW_S of its iterations (idle time counts as zero), from which the others' load on a device
+    is read: processor sharing stretches a replica's work on a device by 1 / (1 - the others' load)."""
 
     def __init__(self, cap_bytes: np.ndarray, replicas: list[int]) -> None:
         E, G = len(replicas), len(cap_bytes)
         self.cap_bytes = cap_bytes
         self.replica = np.asarray(replicas, dtype=np.int64)
         self.used = np.zeros((E, G))
-        self.busy = np.zeros((E, G))
-        self.start_s = np.zeros(E)
-        self.dur_s = np.ones(E)
+        self.util = np.zeros((E, G))
+        self.end_s = np.zeros(E)
 
     def others_used(self, e: int) -> np.ndarray:
         """Return the KV bytes per device every other engine holds."""
         return self.used.sum(axis=0) - self.used[e]
 
+    def record(self, e: int, busy_s: np.ndarray, start_s: float, dur_s: float) -> None:
+        """Fold engine e's iteration (busy seconds per device from start_s for dur_s) into its load."""
+        idle = np.exp(-max(0.0, start_s - self.end_s[e]) / LOAD_WINDOW_S)
+        a = np.exp(-dur_s / LOAD_WINDOW_S)
+        self.util[e] = self.util[e] * idle * a + (busy_s / dur_s) * (1 - a)
+        self.end_s[e] = start_s + dur_s
+
     def others_load(self, e: int, now_s: float) -> np.ndarray:
-        """Return, per device, the fraction of its time other replicas' engines keep it busy around
-        `now_s` (their last iteration's busy seconds / its duration, when it is still running), capped at
-        MAX_FOREIGN_LOAD."""
-        mine = self.replica == self.replica[e]
-        live = (~mine) & (self.start_s + self.dur_s > now_s)
-        if not np.any(live):
+        """Return, per device, the fraction of its time the engines of other replicas keep it busy around
+        `now_s` (their moving averages, decayed over their idle time since), capped at MAX_FOREIGN_LOAD."""
+        other = self.replica != self.replica[e]
+        if not np.any(other):
             return np.zeros(self.used.shape[1])
-        rho = (self.busy[live] / self.dur_s[live][:, None]).sum(axis=0)
-        return np.minimum(rho, MAX_FOREIGN_LOAD)
+        decay = np.exp(-np.maximum(0.0, now_s - self.end_s[other]) / LOAD_WINDOW_S)
+        return np.minimum((self.util[other] * decay[:, None]).sum(axis=0), MAX_FOREIGN_LOAD)
 
 
 MAX_FOREIGN_LOAD = 0.95  # a device never gives another replica less than 5 % of its time
+LOAD_WINDOW_S = 1.0      # the time constant (s) of an engine's moving-average load on a device
 
 
 class HetisEnginePolicy:
@@ -167,8 +174,13 @@ class HetisEnginePolicy:
             f = s.static_heads / s.heads
         else:
             H = s.heads
-            base = s.attn.s_per_token / H * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0) * self._slow
+            work = s.attn.s_per_token / H * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0)
+            base = work * self._slow
             load = base * H * share
+            if s.foreign is not None:
+                # a head on another replica's primary also delays that replica's step by its work there
+                # (processor sharing): the dispatch weighs that cost too, not only its own time
+                base = base + np.where(s.foreign, work, 0.0)
             nvec = None
             for mem in (need + s.o_pred, float(need)):
                 inst = DispatchInstance(base, s.attn.c0_s, s.attn.c1_s_per_head, load, heads,
@@ -220,6 +232,12 @@ class HetisEnginePolicy:
             h = int(np.argmin(cand))
             if not np.isfinite(cand[h]) or max(cand[h], t[g] - gain[g]) >= t[g]:
                 break
+            # a move pays its migration once and saves on every remaining decode step (predicted output
+            # left): make it only when the saving over those steps exceeds the migration time
+            mig = s.mig_lat[g, h] + nb / s.mig_bw[g, h]
+            left = max(1.0, s.o_pred - float(state.generated[r]))
+            if (t[g] - max(cand[h], t[g] - gain[g])) * left <= mig:
+                break
             self.n[r, g] -= 1
             self.n[r, h] += 1
             self.F[r] = self.n[r] / s.heads
@@ -229,7 +247,7 @@ class HetisEnginePolicy:
             heads[h] += 1
             used[g] -= nb
             used[h] += nb
-            seconds += s.mig_lat[g, h] + nb / s.mig_bw[g, h]
+            seconds += mig
             self.migrated_bytes += nb
             self.moves += 1
         return seconds
@@ -336,10 +354,8 @@ class HetisEnginePolicy:
             step = max(step, self._ship_s(p_idx, p_tok))
         step += self._redispatch(decoding, state)
         if pool is not None:
-            pool.busy[self.engine] = (alone - np.where(heads > 0, s.attn.c0_s + s.attn.c1_s_per_head * heads, 0.0)) \
-                + dense_busy
-            pool.start_s[self.engine] = state.now_s
-            pool.dur_s[self.engine] = step
+            busy = alone - np.where(heads > 0, s.attn.c0_s + s.attn.c1_s_per_head * heads, 0.0) + dense_busy
+            pool.record(self.engine, np.minimum(busy, step), state.now_s, step)
         return Iteration(step, p_idx, p_tok, decoding,
                          {"decodes": float(len(decoding)), "prefill_tokens": float(p_tok.sum()), "attention_s": attn})
 
@@ -414,6 +430,9 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool,
                       problem.redispatch_every_s if plan.redispatch else 0.0, problem.redispatch_theta, bw, lat,
                       ship_bw if hetis_mode else None, ship_lat if hetis_mode else None, own if hetis_mode else None,
                       replica_index)
+    if hetis_mode:
+        others = {d for r in plan.replicas if r is not replica for st in r.stages for d in st.devices}
+        spec.foreign = np.array([d in others for d in kv_ids.tolist()], dtype=bool)
     return [spec] * pp
 
 
