@@ -13,9 +13,11 @@ with a per-device KV cache. Where a request's KV lives is the layout's business:
   memory-proportional  the same devices, every request split by one static head vector proportional
                        to each device's KV capacity (the heads-by-memory baseline)
 
-Hetis' data-parallel primary replicas each keep their own primaries and share the attention workers
-(GPUs that are no replica's primaries): each gets its request share of every worker's KV memory and
-HBM bandwidth (a fluid approximation of concurrent use). A replica with pp
+Hetis' data-parallel replicas pool their decode attention over ALL GPUs (their own primaries, the
+attention workers and each other's primaries): their engines run together (`_run_pooled`), sharing
+each device's KV memory (one ledger) and its time (processor sharing on the other replicas' moving-
+average load: `KvPool`); a head off the replica's own primaries pays the link (per-layer messages,
+the prompt KV shipped at prefill). A replica with pp
 pipeline stages runs pp interleaved batches (virtual engines, vLLM-style): each
 gets 1/pp of the replica's requests and KV memory, and its token step is
 max(sum of stage times, pp * slowest stage). Data-parallel replicas (and virtual engines) get the
