@@ -33,7 +33,8 @@ def problem() -> gpuplan.models.base.Problem:
 
 
 def _two_replicas(problem: object) -> HetisPlan:
-    """One replica on the A100s (0, 1), one on the 3090s (2, 3), shares 0.2 / 0.8 (the 3090s overloaded), pooled dispatch."""
+    """One replica on the A100s (0, 1), one on the 3090s (2, 3), shares 0.2 / 0.8 (the 3090s
+    overloaded), pooled dispatch."""
     reps = [Replica(stages=[Stage(devices=[0, 1], layers=problem.config.num_layers)], share=0.2),
             Replica(stages=[Stage(devices=[2, 3], layers=problem.config.num_layers)], share=0.8)]
     return hetis_layout_plan(problem, reps)

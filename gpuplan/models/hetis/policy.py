@@ -507,7 +507,6 @@ def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.
     the engine whose clock is earliest runs its next iteration (gpuplan.sim.serving's iteration rules,
     per engine); an engine that cannot admit because others hold the memory waits for the next event.
     Return per-request arrays (first_s, finish_s, rejected) indexed like idx."""
-    from gpuplan.sim.serving import EngineState
 
     pool = KvPool(engines[0].cap_bytes.copy(), [e.replica for e in engines])
     first = np.full(len(idx), np.nan)
