@@ -19,7 +19,8 @@ each device's KV memory (one ledger) and its time (processor sharing on the othe
 average load: `KvPool`); a head off the replica's own primaries pays the link (per-layer messages,
 the prompt KV shipped at prefill). A replica with pp
 pipeline stages runs pp interleaved batches (virtual engines, vLLM-style): each
-gets 1/pp of the replica's requests and KV memory, and its token step is
+gets 1/pp of the replica's requests (and of its KV memory in tensor-parallel layouts; pooled engines
+share one ledger of whole devices), and its token step is
 max(sum of stage times, pp * slowest stage). Data-parallel replicas (and virtual engines) get the
 trace by smooth weighted round robin on their shares; a phase-split plan (Splitwise) runs the prefill
 pools first, then ships each request's KV to a decode pool (bytes / link bandwidth + latency, the
