@@ -56,8 +56,11 @@ def long_lengths_csv(max_seq_len: int, folder: str, seed: int = 0) -> str:
     return str(path)
 
 
-def _problem(name: str, trace: str, requests: int | None, workload: str = "sharegpt", folder: str = "") -> object:
+def _problem(name: str, trace: str, requests: int | None, workload: str = "sharegpt", folder: str = "",
+             rel_tol: float | None = None) -> object:
     doc = api.load_problem(EXAMPLES / MODELS[name]).document()
+    if rel_tol is not None:
+        doc["search"] = {**doc.get("search", {}), "rel_tol": rel_tol}
     doc["trace"]["lengths"] = trace if trace in ("auto", "sample", "sharegpt") else str(Path(trace).resolve())
     if workload == "long":
         seq = api.load_problem(doc).config.max_seq_len
@@ -69,9 +72,9 @@ def _problem(name: str, trace: str, requests: int | None, workload: str = "share
 
 
 def serving_table(name: str, trace: str, requests: int | None, workload: str = "sharegpt",
-                  folder: str = "") -> tuple[Table, dict[str, float]]:
+                  folder: str = "", rel_tol: float | None = None) -> tuple[Table, dict[str, float]]:
     """Solve every solver on the paper cluster; return the comparison table and the target ratios."""
-    prob = _problem(name, trace, requests, workload, folder)
+    prob = _problem(name, trace, requests, workload, folder, rel_tol)
     rows, plans = [], {}
     for s in SOLVERS:
         started = time.process_time()
@@ -181,6 +184,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="sharegpt,long", help="sharegpt, long or sharegpt,long")
     ap.add_argument("--trace", default="auto")
     ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--rel-tol", type=float, default=None,
+                    help="the max-rate search's relative tolerance (default: the example's, 0.05); every "
+                         "max rate is known only to within it")
     ap.add_argument("--skip-run", action="store_true")
     ap.add_argument("--only-run", action="store_true", help="only the CPU execution (measured vs predicted)")
     ap.add_argument("--quiet-wait", type=float, default=120.0,
@@ -191,7 +197,7 @@ def main() -> None:
     folder = tempfile.TemporaryDirectory()
     for name in [] if a.only_run else a.models.split(","):
         for wl in a.workloads.split(","):
-            table, r = serving_table(name, a.trace, a.requests, wl, folder.name)
+            table, r = serving_table(name, a.trace, a.requests, wl, folder.name, a.rel_tol)
             print(table_text(table))
             if wl != "sharegpt":
                 verdicts += [[f"{name} {wl}", "hetis / hexgen max rate", r["vs_hexgen"], "(reported)", "-"],
