@@ -128,6 +128,45 @@ def test_the_order_bound_with_the_sends_is_below_every_layer_mapping(types, coun
                 assert e.order_bound(order, v, sends) <= exact * (1 + 1e-12)
 
 
+# ---- bound (1) at each stage's position, before the structure is built ------------------------------
+
+@settings(max_examples=6, deadline=None)
+@given(types=st.lists(st.sampled_from(TYPES), min_size=3, max_size=4, unique=True),
+       counts=st.lists(st.sampled_from([1, 2]), min_size=4, max_size=4), layers=st.integers(4, 8),
+       batch=st.sampled_from([8, 16]), model=st.sampled_from(["gpt3-350m", "gpt3-1.3b", "llama2-7b"]),
+       schedule=st.sampled_from(["1f1b", "1f1b", "gpipe"]))
+def test_the_placed_w1_test_never_prunes_a_structure_faster_than_the_cutoff(types, counts, layers, batch, model,
+                                                                           schedule) -> None:
+    """`_PlacedW1.cannot_beat` (before building) and `Structure.w1_exceeds` (built) never prune a
+    structure just above its best time over every cut set, and at the space's optimum prune only
+    structures that cannot beat it; the placed test prunes no more than the built one."""
+    prob = small(dict(zip(types, counts)), layers=layers, batch=batch, model=model, schedule=schedule,
+                 max_stages=4, max_interleave=2)
+    cm = P.CostModel(prob)
+    rows = []
+    for m, used in SP.combos(prob, None, SP.type_options(prob)):
+        S = sum(o.stages for o in used)
+        vs = [1] + SP.interleaves(prob, S, m)
+        placed = SP._PlacedW1(cm, m, used)
+        for i, order in enumerate(itertools.permutations(range(len(used)))):
+            for j, v in enumerate(vs):
+                s = SP._structure_at(prob, cm, (m, used), i * len(vs) + j)
+                t = SP.all_cuts_map(s, SP.Stats())[0] if s.feasible() else math.inf
+                rows.append((placed, order, v, s, t))
+    finite = [t for *_, t in rows if t < math.inf]
+    if not finite:
+        return
+    best = min(finite)
+    for placed, order, v, s, t in rows:
+        for cut in ([t * (1 + 1e-7)] if t < math.inf else []) + [best]:
+            pre, built = placed.cannot_beat(order, v, cut), s.S > 1 and s.w1_exceeds(cut)
+            assert not pre or built or not s.feasible(), (s.shapes, s.m, v, cut)
+            if pre or built:
+                assert t >= cut * (1 - 1e-9), (s.shapes, s.m, v, t, cut)
+            if pre or built:  # then the lower bound at the cutoff prunes too
+                assert not s.feasible() or s.lower_bound(cut) >= cut
+
+
 # ---- the search against the unpruned one, on 3-4 types ---------------------------------------------
 
 @settings(max_examples=6, deadline=None)

@@ -382,9 +382,14 @@ class Structure:
         w2 = self._min_linear(per, base)
         if w2 >= cutoff:  # the caller prunes at `cutoff`: the rest cannot change that
             return w2
-        w1, _ = self.balanced()
-        if w1 >= cutoff:
-            return max(w1, w2)
+        if cutoff < INF:
+            # bound (1) as a test: its exact min-max (`balanced`, a heap greedy) only matters when it
+            # reaches the cutoff, and then the cutoff itself is a lower bound; otherwise w2 stands in
+            if self.w1_exceeds(cutoff):
+                return cutoff
+            w1 = w2
+        else:
+            w1, _ = self.balanced()
         rt = self._rt
         best = max(w1, w2)
         for pi in ([1.0] * self.S, [1.0 / coef[q] for q, (coef, _) in enumerate(rt)]):
@@ -393,6 +398,26 @@ class Structure:
             const = sum(pi[q] * rt[q][1] for q in range(self.S)) / tot
             best = max(best, self._min_linear(coef, const))
         return best
+
+    def w1_exceeds(self, cutoff: float) -> bool:
+        """True when bound (1) is above `cutoff` seconds: within the cutoff (raised by 1e-9 relative,
+        so a tie never counts) stage q can run at most hi_q blocks (a multiple of v, capped by its
+        memory), and the hi_q sum below L or one is below v. Exact for the integer min-max: when the
+        caps hold L layers, a mapping with every stage's chain within the cutoff exists."""
+        S, m, v = self.S, self.m, self.v
+        T = cutoff * (1 + 1e-9)
+        if T == INF:
+            return False
+        total = 0
+        for s in range(S):
+            w = m * self.c[s] + self.a[s]
+            room = T - m * self.e[s] - self.a0[s]
+            k = self.nmax[s] if w <= 0 else min(self.nmax[s], int(math.floor(room / w)) if room >= 0 else -1)
+            k = k // v * v
+            if k < v:
+                return True
+            total += k
+        return total < self.cm.p.model.num_layers
 
     def dense_paths(self) -> list[tuple[list[float], float]]:
         """Return the path bounds that involve several stages as (coef, const), T >= sum_s coef_s n_s +
@@ -1229,14 +1254,84 @@ def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry
     m, used = entry.m, entry.used
     vs = [1] + interleaves(problem, sum(o.stages for o in used), m)
     inner, across = _combo_sends(cm, m, used)
+    w1 = _PlacedW1(cm, m, used)
     for oi, order in enumerate(itertools.permutations(range(len(used)))):
         sends = inner + sum(across[a][b] for a, b in zip(order, order[1:]))
         for vi, v in enumerate(vs):
             lb = entry.order_bound(order, v, sends)
-            if lb >= incumbent():
+            cut = incumbent()
+            if lb >= cut:
                 yield oi * len(vs) + vi, lb, None
+            elif w1.cannot_beat(order, v, cut):
+                yield oi * len(vs) + vi, cut, None
             else:
                 yield oi * len(vs) + vi, lb, Structure(cm, [sh for j in order for sh in used[j].shapes], m, v)
+
+
+class _PlacedW1:
+    """Bound (1) of `Structure.lower_bound` (every stage's m micro-batches, then its all-reduce) as a
+    test against a cutoff, per type order of one combo, with each stage's memory cap, all-reduce and
+    embedding/head at its real position, before any `Structure` is built. An option's stages start at
+    a position fixed by the options before it, so their terms are looked up once per (option, start,
+    v) and shared by every order (a combo of u types has u! orders but at most u 2^(u-1) starts)."""
+
+    def __init__(self, cm: CostModel, m: int, used: tuple[TypeOption, ...]) -> None:
+        self.cm, self.m, self.used = cm, m, used
+        self.S = sum(o.stages for o in used)
+        self.L = cm.p.model.num_layers
+        self._terms: dict[tuple[int, int, int], list[tuple[float, float, int]]] = {}
+        self._held: dict[tuple[int, int, int], tuple[float, int, int]] = {}
+
+    def _stages(self, j: int, start: int, v: int) -> list[tuple[float, float, int]]:
+        """Return (w, const, nmax) of option j's stages placed from position `start` at interleave v:
+        per-block seconds m c + a, fixed seconds m e + a0 (without the tied-embedding all-reduce, so
+        at most the structure's) and the most blocks that fit there (as `Structure` computes them)."""
+        key = (j, start, v)
+        out = self._terms.get(key)
+        if out is None:
+            cm, m, S, o = self.cm, self.m, self.S, self.used[j]
+            sched, G = cm.p.schedule, cm.p.global_batch
+            out = []
+            for i, sh in enumerate(o.shapes):
+                s = start + i
+                f, g, ef, eg, a, a0, caps, _ = _stage_terms(cm, sh, G // (m * sh.dp), s == 0, s == S - 1,
+                                                            in_flight(sched, s, S, m, v), s, S, m, v)
+                out.append((m * (f + g) + a, m * (ef + eg) + a0, max(caps)))
+            self._terms[key] = out
+        return out
+
+    def _held_at(self, j: int, start: int, v: int, T: float) -> tuple[int, int]:
+        """Return (sum, min) over option j's stages from `start` of the most blocks (a multiple of v)
+        each can run within T seconds under bound (1), capped by its memory."""
+        key = (j, start, v)
+        got = self._held.get(key)
+        if got is None or got[0] != T:
+            total, least = 0, self.L
+            for w, const, nmax in self._stages(j, start, v):
+                room = T - const
+                k = nmax if w <= 0 else min(nmax, int(math.floor(room / w)) if room >= 0 else -1)
+                k = k // v * v
+                total += k
+                least = min(least, k)
+            got = self._held[key] = (T, total, least)
+        return got[1], got[2]
+
+    def cannot_beat(self, order: tuple[int, ...], v: int, cutoff: float) -> bool:
+        """True when bound (1) proves that no layer mapping of the structure with the options in
+        `order` (positions in the combo) at interleave v runs faster than `cutoff` seconds: every
+        stage q holds at most hi_q blocks within it, and the hi_q sum below L (or one is below v).
+        Raised by 1e-9 relative, like `Structure.cannot_beat`, so a tie never prunes."""
+        if cutoff == INF or self.S < 2:
+            return False
+        T = cutoff * (1 + 1e-9)
+        total, start = 0, 0
+        for j in order:
+            held, least = self._held_at(j, start, v, T)
+            if least < v:
+                return True
+            total += held
+            start += self.used[j].stages
+        return total < self.L
 
 
 def _combo_sends(cm: CostModel, m: int, used: tuple[TypeOption, ...]) -> tuple[float, list[list[float]]]:
