@@ -139,7 +139,8 @@ def test_the_placed_w1_test_never_prunes_a_structure_faster_than_the_cutoff(type
                                                                            schedule) -> None:
     """`_PlacedW1.cannot_beat` (before building) and `Structure.w1_exceeds` (built) never prune a
     structure just above its best time over every cut set, and at the space's optimum prune only
-    structures that cannot beat it; the placed test prunes no more than the built one."""
+    structures that cannot beat it; the placed test prunes no more than the built one; the placed
+    fill-and-drain path (`_PlacedW1.fill_drain`) is at most the best time over every cut set."""
     prob = small(dict(zip(types, counts)), layers=layers, batch=batch, model=model, schedule=schedule,
                  max_stages=4, max_interleave=2)
     cm = P.CostModel(prob)
@@ -153,6 +154,9 @@ def test_the_placed_w1_test_never_prunes_a_structure_faster_than_the_cutoff(type
                 s = SP._structure_at(prob, cm, (m, used), i * len(vs) + j)
                 t = SP.all_cuts_map(s, SP.Stats())[0] if s.feasible() else math.inf
                 rows.append((placed, order, v, s, t))
+                if S > 1 and s.feasible():  # the placed fill-and-drain path is below every cut set
+                    sends = sum(s.p2p)
+                    assert placed.fill_drain(order, v, sends) * (1 - 1e-9) <= t * (1 + 1e-12), (s.shapes, m, v)
     finite = [t for *_, t in rows if t < math.inf]
     if not finite:
         return

@@ -24,7 +24,7 @@ from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, S
                                      stage_memory, tp_fits)
 from gpuplan.models.poseidon_cost import RECOMPUTE_MODES, blocking_exchanges
 from gpuplan.registry import Progress, register_solver
-from gpuplan.solvers.poseidon_bounds import ComboEntry, list_combos
+from gpuplan.solvers.poseidon_bounds import SHAVE, ComboEntry, list_combos
 
 INF = math.inf
 
@@ -1264,6 +1264,8 @@ def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry
                 yield oi * len(vs) + vi, lb, None
             elif w1.cannot_beat(order, v, cut):
                 yield oi * len(vs) + vi, cut, None
+            elif w1.S > 1 and (w2 := w1.fill_drain(order, v, sends) * SHAVE) >= cut:
+                yield oi * len(vs) + vi, w2, None
             else:
                 yield oi * len(vs) + vi, lb, Structure(cm, [sh for j in order for sh in used[j].shapes], m, v)
 
@@ -1279,13 +1281,14 @@ class _PlacedW1:
         self.cm, self.m, self.used = cm, m, used
         self.S = sum(o.stages for o in used)
         self.L = cm.p.model.num_layers
-        self._terms: dict[tuple[int, int, int], list[tuple[float, float, int]]] = {}
+        self._terms: dict[tuple[int, int, int], list[tuple[float, float, int, float, float, float, float]]] = {}
         self._held: dict[tuple[int, int, int], tuple[float, int, int]] = {}
 
-    def _stages(self, j: int, start: int, v: int) -> list[tuple[float, float, int]]:
-        """Return (w, const, nmax) of option j's stages placed from position `start` at interleave v:
-        per-block seconds m c + a, fixed seconds m e + a0 (without the tied-embedding all-reduce, so
-        at most the structure's) and the most blocks that fit there (as `Structure` computes them)."""
+    def _stages(self, j: int, start: int, v: int) -> list[tuple[float, float, int, float, float, float, float]]:
+        """Return (w, const, nmax, c, e, a, a0) of option j's stages placed from position `start` at
+        interleave v: per-block seconds m c + a, fixed seconds m e + a0 (without the tied-embedding
+        all-reduce, so at most the structure's), the most blocks that fit there (as `Structure`
+        computes them), and `Structure`'s c, e, a, a0 of the stage (seconds)."""
         key = (j, start, v)
         out = self._terms.get(key)
         if out is None:
@@ -1296,7 +1299,7 @@ class _PlacedW1:
                 s = start + i
                 f, g, ef, eg, a, a0, caps, _ = _stage_terms(cm, sh, G // (m * sh.dp), s == 0, s == S - 1,
                                                             in_flight(sched, s, S, m, v), s, S, m, v)
-                out.append((m * (f + g) + a, m * (ef + eg) + a0, max(caps)))
+                out.append((m * (f + g) + a, m * (ef + eg) + a0, max(caps), f + g, ef + eg, a, a0))
             self._terms[key] = out
         return out
 
@@ -1307,7 +1310,7 @@ class _PlacedW1:
         got = self._held.get(key)
         if got is None or got[0] != T:
             total, least = 0, self.L
-            for w, const, nmax in self._stages(j, start, v):
+            for w, const, nmax, *_ in self._stages(j, start, v):
                 room = T - const
                 k = nmax if w <= 0 else min(nmax, int(math.floor(room / w)) if room >= 0 else -1)
                 k = k // v * v
@@ -1332,6 +1335,37 @@ class _PlacedW1:
             total += held
             start += self.used[j].stages
         return total < self.L
+
+    def fill_drain(self, order: tuple[int, ...], v: int, sends_s: float) -> float:
+        """Return bound (2) of `Structure.lower_bound` (seconds) for the structure with the options in
+        `order` at interleave v, with each stage's memory cap, embedding/head and (v = 1) stage 0's
+        all-reduce at its real position, before it is built: micro-batch 0 forward through the first
+        chunks of every stage but the last, the last stage's whole chain, micro-batch m-1 back down,
+        both ways through the sends (`sends_s`, their sum). The tied-embedding all-reduce is left out
+        (a lower bound of the structure's bound (2)); inf when the caps cannot hold L layers."""
+        m, S, L = self.m, self.S, self.L
+        rows = []
+        start = 0
+        for j in order:
+            rows.extend(self._stages(j, start, v))
+            start += self.used[j].stages
+        last = S - 1
+        per = [r[3] / v for r in rows]
+        per[last] = m * rows[last][3]
+        base = sum(r[4] for r in rows) - rows[last][4] + m * rows[last][4] + 2 * sends_s
+        if v == 1:
+            per[0] += rows[0][5]
+            base += rows[0][6]
+        spare = L - S * v
+        total = base + v * sum(per)
+        for s in sorted(range(S), key=per.__getitem__):
+            if spare <= 0:
+                break
+            k = min(spare, rows[s][2] - v)
+            if k > 0:
+                total += k * per[s]
+                spare -= k
+        return INF if spare > 0 else total
 
 
 def _combo_sends(cm: CostModel, m: int, used: tuple[TypeOption, ...]) -> tuple[float, list[list[float]]]:
