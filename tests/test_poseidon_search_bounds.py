@@ -17,22 +17,10 @@ from gpuplan import api
 from gpuplan.models import poseidon as P
 from gpuplan.models.plan import Status
 from gpuplan.models.poseidon_config import evaluate_config
-from gpuplan.models.workload import model_config, scaled
 from gpuplan.registry import no_progress
 from gpuplan.solvers import poseidon as SP
 from gpuplan.solvers.poseidon_bounds import list_combos
-
-TYPES = ["A100-80GB", "V100", "T4", "L4", "H100"]
-
-
-def small(types: dict[str, int], layers: int = 8, batch: int = 16, per_node: int = 2, model: str = "gpt3-350m",
-          **extra: object) -> P.PoseidonProblem:
-    cfg = scaled(model_config(model), num_layers=layers)
-    doc = {"kind": "poseidon", "cluster": {"gpus": types, "gpus_per_node": per_node,
-                                           "inter_node": {"bandwidth_GBps": "50 Gbps"}},
-           "model": cfg.model_dump(), "global_batch": batch, "seq_len": 1024, "max_stages": 4,
-           "max_microbatches": 8, **extra}
-    return api.load_problem(doc, "poseidon")  # type: ignore[return-value]
+from test_poseidon_speed import TYPES, small
 
 
 def exact_times(prob: P.PoseidonProblem) -> list[tuple[SP.Structure, float]]:
