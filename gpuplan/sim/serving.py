@@ -219,37 +219,9 @@ def simulate(requests: Requests, policy: Policy, *, max_iterations: int = 50_000
                 break
             state.now_s = max(state.now_s, float(arrivals[next_arrival]))
             continue
-        if not (math.isfinite(it.duration_s) and it.duration_s > 0):
-            raise ValueError(f"policy returned an iteration of {it.duration_s!r} s; expected a finite time > 0")
-        end = state.now_s + it.duration_s
-        touched = []
-        if len(it.prefill_idx):
-            p = it.prefill_idx
-            state.prefilled[p] += it.prefill_tokens
-            if np.any(state.prefilled[p] > state.prefill_target[p]):
-                raise ValueError("policy prefilled past a request's prompt")
-            done = p[(state.prefilled[p] == state.prefill_target[p]) & (state.generated[p] == 0)]
-            state.generated[done] = 1
-            state.first_token_s[done] = end
-            touched.append(done)
-        if len(it.decode_idx):
-            d = it.decode_idx
-            if np.any(state.generated[d] == 0) or np.any(state.prefilled[d] < state.prefill_target[d]):
-                raise ValueError("policy decoded a request before its prefill completed")
-            state.generated[d] += 1
-            touched.append(d)
-        state.iterations += 1
-        state.busy_s += it.duration_s
-        state.now_s = end
+        apply_iteration(state, requests, policy, it)
         if record_info and it.info is not None:
-            infos.append({"start_s": end - it.duration_s, "duration_s": it.duration_s, **it.info})
-        if touched:
-            t = np.concatenate(touched) if len(touched) > 1 else touched[0]
-            fin = t[state.generated[t] >= requests.output_tokens[t]]
-            if len(fin):
-                fin = np.unique(fin)
-                state.finish_s[fin] = end
-                policy.on_finish(fin, state)
+            infos.append({"start_s": state.now_s - it.duration_s, "duration_s": it.duration_s, **it.info})
         if state.now_s > horizon_s:
             break
     out = requests.output_tokens
@@ -258,6 +230,42 @@ def simulate(requests: Requests, policy: Policy, *, max_iterations: int = 50_000
     tpot = np.where(np.isfinite(state.finish_s), tpot, np.nan)
     return SimResult(requests, state.first_token_s - arrivals, tpot, state.finish_s, state.rejected,
                      state.now_s, state.iterations, state.busy_s, state.preemptions, infos)
+
+
+def apply_iteration(state: EngineState, requests: Requests, policy: Policy, it: Iteration) -> None:
+    """Advance `state` by one iteration `it` of `policy` (prefill chunks, one token per decode, the clock
+    by `it.duration_s` seconds) and tell the policy which requests finished. Raises ValueError when the
+    iteration is impossible (a non-finite or non-positive duration, a prefill past a prompt, a decode
+    before its prefill completed)."""
+    if not (math.isfinite(it.duration_s) and it.duration_s > 0):
+        raise ValueError(f"policy returned an iteration of {it.duration_s!r} s; expected a finite time > 0")
+    end = state.now_s + it.duration_s
+    touched = []
+    if len(it.prefill_idx):
+        p = it.prefill_idx
+        state.prefilled[p] += it.prefill_tokens
+        if np.any(state.prefilled[p] > state.prefill_target[p]):
+            raise ValueError("policy prefilled past a request's prompt")
+        done = p[(state.prefilled[p] == state.prefill_target[p]) & (state.generated[p] == 0)]
+        state.generated[done] = 1
+        state.first_token_s[done] = end
+        touched.append(done)
+    if len(it.decode_idx):
+        d = it.decode_idx
+        if np.any(state.generated[d] == 0) or np.any(state.prefilled[d] < state.prefill_target[d]):
+            raise ValueError("policy decoded a request before its prefill completed")
+        state.generated[d] += 1
+        touched.append(d)
+    state.iterations += 1
+    state.busy_s += it.duration_s
+    state.now_s = end
+    if touched:
+        t = np.concatenate(touched) if len(touched) > 1 else touched[0]
+        fin = t[state.generated[t] >= requests.output_tokens[t]]
+        if len(fin):
+            fin = np.unique(fin)
+            state.finish_s[fin] = end
+            policy.on_finish(fin, state)
 
 
 IterationTime = Callable[[int, float, float], float]

@@ -41,7 +41,7 @@ from gpuplan.models.hetis.cost import (AttentionCost, StageCost, attention_cost,
                                        stage_costs)
 from gpuplan.models.hetis.dispatch import DispatchInstance, water_filling
 from gpuplan.sim.latency import kv_bytes_per_token
-from gpuplan.sim.serving import EngineState, Iteration, Requests, SimResult, simulate
+from gpuplan.sim.serving import EngineState, Iteration, Requests, SimResult, apply_iteration, simulate
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 WATERMARK = 0.01  # fraction of each device's KV kept free at admission (vLLM's default watermark)
@@ -570,31 +570,8 @@ def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.
 
 
 def _advance(state: Any, sub: Requests, policy: HetisEnginePolicy, it: Iteration) -> None:
-    """Apply one iteration to an engine's state, as gpuplan.sim.serving.simulate does."""
-    if not (math.isfinite(it.duration_s) and it.duration_s > 0):
-        raise ValueError(f"policy returned an iteration of {it.duration_s!r} s; expected a finite time > 0")
-    end = state.now_s + it.duration_s
-    touched = []
-    if len(it.prefill_idx):
-        p = it.prefill_idx
-        state.prefilled[p] += it.prefill_tokens
-        done = p[(state.prefilled[p] == state.prefill_target[p]) & (state.generated[p] == 0)]
-        state.generated[done] = 1
-        state.first_token_s[done] = end
-        touched.append(done)
-    if len(it.decode_idx):
-        state.generated[it.decode_idx] += 1
-        touched.append(it.decode_idx)
-    state.iterations += 1
-    state.busy_s += it.duration_s
-    state.now_s = end
-    if touched:
-        t = np.concatenate(touched) if len(touched) > 1 else touched[0]
-        fin = t[state.generated[t] >= sub.output_tokens[t]]
-        if len(fin):
-            fin = np.unique(fin)
-            state.finish_s[fin] = end
-            policy.on_finish(fin, state)
+    """Apply one iteration to an engine's state (gpuplan.sim.serving.apply_iteration)."""
+    apply_iteration(state, sub, policy, it)
 
 
 def simulate_plan(problem: Any, plan: Any, req: Requests) -> tuple[SimResult, dict[str, float]]:
