@@ -64,6 +64,13 @@ def omniserve_row(problem: OmniServeProblem, budget: int, target: float, share: 
     return f"prefill<={params.be_prefill_max or 'budget'} inflight<={params.be_inflight_max or 'pools'}", f
 
 
+def setup(prob: OmniServeProblem) -> tuple[OmniServeProblem, Any, int, float]:
+    """Return (the problem with the host CPU only, its latency model, the Sarathi token budget, the TPOT
+    target in s) that every policy of one LS rate shares."""
+    lat = build_latency(prob)
+    return variant(prob, host_only=True), lat, token_budget(prob, lat), prob.tpot_target_s()
+
+
 def sweep(base: OmniServeProblem, label: str, rates: tuple[float, ...] = RATES) -> None:
     """Print, per LS rate, LS attainment and BE throughput of Sarathi, headroom (X re-chosen at that rate),
     NEO and OmniServe (host CPU only, host + 4 CPU servers; its BE controls chosen at that rate), and the
@@ -79,9 +86,7 @@ def sweep(base: OmniServeProblem, label: str, rates: tuple[float, ...] = RATES) 
     met = False
     for rate in rates:
         prob = at_rate(base, rate)
-        host = variant(prob, host_only=True)
-        lat = build_latency(prob)
-        budget, target = token_budget(prob, lat), prob.tpot_target_s()
+        host, lat, budget, target = setup(prob)
         x, st = best_fraction(prob, "headroom", budget, target)
         ref = st["ls_only_attainment"]
         rows: list[tuple[str, str, dict[str, float]]] = [
@@ -148,9 +153,7 @@ def yi_ceiling(base: OmniServeProblem, rates: tuple[float, ...] = YI_RATES) -> N
     print(f"{'LS/s':>5s} {'policy':28s} {'choice':32s} {'LS attain':>9s} {'BE tok/s':>8s} {'vs head':>7s}")
     for rate in rates:
         prob = at_rate(yi, rate)
-        host = variant(prob, host_only=True)
-        lat = build_latency(prob)
-        budget, target = token_budget(prob, lat), prob.tpot_target_s()
+        host, lat, budget, target = setup(prob)
         x, st = best_fraction(prob, "headroom", budget, target)
         ref = st["ls_only_attainment"]
         rows: list[tuple[str, str, dict[str, float]]] = [
@@ -177,9 +180,7 @@ def steady(base: OmniServeProblem, rate: float = 3.0, window_s: float = 2400.0) 
     """Print BE tokens/s per quarter of a long window (steady state) for headroom and OmniServe: a
     piggybacked LongBench request needs 136 x (L + 1) GPU passes, longer than the sweep's window."""
     prob = at_rate(variant(base, be={"requests": int(window_s * 1.2), "rate_per_s": 1.2}), rate, window_s)
-    host = variant(prob, host_only=True)
-    lat = build_latency(prob)
-    budget, target = token_budget(prob, lat), prob.tpot_target_s()
+    host, lat, budget, target = setup(prob)
     x, _ = best_fraction(at_rate(base, rate), "headroom", budget, target)
     print(f"\n== steady state: LS {rate:g} req/s for {window_s:.0f} s, BE 1.2 req/s; BE tok/s per quarter of the "
           f"window [most BE requests on CPU pools in it]")

@@ -44,13 +44,13 @@ def _watch(monkeypatch: pytest.MonkeyPatch) -> list[tuple[np.ndarray, np.ndarray
     """Record, after every pooled iteration, (KV bytes per device over all engines, capacity, each engine's
     heads per device)."""
     seen: list[tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = []
-    real = pol._advance
+    real = pol.apply_iteration
 
     def spy(state: object, sub: object, policy: pol.HetisEnginePolicy, it: object) -> None:
         real(state, sub, policy, it)
         p = policy.pool
         seen.append((p.used.sum(axis=0).copy(), p.cap_bytes.copy(), [policy.n.sum(axis=0).copy()]))
-    monkeypatch.setattr(pol, "_advance", spy)
+    monkeypatch.setattr(pol, "apply_iteration", spy)
     return seen
 
 

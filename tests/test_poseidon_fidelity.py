@@ -462,13 +462,19 @@ def test_one_stage_has_no_exchange_to_block() -> None:
 @settings(max_examples=20, deadline=None)
 @given(v=st.sampled_from([1, 2]), sp=st.booleans(), data=st.data())
 def test_search_walk_equals_evaluate_with_blocking_exchanges(v: int, sp: bool, data: st.DataObject) -> None:
-    from gpuplan.solvers import poseidon as SP
-
     prob = api.load_problem({"kind": "poseidon", "cluster": {"gpus": {"A100-80GB": 4, "V100": 4}, "gpus_per_node": 4,
                                                              "inter_node": {"bandwidth_GBps": "50 Gbps"}},
                              "model": scaled(model_config("gpt3-350m"), num_layers=8).model_dump(),
                              "global_batch": 16, "seq_len": 1024, "max_stages": 4, "max_microbatches": 8,
                              "sequence_parallel": sp}, "poseidon")
+    assert_walk_equals_evaluate(prob, v, data)
+
+
+def assert_walk_equals_evaluate(prob: P.PoseidonProblem, v: int, data: st.DataObject) -> None:
+    """A drawn structure with interleave v and a drawn layer split (8 layers): the search's walk equals
+    `evaluate` and both bounds stay below it."""
+    from gpuplan.solvers import poseidon as SP
+
     cm = P.CostModel(prob)
     structs = [s for s in SP.structures(prob, cm, interleaved=True) if s.v == v and s.feasible()]
     st_ = data.draw(st.sampled_from(structs))

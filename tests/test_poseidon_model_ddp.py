@@ -14,6 +14,7 @@ from gpuplan import api
 from gpuplan.models import poseidon as P
 from gpuplan.models.poseidon_config import config_problem, parse_config
 from gpuplan.models.workload import model_config, scaled
+from test_poseidon_fidelity import assert_walk_equals_evaluate
 
 
 def problem(overlap: bool, gpus: int = 16, layers: int = 8, hidden: int = 1024, batch: int = 16,
@@ -77,22 +78,9 @@ def test_fixed_configuration_equals_the_searched_plan_with_overlap() -> None:
 @settings(max_examples=20, deadline=None)
 @given(v=st.sampled_from([1, 2]), data=st.data())
 def test_search_walk_equals_evaluate_with_overlapped_all_reduce(v: int, data: st.DataObject) -> None:
-    from gpuplan.solvers import poseidon as SP
-
     prob = api.load_problem({"kind": "poseidon", "cluster": {"gpus": {"A100-80GB": 8, "V100": 8}, "gpus_per_node": 4,
                                                              "inter_node": {"bandwidth_GBps": "25 Gbps"}},
                              "model": scaled(model_config("gpt3-350m"), num_layers=8).model_dump(),
                              "global_batch": 16, "seq_len": 1024, "max_stages": 4, "max_microbatches": 8,
                              "overlap_dp_allreduce": True}, "poseidon")
-    cm = P.CostModel(prob)
-    structs = [s for s in SP.structures(prob, cm, interleaved=True) if s.v == v and s.feasible()]
-    st_ = data.draw(st.sampled_from(structs))
-    cuts = sorted(data.draw(st.lists(st.sampled_from(range(v, 8, v)), min_size=st_.S - 1, max_size=st_.S - 1,
-                                     unique=True)))
-    n = [b - a for a, b in zip([0] + cuts, cuts + [8])]
-    t = st_.time(n)
-    ev = P.evaluate(cm, st_.shapes, n, st_.m, fast=False, interleave=v)
-    assert t == pytest.approx(ev.iteration_time_s, rel=1e-12) or t == ev.iteration_time_s == float("inf")
-    if t < float("inf"):
-        assert st_.lower_bound() <= t * (1 + 1e-12)
-        assert st_.cut_bound(n) <= t * (1 + 1e-12)
+    assert_walk_equals_evaluate(prob, v, data)

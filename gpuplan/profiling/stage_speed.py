@@ -15,8 +15,8 @@ This probe measures, in as many fresh processes as the run has workers, with the
   times each call by process CPU time (waiting for a core does not count; wall time with more than one
   torch thread, as the layer table's clock): seconds per call, per chunk;
 * `rates[k - 1]`: the speed of a worker (1.0 = alone) while k of them loop their own stage's forward and
-  backward at once (ranks 0..k-1, wall time, median over the k), as the core-sharing rates of
-  `gpuplan.runtime.poseidon.measure_core_sharing` but with the plan's stages instead of one block.
+  backward at once (ranks 0..k-1, wall time, median over the k): the core-sharing rates, with the
+  plan's stages (the runner's earlier probe looped one generic block).
 
 Nothing here is fitted to a run: the figures are known before the launch.
 """

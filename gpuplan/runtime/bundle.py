@@ -199,8 +199,8 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     from gpuplan.runtime import tessel_actions as acts
     from gpuplan.runtime.launch import run_workers
     from gpuplan.profiling.stage_speed import measure_stage_speeds
-    from gpuplan.runtime.poseidon import (cpu_cores, measure_wait_costs, measure_wake_s, runnable_config,
-                                          stage_slowdowns, table_chunk_s)
+    from gpuplan.runtime.poseidon import (chunk_ratio, cpu_cores, measure_wait_costs, measure_wake_s,
+                                          runnable_config, stage_slowdowns)
     from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
     from gpuplan.runtime.torch_pipelining import check_version
 
@@ -251,15 +251,11 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
         cfg, chunks_of, micro_batch=[stages[stage_of[r]].micro_batch_size for r in range(world)], seq_len=seq,
         threads=threads or 1, seed=seed)  # type: ignore[arg-type]
     rates = sharing or speeds.rates  # type: ignore[union-attr]
-    ratios: dict[int, tuple[float, float]] = {}  # virtual stage -> (forward, backward) ratio, now over the table
-    for k, (first, last) in enumerate(spec["ranges"]):
-        st = stages[k % S]
-        ref = None if speeds is None or note else table_chunk_s(pprob, st.device_type, first, last,  # type: ignore[arg-type]
-                                                                st.micro_batch_size)
-        c = [j for j in range(len(spec["ranges"])) if j % S == k % S].index(k)
-        now = (0.0, 0.0) if speeds is None else (speeds.forward_s[first_rank[k % S]][c],
-                                                 speeds.backward_s[first_rank[k % S]][c])
-        ratios[k] = (now[0] / ref[0], now[1] / ref[1]) if ref and min(ref) > 0 and min(now) > 0 else (1.0, 1.0)
+    # virtual stage k -> (forward, backward) ratio of its chunk now over the table; chunk k // S of its rank
+    ratios = {k: (1.0, 1.0) if speeds is None else chunk_ratio(
+        pprob, stages[k % S].device_type, first, last, stages[k % S].micro_batch_size,  # type: ignore[arg-type]
+        speeds.forward_s[first_rank[k % S]][k // S], speeds.backward_s[first_rank[k % S]][k // S], bool(note))
+        for k, (first, last) in enumerate(spec["ranges"])}
     # when the workers outnumber the cores, as the Poseidon runner: the extra CPU time of a call after a
     # wait on cores the others kept busy, and the wake-up delay of a worker blocked in gloo's recv
     cores = cpu_cores()

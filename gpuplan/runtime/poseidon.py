@@ -80,21 +80,23 @@ def table_chunk_s(problem: PoseidonProblem, device_type: str, first: int, last: 
     return (n * lf + ef) / factor, (n * lb + eb) / factor
 
 
+def chunk_ratio(problem: PoseidonProblem, device_type: str, first: int, last: int, micro_batch: int,
+                forward_now_s: float, backward_now_s: float, scaled: bool) -> tuple[float, float]:
+    """Return (forward, backward): the compute of layers [first, last) measured just before the run the
+    executor's way (`measure_stage_speeds`, seconds per call, one rank alone) over the layer table's
+    figure for the same modules (`table_chunk_s`); 1.0 where there is no table, a figure is missing or
+    not positive, or the run executes a scaled model (the table's modules are not the run's)."""
+    ref = None if scaled else table_chunk_s(problem, device_type, first, last, micro_batch)
+    if ref is None or min(ref) <= 0 or forward_now_s <= 0 or backward_now_s <= 0:
+        return 1.0, 1.0
+    return forward_now_s / ref[0], backward_now_s / ref[1]
+
+
 def compute_ratios(problem: PoseidonProblem, plan: PoseidonPlan, forward_now_s: list[float],
                    backward_now_s: list[float], scaled: bool) -> list[tuple[float, float]]:
-    """Return per stage (forward, backward) ratio of the stage's compute measured just before the run
-    the executor's way (`measure_stage_speeds`, seconds per call, one rank alone) over the layer
-    table's figure for the same modules (`table_chunk_s`); 1.0 where there is no table, a figure is
-    missing or not positive, or the run executes a scaled model (the table's modules are not the run's)."""
-    out = []
-    for k, st in enumerate(plan.stages):
-        ref = None if scaled else table_chunk_s(problem, st.device_type, st.first_layer, st.last_layer,
-                                               st.micro_batch_size)
-        if ref is None or min(ref) <= 0 or forward_now_s[k] <= 0 or backward_now_s[k] <= 0:
-            out.append((1.0, 1.0))
-        else:
-            out.append((forward_now_s[k] / ref[0], backward_now_s[k] / ref[1]))
-    return out
+    """Return `chunk_ratio` (forward, backward) for every stage of `plan`."""
+    return [chunk_ratio(problem, st.device_type, st.first_layer, st.last_layer, st.micro_batch_size,
+                        forward_now_s[k], backward_now_s[k], scaled) for k, st in enumerate(plan.stages)]
 
 
 def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], tail: list[float], m: int,
@@ -103,7 +105,7 @@ def contended_iteration_s(fwd: list[float], bwd: list[float], p2p: list[float], 
                           sleep_s: float = 0.0) -> float:
     """Return the iteration time (s) of the DAG's op order when the S stage processes share the CPU
     cores: while k ops compute, each runs at rates[k-1] of its uncontended speed (processor sharing;
-    min(1, cores / k) for ideal cores, or `measure_core_sharing`'s measured rates).
+    min(1, cores / k) for ideal cores, or the rates `measure_stage_speeds` measured).
 
     fwd/bwd are the stages' per-micro-batch times including the emulated slowdown (uncontended
     seconds x factor): an op computes for time/factor of CPU work, then sleeps (factor - 1) x the
@@ -555,50 +557,6 @@ def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -
         warned[0] += (f"; the ops' own CPU time is within {abs(worst[0]):.0%} of the plan's compute, so the "
                       f"difference is the machine's")
     return tables, warnings + warned
-
-
-def _sharing_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,
-                    window_s: float) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    from gpuplan.runtime import gpt
-
-    cfg = TransformerConfig.model_validate({**config_doc, "num_layers": 3})
-    block = gpt.stage(cfg, 1, 2, seed=rank)  # one middle block: no embedding, no head
-    x = torch.randn(micro_batch, seq_len, cfg.hidden, generator=torch.Generator().manual_seed(rank))
-
-    def op() -> None:
-        y = block(x.clone().requires_grad_(True))
-        y.backward(torch.ones_like(y))
-
-    for _ in range(3):
-        op()
-    per_op = []
-    for k in range(1, world + 1):  # k ranks compute at once, the others wait in gloo like idle stages
-        dist.barrier()
-        n, t0 = 0, time.perf_counter()
-        while rank < k and (n < 2 or time.perf_counter() - t0 < window_s):
-            op()
-            n += 1
-        per_op.append((time.perf_counter() - t0) / n if n else 0.0)
-        dist.barrier()
-    return per_op
-
-
-def measure_core_sharing(config: TransformerConfig, *, seq_len: int, micro_batch: int, processes: int,
-                         threads: int = 1, window_s: float = 0.5) -> list[float]:
-    """Return rates[k-1] for k = 1..processes: the speed of one process (1.0 = alone) while k
-    processes of a run with `processes` workers compute at once on this machine, the others waiting
-    in gloo. Measured with one gpt block's forward+backward looped for `window_s` seconds by the k
-    processes together (median over them), so it carries the cores, their caches and any other
-    jobs running at the time."""
-    from gpuplan.runtime.launch import run_workers
-
-    per = run_workers(_sharing_worker, processes, args=(config.model_dump(mode="json"), micro_batch, seq_len,
-                                                        window_s), threads=threads, timeout_s=600)
-    alone = per[0][0]
-    return [alone / statistics.median(per[r][k - 1] for r in range(k)) for k in range(1, processes + 1)]
 
 
 def _cold_op_worker(rank: int, world: int, config_doc: dict[str, Any], micro_batch: int, seq_len: int,

@@ -493,11 +493,7 @@ def _run_pool(problem: Any, plan: Any, replicas: list[Any], req: Requests, idx: 
         first[mine[pos]] = res.ttft_s + sub.arrival_s
         finish[mine[pos]] = res.finish_s
         rejected[mine[pos]] = res.rejected
-        stats["iterations"] = stats.get("iterations", 0.0) + res.iterations
-        stats["preemptions"] = stats.get("preemptions", 0.0) + res.preemptions
-        stats["migrated_bytes"] = stats.get("migrated_bytes", 0.0) + pol.migrated_bytes
-        stats["head_moves"] = stats.get("head_moves", 0.0) + pol.moves
-        stats["dispatches"] = stats.get("dispatches", 0.0) + pol.dispatches
+        _add_stats(stats, res.iterations, res.preemptions, pol)
     return {"first_s": first, "finish_s": finish, "rejected": rejected}
 
 
@@ -553,25 +549,24 @@ def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.
             continue
         stalled.clear()
         budget -= 1
-        _advance(st, sub, pol, it)
+        apply_iteration(st, sub, pol, it)
     for sub, pos, pol, st, _, _ in runs:
         if not len(sub):
             continue
         first[pos] = st.first_token_s
         finish[pos] = st.finish_s
         rejected[pos] = st.rejected
-        stats["iterations"] = stats.get("iterations", 0.0) + st.iterations
-        stats["preemptions"] = stats.get("preemptions", 0.0) + st.preemptions
-        stats["migrated_bytes"] = stats.get("migrated_bytes", 0.0) + pol.migrated_bytes
-        stats["shipped_bytes"] = stats.get("shipped_bytes", 0.0) + pol.shipped_bytes
-        stats["head_moves"] = stats.get("head_moves", 0.0) + pol.moves
-        stats["dispatches"] = stats.get("dispatches", 0.0) + pol.dispatches
+        _add_stats(stats, st.iterations, st.preemptions, pol)
     return {"first_s": first, "finish_s": finish, "rejected": rejected}
 
 
-def _advance(state: Any, sub: Requests, policy: HetisEnginePolicy, it: Iteration) -> None:
-    """Apply one iteration to an engine's state (gpuplan.sim.serving.apply_iteration)."""
-    apply_iteration(state, sub, policy, it)
+def _add_stats(stats: dict[str, float], iterations: int, preemptions: int, pol: HetisEnginePolicy) -> None:
+    """Add one engine's counts (iterations, preemptions, bytes migrated and shipped, head moves,
+    dispatches) to the pool's `stats`."""
+    for key, value in (("iterations", iterations), ("preemptions", preemptions),
+                       ("migrated_bytes", pol.migrated_bytes), ("shipped_bytes", pol.shipped_bytes),
+                       ("head_moves", pol.moves), ("dispatches", pol.dispatches)):
+        stats[key] = stats.get(key, 0.0) + value
 
 
 def simulate_plan(problem: Any, plan: Any, req: Requests) -> tuple[SimResult, dict[str, float]]:
