@@ -152,7 +152,7 @@ def lp_allocation(c: Classes, *, fairness: str, si_ref: np.ndarray | None = None
 
 def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None = None,
                       fallback: np.ndarray | None = None, envy: bool = True, groups: int = 0,
-                      dual_groups: int = 100                      ) -> tuple[np.ndarray, Status, dict[str, Any]]:
+                      dual_groups: int = 100) -> tuple[np.ndarray, Status, dict[str, Any]]:
     """Return (class rows, status, stats) of max efficiency s.t. SI (and EF when `envy`).
 
     Row generation with an exact separation oracle over all class pairs (see solvers/oef_ef.py):

@@ -404,20 +404,23 @@ class Structure:
         so a tie never counts) stage q can run at most hi_q blocks (a multiple of v, capped by its
         memory), and the hi_q sum below L or one is below v. Exact for the integer min-max: when the
         caps hold L layers, a mapping with every stage's chain within the cutoff exists."""
-        S, m, v = self.S, self.m, self.v
         T = cutoff * (1 + 1e-9)
         if T == INF:
             return False
-        total = 0
-        for s in range(S):
+        hi = self.stage_caps(T)
+        return min(hi) < self.v or sum(hi) < self.cm.p.model.num_layers
+
+    def stage_caps(self, T: float) -> list[int]:
+        """Return per stage the most blocks (a multiple of v, within its memory cap) whose chain of
+        bound (1) fits within T seconds; below v when not even v fit."""
+        m, v = self.m, self.v
+        hi = []
+        for s in range(self.S):
             w = m * self.c[s] + self.a[s]
             room = T - m * self.e[s] - self.a0[s]
             k = self.nmax[s] if w <= 0 else min(self.nmax[s], int(math.floor(room / w)) if room >= 0 else -1)
-            k = k // v * v
-            if k < v:
-                return True
-            total += k
-        return total < self.cm.p.model.num_layers
+            hi.append(k // v * v)
+        return hi
 
     def dense_paths(self) -> list[tuple[list[float], float]]:
         """Return the path bounds that involve several stages as (coef, const), T >= sum_s coef_s n_s +
@@ -453,17 +456,12 @@ class Structure:
         and 1/largest-coefficient weighted means, minimised over the narrowed ranges under the sum,
         must stay below the cutoff. The integer ranges make this stronger than `lp_bound` on most
         structures. The cutoff is raised by 1e-9 relative for float rounding (never prunes a tie)."""
-        S, m, v = self.S, self.m, self.v
+        S, v = self.S, self.v
         L = self.cm.p.model.num_layers
         T = cutoff * (1 + 1e-9)
         if T == INF:
             return False
-        hi = []
-        for s in range(S):
-            w = m * self.c[s] + self.a[s]
-            room = T - m * self.e[s] - self.a0[s]
-            k = self.nmax[s] if w <= 0 else min(self.nmax[s], int(math.floor(room / w)) if room >= 0 else -1)
-            hi.append(k // v * v)
+        hi = self.stage_caps(T)
         lo = [v] * S
         if min(hi) < v or sum(hi) < L:
             return True
