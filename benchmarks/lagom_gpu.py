@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpuplan.models import lagom_cost as cost  # noqa: E402
+from gpuplan.models.lagom import cost  # noqa: E402
 from gpuplan.models.base import Table  # noqa: E402
 from gpuplan.profiling.lagom_calib import fit_collective, fit_interference, measure_collectives, \
     measure_interference  # noqa: E402

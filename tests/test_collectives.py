@@ -198,7 +198,7 @@ def test_calibration_from_a_profiles_fitted_collectives() -> None:
 def _lagom_parts(cluster: Cluster, ids: list[int], size: int, algo: str, proto: str, chunk: int,
                  channels: int | None = None) -> tuple[float, float]:
     """Lagom's time (us) of all_reduce with (algo, proto) and NCCL's own estimate for that setting."""
-    from gpuplan.models import lagom_cost as cost
+    from gpuplan.models.lagom import cost
     from gpuplan.models.collectives import lagom_link
 
     link, c = lagom_link(cluster, ids), cost.Consts()
@@ -214,7 +214,7 @@ def test_ring_pattern_has_no_pipeline_fill_but_a_simple_tree_chain_does() -> Non
     ranks x 512 KiB chunks, two 256 KiB slices a step, so each of the 254 steps pays one more
     handshake than NCCL counts (3.4 - 0.6 us on NVLink); a Simple tree of the same nodes waits
     (depth - 1) chunks."""
-    from gpuplan.models import lagom_cost as cost
+    from gpuplan.models.lagom import cost
     from gpuplan.models.collectives import lagom_link
 
     big = Cluster.model_validate({"nodes": [{"name": f"n{i}", "gpus": {"A100-80GB": 8}} for i in range(16)],
@@ -243,7 +243,7 @@ def test_small_chunks_are_bound_by_flow_control_default_chunks_are_not() -> None
     slice time + 2 step latencies (4.78 us on A100's NVLink: the measured 1.98 us step plus NCCL's
     Simple extra of 2.8): 4 KiB chunks (2 KiB slices) cap a channel at 4 x 2 KiB / (0.2 + 9.6 us)
     ~ 0.8 GB/s, far below its 10 GB/s; NCCL's 2 MiB chunks do not."""
-    from gpuplan.models import lagom_cost as cost
+    from gpuplan.models.lagom import cost
     from gpuplan.models.collectives import lagom_link
 
     c8 = _cluster()
@@ -271,7 +271,7 @@ def test_measured_nvlink_step_latency_on_ampere_only() -> None:
     steps on 8 GPUs add 14 x 1.38 us, whatever the protocol (the measurement replaces the LL step every
     protocol pays; LL128's and Simple's extra over it stays NCCL's); H100 keeps NCCL's table;
     `nvlink_hop_us` overrides."""
-    from gpuplan.models import lagom_cost as cost
+    from gpuplan.models.lagom import cost
     from gpuplan.models.collectives import lagom_link
 
     a100 = lagom_link(_cluster(), list(range(8)))
@@ -308,7 +308,7 @@ def test_nccl_algo_restriction_and_nvls_chunking() -> None:
     it is refused with the reason. NVLS chunks follow enqueue.cc: 128 KiB for large ops, 16 KiB when
     the op is below 2 x channels x heads x 32 KiB, and an op smaller than channels x heads x chunk
     keeps only ceil(size / (heads x chunk)) channels busy."""
-    from gpuplan.models import lagom_cost as cost
+    from gpuplan.models.lagom import cost
     from gpuplan.models.collectives import lagom_link
 
     h100 = Cluster.model_validate({"nodes": [{"name": "n0", "gpus": {"H100": 8}}]})

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from gpuplan.errors import InputError
 from gpuplan.io import read_document
-from gpuplan.models import lagom_cost as cost
+from gpuplan.models.lagom import cost
 from gpuplan.models.base import validate
 from gpuplan.models.lagom import LagomPlan, LagomProblem, Theta, check, make_plan
-from gpuplan.models.lagom_emit import OPTION_KEYS, emit, env_problems
-from gpuplan.models.lagom_view import describe, draw, summarize
+from gpuplan.models.lagom.emit import OPTION_KEYS, emit, env_problems
+from gpuplan.models.lagom.view import describe, draw, summarize
 from gpuplan.solvers import lagom as solvers
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "lagom"
@@ -333,7 +333,7 @@ def test_bad_workload_files_get_clear_errors(tmp_path, doc, field, words) -> Non
 
 
 def test_with_profile_fits_group_figures(tmp_path) -> None:
-    from gpuplan.models.lagom_view import with_profile
+    from gpuplan.models.lagom import with_profile
     from gpuplan.models.profile import Profile
 
     points = [{"size_bytes": s, "timing": {"median_s": 1e-4 + s / 2e10, "min_s": 1e-4, "max_s": 1e-3, "repeats": 3,

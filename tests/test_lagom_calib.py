@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpuplan.io import read_document
-from gpuplan.models import lagom_cost as cost
+from gpuplan.models.lagom import cost
 from gpuplan.models.base import validate
 from gpuplan.models.lagom import LagomProblem
 from gpuplan.profiling.lagom_calib import fit_collective, fit_interference

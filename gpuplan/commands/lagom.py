@@ -64,7 +64,7 @@ def register(main: click.Group) -> None:
 
         from gpuplan.errors import GpuplanError
         from gpuplan.io import atomic_write_text
-        from gpuplan.models import lagom_cost as cost
+        from gpuplan.models.lagom import cost
         from gpuplan.models.base import Table
         from gpuplan.profiling.lagom_calib import default_backend, fit_collective, measure_collectives, \
             measure_interference

@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from gpuplan.models import lagom_cost as cost
+from gpuplan.models.lagom import cost
 from gpuplan.models import nccl_tuning as nt
 from gpuplan.models.profile import bus_factor
 

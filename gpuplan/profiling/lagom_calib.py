@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gpuplan.models import lagom_cost as cost
+from gpuplan.models.lagom import cost
 
 
 def fit_collective(points: Sequence[tuple[float, int, float]], collective: str, link: cost.Link, consts: cost.Consts,
@@ -27,7 +27,7 @@ def fit_collective(points: Sequence[tuple[float, int, float]], collective: str, 
                    chunk_bytes: int | None = None) -> dict[str, float]:
     """Return {channel_GBps, cap_GBps, latency_scale, max_rel_error} fitted to (size_bytes, channels, time_s)
     points of `collective` on a group shaped like `link`, by least squares on relative error of
-    `lagom_cost.comm_time_us` (log-parameterised so every constant stays positive)."""
+    `lagom.cost.comm_time_us` (log-parameterised so every constant stays positive)."""
     from scipy.optimize import least_squares
 
     s = np.asarray([p[0] for p in points], dtype=float)

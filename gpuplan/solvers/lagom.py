@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuplan.models import lagom_cost as cost
+from gpuplan.models.lagom import cost
 from gpuplan.models.lagom import Compiled, LagomPlan, LagomProblem, OpSetting, Theta, make_plan
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, register_solver

@@ -14,7 +14,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from gpuplan.models.lagom_cost import MAX_CHANNELS, NCCL_STEPS
+from gpuplan.models.lagom.cost import MAX_CHANNELS, NCCL_STEPS
 
 NCCL_COLL = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reducescatter",
              "broadcast": "broadcast", "reduce": "reduce"}

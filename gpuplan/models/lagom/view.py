@@ -1,14 +1,14 @@
-"""How Lagom plans are shown and compared, and how a profile's measured collectives enter the model."""
+"""How Lagom plans are shown and compared: `compare` columns, `gpuplan show` tables, the timeline PNG."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from gpuplan.models import lagom_cost as cost
 from gpuplan.models.base import Table
-from gpuplan.models.lagom import LagomPlan, LagomProblem, Theta
-from gpuplan.models.profile import bus_factor
+from gpuplan.models.lagom.compiled import Theta
+from gpuplan.models.lagom.plan import LagomPlan, timeline
+from gpuplan.models.lagom.problem import LagomProblem
 
 
 def _nccl_default(problem: LagomProblem) -> list[Theta]:
@@ -112,7 +112,6 @@ def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
     from matplotlib.patches import Patch
 
     from gpuplan.io import atomic_write_figure
-    from gpuplan.models.lagom import timeline
     from gpuplan.viz import PALETTE
 
     default = _nccl_default(problem)
@@ -131,27 +130,3 @@ def draw(problem: LagomProblem, plan: LagomPlan, path: Path) -> None:
     ax0.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     atomic_write_figure(fig, path, dpi=110)
-
-
-def with_profile(problem: LagomProblem, profile: Any) -> LagomProblem:
-    """Return the problem with each group's bus-bandwidth cap and latency scale fitted from the profile's
-    collective timings (a group with no matching measurement keeps the model's numbers)."""
-    doc = problem.document()
-    fitted = []
-    for name, group in problem.groups.items():
-        scope = "intra_node" if group.nodes == 1 else "inter_node"
-        match = [c for c in profile.collectives if c.group_size == group.ranks and c.fit is not None
-                 and c.scope == scope]
-        match.sort(key=lambda c: c.op != "all_reduce")
-        if not match:
-            continue
-        col = match[0]
-        coll = col.op if col.op in cost.COLLECTIVES else "all_reduce"
-        link = group.link(problem.hardware)
-        base = cost.nccl_latency_us(coll, "ring", "Simple", link, problem.constants) / link.latency_scale
-        doc["groups"][name]["cap_GBps"] = col.fit.bandwidth_GBps * bus_factor(col.op, group.ranks)
-        doc["groups"][name]["latency_scale"] = max(1e-3, col.fit.alpha_s * 1e6 / base)
-        fitted.append(f"{name} <- {col.op} x{col.group_size} ({col.backend})")
-    if fitted:
-        doc["constants"] = {**doc.get("constants", {}), "fitted_from": "profile: " + "; ".join(fitted)}
-    return LagomProblem.model_validate(doc)

@@ -1,0 +1,106 @@
+"""Lagom's check: every figure of a plan recomputed from (problem, plan) and NCCL's parameter rules."""
+
+from __future__ import annotations
+
+import math
+
+from gpuplan.models.base import Violation
+from gpuplan.models.lagom.compiled import Theta
+from gpuplan.models.lagom.emit import emit, env_problems
+from gpuplan.models.lagom.plan import LagomPlan, timeline
+from gpuplan.models.lagom.problem import LagomProblem
+from gpuplan.models.plan import figure_violations, stated_figures_violations
+
+
+def check(problem: LagomProblem, plan: LagomPlan) -> list[Violation]:
+    """Return the plan's violations: missing/unknown ops, NCCL's parameter rules, a wrong iteration time,
+    env vars that disagree with NCCL's ranges."""
+    comp = problem.compiled
+    out: list[Violation] = []
+    by_name = {s.op: s for s in plan.settings}
+    names = [o.name for o in comp.ops]
+    for n in names:
+        if n not in by_name:
+            out.append(Violation("missing_op", f"op {n!r} has no setting", {"op": n}))
+    for n in by_name:
+        if n not in names:
+            out.append(Violation("unknown_op", f"setting for unknown op {n!r}", {"op": n}))
+    if len(plan.settings) != len(by_name):
+        out.append(Violation("duplicate_op", "an op has more than one setting"))
+    if out:
+        return out
+    thetas = [by_name[n].theta() for n in names]
+    for i, t in enumerate(thetas):
+        for why in comp.valid(i, t):
+            out.append(Violation("nccl_rule", f"op {names[i]!r}: {why}", {"op": names[i], **vars(t)}))
+    if out:
+        return out
+    it = comp.iteration_us(thetas) * 1e-6
+    if not math.isclose(it, plan.iteration_s, rel_tol=1e-6) or (
+            plan.objective is not None and not math.isclose(it, plan.objective, rel_tol=1e-6)):
+        out.append(Violation("iteration_time", f"the plan says {plan.iteration_s:.6g} s per iteration; "
+                             f"the model gives {it:.6g} s", {"plan_s": plan.iteration_s, "model_s": it}))
+    env_wrong = env_problems(plan.env, plan.group_options)
+    for why in env_wrong:
+        out.append(Violation("env", why))
+    if not env_wrong:
+        out += _check_emitted(problem, plan, thetas)
+    return out + _check_figures(problem, plan, thetas, it)
+
+
+def _check_emitted(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta]) -> list[Violation]:
+    """Return `env` violations where the plan's env vars or per-group Options differ from what its
+    settings emit (the runtime launches with them, so they must say what the settings say)."""
+    env, options, _ = emit(problem, thetas)
+    out = []
+    for key in sorted(set(env) | set(plan.env)):
+        if plan.env.get(key) != env.get(key):
+            out.append(Violation("env", f"env {key}={plan.env.get(key)!r}; the settings emit {env.get(key)!r}",
+                                 {"var": key}))
+    if plan.group_options != options:
+        out.append(Violation("env", "the per-group Options differ from what the settings emit",
+                             {"stated": plan.group_options, "emitted": options}))
+    return out
+
+
+def _check_figures(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta], it: float
+                   ) -> list[Violation]:
+    """Return violations of the figures the plan states besides `iteration_s`: the objective and the
+    predicted iteration time, compute-alone time and baseline iteration times (s), and every
+    window's start, compute, communication and total time (s), bound and ops, recomputed; `it` is the
+    model's iteration time (s) under `thetas`."""
+    comp = problem.compiled
+    predicted = {"iteration_s": it, "compute_alone_s": sum(w.compute_us for w in comp.windows) * 1e-6}
+    out: list[Violation] = []
+    names = [o.name for o in comp.ops]
+    for name, base in plan.baselines.items():
+        if [s.op for s in base] != names:
+            out.append(Violation("baseline", f"baseline {name!r} does not set every op once, in op order",
+                                 {"baseline": name}))
+            continue
+        broken = [f"op {names[i]!r}: {why}" for i, s in enumerate(base) for why in comp.valid(i, s.theta())]
+        if broken:
+            out.append(Violation("baseline", f"baseline {name!r} breaks NCCL's parameter rules: {broken[0]}",
+                                 {"baseline": name, "rules": broken}))
+            continue
+        predicted[f"iteration_s_{name.replace('-', '_')}"] = comp.iteration_us([s.theta() for s in base]) * 1e-6
+    for key in plan.predicted:
+        if key.startswith("iteration_s_") and key not in predicted:
+            out.append(Violation("figure", f"the plan states predicted.{key} but holds no such baseline",
+                                 {"field": f"predicted.{key}"}))
+    # the `iteration_time` violation above already covers a wrong objective
+    out += stated_figures_violations(plan, None, predicted)
+    if plan.objective is None and plan.solver is not None:
+        out += figure_violations("objective", plan.objective, it)
+    windows = timeline(problem, thetas)
+    if len(plan.windows) != len(windows):
+        return out + [Violation("figure", f"the plan states {len(plan.windows)} windows; the model has "
+                                f"{len(windows)}", {"field": "windows"})]
+    for w, (stated, model) in enumerate(zip(plan.windows, windows)):
+        if (stated.name, stated.bound, stated.ops) != (model.name, model.bound, model.ops):
+            out.append(Violation("figure", f"window {w} is stated as {stated.name!r} ({stated.bound}-bound, ops "
+                                 f"{stated.ops}); the model has {model.name!r} ({model.bound}-bound, ops "
+                                 f"{model.ops})", {"field": f"windows[{w}]"}))
+        for f in ("start_s", "compute_s", "comm_s", "time_s"):
+            out += figure_violations(f"windows[{w}].{f}", getattr(stated, f), getattr(model, f))
+    return out
