@@ -260,6 +260,49 @@ class Structure:
             self._rt_cache = self.round_trip()
         return self._rt_cache
 
+    @property
+    def _rtx(self) -> list[tuple[list[float], float]]:
+        """The round trips with the blocking exchanges in their ops (`round_trip(exchanges=True)`; the
+        same as `_rt` when the exchanges do not block), built on first use."""
+        if getattr(self, "_rtx_cache", None) is None:
+            self._rtx_cache = self.round_trip(exchanges=True) if self.block else self._rt
+        return self._rtx_cache
+
+    def exchange_terms(self) -> tuple[list[float], list[float], list[float]]:
+        """Return per stage (chain, fwd_min, bwd) seconds of blocking exchanges (`vxch`) held by its
+        ops, all zero when the exchanges do not block: chain = what one micro-batch's forwards and
+        backwards over all v chunks hold (each forward of virtual stage k < V-1 holds exchange k,
+        each backward of k > 0 exchange k-1, as `blocking_exchanges` folds them), fwd_min = the
+        least one chunk forward holds, bwd = what one micro-batch's chunk backwards hold. Cached."""
+        if getattr(self, "_xterms", None) is None:
+            S, v = self.S, self.v
+            V = S * v
+            if not self.block or V == 1:
+                self._xterms = ([0.0] * S, [0.0] * S, [0.0] * S)
+            else:
+                vx = self.vxch
+                fwd = [[vx[c * S + q] if c * S + q < V - 1 else 0.0 for c in range(v)] for q in range(S)]
+                bwd = [sum(vx[c * S + q - 1] for c in range(v) if c * S + q > 0) for q in range(S)]
+                self._xterms = ([sum(f) + b for f, b in zip(fwd, bwd)], [min(f) for f in fwd], bwd)
+        return self._xterms
+
+    def _fill_drain_sends(self) -> float:
+        """Return the send (or blocking exchange) seconds on bound (2)'s path: micro-batch 0 forward
+        through the first chunks of stages 0..S-2, the last stage's chain, micro-batch m-1 backward
+        down to stage 0 (2 sum p2p without blocking; with it, the exchanges those ops hold)."""
+        if not self.block or self.S == 1:
+            return 2 * sum(self.p2p)
+        vx, S = self.vxch, self.S
+        return sum(vx[:S - 1]) + self.m * self.exchange_terms()[0][S - 1] + sum(vx[:S - 2])
+
+    def _hourglass_sends(self, q: int) -> float:
+        """Return the send (or blocking exchange) seconds on the hourglass path through stage q (v = 1,
+        see `dense_paths`): micro-batch 0 forward to q, q's chain, micro-batch m-1 back to stage 0."""
+        if not self.block:
+            return 2 * sum(self.p2p[:q])
+        x = self.xch
+        return sum(x[:q]) + self.m * self.exchange_terms()[0][q] + sum(x[:max(0, q - 1)])
+
     def tail(self, s: int, n: int) -> float:
         """Return stage s's exact all-reduce + optimizer seconds with n blocks (the tied-embedding
         gradient all-reduce included on the first and last stage), cached (`_tail_s`)."""
@@ -318,14 +361,19 @@ class Structure:
                                                    [m * e + a0 for e, a0 in zip(self.e, self.a0)])
         return self._balanced[0], list(self._balanced[1])
 
-    def round_trip(self) -> list[tuple[list[float], float]]:
+    def round_trip(self, exchanges: bool = False) -> list[tuple[list[float], float]]:
         """Return, per stage q, (coef, const) of the round-trip path bound T >= sum_s coef[s] n_s + const:
         micro-batch 0 forward through every stage and backward down to stage q, then the rest of q's
         chain (k_F forwards and m-1 backwards), then q's all-reduce + optimizer (see docs).
 
         With interleave v: micro-batch 0 forward through every virtual stage, backward down to stage
         q's last chunk (1/v of each later stage's blocks), then q's other chunk-ops: k_F chunk
-        forwards (1/v of its blocks each; the warm-up is 2 (S-1-q) + (v-1) S) and every backward."""
+        forwards (1/v of its blocks each; the warm-up is 2 (S-1-q) + (v-1) S) and every backward.
+
+        With `exchanges` (blocking exchanges, `exchange_terms`) the ops on the path hold their
+        exchanges instead of the sends: micro-batch 0's forwards every forward exchange, the
+        backwards down to q's last chunk theirs, q's k_F chunk forwards at least fwd_min each and its
+        m micro-batches' backwards bwd each."""
         S, m, v = self.S, self.m, self.v
         sched = self.cm.p.schedule
         out = []
@@ -342,8 +390,14 @@ class Structure:
             own = kf * self.f[q] + m * self.g[q] + self.a[q]
             coef[q] += own
             self._own.append(own)
+            if exchanges:
+                _, fmin, bwd = self.exchange_terms()
+                k0 = (v - 1) * S + q
+                sends = sum(self.vxch) + sum(self.vxch[k0:]) + kf * v * fmin[q] + m * bwd[q]
+            else:
+                sends = fwd_p2p + sum(self.p2p[q:])
             const = (sum(self.ef) + sum(self.eg[q + 1:]) + (kf * self.ef[q] if v == 1 else 0.0) + m * self.eg[q]
-                     + self.a0[q] + fwd_p2p + sum(self.p2p[q:]))
+                     + self.a0[q] + sends)
             out.append((coef, const))
         return out
 
@@ -364,18 +418,22 @@ class Structure:
         Paths of the DAG that exist whatever the cuts are (see docs/poseidon.md), each a lower bound
         on the longest path, minimised over the cuts:
         (1) stage q's whole chain of m forwards and backwards, then its all-reduce + optimizer:
-            T >= m*(n_q c_q + e_q) + n_q a_q + a0_q for every q; min over cuts of the max, exactly;
+            T >= m*(n_q c_q + e_q + x_q) + n_q a_q + a0_q for every q (x_q the blocking exchanges its
+            ops hold per micro-batch, `exchange_terms`; 0 when they do not block); min over cuts of
+            the max, exactly;
         (2) micro-batch 0 forward through stages 0..S-2, the last stage's whole chain, micro-batch m-1
             backward down to stage 0 (with interleave v: through their first chunks, 1/v of the blocks);
             with v = 1 then stage 0's all-reduce + optimizer (the last op on stage 0 is that backward);
-        (3) the round trips of `round_trip`, combined with weights pi (uniform, and 1/own weight):
+            the sends, or with blocking exchanges the exchanges its ops hold (`_fill_drain_sends`);
+        (3) the round trips of `round_trip` (with the blocking exchanges), combined with weights pi
+            (uniform, and 1/own weight):
             T >= sum_q pi_q RT_q(n) for every cut, and the weighted sum is minimised exactly.
         With a finite `cutoff` it returns as soon as one bound reaches it (still a lower bound).
         """
         m = self.m
         last = self.S - 1
         per = [self.c[s] / self.v if s < last else m * self.c[s] for s in range(self.S)]
-        base = sum(self.e[s] for s in range(last)) + m * self.e[last] + 2 * sum(self.p2p)
+        base = sum(self.e[s] for s in range(last)) + m * self.e[last] + self._fill_drain_sends()
         if self.v == 1:  # then stage 0's all-reduce + optimizer (the hourglass (4) at q = last)
             per[0] += self.a[0]
             base += self.a0[0]
@@ -389,8 +447,10 @@ class Structure:
                 return cutoff
             w1 = w2
         else:
-            w1, _ = self.balanced()
-        rt = self._rt
+            chain = self.exchange_terms()[0]
+            w1, _ = self.minmax_partition([m * c + a for c, a in zip(self.c, self.a)],
+                                          [m * (e + x) + a0 for e, x, a0 in zip(self.e, chain, self.a0)])
+        rt = self._rtx
         best = max(w1, w2)
         for pi in ([1.0] * self.S, [1.0 / coef[q] for q, (coef, _) in enumerate(rt)]):
             tot = sum(pi)
@@ -412,12 +472,13 @@ class Structure:
 
     def stage_caps(self, T: float) -> list[int]:
         """Return per stage the most blocks (a multiple of v, within its memory cap) whose chain of
-        bound (1) fits within T seconds; below v when not even v fit."""
+        bound (1) (blocking exchanges included) fits within T seconds; below v when not even v fit."""
         m, v = self.m, self.v
+        chain = self.exchange_terms()[0]
         hi = []
         for s in range(self.S):
             w = m * self.c[s] + self.a[s]
-            room = T - m * self.e[s] - self.a0[s]
+            room = T - m * (self.e[s] + chain[s]) - self.a0[s]
             k = self.nmax[s] if w <= 0 else min(self.nmax[s], int(math.floor(room / w)) if room >= 0 else -1)
             hi.append(k // v * v)
         return hi
@@ -426,19 +487,20 @@ class Structure:
         """Return the path bounds that involve several stages as (coef, const), T >= sum_s coef_s n_s +
         const for every layer mapping n (seconds): every round trip (`round_trip`), the fill-and-drain
         path (2) (with v = 1 then stage 0's all-reduce + optimizer) and, with v = 1, every hourglass
-        through an inner stage q (see `lp_bound`). Cached; every coefficient is >= 0."""
+        through an inner stage q (see `lp_bound`), each with the blocking exchanges its ops hold when
+        the exchanges block. Cached; every coefficient is >= 0."""
         if getattr(self, "_dense", None) is None:
             S, m, v, last = self.S, self.m, self.v, self.S - 1
-            rows = [(list(c), k) for c, k in self._rt]
+            rows = [(list(c), k) for c, k in self._rtx]
             per = [self.c[s] / v if s < last else m * self.c[s] for s in range(S)]
-            base = sum(self.e[s] for s in range(last)) + m * self.e[last] + 2 * sum(self.p2p)
+            base = sum(self.e[s] for s in range(last)) + m * self.e[last] + self._fill_drain_sends()
             if v == 1:
                 per[0] += self.a[0]
                 base += self.a0[0]
                 for q in range(1, last):
                     row = list(self.c[:q]) + [m * self.c[q]] + [0.0] * (S - q - 1)
                     row[0] += self.a[0]
-                    rows.append((row, sum(self.e[:q]) + m * self.e[q] + 2 * sum(self.p2p[:q]) + self.a0[0]))
+                    rows.append((row, sum(self.e[:q]) + m * self.e[q] + self._hourglass_sends(q) + self.a0[0]))
             rows.append((per, base))
             self._dense = rows
         return self._dense
