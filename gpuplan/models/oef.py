@@ -28,6 +28,7 @@ weight w with k jobs behaves as k users of weight w/k, OEF's replication trick i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -180,6 +181,25 @@ class Arrays:
         return (self.T > 0) & (self.gpus[:, None] <= self.capacity[None, :])
 
 
+def reference_speed(cluster: Cluster, tput: Mapping[str, float], reference_type: str | None = None,
+                    cap: dict[str, int] | None = None) -> float:
+    """Return a job's reference speed (steps/s): its throughput on `reference_type` where that is a type
+    of the cluster it runs on (positive throughput), else on its fastest type of the cluster; 0.0 when it
+    runs on none. `tput` maps type names (any spelling) to steps/s; `cap`: the cluster's capacity()
+    when the caller has it (it walks every device). The one definition behind normaliser() and the
+    trace simulators' unit of useful work."""
+    cap = cluster.capacity() if cap is None else cap
+    speeds = {key: float(x) for key, x in ((cluster.type_key(t), x) for t, x in tput.items())
+              if x > 0 and key in cap}
+    if not speeds:
+        return 0.0
+    if reference_type is not None:
+        ref = speeds.get(cluster.type_key(reference_type), 0.0)
+        if ref > 0:
+            return ref
+    return max(speeds.values())
+
+
 def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float, gpus: int = 1,
                cap: dict[str, int] | None = None) -> float:
     """Return the steps/s a job's throughput is divided by (its speedup vector's unit).
@@ -196,17 +216,10 @@ def normaliser(problem: OefProblem, tput: dict[str, float], slowest: float, gpus
     """
     if problem.normalisation == "slowest":         # first: capacity() walks every device
         return slowest
-    speeds = {problem.cluster.type_key(t): float(x) for t, x in tput.items() if x > 0}
-    cap = problem.cluster.capacity() if cap is None else cap
-    speeds = {t: x for t, x in speeds.items() if t in cap}
-    if not speeds:
-        return slowest
     scale = float(gpus) if problem.normalisation == "jobs" else 1.0
-    if problem.normalisation in ("reference", "jobs") and problem.reference_type is not None:
-        ref = speeds.get(problem.cluster.type_key(problem.reference_type), 0.0)
-        if ref > 0:
-            return ref * scale
-    return max(speeds.values()) * scale
+    ref_type = problem.reference_type if problem.normalisation in ("reference", "jobs") else None
+    speed = reference_speed(problem.cluster, tput, ref_type, cap)
+    return speed * scale if speed > 0 else slowest
 
 
 def arrays(problem: OefProblem) -> Arrays:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpuplan.models.oef import OefProblem, arrays, envy_pairs, equal_share, utilities
+from gpuplan.models.oef import OefProblem, arrays, envy_pairs, equal_share, reference_speed, utilities
 from gpuplan.models.oef_trace import Trace
 from gpuplan.registry import no_progress
 
@@ -141,13 +141,14 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
 
 def _prepare(trace: Trace) -> tuple[list[str], np.ndarray, list[Any], dict[str, np.ndarray], dict[str, float]]:
     """Return the cluster's GPU types, their GPU counts, the jobs by arrival, each job's steps/s per
-    type and its reference speed (steps/s, the unit of useful work; see reference_speed)."""
+    type and its reference speed (steps/s, the unit of useful work; see models.oef.reference_speed)."""
     cap = trace.cluster.capacity()
     types = list(cap)
     capacity = np.array([cap[t] for t in types], dtype=float)
     jobs = sorted(trace.jobs, key=lambda j: (j.arrival_s, j.name))
-    tput = {j.name: np.array([trace.throughput(j)[t] for t in types]) for j in jobs}
-    ref = {j.name: reference_speed(trace, j, tput[j.name], types) for j in jobs}
+    speeds = {j.name: trace.throughput(j) for j in jobs}
+    tput = {name: np.array([x[t] for t in types]) for name, x in speeds.items()}
+    ref = {name: reference_speed(trace.cluster, x, trace.reference_type, cap) for name, x in speeds.items()}
     return types, capacity, jobs, tput, ref
 
 
@@ -208,16 +209,6 @@ def _pack(trace: Trace, active: list[Any], queue: list[Any], running: dict[str, 
             shared[j.name] = (r.name, own)
             shared[r.name] = (j.name, other)
     return shared
-
-
-def reference_speed(trace: Trace, job: Any, tput: np.ndarray, types: list[str]) -> float:
-    """Return the job's steps/s on the trace's reference type (its fastest type without one, or
-    where it cannot use the reference type): the unit of useful work."""
-    if trace.reference_type is not None:
-        key = trace.cluster.type_key(trace.reference_type)
-        if key in types and tput[types.index(key)] > 0:
-            return float(tput[types.index(key)])
-    return float(tput.max())
 
 
 def simulate_gavel_rounds(trace: Trace, policy: str = "oef", *, resolve_every_s: float = 1920.0,
