@@ -98,13 +98,16 @@ def distinct_problem(rng: np.random.Generator, n: int, m: int) -> dict:
 
 
 def plan_source(plan) -> str:
-    """Return a short label of where an oef plan comes from (exact LP, market, per-job mix LP, ...)."""
+    """Return a short label of where an oef plan comes from (exact LP, market with budgets w^a g^(1-a),
+    `market mix (N)`: the best convex combination of N market demands, per-job mix LP, ...)."""
     stats = plan.solver.stats
     if plan.status.value != "time_limit":
         return "exact LP"
     origin = str(stats.get("plan_from", ""))
     if "per-job mix" in origin and stats.get("hull_finished") and not stats.get("hull_mix_back"):
         return "per-job mix LP"
+    if "market" in origin and stats.get("market_plan"):
+        return f"market mix ({stats.get('market_combined')})"
     if "market" in origin:
         return f"market a={stats.get('market_budget_exponent')}"
     return "equal split" if "equal split" in origin else origin[:20]

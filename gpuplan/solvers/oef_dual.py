@@ -53,19 +53,23 @@ def dual_value(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np
 
 def group_dual_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
                      si_ref: np.ndarray, *, groups: int = 100, time_limit_s: float | None = None,
-                     max_iter: int = 3000, seed: int = 0) -> tuple[float, dict[str, Any]]:
+                     max_iter: int = 3000, seed: int = 0, features: np.ndarray | None = None
+                     ) -> tuple[float, dict[str, Any]]:
     """Return (an upper bound on the envy-free OEF LP's optimum, stats), in the objective's units.
 
     Rows are jobs (or classes: any row weights give a valid relaxation). The bound is the smallest
     Lagrangian value D over the iterations (see the module docstring), plus a 1e-9 relative margin
     for rounding; it stops after max_iter steps or at time_limit_s. stats: dual_iterations,
-    dual_groups, dual_seconds.
+    dual_groups, dual_seconds. features (rows x anything, optional): extra k-means coordinates for
+    the grouping (group_jobs), e.g. an envy-free plan's rows: jobs holding similar bundles there
+    share a group, so averaging their bundles loses less near the optimum (any grouping is a valid
+    relaxation; only the bound's limit changes).
     """
     from gpuplan.solvers.oef_groups import group_jobs
 
     started = time.perf_counter()
     n, m = V.shape
-    labels = group_jobs(V, usable, rho, max(1, min(groups, n)), seed=seed)
+    labels = group_jobs(V, usable, rho, max(1, min(groups, n)), seed=seed, features=features)
     G = int(labels.max()) + 1
     count = np.bincount(labels, minlength=G).astype(float)
     group_rho = np.zeros(G)

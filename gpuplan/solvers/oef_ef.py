@@ -200,6 +200,12 @@ class Budget:
 
 
 MARKET_FIRST_SIZE = 10_000      # rows x types from which a time-limited solve runs the market first
+# Below this many seconds per row x type, a time limit leaves the LP rounds no use: row generation
+# needed 35 rounds and 48 s for 1,000 distinct jobs x 8 types (6e-3 s per row x type, load 2) and
+# 13-19 s for 1,000 x 3 (4-6e-3), and its bound after the first few rounds (7,114-6,744 at
+# 1,000 x 8) is far above the dual bound's (about 6,000): under a sixth of that time the market and
+# the dual bound get all of it.
+SHORT_LIMIT_S_PER_ENTRY = 1e-3
 
 
 def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
@@ -216,11 +222,14 @@ def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np
 
 
 def _dual(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
-          si_ref: np.ndarray, groups: int, budget_s: float | None) -> tuple[float, dict[str, Any]]:
-    """Return solvers/oef_dual.group_dual_bound's (upper bound, stats) within `budget_s`."""
+          si_ref: np.ndarray, groups: int, budget_s: float | None, plan: np.ndarray | None = None
+          ) -> tuple[float, dict[str, Any]]:
+    """Return solvers/oef_dual.group_dual_bound's (upper bound, stats) within `budget_s`; `plan` (an
+    envy-free plan, rows x types, or None): its rows join the grouping's coordinates."""
     from gpuplan.solvers.oef_dual import group_dual_bound
 
-    return group_dual_bound(V, usable, size, capacity, rho, si_ref, groups=groups, time_limit_s=budget_s)
+    return group_dual_bound(V, usable, size, capacity, rho, si_ref, groups=groups, time_limit_s=budget_s,
+                            features=plan)
 
 
 def _efficiency(size: np.ndarray, V: np.ndarray, Y: np.ndarray) -> float:
@@ -358,20 +367,24 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     use_market = envy and market and weight is not None and gpus is not None
     early: tuple[np.ndarray, list[np.ndarray], dict[str, Any]] | None = None
     dual_bound, dual_stats = np.inf, {}
-    if time_limit_s is not None and k * m >= MARKET_FIRST_SIZE and (use_market or use_dual):
+    short = time_limit_s is not None and time_limit_s < SHORT_LIMIT_S_PER_ENTRY * k * m
+    if time_limit_s is not None and (k * m >= MARKET_FIRST_SIZE or short) and (use_market or use_dual):
         # large: the first LP alone may not fit in a short limit, so the market's plan and the dual
         # bound come first; the LP rounds get what is left (up to 90% of the limit)
         # one oracle pass above a tenth of the limit: two LP rounds (the least that improves on the
-        # SI-only bound) will not fit, so the market and the dual bound get all of the time
-        hopeless = full_oracle() > 0.1 * time_limit_s
+        # SI-only bound) will not fit, so the market and the dual bound get all of the time; a short
+        # limit (see SHORT_LIMIT_S_PER_ENTRY): no LP round at all
+        hopeless = short or full_oracle() > 0.1 * time_limit_s
         if use_market:
             early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho,
                                  (0.5 if hopeless else 0.35) * time_limit_s)
         if use_dual:
             left = budget.left() or 0.0
-            dual_s = 0.75 * left if hopeless else min(0.3 * time_limit_s, left - 0.1 * time_limit_s)
-            dual_bound, dual_stats = _dual(V, usable, size, capacity, rho, si_ref, dual_groups, max(dual_s, 0.0))
-        rounds_limit_s = 0.9 * time_limit_s
+            dual_s = ((0.9 if short else 0.75) * left if hopeless
+                      else min(0.3 * time_limit_s, left - 0.1 * time_limit_s))
+            dual_bound, dual_stats = _dual(V, usable, size, capacity, rho, si_ref, dual_groups, max(dual_s, 0.0),
+                                           early[0] if early is not None else None)
+        rounds_limit_s = 0.0 if short else 0.9 * time_limit_s
 
     def remaining() -> float | None:
         """Seconds the next LP round may take: the rounds' share, less one oracle pass after it."""
@@ -462,13 +475,18 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     if use_dual and not dual_stats:
         left = budget.left()
         dual_bound, dual_stats = _dual(V, usable, size, capacity, rho, si_ref, dual_groups,
-                                       None if left is None else max(0.85 * left, 0.0))
+                                       None if left is None else max(0.85 * left, 0.0),
+                                       early[0] if early is not None else None)
     stats.update(dual_stats)
     if use_market:
         M, recent, market_stats = early
         stats.update(market_stats)
         if _efficiency(size, V, M) > _efficiency(size, V, anchor):
-            anchor, anchor_from = M, "the market allocation (equal incomes; mixed with the equal split to fit capacity)"
+            anchor, anchor_from = M, ("the market allocation (equal incomes; the best convex combination of its "
+                                      "demands and the equal split within capacity and SI)"
+                                      if market_stats.get("market_plan") else
+                                      "the market allocation (equal incomes; mixed with the equal split to fit "
+                                      "capacity)")
     t: float | None = None
     if X_last is None and not recent:
         Y, how = anchor, anchor_from

@@ -22,15 +22,19 @@ from typing import Any
 import numpy as np
 
 
-def group_jobs(V: np.ndarray, usable: np.ndarray, rho: np.ndarray, groups: int, seed: int = 0) -> np.ndarray:
+def group_jobs(V: np.ndarray, usable: np.ndarray, rho: np.ndarray, groups: int, seed: int = 0,
+               features: np.ndarray | None = None) -> np.ndarray:
     """Return a group label per job: blocks of equal (rho, usable types), each split by k-means on
-    log speedup direction into a share of `groups` proportional to its size (at least 1)."""
+    log speedup direction (and the columns of `features`, rows x anything, when given: e.g. each
+    job's bundle in a good plan) into a share of `groups` proportional to its size (at least 1)."""
     n = len(V)
     key = np.column_stack([np.round(rho, 12), usable])
     _, block = np.unique(key, axis=0, return_inverse=True)
     block = block.ravel()
     L = np.log(np.where(usable, V, 1.0))
     L = np.where(usable, L - L.mean(axis=1, keepdims=True), 0.0)
+    if features is not None:
+        L = np.column_stack([L, features])
     labels = np.zeros(n, dtype=int)
     rng = np.random.default_rng(seed)
     nxt = 0

@@ -22,11 +22,24 @@ The oracle of solvers/oef_ef.py still verifies the result (floating point), and 
 caller mixes back with E if it finds any envy. Clearing prices would give a competitive equilibrium
 (Pareto efficient, envy-free, SI); tatonnement with linear utilities oscillates, so the last
 iterations' demands are also returned as candidates for a per-job mix LP (solvers/oef_hull.py).
+
+**Mixing the demands.** Every envy row and every capacity and SI row is linear in the allocation,
+so any convex combination of envy-free allocations is envy-free. The demands of every tatonnement
+iteration, at every budget exponent, are envy-free (whatever the prices); E is envy-free and SI. So
+the best convex combination sum_q lam_q X_q (+ lam_E E) within capacity and SI is an envy-free SI
+plan: an LP with one column per demand (their efficiency, GPUs per type and utilities are recorded
+as the tatonnement runs) and m capacity rows, plus the SI rows, which are generated on demand (a
+row only for a job whose utility is below its SI level in some demand, only when the combination
+breaks it). Tatonnement oscillates around clearing prices, so demands above and below capacity
+combine to fill it with no share of E; and a demand that is not SI alone (budget exponent < 1)
+can still enter. The chosen demands (at most m + 1 + the SI rows that bind) are recomputed from
+their prices and budgets (deterministic).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -74,10 +87,36 @@ def capacity_mix(X: np.ndarray, E: np.ndarray, size: np.ndarray, capacity: np.nd
     return float(min(1.0, max(0.0, need.max() * (1 + 1e-12) + 1e-15)))
 
 
+@dataclass
+class MarketPoints:
+    """The demands met during tatonnement, for the convex-combination LP (combine_demands): per
+    demand its budgets' index, prices, efficiency (slowest-GPU equivalents), GPUs per type used and
+    per-row utilities."""
+
+    budgets: list[np.ndarray] = field(default_factory=list)
+    budget_of: list[int] = field(default_factory=list)
+    price: list[np.ndarray] = field(default_factory=list)
+    efficiency: list[float] = field(default_factory=list)
+    use: list[np.ndarray] = field(default_factory=list)
+    utility: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, price: np.ndarray, eff: float, use: np.ndarray, utility: np.ndarray) -> None:
+        """Record the demand at `price` under the latest budgets, unless it repeats the last one."""
+        if (self.use and self.budget_of[-1] == len(self.budgets) - 1 and self.efficiency[-1] == eff
+                and np.array_equal(self.use[-1], use)):
+            return
+        self.budget_of.append(len(self.budgets) - 1)
+        self.price.append(price.copy())
+        self.efficiency.append(eff)
+        self.use.append(use)
+        self.utility.append(utility)
+
+
 def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray,
                       size: np.ndarray, capacity: np.ndarray, E: np.ndarray, *, iterations: int = 300,
                       keep: int = 4, time_limit_s: float | None = None, price: np.ndarray | None = None,
-                      eta: float = 0.5) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
+                      eta: float = 0.5, points: MarketPoints | None = None
+                      ) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
     """Return (best plan, the last `keep` distinct demands, stats): the plan is a market demand
     (time fractions, rows x m) mixed with the equal split E to fit capacity, the most efficient
     (sum size_r V_r . x_r, slowest-GPU equivalents) over the tatonnement iterations.
@@ -85,7 +124,8 @@ def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpu
     Rows are jobs or classes of identical jobs: weight and gpus are one job's, size is the GPUs
     the row's time fractions multiply (count x gpus), so W and capacity count every job. `price`:
     starting prices (scaled to p . C <= W; default W / sum C each), `eta` the first step; stats
-    carry the last prices as "price" (a warm start for another run).
+    carry the last prices as "price" (a warm start for another run). `points`: where every raw
+    demand is recorded (with these budgets) for combine_demands.
     """
     started = time.perf_counter()
     W = float((weight * size / gpus).sum())      # every job's budget: classes count each member
@@ -96,11 +136,16 @@ def market_allocation(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpu
         price = price * min(1.0, W / float(price @ capacity))
     best, best_eff, best_t = E, float((size * (V * E).sum(axis=1)).sum()), 1.0
     recent: list[np.ndarray] = []
+    if points is not None:
+        points.budgets.append(weight)
     it = 0
     for it in range(1, iterations + 1):
         if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
             break
         X = demand(V, usable, price, weight, gpus) / gpus[:, None]
+        if points is not None:
+            U = (V * X).sum(axis=1)
+            points.add(price, float((size * U).sum()), (size[:, None] * X).sum(axis=0), U)
         t = capacity_mix(X, E, size, capacity)
         Y = (1 - t) * X + t * E
         eff = float((size * (V * Y).sum(axis=1)).sum())
@@ -128,34 +173,121 @@ def budgets(weight: np.ndarray, gpus: np.ndarray, exponent: float) -> np.ndarray
     return weight ** exponent * gpus ** (1.0 - exponent)
 
 
+def combine_demands(points: MarketPoints, V: np.ndarray, usable: np.ndarray, gpus: np.ndarray, size: np.ndarray,
+                    capacity: np.ndarray, E: np.ndarray, si_ref: np.ndarray, *, time_limit_s: float | None = None,
+                    max_rounds: int = 50) -> tuple[np.ndarray | None, dict[str, Any]]:
+    """Return (the most efficient convex combination of the recorded demands and E within capacity
+    and SI, as time fractions rows x m, or None when the LP did not finish; stats).
+
+    Columns: the demands in `points` and E; rows: capacity (GPUs per type), sum lam = 1, and SI rows
+    sum_q (U_iq - r_i) lam_q >= 0 added on demand (only jobs below r_i in some demand can need one;
+    each round adds those the combination breaks). The result is verified in floating point:
+    capacity by the smallest mix with E (capacity_mix), SI with no tolerance beyond 1e-9 relative
+    (None if it fails). Envy-free because every column is (see the module docstring).
+    """
+    from scipy.optimize import linprog
+
+    started = time.perf_counter()
+    Q = len(points.efficiency)
+    stats: dict[str, Any] = {"market_demands": Q}
+    if not Q:
+        return None, stats
+    UE = (V * E).sum(axis=1)
+    eff = np.append(points.efficiency, float((size * UE).sum()))
+    use = np.column_stack(points.use + [(size[:, None] * E).sum(axis=0)])          # m x (Q + 1)
+    low = np.full(len(si_ref), np.inf)
+    for u in points.utility:
+        np.minimum(low, u, out=low)
+    risk = np.nonzero(low < si_ref)[0]                     # the only jobs whose SI row can bind
+    rows = np.zeros(0, dtype=int)
+    lam = None
+    for rnd in range(1, max_rounds + 1):
+        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+        if left is not None and left <= 0:
+            return None, stats
+        si_rows = np.column_stack([u[rows] for u in points.utility] + [si_ref[rows]]) - si_ref[rows, None]
+        res = linprog(-eff, A_ub=np.vstack([use, -si_rows]), b_ub=np.concatenate([capacity, np.zeros(len(rows))]),
+                      A_eq=np.ones((1, Q + 1)), b_eq=[1.0], bounds=(0, None), method="highs",
+                      options={"time_limit": float(left) if left is not None else np.inf,
+                               "primal_feasibility_tolerance": 1e-9})
+        if res.status != 0:
+            return None, stats
+        lam = np.clip(res.x, 0.0, None)
+        lam /= lam.sum()
+        on = np.nonzero(lam[:Q] > 0)[0]
+        U_mix = lam[Q] * si_ref[risk] + sum(lam[q] * points.utility[q][risk] for q in on)
+        new = risk[U_mix < si_ref[risk] * (1 + 1e-12)]
+        new = np.setdiff1d(new, rows)
+        stats["market_si_rows"] = int(len(rows))
+        if not len(new):
+            break
+        rows = np.concatenate([rows, new])
+    else:
+        return None, stats
+    on = np.nonzero(lam[:Q] > 0)[0]
+    X = lam[Q] * E
+    for q in on:
+        b = points.budgets[points.budget_of[q]]
+        X = X + lam[q] * demand(V, usable, points.price[q], b, gpus) / gpus[:, None]
+    t = capacity_mix(X, E, size, capacity)
+    X = (1 - t) * X + t * E
+    stats.update({"market_combined": int(len(on)), "market_combined_share_of_equal_split": float(lam[Q] + t),
+                  "market_combine_seconds": time.perf_counter() - started})
+    if not ((V * X).sum(axis=1) >= si_ref * (1 - 1e-9)).all():
+        return None, stats
+    return X, stats
+
+
 def best_market(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
                 capacity: np.ndarray, E: np.ndarray, si_ref: np.ndarray, *,
-                exponents: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25, 0.0), time_limit_s: float | None = None
+                exponents: tuple[float, ...] = (1.0, 0.75, 0.5, 0.25, 0.0), time_limit_s: float | None = None,
+                combine: bool = True, combine_share: float = 0.15
                 ) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
-    """Return market_allocation's (plan, recent demands, stats) for the most efficient budget
-    exponent (see budgets) whose plan is SI (U_i >= si_ref_i, no tolerance), trying `exponents`
-    in order and stopping at the first that is not SI; a = 1 (SI by the argument above) first.
-    Plans are rows x m time fractions; efficiency in slowest-GPU equivalents."""
+    """Return (plan, recent demands, stats): the market plan, rows x m time fractions, envy-free and
+    SI; efficiency in slowest-GPU equivalents.
+
+    Without `combine`: market_allocation's plan for the most efficient budget exponent (see budgets)
+    whose plan is SI (U_i >= si_ref_i, no tolerance), trying `exponents` in order and stopping at the
+    first that is not SI; a = 1 (SI by the argument above) first. With it (default): every exponent
+    runs (within 1 - combine_share of the limit; each warm-started from the previous prices) and
+    the plan is the better of that and combine_demands' convex combination of every demand met
+    (stats: market_plan says which; market_budget_exponent stays the best single exponent's).
+    """
     started = time.perf_counter()
     best: tuple[np.ndarray, list[np.ndarray], dict[str, Any]] | None = None
     price: np.ndarray | None = None
+    points = MarketPoints() if combine else None
+    run_s = None if time_limit_s is None else time_limit_s * ((1 - combine_share) if combine else 1.0)
     for q, a in enumerate(exponents):
-        left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
+        left = None if run_s is None else run_s - (time.perf_counter() - started)
         if best is not None and left is not None and left <= 0:
             break
         share = None if left is None else left / (len(exponents) - q)
         plan, recent, stats = market_allocation(V, usable, budgets(weight, gpus, a), gpus, size, capacity, E,
                                                 time_limit_s=share, price=price,
                                                 eta=0.5 if price is None else 0.2,
-                                                iterations=300 if price is None else 150)
+                                                iterations=300 if price is None else 150, points=points)
         price = stats.pop("price")                      # the next exponent starts from these prices
         if best is not None and not ((V * plan).sum(axis=1) >= si_ref).all():
+            if combine:
+                continue                                # its demands still enter the combination
             break
         stats["market_budget_exponent"] = a
         if best is None or stats["market_efficiency"] > best[2]["market_efficiency"]:
             best = (plan, recent, stats)
     assert best is not None
-    return best
+    if points is None:
+        return best
+    left = None if time_limit_s is None else max(time_limit_s - (time.perf_counter() - started), 0.0)
+    X, stats = combine_demands(points, V, usable, gpus, size, capacity, E, si_ref, time_limit_s=left)
+    plan, recent, best_stats = best
+    best_stats.update(stats)
+    if X is not None:
+        eff = float((size * (V * X).sum(axis=1)).sum())
+        if eff > best_stats["market_efficiency"]:
+            best_stats.update({"market_efficiency": eff, "market_plan": "combination of demands"})
+            plan = X
+    return plan, recent, best_stats
 
 
 def capacity_price_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, *,
