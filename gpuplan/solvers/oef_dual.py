@@ -53,7 +53,7 @@ def dual_value(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np
 
 def group_dual_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
                      si_ref: np.ndarray, *, groups: int = 100, time_limit_s: float | None = None,
-                     max_iter: int = 3000, seed: int = 0, features: np.ndarray | None = None
+                     max_iter: int = 100_000, seed: int = 0, features: np.ndarray | None = None
                      ) -> tuple[float, dict[str, Any]]:
     """Return (an upper bound on the envy-free OEF LP's optimum, stats), in the objective's units.
 

@@ -200,12 +200,13 @@ class Budget:
 
 
 MARKET_FIRST_SIZE = 10_000      # rows x types from which a time-limited solve runs the market first
-# Below this many seconds per row x type, a time limit leaves the LP rounds no use: row generation
-# needed 35 rounds and 48 s for 1,000 distinct jobs x 8 types (6e-3 s per row x type, load 2) and
-# 13-19 s for 1,000 x 3 (4-6e-3), and its bound after the first few rounds (7,114-6,744 at
-# 1,000 x 8) is far above the dual bound's (about 6,000): under a sixth of that time the market and
-# the dual bound get all of it.
-SHORT_LIMIT_S_PER_ENTRY = 1e-3
+# A time limit under SHORT_LIMIT_S x (rows x types)^1.5 leaves the LP rounds no use, so the market
+# and the dual bound get all of it. Measured: row generation reached the optimum of 1,000 distinct
+# jobs x 3 types in 8.7-19 s (29-32 rounds) and of 1,000 x 8 in 18-48 s (28-35 rounds) at load 2-10;
+# both the rounds and each LP grow with the jobs, about as (rows x types)^1.5 (5.3e-5 to 1.2e-4 and
+# 2.5e-5 to 6.7e-5 s times it); the bound after the first few rounds (7,114 to 6,744 at 1,000 x 8)
+# is far above the dual bound's (about 6,000). A fifth of the fastest of those: 1e-5.
+SHORT_LIMIT_S = 1e-5
 
 
 def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
@@ -367,13 +368,13 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     use_market = envy and market and weight is not None and gpus is not None
     early: tuple[np.ndarray, list[np.ndarray], dict[str, Any]] | None = None
     dual_bound, dual_stats = np.inf, {}
-    short = time_limit_s is not None and time_limit_s < SHORT_LIMIT_S_PER_ENTRY * k * m
+    short = time_limit_s is not None and time_limit_s < SHORT_LIMIT_S * (k * m) ** 1.5
     if time_limit_s is not None and (k * m >= MARKET_FIRST_SIZE or short) and (use_market or use_dual):
         # large: the first LP alone may not fit in a short limit, so the market's plan and the dual
         # bound come first; the LP rounds get what is left (up to 90% of the limit)
         # one oracle pass above a tenth of the limit: two LP rounds (the least that improves on the
         # SI-only bound) will not fit, so the market and the dual bound get all of the time; a short
-        # limit (see SHORT_LIMIT_S_PER_ENTRY): no LP round at all
+        # limit (see SHORT_LIMIT_S): no LP round at all
         hopeless = short or full_oracle() > 0.1 * time_limit_s
         if use_market:
             early = _market_plan(V, usable, weight, gpus, size, capacity, E, si_ref, rho,

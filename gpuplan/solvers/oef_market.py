@@ -175,18 +175,21 @@ def budgets(weight: np.ndarray, gpus: np.ndarray, exponent: float) -> np.ndarray
 
 def combine_demands(points: MarketPoints, V: np.ndarray, usable: np.ndarray, gpus: np.ndarray, size: np.ndarray,
                     capacity: np.ndarray, E: np.ndarray, si_ref: np.ndarray, *, time_limit_s: float | None = None,
-                    max_rounds: int = 50) -> tuple[np.ndarray | None, dict[str, Any]]:
+                    max_rounds: int = 200, per_round: int = 100) -> tuple[np.ndarray | None, dict[str, Any]]:
     """Return (the most efficient convex combination of the recorded demands and E within capacity
     and SI, as time fractions rows x m, or None when the LP did not finish; stats).
 
     Columns: the demands in `points` and E; rows: capacity (GPUs per type), sum lam = 1, and SI rows
     sum_q (U_iq - r_i) lam_q >= 0 added on demand (only jobs below r_i in some demand can need one;
-    each round adds those the combination breaks). The result is verified in floating point:
+    each round adds the `per_round` the combination breaks most; HiGHS's dual simplex, warm). The result is verified in floating point:
     capacity by the smallest mix with E (capacity_mix), SI with no tolerance beyond 1e-9 relative
     (None if it fails). Envy-free because every column is (see the module docstring).
     """
-    from scipy.optimize import linprog
+    import highspy
 
+    from gpuplan.solvers.backends import _silence_highs_banner
+
+    _silence_highs_banner()
     started = time.perf_counter()
     Q = len(points.efficiency)
     stats: dict[str, Any] = {"market_demands": Q}
@@ -199,31 +202,47 @@ def combine_demands(points: MarketPoints, V: np.ndarray, usable: np.ndarray, gpu
     for u in points.utility:
         np.minimum(low, u, out=low)
     risk = np.nonzero(low < si_ref)[0]                     # the only jobs whose SI row can bind
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("primal_feasibility_tolerance", 1e-9)
+    cols = np.arange(Q + 1, dtype=np.int32)
+    h.addVars(Q + 1, np.zeros(Q + 1), np.ones(Q + 1))
+    h.changeColsCost(Q + 1, cols, -eff)
+
+    def add(A: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> None:
+        """Add the dense rows lower <= A lam <= upper to the model (warm start kept)."""
+        idx = np.nonzero(A)
+        starts = np.searchsorted(idx[0], np.arange(len(A))).astype(np.int32)
+        h.addRows(len(A), lower, upper, len(idx[0]), starts, idx[1].astype(np.int32), A[idx])
+
+    add(np.vstack([use, np.ones((1, Q + 1))]), np.append(np.full(len(capacity), -highspy.kHighsInf), 1.0),
+        np.append(capacity, 1.0))
     rows = np.zeros(0, dtype=int)
-    lam = None
-    for rnd in range(1, max_rounds + 1):
+    lam = np.zeros(Q + 1)
+    for _ in range(max_rounds):
         left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
         if left is not None and left <= 0:
             return None, stats
-        si_rows = np.column_stack([u[rows] for u in points.utility] + [si_ref[rows]]) - si_ref[rows, None]
-        res = linprog(-eff, A_ub=np.vstack([use, -si_rows]), b_ub=np.concatenate([capacity, np.zeros(len(rows))]),
-                      A_eq=np.ones((1, Q + 1)), b_eq=[1.0], bounds=(0, None), method="highs",
-                      options={"time_limit": float(left) if left is not None else np.inf,
-                               "primal_feasibility_tolerance": 1e-9})
-        if res.status != 0:
+        if left is not None:
+            h.setOptionValue("time_limit", float(h.getRunTime() + left))
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None, stats
-        lam = np.clip(res.x, 0.0, None)
+        lam = np.clip(np.asarray(h.getSolution().col_value), 0.0, None)
         lam /= lam.sum()
         on = np.nonzero(lam[:Q] > 0)[0]
-        U_mix = lam[Q] * si_ref[risk] + sum(lam[q] * points.utility[q][risk] for q in on)
-        new = risk[U_mix < si_ref[risk] * (1 + 1e-12)]
-        new = np.setdiff1d(new, rows)
-        stats["market_si_rows"] = int(len(rows))
-        if not len(new):
+        slack = lam[Q] * si_ref[risk] + sum(lam[q] * points.utility[q][risk] for q in on) - si_ref[risk]
+        bad = np.nonzero(slack < 1e-12 * si_ref[risk])[0]
+        bad = bad[~np.isin(risk[bad], rows)]
+        if not len(bad):
             break
-        rows = np.concatenate([rows, new])
+        new = risk[bad[np.argsort(slack[bad] / np.maximum(si_ref[risk[bad]], 1e-12))[:per_round]]]
+        rows = np.concatenate([rows, new])                 # the most violated first, `per_round` at most
+        A = np.column_stack([u[new] for u in points.utility] + [si_ref[new]]) - si_ref[new, None]
+        add(A, np.zeros(len(new)), np.full(len(new), highspy.kHighsInf))
     else:
         return None, stats
+    stats["market_si_rows"] = int(len(rows))
     on = np.nonzero(lam[:Q] > 0)[0]
     X = lam[Q] * E
     for q in on:

@@ -1,0 +1,103 @@
+"""Every upper bound OEF certifies a gap with is a proven one, and every time-limited plan is envy-free
+and SI: each bound (the capacity prices, the group dual with and without the market's bundles in the
+grouping, an LP relaxation stopped after a few rounds, and whatever a time-limited solve reports)
+is compared with the exact LP optimum (all n(n-1) envy rows, scipy/HiGHS) on small random
+distinct-job instances; a bound below it fails. The market's convex combination of demands is
+checked the same way from below (envy-free, SI, within capacity, never above the optimum)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuplan import api
+from gpuplan.models.oef import arrays, efficiency, envy_pairs, equal_share, utilities
+from gpuplan.models.plan import Status
+from gpuplan.solvers.oef_dual import group_dual_bound
+from gpuplan.solvers.oef_ef import solve_ef_lp
+from gpuplan.solvers.oef_market import MarketPoints, best_market, capacity_price_bound, combine_demands
+from test_oef_scale import distinct_doc, full_lp
+
+SMALL = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _instance(seed: int, n: int, m: int):
+    """Return (arrays, equal split, SI levels, rho, exact EF LP optimum) of a random distinct-job input."""
+    a = arrays(api.load_problem(distinct_doc(np.random.default_rng(seed), n, m)))
+    E = equal_share(a)
+    return a, E, utilities(a, E), a.weight / a.gpus, full_lp(a)
+
+
+def _below(bound: float, opt: float) -> bool:
+    """Return whether `bound` falls below the optimum beyond the LP solvers' tolerance."""
+    return bound < opt * (1 - 1e-7) - 1e-7
+
+
+@SMALL
+@given(seed=st.integers(0, 100_000), n=st.integers(3, 25), m=st.integers(2, 5), groups=st.integers(1, 12),
+       iters=st.integers(1, 200))
+def test_each_bound_is_at_least_the_exact_optimum(seed: int, n: int, m: int, groups: int, iters: int) -> None:
+    a, E, ref, rho, opt = _instance(seed, n, m)
+    size = a.gpus.astype(float)
+    M, _, _ = best_market(a.V, a.usable, a.weight, size, size, a.capacity, E, ref)
+    bounds = {
+        "capacity prices": capacity_price_bound(a.V, a.usable, size, a.capacity, iterations=iters),
+        "group dual": group_dual_bound(a.V, a.usable, size, a.capacity, rho, ref, groups=groups,
+                                       max_iter=iters)[0],
+        "group dual, market bundles": group_dual_bound(a.V, a.usable, size, a.capacity, rho, ref, groups=groups,
+                                                       max_iter=iters, features=M)[0],
+    }
+    for rounds in (1, 2):                          # an LP relaxation stopped early (a subset of envy rows)
+        res = solve_ef_lp(a.V, a.usable, size, a.capacity, rho, ref, E, max_rounds=rounds, hull=False,
+                          market=False, dual=False)
+        bounds[f"LP relaxation after {rounds} round(s)"] = res.upper_bound
+    low = {name: b for name, b in bounds.items() if _below(b, opt)}
+    assert not low, f"bounds below the exact optimum {opt}: {low}"
+    assert efficiency(a, M) <= opt * (1 + 1e-7) + 1e-7
+
+
+@SMALL
+@given(seed=st.integers(0, 100_000), n=st.integers(3, 25), m=st.integers(2, 5),
+       limit=st.sampled_from([0.02, 0.1, 0.5]))
+def test_a_time_limited_solve_reports_a_true_bound_and_an_envy_free_si_plan(seed: int, n: int, m: int,
+                                                                            limit: float) -> None:
+    """Short limits take the market-and-dual path (no LP round), longer ones the rounds first."""
+    a, E, ref, rho, opt = _instance(seed, n, m)
+    size = a.gpus.astype(float)
+    res = solve_ef_lp(a.V, a.usable, size, a.capacity, rho, ref, E, time_limit_s=limit, weight=a.weight,
+                      gpus=size)
+    assert not _below(res.upper_bound, opt), (res.upper_bound, opt, res.stats.get("bound_from"))
+    X = res.Y
+    assert envy_pairs(a, X)[0] == 0
+    assert (utilities(a, X) >= ref * (1 - 1e-6) - 1e-7).all()
+    assert ((a.gpus[:, None] * X).sum(axis=0) <= a.capacity * (1 + 1e-6) + 1e-7).all()
+    assert efficiency(a, X) <= opt * (1 + 1e-7) + 1e-7
+    if res.status is Status.TIME_LIMIT:
+        gap = res.stats["certified_gap"]
+        assert gap >= (opt - efficiency(a, X)) / max(opt, 1e-12) - 1e-6      # never claims more than is true
+
+
+@SMALL
+@given(seed=st.integers(0, 100_000), n=st.integers(3, 25), m=st.integers(2, 5))
+def test_the_combination_of_market_demands_is_envy_free_si_and_beats_each_single_market(seed: int, n: int,
+                                                                                        m: int) -> None:
+    a, E, ref, rho, opt = _instance(seed, n, m)
+    size = a.gpus.astype(float)
+    single, _, single_stats = best_market(a.V, a.usable, a.weight, size, size, a.capacity, E, ref, combine=False)
+    plan, _, stats = best_market(a.V, a.usable, a.weight, size, size, a.capacity, E, ref)
+    for X in (single, plan):
+        assert envy_pairs(a, X)[0] == 0
+        assert (utilities(a, X) >= ref * (1 - 1e-9)).all()
+        assert ((a.gpus[:, None] * X).sum(axis=0) <= a.capacity * (1 + 1e-9) + 1e-12).all()
+        assert efficiency(a, X) <= opt * (1 + 1e-7) + 1e-7
+    assert efficiency(a, plan) >= efficiency(a, single) * (1 - 1e-9)
+    assert stats["market_efficiency"] == efficiency(a, plan) or abs(stats["market_efficiency"] - efficiency(a, plan)) \
+        <= 1e-9 * max(1.0, efficiency(a, plan))
+
+
+def test_combine_demands_without_demands_returns_none() -> None:
+    a, E, ref, _, _ = _instance(3, 6, 3)
+    size = a.gpus.astype(float)
+    X, stats = combine_demands(MarketPoints(), a.V, a.usable, size, size, a.capacity, E, ref)
+    assert X is None and stats["market_demands"] == 0
