@@ -18,12 +18,15 @@ slack and carry no dual are dropped every few rounds, so the LP keeps roughly th
 (dropping non-binding rows leaves the current vertex optimal, so the bound stays valid).
 
 A time limit returns the best envy-free SI plan in hand: the equal-incomes market allocation
-(solvers/oef_market.py: envy-free and SI at any prices), the per-job mix LP over it, the last relaxed
+(solvers/oef_market.py: envy-free and SI at any prices; by default the best convex combination of
+every demand its tatonnement met, within capacity and SI), the per-job mix LP over it, the last relaxed
 optimum and the equal split E (solvers/oef_hull.py), or the smallest global mix (1 - t) X + t E
 (envy_free_mix: each row is linear, so the largest t any pair needs is exact); the certified upper
 bound is the smallest of the last relaxation's value, a Lagrangian capacity-price bound and the
 Lagrangian dual of the group relaxation (solvers/oef_dual.py: n x groups rows, no LP). A time limit
 is one deadline (Budget): a step that ends in an all-pairs oracle pass starts only with room for it.
+A limit too short for row generation to get anywhere (SHORT_LIMIT_S) runs no LP round: the market
+and the dual bound (which then groups jobs by their market bundles too) share all of it.
 """
 
 from __future__ import annotations
