@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from gpuplan import api
 from gpuplan.models.oef import arrays, efficiency, envy_pairs, equal_share, utilities
 from gpuplan.models.plan import Status
-from gpuplan.solvers.oef_dual import group_dual_bound
+from gpuplan.solvers.oef_dual import dual_value, group_dual_bound, group_pairs
+from gpuplan.solvers.oef_groups import group_jobs
 from gpuplan.solvers.oef_ef import solve_ef_lp
 from gpuplan.solvers.oef_market import MarketPoints, best_market, capacity_price_bound, combine_demands
 from test_oef_scale import distinct_doc, full_lp
@@ -36,17 +37,19 @@ def _below(bound: float, opt: float) -> bool:
 
 @SMALL
 @given(seed=st.integers(0, 100_000), n=st.integers(3, 25), m=st.integers(2, 5), groups=st.integers(1, 12),
-       iters=st.integers(1, 200))
-def test_each_bound_is_at_least_the_exact_optimum(seed: int, n: int, m: int, groups: int, iters: int) -> None:
+       iters=st.integers(1, 200), pairs=st.integers(0, 6))
+def test_each_bound_is_at_least_the_exact_optimum(seed: int, n: int, m: int, groups: int, iters: int,
+                                                  pairs: int) -> None:
     a, E, ref, rho, opt = _instance(seed, n, m)
     size = a.gpus.astype(float)
     M, _, _ = best_market(a.V, a.usable, a.weight, size, size, a.capacity, E, ref)
     bounds = {
         "capacity prices": capacity_price_bound(a.V, a.usable, size, a.capacity, iterations=iters),
         "group dual": group_dual_bound(a.V, a.usable, size, a.capacity, rho, ref, groups=groups,
-                                       max_iter=iters)[0],
-        "group dual, market bundles": group_dual_bound(a.V, a.usable, size, a.capacity, rho, ref, groups=groups,
-                                                       max_iter=iters, features=M)[0],
+                                       max_iter=iters, pairs_per_job=0)[0],
+        "group dual, market bundles, pairs": group_dual_bound(a.V, a.usable, size, a.capacity, rho, ref,
+                                                              groups=groups, max_iter=iters, features=M,
+                                                              pairs_per_job=pairs)[0],
     }
     for rounds in (1, 2):                          # an LP relaxation stopped early (a subset of envy rows)
         res = solve_ef_lp(a.V, a.usable, size, a.capacity, rho, ref, E, max_rounds=rounds, hull=False,
@@ -101,3 +104,25 @@ def test_combine_demands_without_demands_returns_none() -> None:
     size = a.gpus.astype(float)
     X, stats = combine_demands(MarketPoints(), a.V, a.usable, size, size, a.capacity, E, ref)
     assert X is None and stats["market_demands"] == 0
+
+
+@SMALL
+@given(seed=st.integers(0, 100_000), n=st.integers(3, 25), m=st.integers(2, 5), groups=st.integers(1, 8),
+       pairs=st.integers(1, 6))
+def test_every_multiplier_with_pair_rows_bounds_the_lp(seed: int, n: int, m: int, groups: int, pairs: int) -> None:
+    """Weak duality: D at random non-negative multipliers on capacity, SI, group rows and pair rows."""
+    a, E, ref, rho, opt = _instance(seed, n, m)
+    size = a.gpus.astype(float)
+    labels = group_jobs(a.V, a.usable, rho, groups)
+    I, K = group_pairs(labels, pairs, seed=seed)
+    assert (labels[I] == labels[K]).all() and (I != K).all() and len(set(zip(I, K))) == len(I)
+    G = int(labels.max()) + 1
+    group_rho = np.zeros(G)
+    group_rho[labels] = rho
+    theta = np.minimum(1.0, rho[:, None] / group_rho[None, :])
+    rng = np.random.default_rng(seed)
+    for _ in range(5):
+        value, _ = dual_value(a.V * a.usable, a.usable, size, a.capacity, ref, labels, theta,
+                              rng.uniform(0, 3, m), rng.uniform(0, 2, n), rng.uniform(0, 1, (n, G)),
+                              pairs=(I, K, np.minimum(1.0, rho[I] / rho[K])), B=rng.uniform(0, 2, len(I)))
+        assert not _below(value, opt)
