@@ -126,3 +126,16 @@ def test_every_multiplier_with_pair_rows_bounds_the_lp(seed: int, n: int, m: int
                               rng.uniform(0, 3, m), rng.uniform(0, 2, n), rng.uniform(0, 1, (n, G)),
                               pairs=(I, K, np.minimum(1.0, rho[I] / rho[K])), B=rng.uniform(0, 2, len(I)))
         assert not _below(value, opt)
+
+
+def test_step_groups_shrinks_only_under_a_short_limit() -> None:
+    """Fewer groups only when the limit would give under MIN_STEPS steps; never under MIN_GROUPS."""
+    from gpuplan.solvers.oef_dual import MIN_GROUPS, MIN_STEPS, STEP_ENTRY_S, step_groups
+
+    assert step_groups(100, 10_000, None) == 100
+    assert step_groups(100, 1_000, 10.0) == 100
+    roomy = MIN_STEPS * STEP_ENTRY_S * 10_000 * 100
+    assert step_groups(100, 10_000, roomy) == 100
+    assert step_groups(100, 10_000, roomy / 2) == 50
+    assert step_groups(100, 10_000, 1e-6) == MIN_GROUPS
+    assert step_groups(5, 10_000, 1e-6) == 5
