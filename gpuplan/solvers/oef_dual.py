@@ -59,6 +59,7 @@ def dual_value(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np
     equivalents when size is GPUs). theta: rows x groups, labels: each row's group; pairs: (I, K,
     theta_IK) of the single envy rows kept beside the group rows, B their multipliers (>= 0)."""
     n, m = V.shape
+    A = np.asarray(A, dtype=float)                                  # float32 multipliers: D in float64
     count = np.bincount(labels, minlength=A.shape[1]).astype(float)
     W = (A * theta).T @ V                                           # groups x m
     own = size + sigma + A.sum(axis=1)
@@ -142,7 +143,10 @@ def group_dual_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capaci
     I, K = group_pairs(labels, pairs_per_job, seed=seed)
     pairs = (I, K, np.minimum(1.0, rho[I] / np.maximum(rho[K], 1e-300)))
     VI = Vu[I]
-    params = [pi, np.zeros(n), np.zeros((n, G)), np.zeros(len(I))]
+    # the rows x groups multipliers and their Adam state in float32 (half the memory traffic of a
+    # step); D itself is evaluated in float64 at whatever multipliers they hold, so it stays exact
+    params = [pi, np.zeros(n), np.zeros((n, G), dtype=np.float32), np.zeros(len(I))]
+    Vu32, theta32 = Vu.astype(np.float32), theta.astype(np.float32)
     first = [np.zeros_like(p) for p in params]
     second = [np.zeros_like(p) for p in params]
     lr0 = 0.05 * float(Vu[usable].mean()) if usable.any() else 1.0
@@ -157,9 +161,9 @@ def group_dual_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capaci
         UP = (Vu * P).sum(axis=1)
         avg = np.stack([np.bincount(labels, weights=P[:, j], minlength=G) for j in range(m)], axis=1)
         avg /= count[:, None]
-        gA = Vu @ avg.T
-        gA *= theta
-        np.subtract(UP[:, None], gA, out=gA)                        # dD/dA: minus the group rows' envy
+        gA = Vu32 @ avg.T.astype(np.float32)
+        gA *= theta32
+        np.subtract(UP[:, None].astype(np.float32), gA, out=gA)    # dD/dA: minus the group rows' envy
         grads = [capacity - (size[:, None] * P).sum(axis=0),       # dD/dpi
                  UP - si_ref,                                       # dD/dsigma
                  gA,
