@@ -9,6 +9,7 @@ naming the file, the field, the value and what was expected.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -17,6 +18,8 @@ import re
 import stat
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -140,22 +143,118 @@ def check_document(data: Any, file: str | None = None, *, max_nodes: int = MAX_D
                                  expected=f"at most {max_depth} levels")
             items = obj.items() if isinstance(obj, dict) else enumerate(obj)
             for key, value in items:
-                if isinstance(value, (dict, list, float)):
+                if isinstance(value, (dict, list)):
                     stack.append((value, path + (key,)))
-                else:
-                    count += 1
+                    continue
+                count += 1
+                if not allow_nonfinite and isinstance(value, float) and not math.isfinite(value):
+                    raise InputError.at(file, _path_text(path + (key,)), value, "a finite number")
             if count > max_nodes:
                 stack.append((None, path))
     return count
 
 
+class _Loader(_YAML_LOADER):  # type: ignore[misc,valid-type]
+    """The safe loader, with each distinct plain scalar's implicit tag resolved once per document (a
+    100k-job input repeats a few dozen keys hundreds of thousands of times)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._plain_tags: dict[str, str] = {}
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        """Return the tag of a node (yaml.resolver.BaseResolver.resolve), cached for plain scalars."""
+        if kind is not yaml.ScalarNode or not implicit[0] or self.yaml_path_resolvers:
+            return super().resolve(kind, value, implicit)
+        tag = self._plain_tags.get(value)
+        if tag is None:
+            tag = self._plain_tags[value] = super().resolve(kind, value, implicit)
+        return tag
+
+
+class _Unusual(Exception):
+    """A node the fast constructor leaves to PyYAML's SafeConstructor (merge keys, timestamps, sets,
+    binary, unknown or mismatched tags, unhashable keys)."""
+
+
+_TAG = "tag:yaml.org,2002:"
+_STR, _INT, _FLOAT, _BOOL, _NULL = (_TAG + t for t in ("str", "int", "float", "bool", "null"))
+_MAP, _SEQ = _TAG + "map", _TAG + "seq"
+_KEY_TAGS = frozenset((_STR, _INT, _FLOAT, _BOOL, _NULL))
+# Values whose SafeConstructor result is Python's own int() / float() of the text (no '_', no
+# sexagesimal ':', no octal/hex/binary prefix, no .inf/.nan); others go through SafeConstructor.
+_PLAIN_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_PLAIN_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _construct(loader: Any, root: Any) -> Any:
+    """Return the Python value of the composed node graph `root`, as SafeConstructor builds it (an
+    aliased node is one object, a recursive one refers to itself), without its per-node generators;
+    raise _Unusual for anything but str/int/float/bool/null scalars, maps and sequences."""
+    memo: dict[int, Any] = {}
+    constructors = loader.yaml_constructors
+
+    def build(node: Any) -> Any:
+        tag, kind = node.tag, node.id
+        if kind == "scalar":
+            if tag == _STR:
+                return node.value
+            if tag == _FLOAT:
+                return float(node.value) if _PLAIN_FLOAT.fullmatch(node.value) else loader.construct_yaml_float(node)
+            if tag == _INT:
+                return int(node.value) if _PLAIN_INT.fullmatch(node.value) else loader.construct_yaml_int(node)
+            if tag == _BOOL or tag == _NULL:
+                return constructors[tag](loader, node)
+            raise _Unusual(tag)
+        done = memo.get(id(node))
+        if done is not None:
+            return done
+        if kind == "mapping" and tag == _MAP:
+            mapping: dict[Any, Any] = {}
+            memo[id(node)] = mapping
+            for key, value in node.value:
+                if key.id != "scalar" or key.tag not in _KEY_TAGS:
+                    raise _Unusual(key.tag)
+                mapping[build(key)] = build(value)
+            return mapping
+        if kind == "sequence" and tag == _SEQ:
+            items: list[Any] = []
+            memo[id(node)] = items
+            for value in node.value:
+                items.append(build(value))
+            return items
+        raise _Unusual(tag)
+
+    return build(root)
+
+
 def _parse_yaml(text: str, file: str) -> Any:
-    loader = _YAML_LOADER(text)
+    """Return the value of one YAML document (the safe schema: no tag runs code)."""
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
-        return None if node is None else loader.construct_document(node)
+        if node is None:
+            return None
+        try:
+            return _construct(loader, node)
+        except _Unusual:
+            return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a document's many containers are built (a parse
+    allocates no garbage cycles worth collecting mid-way; each collection would walk every object
+    the process holds); restore its state after. Yields None."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _refuse_constant(name: str) -> float:
@@ -182,18 +281,19 @@ def parse_document(data: bytes | str, file: str, *, fmt: str = "yaml", allow_non
         text = data
     if "\x00" in text:
         raise InputError(f"{file}: holds NUL bytes; expected a {name} text document", file=file)
-    try:
-        if fmt == "json":
-            value = json.loads(text) if allow_nonfinite else json.loads(text, parse_constant=_refuse_constant)
-        else:
-            value = _parse_yaml(text, file)
-    except (json.JSONDecodeError, yaml.YAMLError, ValueError) as exc:
-        message = " ".join(str(exc).split())
-        raise InputError(f"{file}: {invalid}: {message[:300]}", file=file) from None
-    except RecursionError:
-        raise InputError(f"{file}: nested too deeply; expected at most {MAX_DOCUMENT_DEPTH} levels",
-                         file=file) from None
-    check_document(value, file, allow_nonfinite=allow_nonfinite)
+    with _gc_paused():
+        try:
+            if fmt == "json":
+                value = json.loads(text) if allow_nonfinite else json.loads(text, parse_constant=_refuse_constant)
+            else:
+                value = _parse_yaml(text, file)
+        except (json.JSONDecodeError, yaml.YAMLError, ValueError) as exc:
+            message = " ".join(str(exc).split())
+            raise InputError(f"{file}: {invalid}: {message[:300]}", file=file) from None
+        except RecursionError:
+            raise InputError(f"{file}: nested too deeply; expected at most {MAX_DOCUMENT_DEPTH} levels",
+                             file=file) from None
+        check_document(value, file, allow_nonfinite=allow_nonfinite)
     return value
 
 
