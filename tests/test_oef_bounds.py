@@ -121,11 +121,18 @@ def test_every_multiplier_with_pair_rows_bounds_the_lp(seed: int, n: int, m: int
     group_rho[labels] = rho
     theta = np.minimum(1.0, rho[:, None] / group_rho[None, :])
     rng = np.random.default_rng(seed)
-    for _ in range(5):
+    for q in range(6):                       # float32 group multipliers too, as group_dual_bound keeps them
+        A = rng.uniform(0, 1, (n, G)).astype(np.float32 if q % 2 else np.float64)
         value, _ = dual_value(a.V * a.usable, a.usable, size, a.capacity, ref, labels, theta,
-                              rng.uniform(0, 3, m), rng.uniform(0, 2, n), rng.uniform(0, 1, (n, G)),
+                              rng.uniform(0, 3, m), rng.uniform(0, 2, n), A,
                               pairs=(I, K, np.minimum(1.0, rho[I] / rho[K])), B=rng.uniform(0, 2, len(I)))
         assert not _below(value, opt)
+    # D at float32 multipliers is D at those same numbers in float64 (no float32 arithmetic in it)
+    pi, sigma, B = rng.uniform(0, 3, m), rng.uniform(0, 2, n), rng.uniform(0, 2, len(I))
+    A32 = rng.uniform(0, 1, (n, G)).astype(np.float32)
+    args = (a.V * a.usable, a.usable, size, a.capacity, ref, labels, theta, pi, sigma)
+    pr = (I, K, np.minimum(1.0, rho[I] / rho[K]))
+    assert dual_value(*args, A32, pairs=pr, B=B)[0] == dual_value(*args, A32.astype(np.float64), pairs=pr, B=B)[0]
 
 
 def test_step_groups_shrinks_only_under_a_short_limit() -> None:
