@@ -29,6 +29,11 @@ still a relaxation), with multipliers B >= 0: c_k gains sum_{pairs (k, .)} B V_k
 sum_{pairs (i, k)} B theta_ik V_i. Measured at load 1-2 with the market's bundles in the grouping
 and 100 groups: 1,000 x 8 in 1.5 s 5,984 -> 5,920 (+4.3% -> +3.1% above the optimum 5,739.6;
 3 or 10 pairs per job: 5,926 / 5,933); 10,000 x 8 in 15 s 60,617 -> 59,224 (-2.3%).
+
+**Short shares.** With few steps, fewer groups bound better (step_groups: the groups are cut, not
+under MIN_GROUPS, to what leaves MIN_STEPS steps), and the n x groups multipliers and their Adam
+state are float32 (half the memory traffic); D is evaluated in float64 at whatever numbers they
+hold, so every D is still exact weak duality.
 """
 
 from __future__ import annotations
