@@ -106,6 +106,7 @@ class OefProblem(Problem):
                 raise ValueError(f"at reference_type: a GPU type of the cluster ({', '.join(cap)}), "
                                  f"not {self.reference_type!r}")
         seen: set[str] = set()
+        known: dict[str, str] = {}  # type name -> canonical name (a few names, repeated by every job)
         for a, tenant in enumerate(self.tenants):
             if tenant.name in seen:
                 raise ValueError(f"at tenants[{a}].name: distinct tenant names, but {tenant.name!r} repeats")
@@ -126,7 +127,7 @@ class OefProblem(Problem):
                 tput = job.throughput if job.throughput is not None else self.job_types[job.type or ""]
                 usable = {}
                 for t, x in tput.items():
-                    key = _known_type(self.cluster, t, f"{where}.throughput.{t}")
+                    key = known.get(t) or known.setdefault(t, _known_type(self.cluster, t, f"{where}.throughput.{t}"))
                     if key in cap and x > 0:
                         usable[key] = x
                 if not usable:
