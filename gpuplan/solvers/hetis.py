@@ -31,7 +31,7 @@ import numpy as np
 
 from gpuplan.errors import InfeasibleError
 from gpuplan.models.hetis import (HeadAssignment, HetisPlan, HetisProblem, Replica, Stage, finish_plan,
-                                  max_rate_per_s, snapshot_instance)
+                                  rate_search, snapshot_instance)
 from gpuplan.models.hetis.cost import gpus_of, pipeline_step_s, stage_costs, stage_weight_bytes
 from gpuplan.models.hetis.dispatch import proportional_split, water_filling
 from gpuplan.models.plan import SolverInfo, Status
@@ -207,7 +207,7 @@ def hetis_layout_plan(problem: HetisProblem, replicas: list[Replica], dispatch: 
     return plan
 
 
-_STAGE_A_CACHE: dict[str, tuple[list[Replica], list[dict[str, Any]]]] = {}
+_STAGE_A_CACHE: dict[str, tuple[list[Replica], list[dict[str, Any]], tuple[float, float]]] = {}
 
 
 def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]:
@@ -217,15 +217,23 @@ def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]
     paper's threshold rule on that objective: the fewest primary GPUs whose max rate is within
     (1 + delta) of the best (a larger primary set is kept only when it gains more than delta). Raises
     InfeasibleError when no configuration holds the model."""
+    chosen, table, _ = _stage_a_searched(problem)
+    return [r.model_copy(deep=True) for r in chosen], [dict(row) for row in table]
+
+
+def _stage_a_searched(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]], tuple[float, float]]:
+    """Return stage_a's (replicas, table) and the chosen layout's rate_search (max rate, first failing
+    rate; requests/s) under water-filling dispatch, cached per problem (the solvers that share Stage A
+    reuse its search instead of repeating it)."""
     key = problem.model_dump_json()
     if key in _STAGE_A_CACHE:
-        chosen, table = _STAGE_A_CACHE[key]
-        return [r.model_copy(deep=True) for r in chosen], [dict(row) for row in table]
+        return _STAGE_A_CACHE[key]
     cands = stage_a_candidates(problem)
-    rated = []
+    rated, searched = [], []
     for proxy, reps in cands:
-        rate = max_rate_per_s(problem, hetis_layout_plan(problem, reps))
-        rated.append((rate, proxy, reps))
+        found = rate_search(problem, hetis_layout_plan(problem, reps))
+        searched.append(found)
+        rated.append((found[0], proxy, reps))
     best = max(r for r, _, _ in rated)
     ok = [(primaries_of(reps), -rate, k) for k, (rate, _, reps) in enumerate(rated) if rate * (1 + problem.delta) >= best]
     _, _, pick = min(ok)
@@ -238,8 +246,8 @@ def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]
              for k, (rate, proxy, reps) in enumerate(rated)]
     if len(_STAGE_A_CACHE) >= 8:
         _STAGE_A_CACHE.pop(next(iter(_STAGE_A_CACHE)))
-    _STAGE_A_CACHE[key] = ([r.model_copy(deep=True) for r in chosen], [dict(row) for row in table])
-    return chosen, table
+    _STAGE_A_CACHE[key] = ([r.model_copy(deep=True) for r in chosen], [dict(row) for row in table], searched[pick])
+    return _STAGE_A_CACHE[key]
 
 
 def _why_not(problem: HetisProblem) -> str:
@@ -303,7 +311,8 @@ def solve_hetis(problem: HetisProblem, *, time_limit_s: float | None = None, see
     plan = _head_map(problem, plan, snapshot, seed, time_limit_s)
     stats = plan.solver.stats if plan.solver else {}
     progress(0.3, "simulating")
-    plan = finish_plan(problem, plan)
+    # the same layout and dispatch Stage A searched (the head map does not enter the simulation)
+    plan = finish_plan(problem, plan, _stage_a_searched(problem)[2])
     plan.solver = SolverInfo(name="hetis", stats=stats)
     return plan
 
@@ -402,14 +411,14 @@ def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPla
     if not cands:
         raise InfeasibleError(_why_not(problem))
     cands.sort(key=lambda c: -c[0])
-    best, best_rate = None, -1.0
+    best, best_found = None, (-1.0, 0.0)
     for k, (_, plan) in enumerate(cands[:limit]):
         progress(k / limit, f"simulating candidate {k + 1}")
-        rate = max_rate_per_s(problem, plan)
-        if rate > best_rate:
-            best, best_rate = plan, rate
+        found = rate_search(problem, plan)
+        if found[0] > best_found[0]:
+            best, best_found = plan, found
     assert best is not None
-    return finish_plan(problem, best)
+    return finish_plan(problem, best, best_found)
 
 
 def hexgen_configurations(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:

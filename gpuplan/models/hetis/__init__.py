@@ -449,10 +449,12 @@ def dense_step_s(problem: HetisProblem, plan: HetisPlan) -> float:
     return pipeline_step_s([c.time_s(problem.token_budget / len(sc)) for c in sc])
 
 
-def metrics(problem: HetisProblem, plan: HetisPlan, *, with_rate: bool = True) -> dict[str, float]:
+def metrics(problem: HetisProblem, plan: HetisPlan, *, with_rate: bool = True,
+            searched: tuple[float, float] | None = None) -> dict[str, float]:
     """Return the predicted figures: max rate meeting the SLOs (requests/s), P TTFT / TPOT (s), attainment
     and goodput at the trace's rate, usable KV bytes, the dense step (s), and for a head map the
-    snapshot's attention step (s)."""
+    snapshot's attention step (s). `searched`: the (max rate, first failing rate) that rate_search already
+    returned for this very layout and problem (a solver's own search), used instead of searching again."""
     res, stats = simulated(problem, plan, problem.trace.rate_per_s)
     f = slo_figures(problem, res)
     out = {"ttft_p_s": f["ttft_p_s"], "tpot_p_s": f["tpot_p_s"], "attainment": f["attainment"],
@@ -465,16 +467,18 @@ def metrics(problem: HetisProblem, plan: HetisPlan, *, with_rate: bool = True) -
 
         out["snapshot_attention_s"] = objective_s(snapshot_instance(problem, plan), head_matrix(problem, plan)[0])
     if with_rate:
-        out["max_rate_per_s"], out["first_failing_rate_per_s"] = rate_search(problem, plan)
+        out["max_rate_per_s"], out["first_failing_rate_per_s"] = searched or rate_search(problem, plan)
     return out
 
 
-def finish_plan(problem: HetisProblem, plan: HetisPlan) -> HetisPlan:
-    """Fill capacities, predicted figures and the objective (max rate meeting the SLOs) of a layout."""
+def finish_plan(problem: HetisProblem, plan: HetisPlan, searched: tuple[float, float] | None = None) -> HetisPlan:
+    """Fill capacities, predicted figures and the objective (max rate meeting the SLOs, requests/s) of a
+    layout; `searched` as in metrics (a solver's own rate_search of this layout, not repeated; check
+    re-simulates the stated rates independently)."""
     cap, usable = capacity(problem, plan)
     plan.kv_capacity_bytes = {str(d): v for d, v in sorted(cap.items())}
     plan.usable_kv_bytes = usable
-    plan.predicted = metrics(problem, plan)
+    plan.predicted = metrics(problem, plan, searched=searched)
     plan.objective = plan.predicted["max_rate_per_s"]
     plan.objective_name = "max_rate_per_s (maximised)"
     return plan

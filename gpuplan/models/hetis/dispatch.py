@@ -70,18 +70,23 @@ class DispatchInstance:
         return two(S), two(self.c0_s), two(self.c1_s_per_head), two(self.base_heads)
 
 
-def group_heads(inst: DispatchInstance, n: np.ndarray) -> np.ndarray:
-    """Return N (K x G): heads of each replica on each device, its active requests' and the placement's."""
-    _, _, _, bh = inst.per_group()
+def group_heads(inst: DispatchInstance, n: np.ndarray,
+                pg: tuple[np.ndarray, ...] | None = None) -> np.ndarray:
+    """Return N (K x G): heads of each replica on each device, its active requests' and the placement's.
+    `pg`: inst.per_group() when the caller has it."""
+    _, _, _, bh = pg or inst.per_group()
     out = bh.copy()
     np.add.at(out, inst.groups, n)
     return out
 
 
-def device_times(inst: DispatchInstance, n: np.ndarray) -> np.ndarray:
-    """Return T_g (s) per device for the placement n (R x G head counts)."""
-    S, c0, c1, _ = inst.per_group()
-    N = group_heads(inst, n)
+def device_times(inst: DispatchInstance, n: np.ndarray, pg: tuple[np.ndarray, ...] | None = None,
+                 N: np.ndarray | None = None) -> np.ndarray:
+    """Return T_g (s) per device for the placement n (R x G head counts); `pg` (inst.per_group()) and `N`
+    (group_heads) when the caller has them."""
+    pg = pg or inst.per_group()
+    S, c0, c1, _ = pg
+    N = group_heads(inst, n, pg) if N is None else N
     t = inst.base_s + ((S[inst.groups] * inst.ctx_tokens[:, None]) * n).sum(axis=0)
     return t + np.where(N > 0, c0 + c1 * N, 0.0).sum(axis=0)
 
@@ -114,11 +119,12 @@ def water_filling(inst: DispatchInstance, *, improve: bool = True) -> np.ndarray
     single-head moves off the slowest device follow while they lower the maximum (at most 256; they
     fix the greedy's myopia about a device's fixed message latency). O(H * G) per request before them."""
     R, G, H = len(inst.ctx_tokens), inst.devices, inst.heads
-    S, c0, c1, _ = inst.per_group()
+    pg = inst.per_group()
+    S, c0, c1, _ = pg
     grp = inst.groups
     n = np.zeros((R, G), dtype=np.int64)
-    N = group_heads(inst, n)
-    t = device_times(inst, n)
+    N = group_heads(inst, n, pg)
+    t = device_times(inst, n, pg)
     free = inst.free_head_tokens.astype(float).copy()
     order = np.argsort(-inst.ctx_tokens, kind="stable")
     for r in order:
@@ -144,12 +150,13 @@ def local_improve(inst: DispatchInstance, n: np.ndarray, max_moves: int | None =
     """Move single heads off the slowest device (or swap two requests' heads when memory binds) while that
     lowers max_g T_g; return n (changed in place)."""
     limit = max_moves if max_moves is not None else min(256, 4 * inst.heads * max(1, len(inst.ctx_tokens)))
-    S, c0, c1, _ = inst.per_group()
+    pg = inst.per_group()
+    S, c0, c1, _ = pg
     grp = inst.groups
     used = inst.mem_tokens @ n
     for _ in range(limit):
-        t = device_times(inst, n)
-        N = group_heads(inst, n)
+        N = group_heads(inst, n, pg)
+        t = device_times(inst, n, pg, N)
         g = int(np.argmax(t))
         rest = np.delete(t, g)
         best = (t[g] * (1 - 1e-12), -1, -1)
@@ -185,6 +192,7 @@ def _swap(inst: DispatchInstance, n: np.ndarray, used: np.ndarray, g: int, t_g: 
     return True when a swap was made (n and used changed in place)."""
     best = (t_g * (1 - 1e-12), None)
     m = inst.mem_tokens
+    pg = inst.per_group()
     for r in np.flatnonzero(n[:, g] > 0):
         for h in range(inst.devices):
             if h == g:
@@ -196,7 +204,7 @@ def _swap(inst: DispatchInstance, n: np.ndarray, used: np.ndarray, g: int, t_g: 
                         used[g] - m[r] + m[q] > inst.free_head_tokens[g] + 1e-9:
                     continue
                 n[r, g] -= 1; n[r, h] += 1; n[q, h] -= 1; n[q, g] += 1  # noqa: E702
-                val = float(device_times(inst, n).max())
+                val = float(device_times(inst, n, pg).max())
                 n[r, g] += 1; n[r, h] -= 1; n[q, h] += 1; n[q, g] -= 1  # noqa: E702
                 if val < best[0]:
                     best = (val, (int(r), h, int(q)))

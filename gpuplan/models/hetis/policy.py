@@ -152,12 +152,14 @@ class HetisEnginePolicy:
 
     # -- placement
 
-    def _loads(self, dec: np.ndarray, state: EngineState) -> tuple[np.ndarray, np.ndarray]:
-        """Return (whole-token KV read per device, heads per device) of the decoding requests."""
+    def _loads(self, dec: np.ndarray, state: EngineState,
+               kv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Return (whole-token KV read per device, heads per device) of the decoding requests; `kv`: their
+        KV tokens when the caller has them (state.kv_tokens(dec))."""
         if not len(dec):
             G = len(self.s.kv_ids)
             return np.zeros(G), np.zeros(G)
-        ctx = state.kv_tokens(dec).astype(float)
+        ctx = (state.kv_tokens(dec) if kv is None else kv).astype(float)
         share = ctx @ self.F[dec]
         heads = self.n[dec].sum(axis=0).astype(float) if self.s.mode != "tensor-parallel" else \
             self.F[dec].sum(axis=0) * self.s.heads
@@ -278,10 +280,13 @@ class HetisEnginePolicy:
         others = pool.others_used(self.engine) if pool is not None else 0.0
         self._slow_now = 1.0 / (1.0 - pool.others_load(self.engine, state.now_s)) if pool is not None else 1.0
         run = np.asarray(self.running, dtype=np.int64)
+        limit = s.cap_bytes * (1 + 1e-9) + 1e-6
         while len(run):
-            dec_flag = (state.prefilled[run] >= state.prefill_target[run]).astype(float)
-            used = ((state.kv_tokens(run) + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
-            if np.all(used + others <= s.cap_bytes * (1 + 1e-9) + 1e-6):
+            # KV tokens after this iteration (a decoding request adds one), bytes per device
+            kv_run = state.kv_tokens(run)
+            dec_flag = state.prefilled[run] >= state.prefill_target[run]
+            used = ((kv_run + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
+            if np.all(used + others <= limit):
                 break
             victim = int(run[-1])
             state.preempt(victim)
@@ -289,13 +294,12 @@ class HetisEnginePolicy:
             self.waiting.appendleft(victim)
             run = run[:-1]
         if len(run):
-            dec_flag = state.prefilled[run] >= state.prefill_target[run]
             decoding = run[dec_flag]
-            used = ((state.kv_tokens(run) + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
+            share, heads = self._loads(decoding, state, kv_run[dec_flag])
         else:
             decoding = _EMPTY
             used = np.zeros(len(s.kv_ids))
-        share, heads = self._loads(decoding, state)
+            share, heads = self._loads(decoding, state)
         budget = s.token_budget - len(decoding)
         chunks: list[tuple[int, int]] = []
         for i in self.running:
@@ -338,9 +342,7 @@ class HetisEnginePolicy:
         dense_busy = np.zeros(len(s.kv_ids))
         if pool is not None and s.own is not None:
             # my primaries also run other replicas' attention heads: my dense work shares their time
-            pos_of = {int(d): k for k, d in enumerate(s.kv_ids.tolist())}
-            for k, sc in enumerate(s.stages):
-                ks = [pos_of[d] for d in sc.devices if d in pos_of]
+            for k, ks in enumerate(self._stage_kv_pos()):
                 dense_busy[ks] = stage_t[k]
                 slow = float(np.max(self._slow_now[ks])) if ks else 1.0
                 stage_t[k] *= slow
@@ -361,6 +363,13 @@ class HetisEnginePolicy:
             pool.record(self.engine, np.minimum(busy, step), state.now_s, step)
         return Iteration(step, p_idx, p_tok, decoding,
                          {"decodes": float(len(decoding)), "prefill_tokens": float(p_tok.sum()), "attention_s": attn})
+
+    def _stage_kv_pos(self) -> list[list[int]]:
+        """Return, per dense stage, the positions of its devices among the KV devices (computed once)."""
+        if getattr(self, "_stage_pos", None) is None:
+            pos_of = {int(d): k for k, d in enumerate(self.s.kv_ids.tolist())}
+            self._stage_pos = [[pos_of[d] for d in sc.devices if d in pos_of] for sc in self.s.stages]
+        return self._stage_pos
 
     def _ship_s(self, p_idx: np.ndarray, p_tok: np.ndarray) -> float:
         """Return the seconds to ship this iteration's prefill KV of heads placed off the replica's own
