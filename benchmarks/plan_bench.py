@@ -143,11 +143,12 @@ def section_b(quick: bool, wait_s: float = 120.0) -> None:
                                  f"(others {window.others_share or 0:.0%} of the cores then); contended: "
                                  f"{'YES' if got['contended'] else 'no'}; executor: {got['executor']}; sleep "
                                  f"late {1e3 * got['sleep_late_s']:.3f} ms; {got['verdict']}")
+                    notes += [f"    {line}" for line in table_text(got["report"][-1]).splitlines()]
                     if not got["contended"]:
                         break
             except InputError as exc:  # a plan the CPU executor cannot run
                 rows.append([f"{stages} devices: {shape}", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
-                             "-", f"not run: {exc}"])
+                             "-", "-", f"not run: {exc}"])
                 continue
             err = got["predicted_here_error"]
             rows.append([f"{stages} devices: {shape} v={comp.poseidon.interleave}",  # type: ignore[attr-defined]
@@ -155,7 +156,8 @@ def section_b(quick: bool, wait_s: float = 120.0) -> None:
                          got["predicted_here_iteration_s"], got["retimed_iteration_s"],
                          got["measured_iteration_s"], f"{100 * got['error']:+.1f}%",
                          f"{100 * got['predicted_timed_stages_error']:+.1f}%",
-                         f"{100 * got['predicted_here_error']:+.1f}%", f"{100 * got['retimed_error']:+.1f}%",
+                         f"{100 * got['predicted_here_error']:+.1f}%",
+                         f"{100 * got['predicted_here_plan_reduce_error']:+.1f}%", f"{100 * got['retimed_error']:+.1f}%",
                          " ".join(f"{a:.2f}/{b:.2f}" for a, b in got["compute_ratios"]),
                          f"{1e3 * got['cold_forward_s']:.3f}/{1e3 * got['cold_backward_s']:.3f}/"
                          f"{1e3 * got['wake_s']:.3f}", "YES" if got.get("contended") else "no",
@@ -163,11 +165,14 @@ def section_b(quick: bool, wait_s: float = 120.0) -> None:
     print(table_text(Table("(b) this machine (gloo, CPU): composed plan measured vs predicted (error = (predicted - "
                            "measured) / measured)",
                            ["plan", "predicted s", "timed stages s", "for this machine s", "re-timed s",
-                            "measured s", "error", "timed-stages error", "for-this-machine error", "re-timed error",
+                            "measured s", "error", "timed-stages error", "for-this-machine error",
+                            "with the plan's all-reduce error", "re-timed error",
                             "stage compute now/profile F/B", "cold F/B, wake ms", "contended",
                             "for-this-machine within 15%"], rows)))
     print("  for this machine: the composed schedule on this machine's cores (sharing rates of the plan's own "
-          "stages, cold calls, wake-up, late sleeps; all measured before the run); timed stages (a diagnostic): the "
+          "stages, cold calls, wake-up, late sleeps, each data-parallel group's gradient reduction alone and next to "
+          "the other stages' compute; all measured before the run); with the plan's all-reduce: the same with the "
+          "plan's all-reduce figure after the last block instead of the measured reduction; timed stages (a diagnostic): the "
           "same with each chunk's compute as the probe timed its modules alone (per virtual stage, forward/backward "
           "ratio over the profile's figure for the same modules)")
     for n in notes:

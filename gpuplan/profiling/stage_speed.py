@@ -167,3 +167,79 @@ def measure_stage_speeds(config: TransformerConfig, chunks_of: list[list[tuple[i
         wait_quiet(wait_s)  # other processes took the cores during the probe: wait for them, measure again
     assert best is not None
     return dataclasses.replace(best, attempts=attempt)
+
+
+def reduce_gradients(params: list[Any], group: Any, size: int) -> None:
+    """All-reduce each parameter's gradient over `group` (gloo, one call per tensor, as the bundle's
+    executors do after the last action) and divide it by `size`."""
+    import torch.distributed as dist
+
+    for p in params:
+        if p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+            p.grad /= size
+
+
+def _reduce_worker(rank: int, world: int, config_doc: dict[str, Any], chunks_of: list[list[tuple[int, int]]],
+                   groups: list[list[int]], micro_batch: int, seq_len: int, seed: int, window_s: float
+                   ) -> list[tuple[float, float]]:
+    import torch
+    import torch.distributed as dist
+
+    from gpuplan.runtime import gpt
+
+    cfg = TransformerConfig.model_validate(config_doc)
+    mods = _modules(cfg, [tuple(c) for c in chunks_of[rank]], seed)  # type: ignore[misc]
+    params = [p for m in mods for p in m.parameters()]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    block = gpt.stage(cfg, 1, 2, seed=rank)  # what a busy worker computes: one middle block, forward + backward
+    x = torch.randn(micro_batch, seq_len, cfg.hidden, generator=torch.Generator().manual_seed(seed + rank))
+    handles = [dist.new_group(g) for g in groups]
+    out: list[tuple[float, float]] = []
+    for g, handle in zip(groups, handles):
+        got = []
+        for busy in (False, True):
+            dist.barrier()
+            took = []
+            t_start = time.perf_counter()
+            if rank in g:
+                reduce_gradients(params, handle, len(g))  # first call: gloo's buffers
+                go = torch.ones(1)
+                while go[0] > 0:
+                    dist.barrier(group=handle)
+                    t0 = time.perf_counter()
+                    reduce_gradients(params, handle, len(g))
+                    took.append(time.perf_counter() - t0)
+                    # go on while the window lasts (g[0]'s clock decides; an untimed all-reduce tells the group)
+                    go[0] = float(rank == g[0] and (len(took) < 2 or time.perf_counter() - t_start < window_s))
+                    dist.all_reduce(go, group=handle)
+            elif busy:  # loop until after the group's last round can have started
+                while time.perf_counter() - t_start < 2 * window_s:
+                    y = block(x.clone().requires_grad_(True))
+                    y.backward(torch.ones_like(y))
+            got.append(statistics.median(took) if took else 0.0)
+        out.append((got[0], got[1]))
+    dist.barrier()
+    return out
+
+
+def measure_reduce_s(config: TransformerConfig, chunks_of: list[list[tuple[int, int]]], groups: list[list[int]], *,
+                     micro_batch: int, seq_len: int, threads: int = 1, seed: int = 0, window_s: float = 0.6
+                     ) -> list[tuple[float, float]]:
+    """Return, per data-parallel group (`groups`: rank lists, rank r holding the layer ranges
+    `chunks_of[r]`), (alone_s, busy_s): the wall seconds of the group's gradient reduction as the
+    executors run it (`reduce_gradients`: one gloo all-reduce per parameter of the rank's own stage
+    modules, then a division), median over the rounds that start within `window_s` (two at least),
+    measured in as many fresh processes as the run has workers: alone (the other ranks wait in gloo)
+    and while every rank outside the group loops a gpt block's forward and backward for 2 x `window_s`
+    (the other stages computing next to it). [] without groups."""
+    from gpuplan.runtime.launch import run_workers
+
+    if not groups:
+        return []
+    per = run_workers(_reduce_worker, len(chunks_of),
+                      args=(config.model_dump(mode="json"), [[list(c) for c in ch] for ch in chunks_of],
+                            [list(g) for g in groups], micro_batch, seq_len, seed, window_s),
+                      threads=threads, timeout_s=600)
+    return [(max(per[r][i][0] for r in g), max(per[r][i][1] for r in g)) for i, g in enumerate(groups)]

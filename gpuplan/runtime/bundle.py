@@ -18,6 +18,7 @@ schedule re-timed with the block durations measured in this run) and per block.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from pathlib import Path
@@ -31,7 +32,9 @@ from gpuplan.runtime.poseidon import slow_down_stage
 def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates: list[float],
                         tails_s: list[float], *, wake_s: float = 0.0,
                         extra_s: dict[str, float] | None = None, workers: list[int] | None = None,
-                        factors: list[float] | None = None, sleep_s: float = 0.0) -> float:
+                        factors: list[float] | None = None, sleep_s: float = 0.0,
+                        ends: list[float] | None = None,
+                        reduce_s: list[tuple[float, float]] | None = None) -> float:
     """Return the iteration time (s) of per-device `orders` when the devices share this machine's cores:
     while blocks compute on devices holding k workers in all (`workers[d]` per device, its dp replicas
     running the same order at once; 1 each by default), each progresses at rates[k-1] (1.0 = alone)
@@ -43,7 +46,14 @@ def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates
     ends with its tail (at the rate of the devices still busy then, approximated by rates[0]).
     `wake_s`: seconds a device waiting idle for a block of another device starts after that block
     ends (the scheduler's wake-up delay, as `contended_iteration_s` charges it); not charged when that
-    block ended while the device was still busy."""
+    block ended while the device was still busy. When `ends` is a list, it receives each device's
+    end of its last block (s, before its tail).
+    `reduce_s[d]` (alone_s, busy_s): the device's gradient reduction measured before the run with the
+    cores idle and with every other worker computing (`measure_reduce_s`); it starts when the device's
+    last block ends and progresses at 1 / (alone + (busy - alone) x j / J) while j of the J workers of
+    the other devices compute blocks, then 1 / alone; the tail then follows it (optimizer only, when
+    given: `tails_s` must then leave the reduction out). The reduction is taken to use no core the
+    other devices' blocks would have (its CPU share is not charged to them)."""
     extra = extra_s or {}
     weight = list(workers or [1] * len(orders))
     factor = list(factors or [1.0] * len(orders))
@@ -55,6 +65,7 @@ def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates
     # device -> [block, microbatch, remaining seconds of CPU work, start, end of its sleep (None: computing)]
     running: dict[int, list[Any]] = {}
     now, free = 0.0, [0.0] * len(orders)
+    log: list[tuple[float, int, dict[int, int]]] = []  # (from, workers computing, device -> its workers)
     total = sum(len(o) for o in orders)
 
     def ready(d: int, name: str, j: int) -> float:  # when the block may start (inputs arrived, device awake)
@@ -80,6 +91,7 @@ def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates
             raise ValueError("the orders wait on each other (deadlock)")
         computing = [d for d, r in running.items() if r[4] is None]
         busy = sum(weight[d] for d in computing)
+        log.append((now, busy, {d: weight[d] for d in computing}))
         rate = rates[min(busy, len(rates)) - 1] if busy else 1.0
         step = min([running[d][2] / rate for d in computing] + [r[4] - now for r in running.values()
                                                                  if r[4] is not None] + [at - now for at in waiting])
@@ -98,7 +110,56 @@ def shared_cores_time_s(problem: Any, orders: list[list[tuple[str, int]]], rates
                 done[(name, j)] = now
                 free[d] = now
                 pos[d] += 1
-    return max(free[d] + tails_s[d] / rates[0] for d in range(len(orders)))
+    log.append((now, 0, {}))  # nothing computes after the last block
+    if ends is not None:
+        ends[:] = free
+    start = [free[d] if reduce_s is None else reduce_end_s(free[d], reduce_s[d], log, d, sum(weight) - weight[d])
+             for d in range(len(orders))]
+    return max(start[d] + tails_s[d] / rates[0] for d in range(len(orders)))
+
+
+def reduce_end_s(start_s: float, reduce_s: tuple[float, float], log: list[tuple[float, int, dict[int, int]]],
+                 device: int, others: int) -> float:
+    """Return when (s) a gradient reduction that starts at `start_s` ends: `reduce_s` (alone_s, busy_s)
+    is its duration with no other worker computing and with all `others` computing; while j of them
+    compute (`log`: (from s, workers computing, device -> its workers computing) in time order, each
+    entry lasting to the next; none after the last) it lasts alone + (busy - alone) x j / others."""
+    alone, busy = reduce_s
+    if alone <= 0.0:
+        return start_s
+    left, t = 1.0, start_s
+    bounds = [(a, log[i + 1][0] if i + 1 < len(log) else math.inf, n - cw.get(device, 0))
+              for i, (a, n, cw) in enumerate(log)]
+    for a, b, j in bounds:
+        if b <= t:
+            continue
+        t = max(t, a)
+        dur = alone + (busy - alone) * (j / others if others else 0.0)
+        if t + left * dur <= b:
+            return t + left * dur
+        left -= (b - t) / dur
+        t = b
+    return t + left * alone
+
+
+def phase_table(out: dict[str, Any], stage_of: list[int]) -> Table:
+    """Return the table of each worker's measured step phases (ms, median over the measured steps:
+    compute calls, point-to-point waits, the gradient reduction wall and CPU time, optimizer, the end of
+    the pipeline phase) beside the prediction's terms for its stage (the end of its last block and its
+    reduction alone / next to the other stages' compute, as measured before the run)."""
+    rows = []
+    for rank, phases in sorted(out["phases"].items()):
+        if not phases:
+            continue
+        med = {k: statistics.median(p[k] for p in phases) * 1e3 for k in phases[0]}
+        s = stage_of[int(rank)]
+        red = out["reduce_s"][s] if out.get("reduce_s") else None
+        rows.append([rank, s, med["compute"], med["p2p"], med["allreduce"], med["allreduce_cpu"], med["optimizer"],
+                     med["pipeline_end"], out["predicted_here_pipeline_end_s"][s] * 1e3,
+                     "-" if red is None else f"{red[0] * 1e3:.1f} / {red[1] * 1e3:.1f}"])
+    return Table("per worker: measured step phases vs the prediction's terms (ms, median of the measured steps)",
+                 ["rank", "stage", "compute", "p2p wait", "reduce", "reduce CPU", "optimizer", "pipeline end",
+                  "predicted pipeline end", "predicted reduce alone / busy"], rows)
 
 
 def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +169,8 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     from gpuplan.models.workload import TransformerConfig
     from gpuplan.runtime import gpt
     from gpuplan.runtime import torch_pipelining as tp
-    from gpuplan.runtime.bundle_mixed import global_grads
+    from gpuplan.profiling.stage_speed import reduce_gradients
+    from gpuplan.runtime.bundle_mixed import global_grads, phase_times
 
     cfg = TransformerConfig.model_validate(spec["config"])
     S, dp, m, mb, seq = spec["stages"], spec["dp"], spec["m"], spec["micro_batch"], spec["seq"]
@@ -128,6 +190,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
     opt = torch.optim.SGD(params, lr=spec["lr"])
     calls: list[tuple[int, str, float]] = []
     step_s: list[float] = []
+    phases: list[dict[str, float]] = []
     losses_out: list[float] = []
     grads: dict[str, Any] = {}
     if spec["warmup"] == 0:
@@ -139,19 +202,21 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         part = slice(replica * m * mb, (replica + 1) * m * mb)
         opt.zero_grad(set_to_none=True)
         found: list[Any] = []
+        n_calls = len(calls)
         dist.barrier()
         t0 = time.perf_counter()
         last = len(ranges) - 1 in mine
         args = (tokens[part],) if 0 in mine else ()
         sched.step(*args, target=targets[part] if last else None, losses=found if last else None)
-        if dp > 1:
-            for p in params:
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=dp_groups[s])
-                    p.grad /= dp
+        t_pipe, c_pipe = time.perf_counter(), time.process_time()
+        if dp > 1:  # the reduction measure_reduce_s times before the run
+            reduce_gradients(params, dp_groups[s], dp)
+        t_reduce, c_reduce = time.perf_counter(), time.process_time()
         if step == 0 and replica == 0 and spec["grads"]:
             grads = global_grads(modules, ranges, cfg.num_layers)
+        t_opt = time.perf_counter()
         opt.step()
+        t_step = time.perf_counter()
         dist.barrier()
         if step + 1 == spec["warmup"]:  # time the blocks of the measured steps only
             for st in stages:
@@ -159,6 +224,8 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             tp.time_loss_calls(sched, calls)
         if step >= spec["warmup"]:
             step_s.append(time.perf_counter() - t0)
+            phases.append(phase_times(t0, t_pipe, t_reduce, t_opt, t_step,
+                                      sum(x for _, op, x in calls[n_calls:] if op != "R"), c_reduce - c_pipe))
             if found:
                 losses_out.append(float(sum(float(x.detach()) for x in found) / len(found)))
     durations: dict[int, dict[str, float]] = {}
@@ -168,7 +235,7 @@ def _worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             if got:
                 durations.setdefault(k, {})[op] = statistics.fmean(got)
     return {"rank": rank, "stage": s, "replica": replica, "step_s": step_s, "durations": durations,
-            "losses": losses_out, "grads": grads}
+            "losses": losses_out, "grads": grads, "phases": phases}
 
 
 def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: int = 0, lr: float = 1e-3,
@@ -181,7 +248,11 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     overrides it), and, when the workers
     outnumber the cores, the extra CPU time of a call after a wait on busy cores, cold_forward_s /
     cold_backward_s, and the wake-up delay wake_s; the emulated stages' sleeps use no core and end
-    sleep_late_s late; all measured just before the launch), predicted_timed_stages_iteration_s (a
+    sleep_late_s late; each data-parallel group's gradient reduction, reduce_s per stage (alone_s, busy_s)
+    from `measure_reduce_s`, in place of the plan's all-reduce figure; all measured just before the
+    launch), predicted_here_plan_reduce_iteration_s (the same with the plan's all-reduce after the last
+    block), phases ({rank: per measured step, `bundle_mixed.phase_times`}),
+    predicted_timed_stages_iteration_s (a
     diagnostic: the same with each block's compute scaled by its chunk's "compute_ratios" entry, the
     chunk's modules timed alone by the same probe over the layer table's figure for them; 1 with
     `sharing` given or for a scaled model),
@@ -198,7 +269,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     from gpuplan.runtime import contention
     from gpuplan.runtime import tessel_actions as acts
     from gpuplan.runtime.launch import run_workers
-    from gpuplan.profiling.stage_speed import measure_stage_speeds
+    from gpuplan.profiling.stage_speed import measure_reduce_s, measure_stage_speeds
     from gpuplan.runtime.poseidon import (chunk_ratio, cpu_cores, measure_wait_costs, measure_wake_s,
                                           runnable_config, stage_slowdowns)
     from gpuplan.runtime.report import TOLERANCE, contention_warnings, machine_table, off, pct, rel_error
@@ -265,6 +336,16 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     wake = 0.0 if sharing else measure_wake_s(cfg, seq_len=seq, micro_batch=mb, processes=world, cores=cores,
                                               threads=threads or 1)
     tails = stage_tails_s(doc, [float(x) for x in manifest["scales"]])
+    # each data-parallel group's gradient reduction as the executor runs it (one gloo all-reduce per
+    # parameter), alone and next to the other stages computing, measured here before the run: the plan's
+    # all-reduce figure is one message of the stage's bytes over the profile's link, on idle cores
+    groups = [[r for r in range(world) if stage_of[r] == k] for k in range(S)]
+    measured_reduce = [] if sharing else measure_reduce_s(
+        cfg, chunks_of, [g for g in groups if len(g) > 1], micro_batch=mb, seq_len=seq, threads=threads or 1,
+        seed=seed)
+    it = iter(measured_reduce)
+    reduce_s = None if sharing else [next(it) if len(g) > 1 else (0.0, 0.0) for g in groups]
+    optimizer_tails = [float(st.get("optimizer_s", 0.0)) for st in doc["stages"]]
     # every forward / backward(-input) call follows a wait (a receive, an emulated sleep); the emulated
     # slow-down stretches the extra work too (a stage k times slower sleeps (k - 1) x each call)
     extra = {b.name: (cold[0] if b.kind == "forward" else cold[1] if b.kind in ("backward", "backward_input")
@@ -274,12 +355,17 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     now_extra = {b.name: extra[b.name] + b.duration_s * (ratios.get(b.stage, (1.0, 1.0))[0 if b.kind == "forward"
                                                                                        else 1] - 1.0)
                  for b in tprob.blocks}  # type: ignore[attr-defined]
-    predicted_here = shared_cores_time_s(
-        tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
-        rates, tails, wake_s=wake, extra_s=extra, workers=dps, factors=spec["factors"], sleep_s=late)
+    pipeline_ends: list[float] = []
+    here = {"wake_s": wake, "extra_s": extra, "workers": dps, "factors": spec["factors"], "sleep_s": late}
+    predicted_plan_reduce = shared_cores_time_s(tprob, orders_of(tessel.schedule), rates, tails,  # type: ignore[attr-defined]
+                                                ends=pipeline_ends, **here)  # type: ignore[arg-type]
+    predicted_here = predicted_plan_reduce if reduce_s is None else shared_cores_time_s(
+        tprob, orders_of(tessel.schedule), rates, optimizer_tails, reduce_s=reduce_s,  # type: ignore[attr-defined]
+        **here)  # type: ignore[arg-type]
     predicted_timed = shared_cores_time_s(  # a diagnostic: the blocks at the probe's timing of their chunks
-        tprob, orders_of(tessel.schedule),  # type: ignore[attr-defined]
-        rates, tails, wake_s=wake, extra_s=now_extra, workers=dps, factors=spec["factors"], sleep_s=late)
+        tprob, orders_of(tessel.schedule), rates,  # type: ignore[attr-defined]
+        tails if reduce_s is None else optimizer_tails, reduce_s=reduce_s,
+        **{**here, "extra_s": now_extra})  # type: ignore[arg-type]
     from gpuplan.runtime.bundle_mixed import worker as mixed_worker
 
     with contention.ContentionMonitor() as monitor:
@@ -314,7 +400,11 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                            "probe_attempts": 0 if speeds is None else speeds.attempts,
                            "retimed_iteration_s": retimed,
                            "retimed_error": rel_error(retimed, measured), "block_durations_s": durations,
-                           "losses": losses, "lagom_env": envs, "notes": notes}
+                           "losses": losses, "lagom_env": envs, "notes": notes,
+                           "phases": {r["rank"]: r["phases"] for r in results},
+                           "predicted_here_pipeline_end_s": pipeline_ends, "tails_s": tails,
+                           "reduce_s": reduce_s, "predicted_here_plan_reduce_iteration_s": predicted_plan_reduce,
+                           "predicted_here_plan_reduce_error": rel_error(predicted_plan_reduce, measured)}
     if return_grads:
         import torch
 
@@ -334,7 +424,7 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                            ["prediction", "predicted_s", "measured_s", "error"], rows),
                      Table("blocks per stage: planned vs measured (ms)",
                            ["block", "kind", "stage device", "plan", "measured", "error"], brows),
-                     machine_table(out)]
+                     machine_table(out), phase_table(out, stage_of)]
     warnings = list(notes)
     if off(predicted, measured):
         warnings.append(f"the composed prediction {predicted:.4g} s is {pct(rel_error(predicted, measured))} off the "

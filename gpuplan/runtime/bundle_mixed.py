@@ -63,6 +63,18 @@ def global_grads(modules: dict[int, Any], ranges: list[Any], num_layers: int) ->
             for k, mod in modules.items() for n, p in mod.named_parameters() if p.grad is not None}
 
 
+def phase_times(t0: float, pipeline_end: float, reduce_end: float, opt_start: float, opt_end: float,
+                compute_s: float, reduce_cpu_s: float) -> dict[str, float]:
+    """Return one worker's step split into phases (s, from perf_counter stamps of the step): compute
+    (its compute calls, emulated sleeps included), p2p (the rest of the pipeline phase: waiting for
+    messages, sending), allreduce (the data-parallel gradient reduction, wall; allreduce_cpu: its
+    process CPU time), optimizer, pipeline_end / reduce_end (when the pipeline phase and the reduction
+    ended, from the step's start)."""
+    return {"compute": compute_s, "p2p": pipeline_end - t0 - compute_s, "allreduce": reduce_end - pipeline_end,
+            "allreduce_cpu": reduce_cpu_s, "optimizer": opt_end - opt_start, "pipeline_end": pipeline_end - t0,
+            "reduce_end": reduce_end - t0, "step_end": opt_end - t0}
+
+
 def _tag(k: int, j: int, m: int, backward: bool) -> int:
     """The message tag of what virtual stage k receives for micro-batch j (activations or gradients)."""
     return 2 * (k * m + j) + int(backward)
@@ -129,6 +141,7 @@ def worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                 pending.append((dist.isend(piece, dst=first_rank[peer] + rr, tag=_tag(to, j, m, backward)), piece))
 
     step_s: list[float] = []
+    phases: list[dict[str, float]] = []
     losses_out: list[float] = []
     grads: dict[str, Any] = {}
     for step in range(spec["warmup"] + spec["steps"]):
@@ -142,6 +155,7 @@ def worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
         groups: dict[tuple[int, int], Any] = {}
         pending: list[Any] = []
         found: list[float] = []
+        n_calls = len(calls)
         dist.barrier()
         t0 = time.perf_counter()
         for a in actions:
@@ -193,18 +207,24 @@ def worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
                 outputs.pop((k, j), None)
         for w, _ in pending:
             w.wait()
+        t_pipe, c_pipe = time.perf_counter(), time.process_time()
         for p in params:
             if p.grad is not None:
                 p.grad /= m
                 if dps[s] > 1:
                     dist.all_reduce(p.grad, group=dp_groups[s])
                 p.grad /= dps[-1]
+        t_reduce, c_reduce = time.perf_counter(), time.process_time()
         if step == 0 and r == 0 and spec["grads"]:
             grads = global_grads(modules, ranges, cfg.num_layers)
+        t_opt = time.perf_counter()
         opt.step()
+        t_step = time.perf_counter()
         dist.barrier()
         if step >= spec["warmup"]:
             step_s.append(time.perf_counter() - t0)
+            phases.append(phase_times(t0, t_pipe, t_reduce, t_opt, t_step, sum(x for _, _, x in calls[n_calls:]),
+                                      c_reduce - c_pipe))
             if found:
                 losses_out.append(sum(found) / len(found))
     durations: dict[int, dict[str, float]] = {}
@@ -214,4 +234,4 @@ def worker(rank: int, world: int, spec: dict[str, Any]) -> dict[str, Any]:
             if got:
                 durations.setdefault(k, {})[op] = statistics.fmean(got)
     return {"rank": rank, "stage": s, "replica": r, "step_s": step_s, "durations": durations, "losses": losses_out,
-            "grads": grads}
+            "grads": grads, "phases": phases}
