@@ -86,3 +86,45 @@ def test_exchanges_make_the_bounds_tighter_where_they_block() -> None:
     loose = small({"A100-80GB": 4, "V100": 4}, layers=8, per_node=4, blocking_p2p=False)
     for s in itertools.islice(SP.structures(loose, P.CostModel(loose), interleaved=True), 50):
         assert s.exchange_terms() == ([0.0] * s.S,) * 3
+
+
+@settings(max_examples=8, deadline=None)
+@given(types=st.lists(st.sampled_from(TYPES), min_size=3, max_size=4, unique=True),
+       counts=st.lists(st.sampled_from([1, 2, 4]), min_size=4, max_size=4), layers=st.integers(4, 8),
+       batch=st.sampled_from([8, 16]), model=st.sampled_from(["gpt3-350m", "gpt3-1.3b", "llama2-7b"]),
+       per_node=st.sampled_from([2, 4]), schedule=st.sampled_from(["1f1b", "1f1b", "gpipe"]))
+def test_placed_tests_with_exchanges_never_prune_a_structure_faster_than_the_cutoff(types, counts, layers, batch,
+                                                                                  model, per_node,
+                                                                                  schedule) -> None:
+    """Before a structure is built: the placed exchanges equal the built structure's, and bound (1)
+    with them (`_PlacedW1.cannot_beat`) and the fill-and-drain path over the ranges it leaves
+    (`_PlacedW1.ranged_fill_drain`) never prune a structure just above its best time over every cut
+    set, and at the space's optimum prune only structures that cannot beat it."""
+    prob = small(dict(zip(types, counts)), layers=layers, batch=batch, model=model, per_node=per_node,
+                 schedule=schedule, max_stages=4, max_interleave=2)
+    cm = P.CostModel(prob)
+    rows = []
+    for m, used in SP.combos(prob, None, SP.type_options(prob)):
+        S = sum(o.stages for o in used)
+        vs = [1] + SP.interleaves(prob, S, m)
+        placed = SP._PlacedW1(cm, m, used)
+        for i, order in enumerate(itertools.permutations(range(len(used)))):
+            for j, v in enumerate(vs):
+                s = SP._structure_at(prob, cm, (m, used), i * len(vs) + j)
+                chains = [x for k, start, prev, nxt in placed._placed(order, v)
+                          for x in placed._chains(k, start, v, prev, nxt)]
+                assert chains == s.exchange_terms()[0]
+                if S > 1:
+                    sends = placed._path_sends(order, v, sum(s.p2p))
+                    assert math.isclose(sends, s._fill_drain_sends(), rel_tol=1e-12)
+                t = SP.all_cuts_map(s, SP.Stats())[0] if s.feasible() else math.inf
+                rows.append((placed, order, v, s, t))
+    finite = [t for *_, t in rows if t < math.inf]
+    if not finite:
+        return
+    best = min(finite)
+    for placed, order, v, s, t in rows:
+        sends = sum(s.p2p)
+        for cut in ([t * (1 + 1e-7)] if t < math.inf else []) + [best]:
+            if placed.cannot_beat(order, v, cut) or placed.ranged_fill_drain(order, v, cut, sends):
+                assert t >= cut * (1 - 1e-9), (s.shapes, s.m, v, t, cut)

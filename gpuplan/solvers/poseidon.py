@@ -1228,8 +1228,13 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             if not st.feasible():
                 stats.infeasible += 1
                 continue
+            # the range test first: on the unseen 4-type instance it prunes every structure the
+            # lower bound does and 19,000 more, so the lower bound is only computed for the few left
+            if prune and st.cannot_beat(best[0]):
+                stats.pruned += 1
+                continue
             lb = max(lb, st.lower_bound(best[0])) if prune else 0.0
-            if prune and (lb >= best[0] or st.cannot_beat(best[0])):
+            if prune and lb >= best[0]:
                 stats.pruned += 1
                 continue
             t, layers = quick_map(st, stats)
@@ -1326,6 +1331,8 @@ def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry
                 yield oi * len(vs) + vi, cut, None
             elif w1.S > 1 and (w2 := w1.fill_drain(order, v, sends) * SHAVE) >= cut:
                 yield oi * len(vs) + vi, w2, None
+            elif w1.ranged_fill_drain(order, v, cut, sends):
+                yield oi * len(vs) + vi, cut, None
             else:
                 yield oi * len(vs) + vi, lb, Structure(cm, [sh for j in order for sh in used[j].shapes], m, v)
 
@@ -1335,14 +1342,31 @@ class _PlacedW1:
     test against a cutoff, per type order of one combo, with each stage's memory cap, all-reduce and
     embedding/head at its real position, before any `Structure` is built. An option's stages start at
     a position fixed by the options before it, so their terms are looked up once per (option, start,
-    v) and shared by every order (a combo of u types has u! orders but at most u 2^(u-1) starts)."""
+    v) and shared by every order (a combo of u types has u! orders but at most u 2^(u-1) starts), and
+    by every combo of the solve with the same m and stage count (cached on the cost model, options
+    keyed by id: one solve passes one set of options everywhere).
+    With blocking exchanges each stage's chain also holds its exchanges (`Structure.exchange_terms`),
+    which depend on the options beside it: the held counts are then looked up per (option, start, v,
+    option before, option after), the neighbours cyclic with interleaving (chunks wrap around), and
+    shared solve-wide like the terms, at the last cutoff asked (it changes only when the incumbent
+    improves). The fill-and-drain path (`fill_drain`) and its minimum over the ranges bound (1) leaves
+    (`ranged_fill_drain`) prune further before building."""
 
     def __init__(self, cm: CostModel, m: int, used: tuple[TypeOption, ...]) -> None:
         self.cm, self.m, self.used = cm, m, used
         self.S = sum(o.stages for o in used)
         self.L = cm.p.model.num_layers
+        self._ids = [id(o) for o in used]
+        self._gterms = cm.__dict__.setdefault("_placed_terms", {})
+        self._gchain = cm.__dict__.setdefault("_placed_chain", {})
+        self._gheld = cm.__dict__.setdefault("_placed_held", {})
+        self._gx = cm.__dict__.setdefault("_placed_exchanges", {})
         self._terms: dict[tuple[int, int, int], list[tuple[float, float, int, float, float, float, float]]] = {}
-        self._held: dict[tuple[int, int, int], tuple[float, int, int]] = {}
+        self._chain: dict[tuple[int, int, int, int, int], list[float]] = {}
+        self._held: dict[tuple[int, int, int, int, int], tuple[float, int, int, list[int]]] = {}
+        self._inner_x: dict[int, list[float]] = {}
+        self._across_x: dict[tuple[int, int], float] = {}
+        self._row: tuple[tuple[int, ...], int, float, Any] | None = None
 
     def _stages(self, j: int, start: int, v: int) -> list[tuple[float, float, int, float, float, float, float]]:
         """Return (w, const, nmax, c, e, a, a0) of option j's stages placed from position `start` at
@@ -1352,32 +1376,82 @@ class _PlacedW1:
         key = (j, start, v)
         out = self._terms.get(key)
         if out is None:
-            cm, m, S, o = self.cm, self.m, self.S, self.used[j]
-            sched, G = cm.p.schedule, cm.p.global_batch
-            out = []
-            for i, sh in enumerate(o.shapes):
-                s = start + i
-                f, g, ef, eg, a, a0, caps, _ = _stage_terms(cm, sh, G // (m * sh.dp), s == 0, s == S - 1,
-                                                            in_flight(sched, s, S, m, v), s, S, m, v)
-                out.append((m * (f + g) + a, m * (ef + eg) + a0, max(caps), f + g, ef + eg, a, a0))
+            gkey = (self._ids[j], start, v, self.m, self.S)
+            out = self._gterms.get(gkey)
+            if out is None:
+                cm, m, S, o = self.cm, self.m, self.S, self.used[j]
+                sched, G = cm.p.schedule, cm.p.global_batch
+                out = []
+                for i, sh in enumerate(o.shapes):
+                    s = start + i
+                    f, g, ef, eg, a, a0, caps, _ = _stage_terms(cm, sh, G // (m * sh.dp), s == 0, s == S - 1,
+                                                                in_flight(sched, s, S, m, v), s, S, m, v)
+                    out.append((m * (f + g) + a, m * (ef + eg) + a0, max(caps), f + g, ef + eg, a, a0))
+                self._gterms[gkey] = out
             self._terms[key] = out
         return out
 
-    def _held_at(self, j: int, start: int, v: int, T: float) -> tuple[int, int]:
-        """Return (sum, min) over option j's stages from `start` of the most blocks (a multiple of v)
-        each can run within T seconds under bound (1), capped by its memory."""
-        key = (j, start, v)
+    def _chains(self, j: int, start: int, v: int, prev: int, nxt: int) -> list[float]:
+        """Return per stage of option j placed from `start` the blocking-exchange seconds one
+        micro-batch's forwards and backwards hold there (`Structure.exchange_terms`' chain, the same
+        float operations), with option `prev` before it and `nxt` after it (-1: none; cyclic with
+        v > 1); zeros when the exchanges do not block."""
+        key = (j, start, v, prev, nxt)
+        out = self._chain.get(key)
+        if out is None:
+            ids = self._ids
+            gkey = (ids[j], start, v, self.m, self.S, ids[prev] if prev >= 0 else -1, ids[nxt] if nxt >= 0 else -1)
+            out = self._gchain.get(gkey)
+            if out is None:
+                out = self._gchain[gkey] = self._compute_chains(j, start, v, prev, nxt)
+            self._chain[key] = out
+        return out
+
+    def _compute_chains(self, j: int, start: int, v: int, prev: int, nxt: int) -> list[float]:
+        """Return `_chains` uncached: stage q holds its forward exchange in every chunk but the last
+        virtual stage's and its backward one in every chunk but virtual stage 0's, each summed in
+        chunk order as `Structure.exchange_terms` sums them."""
+        cm, m, S, o = self.cm, self.m, self.S, self.used[j]
+        if not cm.p.blocking_p2p or S * v == 1:
+            return [0.0] * o.stages
+        inner = self._inner(j)
+        fxs = inner + [self._across(j, nxt) if nxt >= 0 else 0.0]
+        bxs = [self._across(prev, j) if prev >= 0 else 0.0] + inner
+        return [sum([fxs[i]] * (v - (start + i == S - 1))) + sum([bxs[i]] * (v - (start + i == 0)))
+                for i in range(o.stages)]
+
+    def _held_at(self, j: int, start: int, v: int, T: float, prev: int = -1, nxt: int = -1
+                 ) -> tuple[int, int, list[int]]:
+        """Return (sum, min, per stage) over option j's stages from `start` (options `prev` before and
+        `nxt` after it, -1: none) of the most blocks (a multiple of v) each can run within T seconds
+        under bound (1) with its blocking exchanges, capped by its memory."""
+        key = (j, start, v, prev, nxt)
         got = self._held.get(key)
         if got is None or got[0] != T:
-            total, least = 0, self.L
-            for w, const, nmax, *_ in self._stages(j, start, v):
-                room = T - const
-                k = nmax if w <= 0 else min(nmax, int(math.floor(room / w)) if room >= 0 else -1)
-                k = k // v * v
-                total += k
-                least = min(least, k)
-            got = self._held[key] = (T, total, least)
-        return got[1], got[2]
+            ids = self._ids
+            gkey = (ids[j], start, v, self.m, self.S, ids[prev] if prev >= 0 else -1, ids[nxt] if nxt >= 0 else -1)
+            got = self._gheld.get(gkey)
+            if got is None or got[0] != T:
+                m = self.m
+                ks = []
+                for (w, _, nmax, _, e, _, a0), x in zip(self._stages(j, start, v),
+                                                        self._chains(j, start, v, prev, nxt)):
+                    room = T - m * (e + x) - a0
+                    k = nmax if w <= 0 else min(nmax, int(math.floor(room / w)) if room >= 0 else -1)
+                    ks.append(k // v * v)
+                got = self._gheld[gkey] = (T, sum(ks), min(ks), ks)
+            self._held[key] = got
+        return got[1], got[2], got[3]
+
+    def _placed(self, order: tuple[int, ...], v: int) -> Iterator[tuple[int, int, int, int]]:
+        """Yield (option, start, option before, option after) along `order` (-1: none; the neighbours
+        wrap around with v > 1, as the chunks do)."""
+        u, start = len(order), 0
+        for i, j in enumerate(order):
+            prev = order[i - 1] if i > 0 else (order[-1] if v > 1 else -1)
+            nxt = order[i + 1] if i + 1 < u else (order[0] if v > 1 else -1)
+            yield j, start, prev, nxt
+            start += self.used[j].stages
 
     def cannot_beat(self, order: tuple[int, ...], v: int, cutoff: float) -> bool:
         """True when bound (1) proves that no layer mapping of the structure with the options in
@@ -1387,35 +1461,105 @@ class _PlacedW1:
         if cutoff == INF or self.S < 2:
             return False
         T = cutoff * (1 + 1e-9)
-        total, start = 0, 0
-        for j in order:
-            held, least = self._held_at(j, start, v, T)
+        total = 0
+        for j, start, prev, nxt in self._placed(order, v):
+            held, least, _ = self._held_at(j, start, v, T, prev, nxt)
             if least < v:
                 return True
             total += held
-            start += self.used[j].stages
         return total < self.L
+
+    def ranged_fill_drain(self, order: tuple[int, ...], v: int, cutoff: float, sends_s: float) -> bool:
+        """True when the fill-and-drain path (`fill_drain`'s row) minimised over real layer counts in
+        the ranges bound (1) leaves within `cutoff` is above it (raised by 1e-9 relative): each stage q
+        holds at most hi_q blocks (`_held_at`) and, the counts summing to L, at least L minus the other
+        stages' hi (and v); a mapping faster than the cutoff lies in these ranges, so none exists."""
+        if cutoff == INF or self.S < 2:
+            return False
+        T = cutoff * (1 + 1e-9)
+        hi: list[int] = []
+        for j, start, prev, nxt in self._placed(order, v):
+            hi.extend(self._held_at(j, start, v, T, prev, nxt)[2])
+        L, total = self.L, sum(hi)
+        lo = [max(v, -(-(L - (total - h)) // v) * v) for h in hi]
+        per, base, _ = self._fill_drain_row(order, v, sends_s)
+        return _min_in_ranges(per, base, lo, hi, L) > T
+
+    def _inner(self, j: int) -> list[float]:
+        """Return the blocking exchanges between consecutive stages of option j (seconds), cached
+        solve-wide."""
+        out = self._inner_x.get(j)
+        if out is None:
+            gkey = ("inner", self._ids[j], self.m)
+            out = self._gx.get(gkey)
+            if out is None:
+                cm, sh = self.cm, self.used[j].shapes
+                G = cm.p.global_batch
+                out = self._gx[gkey] = [_exchange(cm, sh[k], sh[k + 1], G // (self.m * sh[k].dp))
+                                        for k in range(len(sh) - 1)]
+            self._inner_x[j] = out
+        return out
+
+    def _across(self, a: int, b: int) -> float:
+        """Return the blocking exchange from option a's last stage to option b's first (seconds), cached
+        solve-wide."""
+        out = self._across_x.get((a, b))
+        if out is None:
+            gkey = ("across", self._ids[a], self._ids[b], self.m)
+            out = self._gx.get(gkey)
+            if out is None:
+                cm, x = self.cm, self.used[a].shapes[-1]
+                out = self._gx[gkey] = _exchange(cm, x, self.used[b].shapes[0],
+                                                 cm.p.global_batch // (self.m * x.dp))
+            self._across_x[(a, b)] = out
+        return out
+
+    def _path_sends(self, order: tuple[int, ...], v: int, sends_s: float) -> float:
+        """Return the seconds of sends (or, when the exchanges block, of exchanges the ops hold) on the
+        fill-and-drain path of the structure with `order` at interleave v, as
+        `Structure._fill_drain_sends` computes them; `sends_s` is the sum of its sends."""
+        S, m = self.S, self.m
+        if not self.cm.p.blocking_p2p or S == 1:
+            return 2 * sends_s
+        xs: list[float] = []
+        for i, j in enumerate(order):
+            xs.extend(self._inner(j))
+            if i + 1 < len(order):
+                xs.append(self._across(j, order[i + 1]))
+        *_, (j, start, prev, nxt) = self._placed(order, v)
+        return sum(xs) + m * self._chains(j, start, v, prev, nxt)[-1] + sum(xs[:S - 2])
+
+    def _fill_drain_row(self, order: tuple[int, ...], v: int, sends_s: float
+                        ) -> tuple[list[float], float, list[tuple[float, float, int, float, float, float, float]]]:
+        """Return (per, base, stage terms) of the fill-and-drain path of the structure with `order` at
+        interleave v: T >= sum_s per_s n_s + base for every layer mapping n (see `fill_drain`); the
+        last one is kept (`fill_drain` and `ranged_fill_drain` ask for the same order in turn)."""
+        if self._row is not None and self._row[:3] == (order, v, sends_s):
+            return self._row[3]  # type: ignore[no-any-return]
+        m, S = self.m, self.S
+        rows = []
+        for j, start, _, _ in self._placed(order, v):
+            rows.extend(self._stages(j, start, v))
+        last = S - 1
+        per = [r[3] / v for r in rows]
+        per[last] = m * rows[last][3]
+        base = sum(r[4] for r in rows) - rows[last][4] + m * rows[last][4] + self._path_sends(order, v, sends_s)
+        if v == 1:
+            per[0] += rows[0][5]
+            base += rows[0][6]
+        self._row = (order, v, sends_s, (per, base, rows))
+        return per, base, rows
 
     def fill_drain(self, order: tuple[int, ...], v: int, sends_s: float) -> float:
         """Return bound (2) of `Structure.lower_bound` (seconds) for the structure with the options in
         `order` at interleave v, with each stage's memory cap, embedding/head and (v = 1) stage 0's
         all-reduce at its real position, before it is built: micro-batch 0 forward through the first
         chunks of every stage but the last, the last stage's whole chain, micro-batch m-1 back down,
-        both ways through the sends (`sends_s`, their sum). The tied-embedding all-reduce is left out
-        (a lower bound of the structure's bound (2)); inf when the caps cannot hold L layers."""
-        m, S, L = self.m, self.S, self.L
-        rows = []
-        start = 0
-        for j in order:
-            rows.extend(self._stages(j, start, v))
-            start += self.used[j].stages
-        last = S - 1
-        per = [r[3] / v for r in rows]
-        per[last] = m * rows[last][3]
-        base = sum(r[4] for r in rows) - rows[last][4] + m * rows[last][4] + 2 * sends_s
-        if v == 1:
-            per[0] += rows[0][5]
-            base += rows[0][6]
+        both ways through the sends (`sends_s`, their sum), or the blocking exchanges its ops hold
+        (`_path_sends`). The tied-embedding all-reduce is left out (a lower bound of the structure's
+        bound (2)); inf when the caps cannot hold L layers."""
+        S, L = self.S, self.L
+        per, base, rows = self._fill_drain_row(order, v, sends_s)
         spare = L - S * v
         total = base + v * sum(per)
         for s in sorted(range(S), key=per.__getitem__):
@@ -1426,6 +1570,16 @@ class _PlacedW1:
                 total += k * per[s]
                 spare -= k
         return INF if spare > 0 else total
+
+
+def _exchange(cm: CostModel, a: StageShape, b: StageShape, micro_batch: int) -> float:
+    """Return the seconds of one blocking exchange from stage shape a to b with a's micro-batch
+    (`exchanges_s` of the pair, the same float operations as a structure's), cached on the cost model."""
+    cache = cm.__dict__.setdefault("_exchange", {})
+    key = (a, b, micro_batch)
+    if key not in cache:
+        cache[key] = exchanges_s(cm, [a, b], [micro_batch, micro_batch], [_p2p(cm, a, b, micro_batch)])[0]
+    return cache[key]  # type: ignore[no-any-return]
 
 
 def _combo_sends(cm: CostModel, m: int, used: tuple[TypeOption, ...]) -> tuple[float, list[list[float]]]:
@@ -1551,8 +1705,11 @@ def _pooled_worker(w: int) -> dict[str, Any]:
             if not st.feasible():
                 stats.infeasible += 1
                 continue
+            if st.cannot_beat(incumbent()):  # the range test first (see `solve_poseidon`)
+                stats.pruned += 1
+                continue
             lb = max(lb, st.lower_bound(incumbent()))
-            if lb >= incumbent() or st.cannot_beat(incumbent()):
+            if lb >= incumbent():
                 stats.pruned += 1
                 continue
             t, layers = quick_map(st, stats)
