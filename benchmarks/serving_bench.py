@@ -91,11 +91,14 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
         p = plan.predicted
         layout = " | ".join("+".join(f"{len(st.devices)}x{st.layers}L" for st in r.stages)
                             + ("" if r.phase == "both" else f" ({r.phase})") for r in plan.replicas)
-        out.append([s, layout, plan.objective, h.objective / plan.objective if plan.objective else float("inf"),
-                    p["ttft_p_s"], p["tpot_p_s"], plan.usable_kv_bytes / 1e9,
+        if not p:  # an infeasible layout (uniform TP where the smallest GPUs cannot hold their layers)
+            layout = f"INFEASIBLE: {layout}"
+        out.append([s, layout, plan.objective or 0.0, h.objective / plan.objective if plan.objective else float("inf"),
+                    p.get("ttft_p_s", "-"), p.get("tpot_p_s", "-"), plan.usable_kv_bytes / 1e9,
                     plan.usable_kv_bytes / uni if uni else float("inf"), cpu])
-    ratios = {"vs_hexgen": h.objective / plans["hexgen"].objective,
-              "vs_splitwise": h.objective / plans["splitwise"].objective,
+    ratio = lambda a, b: a / b if b else (float("inf") if a else float("nan"))  # noqa: E731
+    ratios = {"vs_hexgen": ratio(h.objective, plans["hexgen"].objective),
+              "vs_splitwise": ratio(h.objective, plans["splitwise"].objective),
               "kv_vs_uniform": h.usable_kv_bytes / uni if uni else float("inf")}  # uniform TP may hold no KV
     desc = prob.lengths()[2]
     if workload == "long":
