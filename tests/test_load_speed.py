@@ -23,30 +23,20 @@ from gpuplan import api
 from gpuplan import io as gio
 from gpuplan.errors import InputError
 
-# Relative GPU speeds of 8 generations (K80 to H100), as benchmarks/oef_bench.py draws them.
-GPU_POWER = {"K80": 1.0, "P100": 2.2, "T4": 2.6, "V100": 4.0, "A10": 4.4, "L4": 4.8, "A100-80GB": 9.0,
-             "H100": 18.0}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from oef_bench import distinct_problem  # noqa: E402  (the benchmark's distinct-job generator)
+
+MAX_GPUS = 65_536   # the most GPUs an input may declare
 
 
 def distinct_jobs_document(n: int, m: int = 8, seed: int = 0) -> dict[str, Any]:
-    """Return an OEF document of n single-job tenants, each with its own speedup vector on m GPU types
-    (the shape of oef_bench.py's distinct-job rows: speed = power ** U(0.15, 1.1) x lognormal noise,
-    1/2/4/8 GPUs, weights 1-2, a cluster of about demand / 1.6 GPUs, 8 per node, at most the 65,536 GPUs
-    an input may declare)."""
-    rng = np.random.default_rng(seed)
-    types = list(GPU_POWER)[:: 8 // m][:m] if m < 8 else list(GPU_POWER)
-    power = np.array([GPU_POWER[t] for t in types])
-    sizes = rng.choice([1, 2, 4, 8], size=n, p=[0.6, 0.2, 0.15, 0.05])
-    tenants = []
-    for i in range(n):
-        speed = power ** rng.uniform(0.15, 1.1) * np.exp(rng.normal(0, 0.15, m))
-        tenants.append({"name": f"u{i}", "weight": float(rng.choice([1.0, 2.0])),
-                        "jobs": [{"name": "j", "gpus": int(sizes[i]),
-                                  "throughput": {t: round(float(x), 4) for t, x in zip(types, speed)}}]})
-    per = max(8, int(round(float(sizes.sum()) / 1.6 / len(types) / 8)) * 8)
-    per = min(per, 65_536 // len(types) // 8 * 8)
-    return {"kind": "oef", "cluster": {"gpus": {t: per for t in types}, "gpus_per_node": 8}, "tenants": tenants,
-            "rounds": 0}
+    """Return oef_bench.py's distinct-job OEF document (n single-job tenants, each with its own speedup
+    vector on m GPU types), its cluster cut to the MAX_GPUS an input may declare."""
+    doc = distinct_problem(np.random.default_rng(seed), n, m)
+    gpus = doc["cluster"]["gpus"]
+    per = min(next(iter(gpus.values())), MAX_GPUS // len(gpus) // 8 * 8)
+    doc["cluster"]["gpus"] = {t: per for t in gpus}
+    return doc
 
 
 def write_yaml(doc: dict[str, Any], path: Path) -> Path:
