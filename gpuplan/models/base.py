@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -106,6 +107,7 @@ items of the list named LIST, to each and to their sum (the AuroraRL solver take
 workers and minutes for 65,536)."""
 
 
+@functools.lru_cache(maxsize=4096)
 def _quantity_unit(key: str) -> str | None:
     from gpuplan.units import SUFFIX_UNITS
 
@@ -159,13 +161,14 @@ def check_input_numbers(data: Any, file: str | None = None) -> None:
     from gpuplan.units import check_quantity
 
     check_document(data, file)  # size, nesting, non-finite floats (also for documents built in code)
-    # (value, path, name of the nearest enclosing field with a unit suffix, if any)
-    stack: list[tuple[Any, tuple[Any, ...], str | None]] = [(data, (), None)]
+    # (value, path, name of the nearest enclosing field with a unit suffix, the last two field names)
+    stack: list[tuple[Any, tuple[Any, ...], str | None, tuple[str, ...]]] = [(data, (), None, ())]
     while stack:
-        obj, path, unit_key = stack.pop()
+        obj, path, unit_key, names = stack.pop()
         if isinstance(obj, dict):
             for k, v in obj.items():
-                stack.append((v, path + (k,), str(k) if _quantity_unit(str(k)) else unit_key))
+                key_names = names if isinstance(k, int) else (names[-1:] + (str(k),))
+                stack.append((v, path + (k,), str(k) if _quantity_unit(str(k)) else unit_key, key_names))
             _refuse_type_aliases(obj, path, file)
             key = str(path[-1]) if path else ""
             limit = COUNT_LIMITS.get(key) if key == "gpus" else None  # {gpus: {V100: n}}: the sum too
@@ -175,28 +178,34 @@ def check_input_numbers(data: Any, file: str | None = None) -> None:
                                     f"limit of '{key}')")
             continue
         if isinstance(obj, list):
-            stack.extend((v, path + (i,), unit_key) for i, v in enumerate(obj))
+            stack.extend((v, path + (i,), unit_key, names) for i, v in enumerate(obj))
             _check_list_totals(obj, path, file)
             continue
         if isinstance(obj, bool) or not isinstance(obj, (int, float)):
             continue
-        where = field_path(path)
         if not math.isfinite(obj) or abs(obj) > MAX_NUMBER:
-            raise InputError.at(file, where, obj, f"a finite number of at most {MAX_NUMBER:g} in magnitude")
-        names = [str(p) for p in path if not isinstance(p, int)]
-        limit = COUNT_LIMITS.get(".".join(names[-2:])) if len(names) >= 2 else None
-        if limit is None and names:
-            limit = COUNT_LIMITS.get(names[-1])
-        if limit is None and len(names) >= 2 and names[-2] == "gpus" and isinstance(path[-1], str):
-            limit = COUNT_LIMITS["gpus"]  # {gpus: {V100: n}}
+            raise InputError.at(file, field_path(path), obj, f"a finite number of at most {MAX_NUMBER:g} in magnitude")
+        limit = _count_limit(names, bool(path) and isinstance(path[-1], str))
         if limit is not None and abs(obj) > limit:
-            raise InputError.at(file, where, obj, f"at most {limit:,} (the documented limit of this count)")
+            raise InputError.at(file, field_path(path), obj, f"at most {limit:,} (the documented limit of this count)")
         unit = _quantity_unit(unit_key or "")
         if unit is not None:
             try:
                 check_quantity(obj / 8 if (unit_key or "").endswith("_gbps") else obj, unit)
             except ValueError as exc:
-                raise InputError.at(file, where, obj, str(exc).rsplit(", not ", 1)[0]) from None
+                raise InputError.at(file, field_path(path), obj, str(exc).rsplit(", not ", 1)[0]) from None
+
+
+@functools.lru_cache(maxsize=4096)
+def _count_limit(names: tuple[str, ...], keyed_by_name: bool) -> int | None:
+    """Return the COUNT_LIMITS entry for a number whose last two field names are `names` (list
+    indices skipped), or None; `keyed_by_name`: the number is a mapping's value, not a list item."""
+    limit = COUNT_LIMITS.get(".".join(names)) if len(names) >= 2 else None
+    if limit is None and names:
+        limit = COUNT_LIMITS.get(names[-1])
+    if limit is None and len(names) >= 2 and names[-2] == "gpus" and keyed_by_name:
+        limit = COUNT_LIMITS["gpus"]  # {gpus: {V100: n}}
+    return limit
 
 
 def document_path(value: str | Path, info: Any) -> Path:
