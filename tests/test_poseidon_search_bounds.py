@@ -20,7 +20,7 @@ from gpuplan.models.poseidon_config import evaluate_config
 from gpuplan.registry import no_progress
 from gpuplan.solvers import poseidon as SP
 from gpuplan.solvers.poseidon_bounds import list_combos
-from test_poseidon_speed import TYPES, small
+from test_poseidon_speed import TYPES, placed_structures, small
 
 
 def exact_times(prob: P.PoseidonProblem) -> list[tuple[SP.Structure, float]]:
@@ -131,20 +131,13 @@ def test_the_placed_w1_test_never_prunes_a_structure_faster_than_the_cutoff(type
     fill-and-drain path (`_PlacedW1.fill_drain`) is at most the best time over every cut set."""
     prob = small(dict(zip(types, counts)), layers=layers, batch=batch, model=model, schedule=schedule,
                  max_stages=4, max_interleave=2)
-    cm = P.CostModel(prob)
     rows = []
-    for m, used in SP.combos(prob, None, SP.type_options(prob)):
-        S = sum(o.stages for o in used)
-        vs = [1] + SP.interleaves(prob, S, m)
-        placed = SP._PlacedW1(cm, m, used)
-        for i, order in enumerate(itertools.permutations(range(len(used)))):
-            for j, v in enumerate(vs):
-                s = SP._structure_at(prob, cm, (m, used), i * len(vs) + j)
-                t = SP.all_cuts_map(s, SP.Stats())[0] if s.feasible() else math.inf
-                rows.append((placed, order, v, s, t))
-                if S > 1 and s.feasible():  # the placed fill-and-drain path is below every cut set
-                    sends = sum(s.p2p)
-                    assert placed.fill_drain(order, v, sends) * (1 - 1e-9) <= t * (1 + 1e-12), (s.shapes, m, v)
+    for placed, order, v, s in placed_structures(prob):
+        t = SP.all_cuts_map(s, SP.Stats())[0] if s.feasible() else math.inf
+        rows.append((placed, order, v, s, t))
+        if s.S > 1 and s.feasible():  # the placed fill-and-drain path is below every cut set
+            sends = sum(s.p2p)
+            assert placed.fill_drain(order, v, sends) * (1 - 1e-9) <= t * (1 + 1e-12), (s.shapes, s.m, v)
     finite = [t for *_, t in rows if t < math.inf]
     if not finite:
         return

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gpuplan.models import poseidon as P
 from gpuplan.solvers import poseidon as SP
-from test_poseidon_speed import TYPES, small
+from test_poseidon_speed import TYPES, placed_structures, small
 
 
 def mappings(s: SP.Structure) -> list[list[int]]:
@@ -102,23 +102,16 @@ def test_placed_tests_with_exchanges_never_prune_a_structure_faster_than_the_cut
     set, and at the space's optimum prune only structures that cannot beat it."""
     prob = small(dict(zip(types, counts)), layers=layers, batch=batch, model=model, per_node=per_node,
                  schedule=schedule, max_stages=4, max_interleave=2)
-    cm = P.CostModel(prob)
     rows = []
-    for m, used in SP.combos(prob, None, SP.type_options(prob)):
-        S = sum(o.stages for o in used)
-        vs = [1] + SP.interleaves(prob, S, m)
-        placed = SP._PlacedW1(cm, m, used)
-        for i, order in enumerate(itertools.permutations(range(len(used)))):
-            for j, v in enumerate(vs):
-                s = SP._structure_at(prob, cm, (m, used), i * len(vs) + j)
-                chains = [x for k, start, prev, nxt in placed._placed(order, v)
-                          for x in placed._chains(k, start, v, prev, nxt)]
-                assert chains == s.exchange_terms()[0]
-                if S > 1:
-                    sends = placed._path_sends(order, v, sum(s.p2p))
-                    assert math.isclose(sends, s._fill_drain_sends(), rel_tol=1e-12)
-                t = SP.all_cuts_map(s, SP.Stats())[0] if s.feasible() else math.inf
-                rows.append((placed, order, v, s, t))
+    for placed, order, v, s in placed_structures(prob):
+        chains = [x for k, start, prev, nxt in placed._placed(order, v)
+                  for x in placed._chains(k, start, v, prev, nxt)]
+        assert chains == s.exchange_terms()[0]
+        if s.S > 1:
+            sends = placed._path_sends(order, v, sum(s.p2p))
+            assert math.isclose(sends, s._fill_drain_sends(), rel_tol=1e-12)
+        t = SP.all_cuts_map(s, SP.Stats())[0] if s.feasible() else math.inf
+        rows.append((placed, order, v, s, t))
     finite = [t for *_, t in rows if t < math.inf]
     if not finite:
         return

@@ -34,6 +34,19 @@ def small(types: dict[str, int], layers: int = 8, batch: int = 16, per_node: int
     return api.load_problem(doc, "poseidon")  # type: ignore[return-value]
 
 
+def placed_structures(prob: P.PoseidonProblem):  # type: ignore[no-untyped-def]
+    """Yield (placed, order, v, structure) for every structure of a small problem's space: the
+    `_PlacedW1` test of its combo before building, the type order and interleave it places, and the
+    structure built from them."""
+    cm = P.CostModel(prob)
+    for m, used in SP.combos(prob, None, SP.type_options(prob)):
+        vs = [1] + SP.interleaves(prob, sum(o.stages for o in used), m)
+        placed = SP._PlacedW1(cm, m, used)
+        for i, order in enumerate(itertools.permutations(range(len(used)))):
+            for j, v in enumerate(vs):
+                yield placed, order, v, SP._structure_at(prob, cm, (m, used), i * len(vs) + j)
+
+
 # ---- the compiled DAG walk ---------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None)
