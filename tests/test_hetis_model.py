@@ -104,14 +104,15 @@ def test_check_catches_stated_figures_that_differ(problem: object, plan: HetisPl
 
 def test_stage_a_takes_the_fewest_primaries_within_delta_of_the_best_max_rate(problem: object) -> None:
     from gpuplan.models.hetis import max_rate_per_s
-    from gpuplan.solvers.hetis import hetis_layout_plan, primaries_of, stage_a, stage_a_candidates
+    from gpuplan.solvers.hetis import (hetis_layout_plan, primaries_of, stage_a, stage_a_candidates,
+                                       stage_a_dispatch, static_search)
 
     chosen, table = stage_a(problem)
-    rated = [(max_rate_per_s(problem, hetis_layout_plan(problem, reps)), primaries_of(reps))
-             for _, reps in stage_a_candidates(problem)]
+    rated = [(max(max_rate_per_s(problem, hetis_layout_plan(problem, reps)), static_search(problem, reps)[0]),
+              primaries_of(reps)) for _, reps in stage_a_candidates(problem)]
     assert [r["max_rate_per_s"] for r in table] == [r for r, _ in rated]
     best = max(r for r, _ in rated)
-    rate_chosen = max_rate_per_s(problem, hetis_layout_plan(problem, chosen))
+    rate_chosen = max_rate_per_s(problem, hetis_layout_plan(problem, chosen, stage_a_dispatch(problem)))
     n_chosen = primaries_of(chosen)
     assert rate_chosen * (1 + problem.delta) >= best
     assert all(n >= n_chosen for r, n in rated if r * (1 + problem.delta) >= best)
@@ -120,7 +121,7 @@ def test_stage_a_takes_the_fewest_primaries_within_delta_of_the_best_max_rate(pr
     assert primaries_of(few) == min(n for _, n in rated)
     strict = problem.model_copy(update={"delta": 0.0})
     top, _ = stage_a(strict)
-    assert max_rate_per_s(problem, hetis_layout_plan(problem, top)) == best
+    assert max_rate_per_s(problem, hetis_layout_plan(problem, top, stage_a_dispatch(strict))) == best
 
 
 def test_stage_a_considers_every_hexgen_configuration(problem: object) -> None:
@@ -222,17 +223,18 @@ def test_splitwise_takes_the_best_simulated_pool_split(problem: object) -> None:
     from gpuplan.models.hetis import HetisPlan as Plan
     from gpuplan.models.plan import Status
     from gpuplan.models.hetis import max_rate_per_s
-    from gpuplan.solvers.hetis import _pool_options, node_groups
+    from gpuplan.solvers.hetis import SPLITWISE_SIMULATED, splitwise_configurations
 
-    groups = node_groups(problem)
+    cands = splitwise_configurations(problem)
     plan = gpuplan.solve(problem, solver="splitwise")
-    rates = []
-    for k in range(len(groups)):  # one group prompts, the rest decode; and the other way round
-        for pre_g, dec_g in (([groups[k]], groups[:k] + groups[k + 1:]), (groups[:k] + groups[k + 1:], [groups[k]])):
-            for a in _pool_options(problem, pre_g, "prefill"):
-                for b in _pool_options(problem, dec_g, "decode"):
-                    rates.append(max_rate_per_s(problem, Plan(kind="hetis", status=Status.FEASIBLE, replicas=a + b)))
+    rates = [max_rate_per_s(problem, Plan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
+             for _, reps in cands[:SPLITWISE_SIMULATED]]
     assert rates and plan.objective == max(rates)
+    # the pools need not be whole servers: some split puts one GPU of a server in each pool
+    node = {d.id: d.node for d in problem.cluster.devices}
+    assert any({node[d] for r in reps if r.phase == "prefill" for s in r.stages for d in s.devices}
+               & {node[d] for r in reps if r.phase == "decode" for s in r.stages for d in s.devices}
+               for _, reps in cands)
 
 
 def test_layouts_that_differ_only_in_a_replicas_phase_are_distinct() -> None:

@@ -1,22 +1,24 @@
 """Hetis solvers: the paper's layout (Stage A + water-filling dispatch + re-dispatch), its dispatch
 variants, and the baselines the paper compares with, all judged by the shared serving engine.
 
-hetis            Stage A: primary set and dense configuration (every subset of node groups and
-                 grouping into data-parallel pipelines, TP in a node, PP across nodes, layers by speed
-                 under memory; HexGen's configurations included), each with head-wise dispatch on top,
-                 the best few by a dense proxy simulated for their max rate under the SLOs; the fewest
-                 primaries within (1 + delta) of the best rate. Decode attention of every request
-                 water-filled over all GPUs; periodic re-dispatch
+hetis            Stage A: primary set and dense configuration over the extended layout space (a TP
+                 degree per server type that divides its GPU count, so a server may hold several
+                 replicas or stages; every multiset of replica pipelines, found by a knapsack over the
+                 dense proxy, see layout_table; HexGen's configurations included); the best few by the
+                 proxy and the best per primary count simulated for their max rate under the SLOs, each
+                 with head-wise dispatch over all GPUs and with its static engine (the better kept);
+                 the fewest primaries within (1 + delta) of the best rate. Decode attention of every
+                 request water-filled over all GPUs; periodic re-dispatch
 hetis-lp         the same layout; the snapshot's heads placed by the LP relaxation + rounding
 exact            the same layout; the snapshot's heads placed by CP-SAT (small instances)
 uniform-tp       one replica over every GPU: TP inside each node, the layers split evenly over the
                  nodes (uniform shards, so the smallest GPU bounds every device's KV)
-hexgen           HexGen-style static asymmetric TP/PP: every grouping of the node groups into
-                 data-parallel replicas, stages fastest first, layers balanced by speed under
-                 memory, requests by throughput share; the best by simulated max rate
-splitwise        Splitwise-style phase split: node groups assigned to a prefill pool and a decode
-                 pool (every split, every grouping of each pool into replicas), KV shipped between
-                 them; the best by simulated max rate
+hexgen           HexGen-style static asymmetric TP/PP: the same extended space (TP per stage, servers
+                 may be split), stages fastest first, layers balanced by speed under memory, requests
+                 by throughput share; the same candidates as Stage A simulated, the best kept
+splitwise        Splitwise-style phase split: TP groups split into a prefill pool and a decode pool
+                 (every split of every TP assignment's groups; pools need not be whole servers), each
+                 pool its best replicas by the proxy, KV shipped between them; the best simulated
 heads-by-memory  Hetis' primaries; every request's heads split over all GPUs in proportion to their
                  KV capacity (static), no re-dispatch
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +46,8 @@ EXACT_MAX_HEADS = 64
 SIMULATED_CANDIDATES = 3        # HexGen-style: candidates ranked by the dense proxy that are simulated
 STAGE_A_SIMULATED = 3           # Stage A: the same top candidates by the proxy (plus the best per primary count)
 SPLITWISE_SIMULATED = 12        # Splitwise-style: pool splits simulated (all of them up to this many)
+MAX_STAGES = 12                 # pipeline stages of one replica in the extended space
+KEEP_PER_CELL = 3               # best multisets kept per (groups used, primary GPUs) in the knapsack
 
 
 # ---------------------------------------------------------------- Stage A pieces
@@ -136,34 +141,166 @@ def dp_dense_step(problem: HetisProblem, replicas: list[Replica]) -> float:
 
 
 def configurations(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:
-    """Return every dense configuration Stage A considers, as (dense throughput proxy in tokens/s at the
-    token budget, replicas): each subset of node groups, each grouping of it into data-parallel
-    pipelines (stages fastest first, layers by speed under memory); a block that cannot hold the model
-    is left out (its GPUs stay attention workers). This contains every configuration the HexGen-style
-    search considers. Deduplicated, in enumeration order."""
-    groups = node_groups(problem)
+    """Return the dense configurations Stage A (and the HexGen-style search) ranks, as (dense throughput
+    proxy in tokens/s at the token budget, replicas), best proxy first: over the extended space (every
+    symmetric TP assignment, every multiset of replica shapes; see layout_table), for every assignment
+    and primary-GPU count the KEEP_PER_CELL best by the proxy. Groups left out stay attention workers
+    (Hetis) or idle (HexGen-style). Deduplicated."""
     out: list[tuple[float, list[Replica]]] = []
     seen: set[str] = set()
-    for subset in _subsets(groups):
-        parts = _set_partitions(list(range(len(subset)))) if len(subset) <= MAX_GROUPS_ENUMERATED else \
-            [[list(range(len(subset)))], [[k] for k in range(len(subset))]]
-        for part in parts:
-            reps = []
-            for block in part:
-                stages = pipeline(problem, [subset[k] for k in block])
-                if stages is not None:
-                    reps.append((_replica_rate_proxy(problem, stages), stages))
-            if not reps:
-                continue
-            key = _layout_key([Replica(stages=st) for _, st in reps])
-            if key in seen:
-                continue
-            seen.add(key)
-            tot = sum(r for r, _ in reps)
-            replicas = [Replica(stages=st, share=r / tot) for r, st in reps]
-            _fix_shares(replicas)
-            out.append((tot, replicas))
+    for kinds, shapes, table in _space(problem):
+        by_gpus: dict[int, list[tuple[float, tuple[int, ...]]]] = {}
+        for (_, gpus), entries in table.items():
+            by_gpus.setdefault(gpus, []).extend(entries)
+        for gpus in sorted(by_gpus):
+            for _, mult in sorted(by_gpus[gpus], key=lambda e: -e[0])[:KEEP_PER_CELL]:
+                reps = realise(problem, kinds, shapes, mult)
+                if reps is None:
+                    continue
+                key = _layout_key(reps)
+                if key not in seen:
+                    seen.add(key)
+                    out.append((sum(_replica_rate_proxy(problem, r.stages) for r in reps), reps))
+    order = sorted(range(len(out)), key=lambda k: (-out[k][0], k))
+    return [out[k] for k in order]
+
+
+# ---------------------------------------------------------------- the extended layout space
+#
+# A server of n GPUs of one type may be split into n / t tensor-parallel groups of t GPUs, for every t
+# that divides n (and the model's heads and KV heads). The choice is symmetric per server type (every
+# server of a type uses the same t): a "tp assignment". Under one assignment, groups of the same kind
+# (type, t) are interchangeable, so a replica is a *shape* (how many groups of each kind it pipelines,
+# stages fastest first) and a configuration is a multiset of shapes whose groups fit in the cluster's
+# (groups not used are idle, or attention workers under Hetis). The ranking proxy (dense tokens/s at the
+# token budget) is additive over replicas, so the best configurations by the proxy, per primary-GPU
+# count and per set of groups used, are found exactly by a knapsack over the vector of groups used
+# (layout_table); the proxy of a shape is computed once on the first groups of each kind (stated
+# approximation: a group's cost depends on its type, its t and its server's links, which are the same
+# for every group of a kind; the link between stages is that of the first groups).
+
+
+def server_types(problem: HetisProblem) -> dict[tuple[str, int], list[list[int]]]:
+    """Return the servers grouped by server type (device type, GPUs of that type in the server): for each,
+    the device ids of every server of that type, in cluster order."""
+    per: dict[tuple[str, str], list[int]] = {}
+    for d in problem.cluster.devices:
+        per.setdefault((d.node, d.type), []).append(d.id)
+    out: dict[tuple[str, int], list[list[int]]] = {}
+    types = {d.id: d.type for d in problem.cluster.devices}
+    for ids in per.values():
+        out.setdefault((types[ids[0]], len(ids)), []).append(ids)
     return out
+
+
+def tp_degrees(problem: HetisProblem, n: int) -> list[int]:
+    """Return the TP degrees a server of n GPUs may be split into: t divides n and the model's heads and
+    KV heads (the head-wise split of attention over a TP group must be even)."""
+    cfg = problem.config
+    return [t for t in range(1, n + 1) if n % t == 0 and cfg.kv % t == 0 and cfg.heads % t == 0]
+
+
+def tp_assignments(problem: HetisProblem) -> list[dict[tuple[str, int], int]]:
+    """Return every symmetric TP assignment: one TP degree per server type (see server_types)."""
+    st = server_types(problem)
+    keys = list(st)
+    return [dict(zip(keys, ts)) for ts in itertools.product(*(tp_degrees(problem, k[1]) for k in keys))]
+
+
+def kinds_of(problem: HetisProblem, assignment: dict[tuple[str, int], int]) -> list[list[list[int]]]:
+    """Return, per group kind under `assignment`, its concrete device groups (each server of the type cut
+    into consecutive groups of t GPUs), kinds fastest first (peak flop/s x t)."""
+    g = {x.id: x for x in gpus_of(problem)}
+    out = []
+    for key, servers in server_types(problem).items():
+        t = assignment[key]
+        out.append([ids[k:k + t] for ids in servers for k in range(0, len(ids), t)])
+    return sorted(out, key=lambda grp: (-g[grp[0][0]].peak_flops * len(grp[0]), grp[0][0]))
+
+
+@dataclass
+class Shape:
+    """One replica under a TP assignment: groups of each kind (counts), its proxy tokens/s, its GPUs."""
+
+    counts: tuple[int, ...]
+    proxy: float
+    gpus: int
+
+
+def shapes_of(problem: HetisProblem, kinds: list[list[list[int]]]) -> list[Shape]:
+    """Return every replica shape that holds the model (a pipeline over counts[k] groups of kind k, stages
+    fastest first, layers by speed under memory), with its dense proxy (tokens/s at the token budget) on
+    the first groups of each kind. At most MAX_STAGES stages."""
+    out = []
+    for counts in itertools.product(*(range(len(kd) + 1) for kd in kinds)):
+        if not any(counts) or sum(counts) > MAX_STAGES:
+            continue
+        stages = pipeline(problem, [grp for kd, c in zip(kinds, counts) for grp in kd[:c]])
+        if stages is not None:
+            out.append(Shape(tuple(counts), _replica_rate_proxy(problem, stages),
+                             sum(len(s.devices) for s in stages)))
+    return out
+
+
+def layout_table(shapes: list[Shape], limit: tuple[int, ...], keep: int
+                 ) -> dict[tuple[tuple[int, ...], int], list[tuple[float, tuple[int, ...]]]]:
+    """Return, for every vector of groups used (<= limit per kind) and primary-GPU count, the `keep`
+    best multisets of shapes using exactly those groups, by total proxy (tokens/s): a bounded knapsack
+    over the shapes (each multiset built once: shapes taken in list order), exact for the additive
+    proxy. Entries are (proxy, multiplicity per shape)."""
+    K = len(limit)
+    table: dict[tuple[tuple[int, ...], int], list[tuple[float, tuple[int, ...]]]] = {
+        ((0,) * K, 0): [(0.0, (0,) * len(shapes))]}
+    for j, sh in enumerate(shapes):
+        new = dict(table)
+        for (used, gpus), entries in sorted(table.items()):
+            for m in range(1, 1 + min((limit[k] - used[k]) // c for k, c in enumerate(sh.counts) if c)):
+                key = (tuple(u + m * c for u, c in zip(used, sh.counts)), gpus + m * sh.gpus)
+                add = [(p + m * sh.proxy, mult[:j] + (m,) + mult[j + 1:]) for p, mult in entries]
+                new[key] = sorted(new.get(key, []) + add, key=lambda e: -e[0])[:keep]
+        table = new
+    table.pop(((0,) * K, 0))
+    return table
+
+
+def realise(problem: HetisProblem, kinds: list[list[list[int]]], shapes: list[Shape], mult: tuple[int, ...],
+            phase: str = "both", start: tuple[int, ...] | None = None) -> list[Replica] | None:
+    """Return the replicas of a multiset of shapes on concrete groups (each replica takes the next unused
+    groups of each kind, from `start`), shares by dense throughput; None when a replica does not fit."""
+    nxt = list(start) if start is not None else [0] * len(kinds)
+    reps = []
+    for sh, m in zip(shapes, mult):
+        for _ in range(m):
+            groups = []
+            for k, c in enumerate(sh.counts):
+                groups += kinds[k][nxt[k]:nxt[k] + c]
+                nxt[k] += c
+            stages = pipeline(problem, groups)
+            if stages is None:
+                return None
+            reps.append((_replica_rate_proxy(problem, stages), stages))
+    tot = sum(r for r, _ in reps)
+    replicas = [Replica(stages=st, share=r / tot, phase=phase) for r, st in reps]  # type: ignore[arg-type]
+    _fix_shares(replicas)
+    return replicas
+
+
+def _space(problem: HetisProblem) -> list[tuple[list[list[list[int]]], list[Shape], dict]]:
+    """Return, per TP assignment, (kinds, shapes, layout_table) of the extended space (cached)."""
+    key = problem.model_dump_json()
+    if key not in _SPACE_CACHE:
+        out = []
+        for assignment in tp_assignments(problem):
+            kinds = kinds_of(problem, assignment)
+            shapes = shapes_of(problem, kinds)
+            out.append((kinds, shapes, layout_table(shapes, tuple(len(kd) for kd in kinds), KEEP_PER_CELL)))
+        if len(_SPACE_CACHE) >= 8:
+            _SPACE_CACHE.pop(next(iter(_SPACE_CACHE)))
+        _SPACE_CACHE[key] = out
+    return _SPACE_CACHE[key]
+
+
+_SPACE_CACHE: dict[str, list] = {}
 
 
 def primaries_of(replicas: list[Replica]) -> int:
@@ -171,22 +308,11 @@ def primaries_of(replicas: list[Replica]) -> int:
     return sum(len(s.devices) for r in replicas for s in r.stages)
 
 
-def stage_a_candidates(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:
-    """Return the configurations Stage A simulates, as (dense proxy tokens/s, replicas): the
-    STAGE_A_SIMULATED best by the dense proxy (the same ranking the HexGen-style search simulates) and,
-    for every primary-GPU count, the best configuration of that count by the proxy."""
-    cands = configurations(problem)
-    if not cands:
-        raise InfeasibleError(_why_not(problem))
-    keys = [_layout_key(reps) for _, reps in cands]
-    hex_top = sorted(hexgen_configurations(problem), key=lambda c: -c[0])[:SIMULATED_CANDIDATES]
-    for t, reps in hex_top:  # HexGen's simulated configurations are always among Stage A's
-        if _layout_key(reps) not in keys:
-            cands.append((t, reps))
-            keys.append(_layout_key(reps))
+def _proxy_picks(cands: list[tuple[float, list[Replica]]]) -> list[tuple[float, list[Replica]]]:
+    """Return the candidates worth simulating: the STAGE_A_SIMULATED best by the dense proxy and, for every
+    primary-GPU count, the best of that count by the proxy (cands best first)."""
     order = sorted(range(len(cands)), key=lambda k: (-cands[k][0], k))
     pick = order[:STAGE_A_SIMULATED]
-    pick += [keys.index(_layout_key(reps)) for _, reps in hex_top if keys.index(_layout_key(reps)) not in pick]
     best_of: dict[int, int] = {}
     for k in order:
         best_of.setdefault(primaries_of(cands[k][1]), k)
@@ -194,11 +320,24 @@ def stage_a_candidates(problem: HetisProblem) -> list[tuple[float, list[Replica]
     return [cands[k] for k in pick]
 
 
+def stage_a_candidates(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:
+    """Return the configurations Stage A simulates, as (dense proxy tokens/s, replicas): the
+    STAGE_A_SIMULATED best by the dense proxy and, for every primary-GPU count, the best configuration of
+    that count by the proxy, over the extended space (configurations). The HexGen-style search simulates
+    the same candidates."""
+    cands = configurations(problem)
+    if not cands:
+        raise InfeasibleError(_why_not(problem))
+    return _proxy_picks(cands)
+
+
 def hetis_layout_plan(problem: HetisProblem, replicas: list[Replica], dispatch: str = "water-filling") -> HetisPlan:
     """Return the Hetis layout over `replicas`: decode attention dispatched over every GPU with KV room
     (primaries and attention workers), re-dispatch when water-filled. No figures filled."""
     from gpuplan.models.hetis import capacity
 
+    if dispatch == "tensor-parallel":  # the layout's static engine (Stage A: where pooling does not pay)
+        return HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=[r.model_copy(deep=True) for r in replicas])
     plan = HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=[r.model_copy(deep=True) for r in replicas],
                      attention_devices=[d.id for d in problem.cluster.devices], dispatch=dispatch,
                      redispatch=dispatch == "water-filling")
@@ -207,7 +346,7 @@ def hetis_layout_plan(problem: HetisProblem, replicas: list[Replica], dispatch: 
     return plan
 
 
-_STAGE_A_CACHE: dict[str, tuple[list[Replica], list[dict[str, Any]], tuple[float, float]]] = {}
+_STAGE_A_CACHE: dict[str, tuple[list[Replica], list[dict[str, Any]], tuple[float, float], str]] = {}
 
 
 def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]:
@@ -217,14 +356,22 @@ def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]
     paper's threshold rule on that objective: the fewest primary GPUs whose max rate is within
     (1 + delta) of the best (a larger primary set is kept only when it gains more than delta). Raises
     InfeasibleError when no configuration holds the model."""
-    chosen, table, _ = _stage_a_searched(problem)
+    chosen, table, _, _ = _stage_a_searched(problem)
     return [r.model_copy(deep=True) for r in chosen], [dict(row) for row in table]
 
 
-def _stage_a_searched(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]], tuple[float, float]]:
-    """Return stage_a's (replicas, table) and the chosen layout's rate_search (max rate, first failing
-    rate; requests/s) under water-filling dispatch, cached per problem (the solvers that share Stage A
-    reuse its search instead of repeating it)."""
+def stage_a_dispatch(problem: HetisProblem) -> str:
+    """Return how Stage A's chosen layout serves decode attention: "water-filling" (head-wise dispatch over
+    all GPUs) or "tensor-parallel" (its static engine, where head-wise dispatch served a lower max rate)."""
+    return _stage_a_searched(problem)[3]
+
+
+def _stage_a_searched(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]], tuple[float, float], str]:
+    """Return stage_a's (replicas, table), the chosen layout's rate_search (max rate, first failing rate;
+    requests/s) and its dispatch: each candidate is searched with head-wise water-filling dispatch and
+    with its static engine (static_search, shared with the HexGen-style search), and keeps the better
+    (Hetis never serves less than the static layout it dispatches over). Cached per problem (the
+    solvers that share Stage A reuse its search instead of repeating it)."""
     key = problem.model_dump_json()
     if key in _STAGE_A_CACHE:
         return _STAGE_A_CACHE[key]
@@ -232,22 +379,44 @@ def _stage_a_searched(problem: HetisProblem) -> tuple[list[Replica], list[dict[s
     rated, searched = [], []
     for proxy, reps in cands:
         found = rate_search(problem, hetis_layout_plan(problem, reps))
+        static = static_search(problem, reps)
+        mode = "water-filling"
+        if static[0] > found[0]:  # pooling does not pay on this layout: keep its static engine
+            found, mode = static, "tensor-parallel"
         searched.append(found)
-        rated.append((found[0], proxy, reps))
-    best = max(r for r, _, _ in rated)
-    ok = [(primaries_of(reps), -rate, k) for k, (rate, _, reps) in enumerate(rated) if rate * (1 + problem.delta) >= best]
+        rated.append((found[0], proxy, reps, mode))
+    best = max(r[0] for r in rated)
+    ok = [(primaries_of(r[2]), -r[0], k) for k, r in enumerate(rated) if r[0] * (1 + problem.delta) >= best]
     _, _, pick = min(ok)
     chosen = rated[pick][2]
     types = {d.id: d.type for d in problem.cluster.devices}
     table = [{"primaries": " | ".join("+".join(f"{len(s.devices)}x{types[s.devices[0]]}" for s in r.stages)
                                       for r in reps),
               "primary_gpus": primaries_of(reps), "dense_proxy_tokens_per_s": proxy,
-              "max_rate_per_s": rate, "vs_best": rate / best if best > 0 else 0.0, "chosen": k == pick}
-             for k, (rate, proxy, reps) in enumerate(rated)]
+              "max_rate_per_s": rate, "dispatch": mode, "vs_best": rate / best if best > 0 else 0.0,
+              "chosen": k == pick}
+             for k, (rate, proxy, reps, mode) in enumerate(rated)]
     if len(_STAGE_A_CACHE) >= 8:
         _STAGE_A_CACHE.pop(next(iter(_STAGE_A_CACHE)))
-    _STAGE_A_CACHE[key] = ([r.model_copy(deep=True) for r in chosen], [dict(row) for row in table], searched[pick])
+    _STAGE_A_CACHE[key] = ([r.model_copy(deep=True) for r in chosen], [dict(row) for row in table], searched[pick],
+                           rated[pick][3])
     return _STAGE_A_CACHE[key]
+
+
+_STATIC_CACHE: dict[tuple[str, str], tuple[float, float]] = {}
+
+
+def static_search(problem: HetisProblem, replicas: list[Replica]) -> tuple[float, float]:
+    """Return rate_search (max rate, first failing rate; requests/s) of the static engine on `replicas`
+    (tensor-parallel KV, no head-wise dispatch), cached per problem and layout: the HexGen-style search
+    simulates the same candidates, and Stage A compares each layout's dispatch with its static engine."""
+    key = (problem.model_dump_json(), _layout_key(replicas))
+    if key not in _STATIC_CACHE:
+        if len(_STATIC_CACHE) >= 256:
+            _STATIC_CACHE.pop(next(iter(_STATIC_CACHE)))
+        _STATIC_CACHE[key] = rate_search(problem, HetisPlan(kind="hetis", status=Status.FEASIBLE,
+                                                            replicas=[r.model_copy(deep=True) for r in replicas]))
+    return _STATIC_CACHE[key]
 
 
 def _why_not(problem: HetisProblem) -> str:
@@ -297,6 +466,8 @@ def _head_map(problem: HetisProblem, plan: HetisPlan, method: str, seed: int, ti
 
 def _hetis_layout(problem: HetisProblem, dispatch: str = "water-filling") -> HetisPlan:
     replicas, table = stage_a(problem)
+    if dispatch == "water-filling":
+        dispatch = stage_a_dispatch(problem)
     plan = hetis_layout_plan(problem, replicas, dispatch)
     plan.stage_a = table
     return plan
@@ -308,8 +479,10 @@ def solve_hetis(problem: HetisProblem, *, time_limit_s: float | None = None, see
     head map by `snapshot` (water-filling, lp or cp-sat)."""
     progress(0.0, "Stage A")
     plan = _hetis_layout(problem)
-    plan = _head_map(problem, plan, snapshot, seed, time_limit_s)
+    if plan.dispatch == "water-filling":  # a static engine (pooling did not pay) has no head map
+        plan = _head_map(problem, plan, snapshot, seed, time_limit_s)
     stats = plan.solver.stats if plan.solver else {}
+    stats = {**stats, "dispatch": plan.dispatch}
     progress(0.3, "simulating")
     # the same layout and dispatch Stage A searched (the head map does not enter the simulation)
     plan = finish_plan(problem, plan, _stage_a_searched(problem)[2])
@@ -414,7 +587,8 @@ def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPla
     best, best_found = None, (-1.0, 0.0)
     for k, (_, plan) in enumerate(cands[:limit]):
         progress(k / limit, f"simulating candidate {k + 1}")
-        found = rate_search(problem, plan)
+        found = static_search(problem, plan.replicas) if plan.dispatch == "tensor-parallel" else \
+            rate_search(problem, plan)
         if found[0] > best_found[0]:
             best, best_found = plan, found
     assert best is not None
@@ -422,37 +596,22 @@ def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPla
 
 
 def hexgen_configurations(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:
-    """Return the HexGen-style search's configurations as (dense throughput proxy tokens/s, replicas):
-    every grouping of all node groups into data-parallel replicas, each an asymmetric pipeline (TP in a
-    group, stages fastest first, layers by speed under memory); a block that cannot hold the model stays
-    idle; shares by dense throughput. Deduplicated, in enumeration order."""
-    groups = node_groups(problem)
-    parts = _set_partitions(list(range(len(groups)))) if len(groups) <= MAX_GROUPS_ENUMERATED else \
-        [[[k] for k in range(len(groups))], [list(range(len(groups)))]]
-    cands: list[tuple[float, HetisPlan]] = []
-    for part in parts:
-        reps = []
-        for block in part:
-            stages = pipeline(problem, [groups[k] for k in block])
-            if stages is not None:  # a block that cannot hold the model stays idle
-                reps.append((_replica_rate_proxy(problem, stages), stages))
-        if not reps:
-            continue
-        tot = sum(r for r, _ in reps)
-        replicas = [Replica(stages=st, share=r / tot) for r, st in reps]
-        _fix_shares(replicas)
-        cands.append((tot, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=replicas)))
-    return [(t, pl.replicas) for t, pl in _dedupe(cands)]
+    """Return the HexGen-style search's configurations as (dense throughput proxy tokens/s, replicas), best
+    proxy first: HexGen picks the TP degree per stage and may split a server, so its space is the extended
+    one (configurations): data-parallel replicas, each an asymmetric pipeline of TP groups (stages fastest
+    first, layers by speed under memory), shares by dense throughput; groups left out stay idle."""
+    return configurations(problem)
 
 
 def solve_hexgen(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
                  progress: Progress = no_progress) -> HetisPlan:
     """Return the HexGen-style plan: data-parallel replicas, each an asymmetric pipeline over node groups
     (TP in a group, layers by speed under memory), shares by dense throughput; every grouping is
-    enumerated (node groups <= 6), ranked by the dense proxy, the best few simulated."""
+    enumerated over the extended space (TP per server type, see layout_table), ranked by the dense proxy;
+    the best few and the best per primary-GPU count simulated (as Stage A's)."""
     cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
-             for t, reps in hexgen_configurations(problem)]
-    return _best_by_simulation(problem, cands, progress)
+             for t, reps in _proxy_picks(hexgen_configurations(problem))]
+    return _best_by_simulation(problem, cands, progress, limit=len(cands))
 
 
 def _fix_shares(replicas: list[Replica]) -> None:
@@ -494,29 +653,55 @@ def _pool_options(problem: HetisProblem, groups: list[list[int]], phase: str) ->
     return out
 
 
+def splitwise_configurations(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:
+    """Return the Splitwise-style candidates as (proxy in requests/s, replicas), best first: for every
+    symmetric TP assignment and every split of its groups between a prompt (prefill) pool and a token
+    (decode) pool (q groups of each kind prompt, the rest decode; pools need not be whole servers), each
+    pool's best multiset of replicas by dense throughput (layout_table); the proxy is the smaller of the
+    request rates the pools' dense throughput sustains (prompt tokens/s / mean prompt, decode tokens/s /
+    mean output). Deduplicated."""
+    p, o, _ = problem.lengths()
+    out: list[tuple[float, list[Replica]]] = []
+    seen: set[str] = set()
+    for kinds, shapes, table in _space(problem):
+        limit = tuple(len(kd) for kd in kinds)
+        best: dict[tuple[int, ...], tuple[float, tuple[int, ...]]] = {}
+        for (used, _), entries in table.items():
+            if used not in best or entries[0][0] > best[used][0]:
+                best[used] = entries[0]
+        vectors = list(itertools.product(*(range(n + 1) for n in limit)))
+        within = {q: max((best[u] for u in best if all(a <= b for a, b in zip(u, q))), default=None,
+                         key=lambda e: e[0]) for q in vectors}
+        for q in vectors:
+            rest = tuple(n - a for n, a in zip(limit, q))
+            a, b = within[q], within[rest]
+            if a is None or b is None:
+                continue
+            pre = realise(problem, kinds, shapes, a[1], "prefill")
+            dec = realise(problem, kinds, shapes, b[1], "decode", start=q)
+            if pre is None or dec is None:
+                continue
+            reps = pre + dec
+            key = _layout_key(reps)
+            if key in seen:
+                continue
+            seen.add(key)
+            tok_pre = sum(_replica_rate_proxy(problem, r.stages) for r in pre)
+            tok_dec = sum(_replica_rate_proxy(problem, r.stages) for r in dec)
+            out.append((min(tok_pre / float(np.mean(p)), tok_dec / float(np.mean(o))), reps))
+    order = sorted(range(len(out)), key=lambda k: (-out[k][0], k))
+    return [out[k] for k in order]
+
+
 def solve_splitwise(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
                     progress: Progress = no_progress) -> HetisPlan:
-    """Return the Splitwise-style plan: node groups split into a prompt (prefill) pool and a token
-    (decode) pool, the prompt's KV shipped over the link between them. Splitwise's own search: every
-    split of the node groups between the pools and every grouping of each pool into replicas; the
-    candidates (up to SPLITWISE_SIMULATED, ranked by the balance of the pools' dense throughput) are
-    simulated and the one with the largest max rate under the SLOs wins."""
-    groups = node_groups(problem)
-    n = len(groups)
-    p, o, _ = problem.lengths()
-    cands: list[tuple[float, HetisPlan]] = []
-    masks = range(1, 2 ** n - 1) if n <= MAX_GROUPS_ENUMERATED else [(1 << k) - 1 for k in range(1, n)]
-    for mask in masks:
-        pre = _pool_options(problem, [groups[k] for k in range(n) if mask >> k & 1], "prefill")
-        dec = _pool_options(problem, [groups[k] for k in range(n) if not mask >> k & 1], "decode")
-        for a, b in itertools.product(pre, dec):
-            tok_pre = sum(_replica_rate_proxy(problem, r.stages) for r in a)
-            tok_dec = sum(_replica_rate_proxy(problem, r.stages) for r in b)
-            # requests/s each pool's dense throughput (tokens/s at the token budget) sustains
-            proxy = min(tok_pre / float(np.mean(p)), tok_dec / float(np.mean(o)))
-            cands.append((proxy, HetisPlan(kind="hetis", status=Status.FEASIBLE,
-                                           replicas=[r.model_copy(deep=True) for r in a + b])))
-    return _best_by_simulation(problem, _dedupe(cands), progress, limit=SPLITWISE_SIMULATED)
+    """Return the Splitwise-style plan: TP groups split into a prompt (prefill) pool and a token (decode)
+    pool, the prompt's KV shipped over the link between them (splitwise_configurations); the
+    SPLITWISE_SIMULATED best by the pools' balance proxy are simulated and the one with the largest max
+    rate under the SLOs wins."""
+    cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
+             for t, reps in splitwise_configurations(problem)]
+    return _best_by_simulation(problem, cands, progress, limit=SPLITWISE_SIMULATED)
 
 
 register_solver("hetis", "hetis", solve_hetis, role="paper", default=True,

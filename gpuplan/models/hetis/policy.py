@@ -115,6 +115,12 @@ class KvPool:
         return np.minimum((self.util[other] * decay[:, None]).sum(axis=0), MAX_FOREIGN_LOAD)
 
 
+# Whether a replica's heads may go to other replicas' primaries (the paper's dispatch over all GPUs: on).
+# Off, a replica dispatches over its own primaries and the attention workers only. Measured on the paper
+# cluster (13B, 2,000 ShareGPT requests, A100 4 x tp1 | 3090 2 x tp2, P100s as workers): 74.1 req/s on,
+# 57.8 off, 77.2 for the static engine on the same layout; Stage A keeps the static engine where it serves
+# more (gpuplan.solvers.hetis).
+POOL_FOREIGN_PRIMARIES = True
 MAX_FOREIGN_LOAD = 0.95  # a device never gives another replica less than 5 % of its time
 LOAD_WINDOW_S = 1.0      # the time constant (s) of an engine's moving-average load on a device
 
@@ -172,6 +178,8 @@ class HetisEnginePolicy:
         room = s.cap_bytes * (1 - WATERMARK) - used
         if self.pool is not None:
             room = room - self.pool.others_used(self.engine)
+        if s.foreign is not None and not POOL_FOREIGN_PRIMARIES:
+            room = np.where(s.foreign, 0.0, room)  # another replica's primaries serve that replica
         if s.mode == "tensor-parallel":
             f = s.fractions
         elif s.mode == "memory-proportional":
@@ -186,11 +194,17 @@ class HetisEnginePolicy:
                 # a head on another replica's primary also delays that replica's step by its work there
                 # (processor sharing): the dispatch weighs that cost too, not only its own time
                 base = base + np.where(s.foreign, work, 0.0)
+            ctx = need + s.o_pred / 2.0
+            if s.ship_bw is not None:
+                # a head off the replica's own primaries ships its prompt KV there once (it delays the
+                # prefill step); spread over the request's predicted decode steps, per head-token of context
+                ship = np.where(np.isfinite(s.ship_bw), s.ship_lat + need * s.head_bytes_token / s.ship_bw, 0.0)
+                base = base + ship / max(1.0, s.o_pred) / ctx
             nvec = None
             for mem in (need + s.o_pred, float(need)):
                 inst = DispatchInstance(base, s.attn.c0_s, s.attn.c1_s_per_head, load, heads,
                                         np.maximum(room, 0.0) / s.head_bytes_token,
-                                        np.array([need + s.o_pred / 2.0]), np.array([mem]), H)
+                                        np.array([ctx]), np.array([mem]), H)
                 placed = water_filling(inst)
                 if placed is not None:
                     nvec = placed[0]
@@ -200,7 +214,9 @@ class HetisEnginePolicy:
             self.dispatches += 1
             self.n[i] = nvec
             f = nvec / H
-        if np.any(f * need * s.kv_bytes_token > room + 1e-6):
+        # only the devices that take some of the request: another device may be over-full for a moment
+        # (other engines' requests grew into it) without refusing a request that puts nothing there
+        if np.any((f > 0) & (f * need * s.kv_bytes_token > room + 1e-6)):
             return None
         return f
 
@@ -221,6 +237,8 @@ class HetisEnginePolicy:
         used = (self.F[dec] * (ctx + 1)[:, None]).sum(axis=0) * s.kv_bytes_token
         per = s.attn.s_per_token / s.heads * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0) * self._slow
         cap = s.cap_bytes * (1 - WATERMARK) - (self.pool.others_used(self.engine) if self.pool is not None else 0.0)
+        if s.foreign is not None and not POOL_FOREIGN_PRIMARIES:
+            cap = np.where(s.foreign, 0.0, cap)
         seconds = 0.0
         for _ in range(2 * s.heads):
             g = int(np.argmax(t))
@@ -286,7 +304,9 @@ class HetisEnginePolicy:
             kv_run = state.kv_tokens(run)
             dec_flag = state.prefilled[run] >= state.prefill_target[run]
             used = ((kv_run + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
-            if np.all(used + others <= limit):
+            # an over-full device is this engine's business only where its own requests hold KV (another
+            # replica's growth on a device it does not use is no reason to preempt its requests)
+            if not np.any((used + others > limit) & (used > 0)):
                 break
             victim = int(run[-1])
             state.preempt(victim)
@@ -441,7 +461,7 @@ def _virtual_engines(problem: Any, plan: Any, replica: Any, prefill_free: bool,
                       problem.token_budget, problem.max_batch, prefill_free,
                       problem.redispatch_every_s if plan.redispatch else 0.0, problem.redispatch_theta, bw, lat,
                       ship_bw if hetis_mode else None, ship_lat if hetis_mode else None, own if hetis_mode else None,
-                      replica_index)
+                      replica=replica_index)  # by name: the field before it is `foreign`
     if hetis_mode:
         others = {d for r in plan.replicas if r is not replica for st in r.stages for d in st.devices}
         spec.foreign = np.array([d in others for d in kv_ids.tolist()], dtype=bool)
