@@ -20,6 +20,19 @@ SMALL = ROOT / "examples" / "hetis" / "small.yaml"
 SAMPLE = ROOT / "examples" / "serving" / "sharegpt-sample.csv"
 
 
+def set_partitions(items: list[int]) -> list[list[list[int]]]:
+    """Return every partition of `items` into non-empty blocks (the exhaustive reference)."""
+    if not items:
+        return [[]]
+    first, rest = items[0], items[1:]
+    out = []
+    for part in set_partitions(rest):
+        out.append([[first]] + part)
+        for k in range(len(part)):
+            out.append(part[:k] + [[first] + part[k]] + part[k + 1:])
+    return out
+
+
 def _problem(nodes: list[dict] | None = None, requests: int = 60) -> object:
     doc = yaml.safe_load(SMALL.read_text())
     if nodes is not None:
@@ -53,7 +66,7 @@ def _exhaustive(problem: object) -> dict[int, float]:
         groups = [ids[j:j + t] for k, t in zip(options, ts) for ids in kind_of[k] for j in range(0, len(ids), t)]
         for r in range(1, len(groups) + 1):
             for subset in itertools.combinations(groups, r):
-                for part in H._set_partitions(list(range(r))):
+                for part in set_partitions(list(range(r))):
                     tot, gpus = 0.0, 0
                     for block in part:
                         blk = sorted((subset[k] for k in block), key=lambda g: (-speed[g[0]] * len(g), g[0]))

@@ -40,7 +40,6 @@ from gpuplan.models.hetis.dispatch import proportional_split, water_filling
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
 
-MAX_GROUPS_ENUMERATED = 6       # node groups whose subsets / partitions are enumerated exactly
 EXACT_MAX_DEVICES = 16
 EXACT_MAX_HEADS = 64
 SIMULATED_CANDIDATES = 3        # HexGen-style: candidates ranked by the dense proxy that are simulated
@@ -51,21 +50,6 @@ KEEP_PER_CELL = 3               # best multisets kept per (groups used, primary 
 
 
 # ---------------------------------------------------------------- Stage A pieces
-
-
-def node_groups(problem: HetisProblem) -> list[list[int]]:
-    """Return the device groups a stage may use: per node and type, at most the largest count that
-    splits the model's heads evenly (tp), fastest type first."""
-    g = {x.id: x for x in gpus_of(problem)}
-    groups: dict[tuple[str, str], list[int]] = {}
-    for d in problem.cluster.devices:
-        groups.setdefault((d.node, d.type), []).append(d.id)
-    cfg = problem.config
-    out = []
-    for ids in groups.values():
-        tp = max(t for t in range(1, len(ids) + 1) if cfg.kv % t == 0 and cfg.heads % t == 0)
-        out.append(ids[:tp])
-    return sorted(out, key=lambda ids: (-g[ids[0]].peak_flops * len(ids), ids[0]))
 
 
 def split_layers(problem: HetisProblem, groups: list[list[int]]) -> list[int] | None:
@@ -112,12 +96,6 @@ def dense_step(problem: HetisProblem, stages: list[Stage], tokens: float | None 
     n = problem.token_budget if tokens is None else tokens
     sc = stage_costs(problem, stages)
     return pipeline_step_s([c.time_s(n / len(sc)) for c in sc])
-
-
-def _subsets(groups: list[list[int]]) -> list[list[list[int]]]:
-    if len(groups) <= MAX_GROUPS_ENUMERATED:
-        return [list(c) for k in range(1, len(groups) + 1) for c in itertools.combinations(groups, k)]
-    return [groups[:k] for k in range(1, len(groups) + 1)]  # prefixes, fastest first
 
 
 def dp_layout(problem: HetisProblem, blocks: list[list[list[int]]]) -> list[Replica] | None:
@@ -567,18 +545,6 @@ def _replica_rate_proxy(problem: HetisProblem, stages: list[Stage]) -> float:
     return problem.token_budget / dense_step(problem, stages)
 
 
-def _set_partitions(items: list[int]) -> list[list[list[int]]]:
-    if not items:
-        return [[]]
-    first, rest = items[0], items[1:]
-    out = []
-    for part in _set_partitions(rest):
-        out.append([[first]] + part)
-        for k in range(len(part)):
-            out.append(part[:k] + [[first] + part[k]] + part[k + 1:])
-    return out
-
-
 def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPlan]], progress: Progress,
                         limit: int = SIMULATED_CANDIDATES) -> HetisPlan:
     if not cands:
@@ -632,24 +598,6 @@ def _dedupe(cands: list[tuple[float, HetisPlan]]) -> list[tuple[float, HetisPlan
         if key not in seen:
             seen.add(key)
             out.append(c)
-    return out
-
-
-def _pool_options(problem: HetisProblem, groups: list[list[int]], phase: str) -> list[list[Replica]]:
-    """Return every way to serve one phase's pool: each grouping of its node groups into replicas (an
-    asymmetric pipeline per block; a block that cannot hold the model stays idle), shares by dense
-    throughput."""
-    out = []
-    parts = _set_partitions(list(range(len(groups)))) if len(groups) <= MAX_GROUPS_ENUMERATED else \
-        [[[k] for k in range(len(groups))], [list(range(len(groups)))]]
-    for part in parts:
-        reps = [st for st in (pipeline(problem, [groups[k] for k in block]) for block in part) if st is not None]
-        if not reps:
-            continue
-        r = [_replica_rate_proxy(problem, st) for st in reps]
-        pool = [Replica(stages=st, share=x / sum(r), phase=phase) for st, x in zip(reps, r)]  # type: ignore[arg-type]
-        _fix_shares(pool)
-        out.append(pool)
     return out
 
 
