@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import numpy as np
+
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, exchanges_s,
@@ -527,7 +529,7 @@ class Structure:
         lo = [v] * S
         if min(hi) < v or sum(hi) < L:
             return True
-        rows = self.dense_paths()
+        coef, const, means, mean_consts = self._dense_arrays()
         for _ in range(rounds):
             changed = False
             total_hi, total_lo = sum(hi), sum(lo)
@@ -540,25 +542,36 @@ class Structure:
                     total_hi += cap_s - hi[s]
                     total_lo += floor_s - lo[s]
                     lo[s], hi[s], changed = floor_s, cap_s, True
-            for coef, const in rows:
-                base = const + sum(c * x for c, x in zip(coef, lo))
-                if base > T:
-                    return True
-                for s in range(S):
-                    if coef[s] > 0 and hi[s] > lo[s]:
-                        cap_s = lo[s] + int(math.floor((T - base) / coef[s] + 1e-9)) // v * v
-                        if cap_s < hi[s]:
-                            hi[s], changed = cap_s, True
+            # every path caps each count given the others at their least (coef >= 0; base <= T below)
+            lo_a = np.array(lo, dtype=float)
+            base = const + coef @ lo_a
+            if (base > T).any():
+                return True
+            with np.errstate(divide="ignore", invalid="ignore"):
+                caps = lo_a + np.floor(np.floor((T - base)[:, None] / coef + 1e-9) / v) * v
+            caps = np.where(coef > 0, caps, INF).min(axis=0)
+            for s in range(S):
+                if caps[s] < hi[s]:
+                    hi[s], changed = int(caps[s]), True
             if sum(hi) < L:
                 return True
             if not changed:
                 break
-        means = []
-        for pi in ([1.0] * len(rows), [1.0 / max(max(c), 1e-300) for c, _ in rows]):
-            tot = sum(pi)
-            means.append(([sum(p * r[0][s] for p, r in zip(pi, rows)) / tot for s in range(S)],
-                          sum(p * r[1] for p, r in zip(pi, rows)) / tot))
-        return any(_min_in_ranges(coef, const, lo, hi, L) > T for coef, const in rows + means)
+        return bool((_min_in_ranges_rows(means, mean_consts, lo, hi, L) > T).any())
+
+    def _dense_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Return `dense_paths` as arrays (coefficients R x S, constants R) and the same rows with
+        their uniform and 1/largest-coefficient weighted means appended (R + 2 rows); cached."""
+        if getattr(self, "_dense_np", None) is None:
+            rows = self.dense_paths()
+            coef = np.array([c for c, _ in rows], dtype=float)
+            const = np.array([k for _, k in rows], dtype=float)
+            means, consts = [coef], [const]
+            for pi in (np.ones(len(rows)), 1.0 / np.maximum(coef.max(axis=1), 1e-300)):
+                means.append((pi @ coef / pi.sum())[None, :])
+                consts.append(np.array([pi @ const / pi.sum()]))
+            self._dense_np = (coef, const, np.vstack(means), np.concatenate(consts))
+        return self._dense_np
 
     def lp_bound(self) -> float:
         """Return the tightest of the path bounds together: min over REAL layer counts in [1, nmax_s]
@@ -576,7 +589,6 @@ class Structure:
         return self._lp
 
     def _solve_lp(self) -> tuple[float, list[float]]:
-        import numpy as np
         from scipy.optimize import linprog
 
         S, m, last = self.S, self.m, self.S - 1
@@ -628,7 +640,6 @@ class Structure:
         same float operations in the same order, one stage at a time across all rows (numpy)."""
         if len(rows) < CUT_BATCH_MIN:
             return [self.cut_bound(n) for n in (rows.tolist() if hasattr(rows, "tolist") else rows)]
-        import numpy as np
 
         m, last, v, S = self.m, self.S - 1, self.v, self.S
         rt = self._rt
@@ -667,10 +678,16 @@ class Structure:
             memo[key] = self._time(layers)
         return memo[key]  # type: ignore[no-any-return]
 
-    def _time(self, layers: list[int]) -> float:
+    def fits(self, layers: list[int]) -> bool:
+        """True when the layer mapping fits: every stage holds v blocks or more, a multiple of v, within
+        its memory cap (`time` is finite exactly then)."""
         v = self.v
-        if any(n < v or n > k or n % v for n, k in zip(layers, self.nmax)):
+        return not any(n < v or n > k or n % v for n, k in zip(layers, self.nmax))
+
+    def _time(self, layers: list[int]) -> float:
+        if not self.fits(layers):
             return INF
+        v = self.v
         fwd = [n * f for n, f in zip(layers, self.f)]
         if self._extra_at is None:  # per stage and layer count: the recomputation seconds per block
             self._extra_at = [_extra_at(self.cm, caps, extra, nmax)
@@ -718,6 +735,21 @@ def _min_in_ranges(coef: list[float], const: float, lo: list[int], hi: list[int]
     return out
 
 
+def _min_in_ranges_rows(coef: np.ndarray, const: np.ndarray, lo: list[int], hi: list[int], total: int
+                        ) -> np.ndarray:
+    """Return `_min_in_ranges` of every row of `coef` (R x S) with constants `const` (R) at once
+    (seconds per row; inf for every row when no counts fit)."""
+    lo_a, room = np.array(lo, dtype=float), np.array(hi, dtype=float) - np.array(lo, dtype=float)
+    spare = total - sum(lo)
+    if spare < 0 or sum(hi) < total:
+        return np.full(len(const), INF)
+    order = np.argsort(coef, axis=1, kind="stable")
+    room_sorted = room[order]
+    before = np.cumsum(room_sorted, axis=1) - room_sorted
+    take = np.clip(spare - before, 0.0, room_sorted)
+    return const + coef @ lo_a + (np.take_along_axis(coef, order, axis=1) * take).sum(axis=1)
+
+
 def _round_counts(x: list[float], cap: list[int], total: int) -> list[int] | None:
     """Return integer counts in [1, cap_s] summing to `total` closest to the real counts x (floors,
     then one more to the largest remainders with room); None when x is empty or they cannot sum."""
@@ -750,7 +782,6 @@ def _descend(st: Structure, cur: list[int], stats: Stats) -> tuple[float, list[i
     cannot improve). Moves are integer arrays (`_move_deltas`) and their bounds are computed
     together (`Structure.cut_bounds`, equal to `cut_bound` to the last bit)."""
     S, v = st.S, st.v
-    import numpy as np
 
     adjacent, singles = _move_deltas(S)
     cap = np.asarray(st.nmax)
@@ -809,7 +840,6 @@ def _move_deltas(S: int) -> tuple[Any, Any]:
     """Return (adjacent, singles): integer arrays (moves x S) of the layer-count changes of moving one
     unit across one boundary ((i, i+1) for every i, then (i+1, i)) and between any two stages
     ((a, b), a != b, in order), as `_descend` tries them; cached per S."""
-    import numpy as np
 
     if S not in _MOVES:
         adj = [(i, i + 1) for i in range(S - 1)] + [(i + 1, i) for i in range(S - 1)]
@@ -1134,21 +1164,25 @@ def best_classic(cm: CostModel, configs: list[Classic],
 
 
 def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int | None,
-          metis_budget_s: float | None, opts: dict[str, list[TypeOption]]
-          ) -> tuple[float, Structure | None, list[int]]:
-    """Return the best of the baselines (seconds, structure, layers) in the space (with exactly
-    `num_stages` stages when given): the classic 3D grids and Megatron-style mixes always to the end
-    (a few hundred configs, most skipped by bound), then the Metis-style search for at most
-    `metis_budget_s` seconds (None: to the end), all from `opts` (type_options). Records the count
-    and the winner in `stats`."""
+          opts: dict[str, list[TypeOption]]) -> tuple[float, Structure | None, list[int]]:
+    """Return the best classic baseline (seconds, structure, layers) in the space (with exactly
+    `num_stages` stages when given): the classic 3D grids and Megatron-style mixes, always to the end
+    (a few hundred configs, most skipped by bound), from `opts` (type_options). Records the count and
+    the winner in `stats`."""
     configs = grid_configs(problem, opts) + (megatron_configs(problem, opts) if len(opts) > 1 else [])
     configs = [c for c in configs if num_stages is None or c.stages == num_stages]
     best, label, walks = best_classic(cm, configs, interleaved=True)
     stats.seeds += walks
     stats.best_from = label or stats.best_from
-    if metis_budget_s is not None and metis_budget_s <= 0:
-        return best
-    deadline = INF if metis_budget_s is None else min(stats.deadline, time.perf_counter() + metis_budget_s)
+    return best
+
+
+def _metis_floor(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int | None,
+                 deadline: float, opts: dict[str, list[TypeOption]],
+                 best: tuple[float, Structure | None, list[int]]) -> tuple[float, Structure | None, list[int]]:
+    """Return the better of `best` and the Metis-style search's pick (seconds, structure, layers),
+    that search stopping at the `perf_counter` `deadline`. Records its evaluations and, when it wins,
+    "metis" in `stats`."""
     metis_stats = Stats()
     found, _ = _metis_search(problem, cm, metis_stats, deadline, num_stages, opts)
     stats.seeds += metis_stats.evaluated
@@ -1157,7 +1191,7 @@ def _seed(problem: PoseidonProblem, cm: CostModel, stats: Stats, num_stages: int
     return best
 
 
-SEED_SHARE = 0.1  # most of the time limit the Metis seed may take (the classic grid always completes)
+SEED_SHARE = 0.1  # the share of a time limit kept for the Metis-style floor when the search is cut short
 
 
 def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -1165,10 +1199,11 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
                    workers: int | None = None, **_: Any) -> PoseidonPlan:
     """Return the best plan of the space by best-first branch and bound, anytime.
 
-    The incumbent is first seeded with the best of the baselines on the same input (`_seed`: every
-    classic TP x PP x DP configuration and the Megatron-style mixes, always to the end, then the
-    Metis-style search within SEED_SHARE of the time limit; none without a limit), so the plan is
-    never slower than them.
+    The incumbent is first seeded with the best classic baseline on the same input (`_seed`: every
+    classic TP x PP x DP configuration and the Megatron-style mixes, always to the end). With a time
+    limit the search stops at 1 - SEED_SHARE of it; when it has not proven its optimum by then, the
+    Metis-style search runs in the rest (`_finish_search`), so the plan is never slower than any of
+    them. (A proven optimum is at least as fast as every Metis pick: those are in the space.)
     The combos (m and the per-type stage splits) are bounded block by block before any is listed
     (`poseidon_bounds.list_combos`: W1, W2 and RT0 relaxed over every type order) and only those
     below the seed are kept, in bound order.
@@ -1189,13 +1224,11 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     process.
     """
     started = time.perf_counter()
-    stats = Stats(deadline=INF if time_limit_s is None else started + time_limit_s)
+    deadline = INF if time_limit_s is None else started + time_limit_s
+    stats = Stats(deadline=INF if time_limit_s is None else started + (1 - SEED_SHARE) * time_limit_s)
     cm = CostModel(problem)
     opts = type_options(problem)  # one set of options for the whole solve (caches key them by id)
-    # without a time limit the search runs to its proven optimum, which no seed can beat: the Metis
-    # seed (a whole enumeration of its own) would only cost time
-    best = _seed(problem, cm, stats, num_stages, 0.0 if time_limit_s is None else SEED_SHARE * time_limit_s,
-                 opts)
+    best = _seed(problem, cm, stats, num_stages, opts)
     progress(0.0, f"seeded with {stats.best_from}: {best[0]:.4g} s")
     mapper = ridge_map if cuts == "ridge" else all_cuts_map
     status = Status.OPTIMAL
@@ -1206,7 +1239,8 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     progress(0.0, f"{len(entries)} combos")
     n_workers = _pool_size(workers, sum(sizes))
     if prune and status is Status.OPTIMAL and n_workers > 1 and entries:
-        return _solve_pooled(problem, cm, entries, best, stats, mapper, n_workers, time_limit_s)
+        best, status = _solve_pooled(problem, cm, entries, best, stats, mapper, n_workers)
+        return _finish_search(problem, cm, opts, num_stages, best, stats, status, deadline)
 
     # pass 1, breadth: every combo in bound order, each structure bounded and given a first look
     pending: list[tuple[float, float, int, int]] = []  # (first-look seconds, bound, combo, structure index)
@@ -1278,8 +1312,19 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             status = Status.TIME_LIMIT
         if c % 20 == 0:
             progress(0.5 + 0.5 * c / len(pending), f"{stats.evaluated} mapped, best {best[0]:.4g} s")
+    return _finish_search(problem, cm, opts, num_stages, best, stats, status, deadline)
+
+
+def _finish_search(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[TypeOption]],
+                   num_stages: int | None, best: tuple[float, Structure | None, list[int]], stats: Stats,
+                   status: Status, deadline: float) -> PoseidonPlan:
+    """Return the plan of `best` (seconds, structure, layers) with `status`; when the search was cut
+    short, first the better of it and the Metis-style floor (`_metis_floor`) searched until the
+    `perf_counter` `deadline` (the solve's whole time limit)."""
+    if status is Status.TIME_LIMIT and deadline < INF:
+        best = _metis_floor(problem, cm, stats, num_stages, deadline, opts, best)
     if best[1] is None and status is Status.TIME_LIMIT:
-        raise SolverError(f"no plan found within the time limit of {time_limit_s:g} s: no classic configuration "
+        raise SolverError(f"no plan found within the time limit: no classic or Metis-style configuration "
                           f"fits, and the search stopped after {stats.structures - stats.unvisited} structures "
                           f"({stats.unvisited} left unvisited); not a proof of infeasibility, raise time_limit_s")
     return _finish(problem, best, stats, "poseidon", status)
@@ -1620,8 +1665,8 @@ _POOL: dict[str, Any] = {}  # the forked workers' view of the solve (set before 
 
 def _solve_pooled(problem: PoseidonProblem, cm: CostModel, entries: list[ComboEntry],
                   best: tuple[float, Structure | None, list[int]], stats: Stats, mapper: Any, n_workers: int,
-                  time_limit_s: float | None) -> PoseidonPlan:
-    """Return the best plan of the combos `entries` (in bound order) searched by `n_workers` forked
+                  ) -> tuple[tuple[float, Structure | None, list[int]], Status]:
+    """Return (best (seconds, structure, layers), status) over `best` and the combos `entries` (in bound order) searched by `n_workers` forked
     processes: worker w takes the combos ranked w, w + n, w + 2n, ... (so each sees combos in bound
     order), and every structure is bounded, given a first look and ridge-mapped depth first. The best
     time found by any worker is shared (a lock-protected double) and prunes in every worker, which
@@ -1652,11 +1697,7 @@ def _solve_pooled(problem: PoseidonProblem, cm: CostModel, entries: list[ComboEn
         st = _structure_at(problem, cm, (entries[rank].m, entries[rank].used), index)
         best, stats.best_from = (t, st, layers), "search"
     stats.best_from += f" ({n_workers} processes)"
-    if best[1] is None and status is Status.TIME_LIMIT:
-        raise SolverError(f"no plan found within the time limit of {time_limit_s:g} s: no classic configuration "
-                          f"fits, and the search stopped after {stats.structures - stats.unvisited} structures "
-                          f"({stats.unvisited} left unvisited); not a proof of infeasibility, raise time_limit_s")
-    return _finish(problem, best, stats, "poseidon", status)
+    return best, status
 
 
 def _pooled_worker(w: int) -> dict[str, Any]:
@@ -1908,16 +1949,20 @@ def _metis_search(problem: PoseidonProblem, cm: CostModel, stats: Stats, deadlin
     `perf_counter` deadline cut the enumeration short). See `solve_metis`."""
     best_cost, best = INF, None
     seen: set[tuple[int, tuple[tuple[str, int], ...]]] = set()
-    for combo in combos(problem, num_stages, opts):
-        for st in structures(problem, cm, combo):
+    for m, used in combos(problem, num_stages, opts):
+        for order in itertools.permutations(used):
             if time.perf_counter() > deadline:
                 return (None if best is None else (best[0].time(best[1]), *best)), True
             stats.structures += 1
-            key = (st.m, tuple((sh.device_type, len(sh.gpu_ids)) for sh in st.shapes))
-            if key in seen or not st.feasible():
+            shapes = [sh for o in order for sh in o.shapes]
+            key = (m, tuple((sh.device_type, len(sh.gpu_ids)) for sh in shapes))
+            if key in seen:
                 continue  # DP first: the same stages with smaller TP (enumerated earlier) already fit
+            st = Structure(cm, shapes, m)
+            if not st.feasible():
+                continue
             layers = metis_partition(st)
-            if st.time(layers) == INF:
+            if not st.fits(layers):
                 continue
             seen.add(key)
             stats.evaluated += 1
