@@ -34,3 +34,34 @@ def test_stage_a_table_rates_are_fresh_searches() -> None:
              for _, reps in stage_a_candidates(problem)]
     assert [row["max_rate_per_s"] for row in table] == rates
 
+
+
+@pytest.mark.parametrize("solver", ["hetis", "hexgen", "splitwise", "heads-by-memory"])
+def test_a_time_limit_returns_a_checked_plan_of_the_candidates_simulated(solver: str) -> None:
+    """A limit too short for more than one candidate stops the search there: status time_limit, a message
+    saying how many were simulated, and a plan that passes check (its rates are its own layout's)."""
+    from gpuplan.solvers import hetis as H
+
+    problem = _problem()
+    H._STAGE_A_RATED.clear()  # no ratings left by an earlier test's searches
+    H._STATIC_CACHE.clear()
+    plan = api.solve(problem, solver=solver, time_limit_s=1e-3)
+    assert plan.status.value == "time_limit"
+    assert "1 of " in plan.message
+    assert api.check(None, plan) == []
+
+
+def test_stage_a_resumes_where_a_deadline_stopped_it() -> None:
+    """A later search without a limit rates the candidates a deadline left out and ends with the same
+    table as one search run through."""
+    from gpuplan.solvers import hetis as H
+
+    problem = _problem()
+    H._STAGE_A_RATED.pop(problem.model_dump_json(), None)
+    cut = H.stage_a_search(problem, deadline=0.0)
+    assert cut.simulated == 1 and not cut.complete
+    whole = H.stage_a_search(problem)
+    assert whole.complete and whole.simulated == len(stage_a_candidates(problem))
+    H._STAGE_A_RATED.pop(problem.model_dump_json(), None)
+    again = H.stage_a_search(problem)
+    assert again.table == whole.table

@@ -26,6 +26,7 @@ heads-by-memory  Hetis' primaries; every request's heads split over all GPUs in 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -324,7 +325,34 @@ def hetis_layout_plan(problem: HetisProblem, replicas: list[Replica], dispatch: 
     return plan
 
 
-_STAGE_A_CACHE: dict[str, tuple[list[Replica], list[dict[str, Any]], tuple[float, float], str]] = {}
+@dataclass
+class StageA:
+    """What Stage A found: the chosen primary replicas, the candidate table (one row per candidate
+    simulated), the chosen layout's rate_search (max rate, first failing rate; requests/s), how it
+    serves decode attention ("water-filling" or "tensor-parallel") and whether every candidate was
+    simulated (`complete`; else a deadline cut the list short and the choice is over those simulated)."""
+
+    replicas: list[Replica]
+    table: list[dict[str, Any]]
+    searched: tuple[float, float]
+    dispatch: str
+    simulated: int
+    candidates: int
+
+    @property
+    def complete(self) -> bool:
+        """True when every candidate was simulated."""
+        return self.simulated == self.candidates
+
+    def cut_short(self) -> str:
+        """Return what the deadline left in, for a time-limited plan's message."""
+        return f"{self.simulated} of {self.candidates} Stage A candidates"
+
+
+# per problem: Stage A's candidates and those rated so far, in candidate order (a later call with more
+# time resumes)
+_STAGE_A_RATED: dict[str, tuple[list[tuple[float, list[Replica]]],
+                                list[tuple[tuple[float, float], float, list[Replica], str]]]] = {}
 
 
 def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]:
@@ -334,51 +362,58 @@ def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]
     paper's threshold rule on that objective: the fewest primary GPUs whose max rate is within
     (1 + delta) of the best (a larger primary set is kept only when it gains more than delta). Raises
     InfeasibleError when no configuration holds the model."""
-    chosen, table, _, _ = _stage_a_searched(problem)
-    return [r.model_copy(deep=True) for r in chosen], [dict(row) for row in table]
+    found = stage_a_search(problem)
+    return [r.model_copy(deep=True) for r in found.replicas], [dict(row) for row in found.table]
 
 
 def stage_a_dispatch(problem: HetisProblem) -> str:
     """Return how Stage A's chosen layout serves decode attention: "water-filling" (head-wise dispatch over
     all GPUs) or "tensor-parallel" (its static engine, where head-wise dispatch served a lower max rate)."""
-    return _stage_a_searched(problem)[3]
+    return stage_a_search(problem).dispatch
 
 
-def _stage_a_searched(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]], tuple[float, float], str]:
-    """Return stage_a's (replicas, table), the chosen layout's rate_search (max rate, first failing rate;
-    requests/s) and its dispatch: each candidate is searched with head-wise water-filling dispatch and
-    with its static engine (static_search, shared with the HexGen-style search), and keeps the better
-    (Hetis never serves less than the static layout it dispatches over). Cached per problem (the
-    solvers that share Stage A reuse its search instead of repeating it)."""
+def _rate_candidate(problem: HetisProblem, proxy: float, reps: list[Replica]
+                    ) -> tuple[tuple[float, float], float, list[Replica], str]:
+    """Return one Stage A candidate rated: (rate_search, proxy, replicas, dispatch), searched with head-wise
+    water-filling dispatch and with its static engine (static_search), the better kept (Hetis never serves
+    less than the static layout it dispatches over)."""
+    found = rate_search(problem, hetis_layout_plan(problem, reps))
+    static = static_search(problem, reps)
+    if static[0] > found[0]:  # pooling does not pay on this layout: keep its static engine
+        return static, proxy, reps, "tensor-parallel"
+    return found, proxy, reps, "water-filling"
+
+
+def stage_a_search(problem: HetisProblem, deadline: float = math.inf) -> StageA:
+    """Return Stage A's result (StageA) over the candidates (stage_a_candidates, in their order) rated
+    until the `time.perf_counter` `deadline`: a candidate starts only when the last one's time still fits
+    before it, and the first always runs. The ratings are kept per problem (the solvers that share Stage
+    A, and a later call with more time, reuse them instead of repeating the simulations)."""
     key = problem.model_dump_json()
-    if key in _STAGE_A_CACHE:
-        return _STAGE_A_CACHE[key]
-    cands = stage_a_candidates(problem)
-    rated, searched = [], []
-    for proxy, reps in cands:
-        found = rate_search(problem, hetis_layout_plan(problem, reps))
-        static = static_search(problem, reps)
-        mode = "water-filling"
-        if static[0] > found[0]:  # pooling does not pay on this layout: keep its static engine
-            found, mode = static, "tensor-parallel"
-        searched.append(found)
-        rated.append((found[0], proxy, reps, mode))
-    best = max(r[0] for r in rated)
-    ok = [(primaries_of(r[2]), -r[0], k) for k, r in enumerate(rated) if r[0] * (1 + problem.delta) >= best]
+    if key not in _STAGE_A_RATED:
+        if len(_STAGE_A_RATED) >= 8:
+            _STAGE_A_RATED.pop(next(iter(_STAGE_A_RATED)))
+        _STAGE_A_RATED[key] = (stage_a_candidates(problem), [])
+    cands, rated = _STAGE_A_RATED[key]
+    last_s = 0.0
+    while len(rated) < len(cands):
+        started = time.perf_counter()
+        if rated and started + last_s > deadline:
+            break
+        rated.append(_rate_candidate(problem, *cands[len(rated)]))
+        last_s = time.perf_counter() - started
+    best = max(r[0][0] for r in rated)
+    ok = [(primaries_of(r[2]), -r[0][0], k) for k, r in enumerate(rated) if r[0][0] * (1 + problem.delta) >= best]
     _, _, pick = min(ok)
-    chosen = rated[pick][2]
     types = {d.id: d.type for d in problem.cluster.devices}
     table = [{"primaries": " | ".join("+".join(f"{len(s.devices)}x{types[s.devices[0]]}" for s in r.stages)
                                       for r in reps),
               "primary_gpus": primaries_of(reps), "dense_proxy_tokens_per_s": proxy,
-              "max_rate_per_s": rate, "dispatch": mode, "vs_best": rate / best if best > 0 else 0.0,
+              "max_rate_per_s": found[0], "dispatch": mode, "vs_best": found[0] / best if best > 0 else 0.0,
               "chosen": k == pick}
-             for k, (rate, proxy, reps, mode) in enumerate(rated)]
-    if len(_STAGE_A_CACHE) >= 8:
-        _STAGE_A_CACHE.pop(next(iter(_STAGE_A_CACHE)))
-    _STAGE_A_CACHE[key] = ([r.model_copy(deep=True) for r in chosen], [dict(row) for row in table], searched[pick],
-                           rated[pick][3])
-    return _STAGE_A_CACHE[key]
+             for k, (found, proxy, reps, mode) in enumerate(rated)]
+    return StageA([r.model_copy(deep=True) for r in rated[pick][2]], table, rated[pick][0], rated[pick][3],
+                  len(rated), len(cands))
 
 
 _STATIC_CACHE: dict[tuple[str, str], tuple[float, float]] = {}
@@ -442,30 +477,55 @@ def _head_map(problem: HetisProblem, plan: HetisPlan, method: str, seed: int, ti
     return plan
 
 
-def _hetis_layout(problem: HetisProblem, dispatch: str = "water-filling") -> HetisPlan:
-    replicas, table = stage_a(problem)
+def _hetis_layout(problem: HetisProblem, dispatch: str = "water-filling", deadline: float = math.inf
+                  ) -> tuple[HetisPlan, StageA]:
+    """Return (the layout plan over Stage A's primaries with `dispatch`, or Stage A's own where
+    "water-filling" is asked for; Stage A's result), Stage A rated until `deadline` (stage_a_search)."""
+    found = stage_a_search(problem, deadline)
     if dispatch == "water-filling":
-        dispatch = stage_a_dispatch(problem)
-    plan = hetis_layout_plan(problem, replicas, dispatch)
-    plan.stage_a = table
+        dispatch = found.dispatch
+    plan = hetis_layout_plan(problem, found.replicas, dispatch)
+    plan.stage_a = [dict(row) for row in found.table]
+    return plan, found
+
+
+def _deadline(time_limit_s: float | None, share: float = 1.0) -> float:
+    """Return the `time.perf_counter` deadline `share` of `time_limit_s` from now (inf without a limit)."""
+    return math.inf if time_limit_s is None else time.perf_counter() + share * time_limit_s
+
+
+def _mark_cut_short(plan: HetisPlan, complete: bool, what: str) -> HetisPlan:
+    """Return `plan` with status time_limit and a message saying what was left out when `complete` is
+    False (the search stopped at its deadline); unchanged otherwise."""
+    if not complete:
+        plan.status = Status.TIME_LIMIT
+        plan.message = f"the time limit stopped the search after {what}; the plan is the best of those"
     return plan
+
+
+HEAD_MAP_SHARE = 0.2  # of a time limit kept for the snapshot head map (LP or CP-SAT) after Stage A
 
 
 def solve_hetis(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Progress = no_progress, snapshot: str = "water-filling") -> HetisPlan:
     """Return the Hetis plan: Stage A primaries, water-filling dispatch with re-dispatch; the snapshot
-    head map by `snapshot` (water-filling, lp or cp-sat)."""
+    head map by `snapshot` (water-filling, lp or cp-sat). Under `time_limit_s` Stage A rates its
+    candidates until 1 - HEAD_MAP_SHARE of it (an LP or CP-SAT head map) or all of it, and the plan's
+    status is time_limit when some were not simulated."""
+    started = time.perf_counter()
     progress(0.0, "Stage A")
-    plan = _hetis_layout(problem)
+    plan, found = _hetis_layout(problem, deadline=_deadline(time_limit_s, 1.0 if snapshot == "water-filling"
+                                                            else 1.0 - HEAD_MAP_SHARE))
     if plan.dispatch == "water-filling":  # a static engine (pooling did not pay) has no head map
-        plan = _head_map(problem, plan, snapshot, seed, time_limit_s)
+        left = None if time_limit_s is None else max(0.1, time_limit_s - (time.perf_counter() - started))
+        plan = _head_map(problem, plan, snapshot, seed, left)
     stats = plan.solver.stats if plan.solver else {}
-    stats = {**stats, "dispatch": plan.dispatch}
+    stats = {**stats, "dispatch": plan.dispatch, "stage_a_simulated": found.simulated}
     progress(0.3, "simulating")
     # the same layout and dispatch Stage A searched (the head map does not enter the simulation)
-    plan = finish_plan(problem, plan, _stage_a_searched(problem)[2])
+    plan = finish_plan(problem, plan, found.searched)
     plan.solver = SolverInfo(name="hetis", stats=stats)
-    return plan
+    return _mark_cut_short(plan, found.complete, found.cut_short())
 
 
 def solve_hetis_lp(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -478,7 +538,7 @@ def solve_exact(problem: HetisProblem, *, time_limit_s: float | None = None, see
                 progress: Progress = no_progress) -> HetisPlan:
     """Return the Hetis plan with the snapshot's heads placed exactly by CP-SAT."""
     plan = solve_hetis(problem, time_limit_s=time_limit_s, seed=seed, progress=progress, snapshot="cp-sat")
-    if plan.solver and plan.solver.stats.get("cpsat_status") == "optimal":
+    if plan.status is not Status.TIME_LIMIT and plan.solver and plan.solver.stats.get("cpsat_status") == "optimal":
         plan.status = Status.OPTIMAL
     return plan
 
@@ -499,7 +559,8 @@ def solve_heads_by_memory(problem: HetisProblem, *, time_limit_s: float | None =
     one static vector proportional to each GPU's KV capacity, no re-dispatch."""
     from gpuplan.models.hetis import capacity
 
-    plan = _hetis_layout(problem, "memory-proportional")
+    # its own rate search follows Stage A's and costs about as much as one candidate's: half the limit each
+    plan, found = _hetis_layout(problem, "memory-proportional", _deadline(time_limit_s, 0.5))
     cap, _ = capacity(problem, plan)
     devs = sorted(plan.attention_devices)
     vec = proportional_split(np.array([cap[d] for d in devs]), problem.config.kv)
@@ -507,7 +568,7 @@ def solve_heads_by_memory(problem: HetisProblem, *, time_limit_s: float | None =
     plan.attention_devices = [d for d in devs if str(d) in plan.static_heads]
     plan = _head_map(problem, plan, "memory-proportional", seed, time_limit_s)
     plan.stage_a = []
-    return finish_plan(problem, plan)
+    return _mark_cut_short(finish_plan(problem, plan), found.complete, found.cut_short())
 
 
 def solve_uniform_tp(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -546,19 +607,30 @@ def _replica_rate_proxy(problem: HetisProblem, stages: list[Stage]) -> float:
 
 
 def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPlan]], progress: Progress,
-                        limit: int = SIMULATED_CANDIDATES) -> HetisPlan:
+                        limit: int = SIMULATED_CANDIDATES, deadline: float = math.inf) -> HetisPlan:
+    """Return the plan of the candidate (proxy, plan) with the largest simulated max rate among the
+    `limit` best by the proxy, simulated in that order until the `time.perf_counter` `deadline` (a
+    candidate starts only when the last one's time still fits; the first always runs; status time_limit
+    when some were left out)."""
     if not cands:
         raise InfeasibleError(_why_not(problem))
     cands.sort(key=lambda c: -c[0])
     best, best_found = None, (-1.0, 0.0)
-    for k, (_, plan) in enumerate(cands[:limit]):
+    todo = cands[:limit]
+    done, last_s = 0, 0.0
+    for k, (_, plan) in enumerate(todo):
+        started = time.perf_counter()
+        if done and started + last_s > deadline:
+            break
         progress(k / limit, f"simulating candidate {k + 1}")
         found = static_search(problem, plan.replicas) if plan.dispatch == "tensor-parallel" else \
             rate_search(problem, plan)
+        done, last_s = done + 1, time.perf_counter() - started
         if found[0] > best_found[0]:
             best, best_found = plan, found
     assert best is not None
-    return finish_plan(problem, best, best_found)
+    return _mark_cut_short(finish_plan(problem, best, best_found), done == len(todo),
+                           f"{done} of {len(todo)} candidates")
 
 
 def hexgen_configurations(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:
@@ -577,7 +649,7 @@ def solve_hexgen(problem: HetisProblem, *, time_limit_s: float | None = None, se
     the best few and the best per primary-GPU count simulated (as Stage A's)."""
     cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
              for t, reps in _proxy_picks(hexgen_configurations(problem))]
-    return _best_by_simulation(problem, cands, progress, limit=len(cands))
+    return _best_by_simulation(problem, cands, progress, limit=len(cands), deadline=_deadline(time_limit_s))
 
 
 def _fix_shares(replicas: list[Replica]) -> None:
@@ -649,7 +721,8 @@ def solve_splitwise(problem: HetisProblem, *, time_limit_s: float | None = None,
     rate under the SLOs wins."""
     cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
              for t, reps in splitwise_configurations(problem)]
-    return _best_by_simulation(problem, cands, progress, limit=SPLITWISE_SIMULATED)
+    return _best_by_simulation(problem, cands, progress, limit=SPLITWISE_SIMULATED,
+                               deadline=_deadline(time_limit_s))
 
 
 register_solver("hetis", "hetis", solve_hetis, role="paper", default=True,
