@@ -55,10 +55,11 @@ def test_stage_a_resumes_where_a_deadline_stopped_it() -> None:
     """A later search without a limit rates the candidates a deadline left out and ends with the same
     table as one search run through."""
     from gpuplan.solvers import hetis as H
+    from gpuplan.solvers.backends import Deadline
 
     problem = _problem()
     H._STAGE_A_RATED.pop(problem.model_dump_json(), None)
-    cut = H.stage_a_search(problem, deadline=0.0)
+    cut = H.stage_a_search(problem, deadline=Deadline(0.0))
     assert cut.simulated == 1 and not cut.complete
     whole = H.stage_a_search(problem)
     assert whole.complete and whole.simulated == len(stage_a_candidates(problem))

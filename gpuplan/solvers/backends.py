@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import Status
+
+
+@dataclass
+class Deadline:
+    """A solve's time limit as a point on the `time.perf_counter` clock (inf: none), for searches made
+    of steps that cannot be cut inside (a simulation, a rate search, one op's tuning). `allows` says
+    whether a step of the last step's length still fits; `cut` records that one was left out, so the
+    plan's status becomes time_limit."""
+
+    at: float = math.inf
+    cut: bool = False
+
+    @classmethod
+    def after(cls, time_limit_s: float | None, share: float = 1.0) -> "Deadline":
+        """Return the deadline `share` of `time_limit_s` seconds from now (none without a limit)."""
+        return cls(math.inf if time_limit_s is None else time.perf_counter() + share * time_limit_s)
+
+    def left_s(self) -> float:
+        """Return the seconds left (inf without a limit; never below 0)."""
+        return max(0.0, self.at - time.perf_counter())
+
+    def allows(self, step_s: float) -> bool:
+        """Return True when a step of `step_s` seconds started now ends before the deadline; else record
+        the cut and return False."""
+        if time.perf_counter() + step_s <= self.at:
+            return True
+        self.cut = True
+        return False
 
 
 @dataclass

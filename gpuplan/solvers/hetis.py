@@ -26,7 +26,6 @@ heads-by-memory  Hetis' primaries; every request's heads split over all GPUs in 
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +39,7 @@ from gpuplan.models.hetis.cost import gpus_of, pipeline_step_s, stage_costs, sta
 from gpuplan.models.hetis.dispatch import proportional_split, water_filling
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
+from gpuplan.solvers.backends import Deadline
 
 EXACT_MAX_DEVICES = 16
 EXACT_MAX_HEADS = 64
@@ -352,7 +352,7 @@ class StageA:
 # per problem: Stage A's candidates and those rated so far, in candidate order (a later call with more
 # time resumes)
 _STAGE_A_RATED: dict[str, tuple[list[tuple[float, list[Replica]]],
-                                list[tuple[tuple[float, float], float, list[Replica], str]]]] = {}
+                                list[tuple[tuple[float, float], float, list[Replica], str, bool]]]] = {}
 
 
 def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]:
@@ -372,36 +372,45 @@ def stage_a_dispatch(problem: HetisProblem) -> str:
     return stage_a_search(problem).dispatch
 
 
-def _rate_candidate(problem: HetisProblem, proxy: float, reps: list[Replica]
-                    ) -> tuple[tuple[float, float], float, list[Replica], str]:
-    """Return one Stage A candidate rated: (rate_search, proxy, replicas, dispatch), searched with head-wise
-    water-filling dispatch and with its static engine (static_search), the better kept (Hetis never serves
-    less than the static layout it dispatches over)."""
+def _rate_candidate(problem: HetisProblem, proxy: float, reps: list[Replica], deadline: Deadline
+                    ) -> tuple[tuple[float, float], float, list[Replica], str, bool]:
+    """Return one Stage A candidate rated: (rate_search, proxy, replicas, dispatch, in full), searched with
+    head-wise water-filling dispatch and with its static engine (static_search), the better kept (Hetis
+    never serves less than the static layout it dispatches over); the static search only while `deadline`
+    has not passed (else the candidate is rated by its water-filling search alone: in full False)."""
     found = rate_search(problem, hetis_layout_plan(problem, reps))
+    if not deadline.allows(0.0):
+        return found, proxy, reps, "water-filling", False
     static = static_search(problem, reps)
     if static[0] > found[0]:  # pooling does not pay on this layout: keep its static engine
-        return static, proxy, reps, "tensor-parallel"
-    return found, proxy, reps, "water-filling"
+        return static, proxy, reps, "tensor-parallel", True
+    return found, proxy, reps, "water-filling", True
 
 
-def stage_a_search(problem: HetisProblem, deadline: float = math.inf) -> StageA:
+def stage_a_search(problem: HetisProblem, deadline: Deadline | None = None) -> StageA:
     """Return Stage A's result (StageA) over the candidates (stage_a_candidates, in their order) rated
-    until the `time.perf_counter` `deadline`: a candidate starts only when the last one's time still fits
-    before it, and the first always runs. The ratings are kept per problem (the solvers that share Stage
+    until `deadline` (none: all): a candidate starts only when the last one's time still fits before it,
+    and the first always runs. The ratings are kept per problem (the solvers that share Stage
     A, and a later call with more time, reuse them instead of repeating the simulations)."""
     key = problem.model_dump_json()
     if key not in _STAGE_A_RATED:
         if len(_STAGE_A_RATED) >= 8:
             _STAGE_A_RATED.pop(next(iter(_STAGE_A_RATED)))
         _STAGE_A_RATED[key] = (stage_a_candidates(problem), [])
-    cands, rated = _STAGE_A_RATED[key]
+    cands, kept = _STAGE_A_RATED[key]
+    deadline = deadline or Deadline()
+    rated = list(kept)
     last_s = 0.0
     while len(rated) < len(cands):
         started = time.perf_counter()
-        if rated and started + last_s > deadline:
+        if rated and not deadline.allows(last_s):
             break
-        rated.append(_rate_candidate(problem, *cands[len(rated)]))
+        entry = _rate_candidate(problem, *cands[len(rated)], deadline)
+        rated.append(entry)
+        if entry[4]:  # rated in full (a rating without its static search is not kept)
+            kept.append(entry)
         last_s = time.perf_counter() - started
+    rated = [r[:4] for r in rated]
     best = max(r[0][0] for r in rated)
     ok = [(primaries_of(r[2]), -r[0][0], k) for k, r in enumerate(rated) if r[0][0] * (1 + problem.delta) >= best]
     _, _, pick = min(ok)
@@ -477,7 +486,7 @@ def _head_map(problem: HetisProblem, plan: HetisPlan, method: str, seed: int, ti
     return plan
 
 
-def _hetis_layout(problem: HetisProblem, dispatch: str = "water-filling", deadline: float = math.inf
+def _hetis_layout(problem: HetisProblem, dispatch: str = "water-filling", deadline: Deadline | None = None
                   ) -> tuple[HetisPlan, StageA]:
     """Return (the layout plan over Stage A's primaries with `dispatch`, or Stage A's own where
     "water-filling" is asked for; Stage A's result), Stage A rated until `deadline` (stage_a_search)."""
@@ -487,11 +496,6 @@ def _hetis_layout(problem: HetisProblem, dispatch: str = "water-filling", deadli
     plan = hetis_layout_plan(problem, found.replicas, dispatch)
     plan.stage_a = [dict(row) for row in found.table]
     return plan, found
-
-
-def _deadline(time_limit_s: float | None, share: float = 1.0) -> float:
-    """Return the `time.perf_counter` deadline `share` of `time_limit_s` from now (inf without a limit)."""
-    return math.inf if time_limit_s is None else time.perf_counter() + share * time_limit_s
 
 
 def _mark_cut_short(plan: HetisPlan, complete: bool, what: str) -> HetisPlan:
@@ -514,8 +518,8 @@ def solve_hetis(problem: HetisProblem, *, time_limit_s: float | None = None, see
     status is time_limit when some were not simulated."""
     started = time.perf_counter()
     progress(0.0, "Stage A")
-    plan, found = _hetis_layout(problem, deadline=_deadline(time_limit_s, 1.0 if snapshot == "water-filling"
-                                                            else 1.0 - HEAD_MAP_SHARE))
+    plan, found = _hetis_layout(problem, deadline=Deadline.after(time_limit_s, 1.0 if snapshot == "water-filling"
+                                                                 else 1.0 - HEAD_MAP_SHARE))
     if plan.dispatch == "water-filling":  # a static engine (pooling did not pay) has no head map
         left = None if time_limit_s is None else max(0.1, time_limit_s - (time.perf_counter() - started))
         plan = _head_map(problem, plan, snapshot, seed, left)
@@ -560,7 +564,7 @@ def solve_heads_by_memory(problem: HetisProblem, *, time_limit_s: float | None =
     from gpuplan.models.hetis import capacity
 
     # its own rate search follows Stage A's and costs about as much as one candidate's: half the limit each
-    plan, found = _hetis_layout(problem, "memory-proportional", _deadline(time_limit_s, 0.5))
+    plan, found = _hetis_layout(problem, "memory-proportional", Deadline.after(time_limit_s, 0.5))
     cap, _ = capacity(problem, plan)
     devs = sorted(plan.attention_devices)
     vec = proportional_split(np.array([cap[d] for d in devs]), problem.config.kv)
@@ -607,11 +611,10 @@ def _replica_rate_proxy(problem: HetisProblem, stages: list[Stage]) -> float:
 
 
 def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPlan]], progress: Progress,
-                        limit: int = SIMULATED_CANDIDATES, deadline: float = math.inf) -> HetisPlan:
+                        limit: int = SIMULATED_CANDIDATES, deadline: Deadline | None = None) -> HetisPlan:
     """Return the plan of the candidate (proxy, plan) with the largest simulated max rate among the
-    `limit` best by the proxy, simulated in that order until the `time.perf_counter` `deadline` (a
-    candidate starts only when the last one's time still fits; the first always runs; status time_limit
-    when some were left out)."""
+    `limit` best by the proxy, simulated in that order until `deadline` (a candidate starts only when
+    the last one's time still fits; the first always runs; status time_limit when some were left out)."""
     if not cands:
         raise InfeasibleError(_why_not(problem))
     cands.sort(key=lambda c: -c[0])
@@ -620,7 +623,7 @@ def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPla
     done, last_s = 0, 0.0
     for k, (_, plan) in enumerate(todo):
         started = time.perf_counter()
-        if done and started + last_s > deadline:
+        if done and deadline and not deadline.allows(last_s):
             break
         progress(k / limit, f"simulating candidate {k + 1}")
         found = static_search(problem, plan.replicas) if plan.dispatch == "tensor-parallel" else \
@@ -649,7 +652,7 @@ def solve_hexgen(problem: HetisProblem, *, time_limit_s: float | None = None, se
     the best few and the best per primary-GPU count simulated (as Stage A's)."""
     cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
              for t, reps in _proxy_picks(hexgen_configurations(problem))]
-    return _best_by_simulation(problem, cands, progress, limit=len(cands), deadline=_deadline(time_limit_s))
+    return _best_by_simulation(problem, cands, progress, limit=len(cands), deadline=Deadline.after(time_limit_s))
 
 
 def _fix_shares(replicas: list[Replica]) -> None:
@@ -722,7 +725,7 @@ def solve_splitwise(problem: HetisProblem, *, time_limit_s: float | None = None,
     cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
              for t, reps in splitwise_configurations(problem)]
     return _best_by_simulation(problem, cands, progress, limit=SPLITWISE_SIMULATED,
-                               deadline=_deadline(time_limit_s))
+                               deadline=Deadline.after(time_limit_s))
 
 
 register_solver("hetis", "hetis", solve_hetis, role="paper", default=True,

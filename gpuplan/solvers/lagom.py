@@ -7,6 +7,7 @@ grid counts one per grid point).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,6 +17,7 @@ from gpuplan.models.lagom import cost
 from gpuplan.models.lagom import Compiled, LagomPlan, LagomProblem, OpSetting, Theta, make_plan
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, register_solver
+from gpuplan.solvers.backends import Deadline
 
 DIMS = ("proto", "algo", "channels", "chunk_bytes", "threads")  # Lagom: implementation first, NC and C before NT
 
@@ -171,7 +173,7 @@ def impact(comp: Compiled, settings: list[Theta], i: int) -> float:
 
 
 def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress | None = None,
-                    polish: bool = True) -> tuple[list[Theta], dict[str, Any]]:
+                    polish: bool = True, deadline: Deadline | None = None) -> tuple[list[Theta], dict[str, Any]]:
     """Return Lagom's settings and search statistics.
 
     From NCCL's default, rank ops by their effect on the critical path, then tune one parameter at a
@@ -181,16 +183,24 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
     and repeat while a pass improves (at most `passes`). Evaluations per op and pass stay linear in the
     grid sizes (`Space.pass_bound`), not their product. With `polish`, a last step per op searches
     channels and chunk jointly (`joint_step`, channels x chunks evaluations) and then threads.
+    Each op's step starts only while `deadline` allows one more of the last one's length; every step
+    keeps or improves the settings, so a search stopped there returns valid, no slower settings
+    (`deadline.cut` says it stopped).
     """
+    deadline = deadline or Deadline()
     comp = problem.compiled
     n = len(comp.ops)
     settings = [comp.nccl_default(i) for i in range(n)]
     spaces = [space(problem, i) for i in range(n)]
     evals, per_pass, done = 0, [], 0
+    last_s = 0.0
     for p in range(passes):
         order = sorted(range(n), key=lambda i: -impact(comp, settings, i))
         pass_evals, improved = 0, False
         for k, i in enumerate(order):
+            if not deadline.allows(last_s):
+                break
+            started = time.perf_counter()
             for dim in DIMS:
                 if dim in ("proto", "algo"):
                     t, _, e = implementation_step(comp, settings, i, dim, spaces[i])
@@ -199,21 +209,26 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
                 pass_evals += e
                 if t != settings[i]:
                     settings[i], improved = t, True
+            last_s = time.perf_counter() - started
             if progress and k % 16 == 0:
                 progress((p + k / n) / passes, f"pass {p + 1}: op {k + 1}/{n}")
         evals += pass_evals
         per_pass.append(pass_evals)
         done = p + 1
-        if not improved:
+        if not improved or deadline.cut:
             break
     # polish: channels and chunk together, then threads, for every op (once)
     polish_evals = 0
-    for i in sorted(range(n), key=lambda i: -impact(comp, settings, i)) if polish else []:
+    for i in sorted(range(n), key=lambda i: -impact(comp, settings, i)) if polish and not deadline.cut else []:
+        if not deadline.allows(last_s):
+            break
+        started = time.perf_counter()
         t, _, e = joint_step(comp, settings, i, spaces[i])
         settings[i] = t
         t, _, e2 = one_d(comp, settings, i, "threads", spaces[i].values("threads"))
         settings[i] = t
         polish_evals += e + e2
+        last_s = time.perf_counter() - started
     evals += polish_evals
     stats = {"evaluations": evals, "evaluations_per_pass": per_pass, "passes": done,
              "polish_evaluations": polish_evals,
@@ -328,14 +343,24 @@ def autoccl_op(problem: LagomProblem, i: int) -> tuple[Theta, int]:
     return best_t, evals
 
 
-def autoccl(problem: LagomProblem) -> tuple[list[Theta], dict[str, Any]]:
-    """Return AutoCCL-style settings for every op (communication time alone) and the evaluations."""
-    out, evals = [], 0
+def autoccl(problem: LagomProblem, deadline: Deadline | None = None) -> tuple[list[Theta] | None, dict[str, Any]]:
+    """Return AutoCCL-style settings for every op (communication time alone) and the evaluations; None
+    for the settings when `deadline` stopped it before the last op (an op starts while the deadline
+    allows one more of the last one's length)."""
+    deadline = deadline or Deadline()
+    out, evals, last_s = [], 0, 0.0
     for i in range(len(problem.compiled.ops)):
+        if not deadline.allows(last_s):
+            return None, {"evaluations": evals}
+        started = time.perf_counter()
         t, e = autoccl_op(problem, i)
+        last_s = time.perf_counter() - started
         out.append(t)
         evals += e
     return out, {"evaluations": evals}
+
+
+SEARCH_SHARE = 0.6  # of a time limit for Lagom's own search; the AutoCCL-style baseline in the plan gets the rest
 
 
 def _plan(problem: LagomProblem, name: str, settings: list[Theta], stats: dict[str, Any], status: Status,
@@ -349,14 +374,27 @@ def _plan(problem: LagomProblem, name: str, settings: list[Theta], stats: dict[s
 
 def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Progress | None = None, passes: int = 3, polish: bool = True, **_: Any) -> LagomPlan:
-    """Lagom's priority-based search; the plan also carries NCCL's default and the AutoCCL-style settings."""
+    """Lagom's priority-based search; the plan also carries NCCL's default and the AutoCCL-style settings.
+    Under `time_limit_s` the search gets SEARCH_SHARE of it and the AutoCCL-style baseline the rest (left
+    out of the plan when it does not finish); the status is then time_limit if the search stopped early."""
     comp = problem.compiled
-    settings, stats = priority_search(problem, passes=int(passes), progress=progress, polish=bool(polish))
-    auto, auto_stats = autoccl(problem)
+    started = time.perf_counter()
+    search_deadline = Deadline.after(time_limit_s, SEARCH_SHARE)
+    settings, stats = priority_search(problem, passes=int(passes), progress=progress, polish=bool(polish),
+                                      deadline=search_deadline)
+    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - started))
+    auto, auto_stats = autoccl(problem, Deadline.after(left))
     stats["autoccl_evaluations"] = auto_stats["evaluations"]
     default = [comp.nccl_default(i) for i in range(len(comp.ops))]
-    return _plan(problem, "lagom", settings, stats, Status.FEASIBLE,
-                 {"nccl-default": default, "autoccl": auto})
+    baselines = {"nccl-default": default, **({"autoccl": auto} if auto is not None else {})}
+    plan = _plan(problem, "lagom", settings, stats, Status.TIME_LIMIT if search_deadline.cut else Status.FEASIBLE,
+                 baselines)
+    notes = ([f"the time limit stopped the search after {stats['passes']} pass(es); every step kept or improved "
+              "the settings"] if search_deadline.cut else []) + \
+            (["the AutoCCL-style baseline did not finish within the time limit and is left out"] if auto is None else [])
+    if notes:
+        plan.message = "; ".join(notes)
+    return plan
 
 
 def solve_exhaustive(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -378,6 +416,7 @@ def solve_autoccl(problem: LagomProblem, *, time_limit_s: float | None = None, s
                   progress: Progress | None = None, **_: Any) -> LagomPlan:
     """AutoCCL-style coordinate descent on communication time alone, ignoring the compute slowdown."""
     settings, stats = autoccl(problem)
+    assert settings is not None  # no deadline: every op is tuned
     return _plan(problem, "autoccl", settings, stats, Status.FEASIBLE)
 
 

@@ -18,6 +18,7 @@ neo                NEO-style: GPU memory first; when full, BE KV goes to the hos
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -30,9 +31,11 @@ from gpuplan.models.omniserve.policy import PolicyParams
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import Progress, no_progress, register_solver
 from gpuplan.sim.serving import BE
+from gpuplan.solvers.backends import Deadline
 
 HEADROOM_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 0.9)
 LS_TOLERANCE = 0.01   # "within one point" of LS attainment
+SEARCH_SHARE = 0.8    # of a time limit for the parameter searches; the plan's own simulation follows
 
 
 def _plan(problem: OmniServeProblem, params: PolicyParams, stats: dict[str, Any] | None = None) -> OmniServePlan:
@@ -61,7 +64,7 @@ def solve_omniserve(problem: OmniServeProblem, *, time_limit_s: float | None = N
     pools (`be_inflight_max` < 0: both chosen by `best_controls`; else no prefill bound and this in-flight
     bound, 0: none), LS admission control; the plan states the simulated figures."""
     return _omniserve(problem, "omniserve", 1, progress, token_budget, be_gpu_fraction, be_batch_max, pace_factor,
-                      admission, be_inflight_max)
+                      admission, be_inflight_max, Deadline.after(time_limit_s, SEARCH_SHARE))
 
 
 def solve_omniserve_pass(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -72,25 +75,34 @@ def solve_omniserve_pass(problem: OmniServeProblem, *, time_limit_s: float | Non
     out-projection joins the current pass, so a BE request may advance up to every layer in one iteration
     (while the iteration stays within the TPOT target); otherwise as `solve_omniserve`."""
     return _omniserve(problem, "omniserve-pass", problem.layers(), progress, token_budget, be_gpu_fraction,
-                      be_batch_max, pace_factor, admission, be_inflight_max)
+                      be_batch_max, pace_factor, admission, be_inflight_max, Deadline.after(time_limit_s, SEARCH_SHARE))
 
 
 def _omniserve(problem: OmniServeProblem, name: str, lpi: int, progress: Progress, token_budget: int,
                be_gpu_fraction: float, be_batch_max: int, pace_factor: float, admission: bool,
-               be_inflight_max: int) -> OmniServePlan:
+               be_inflight_max: int, deadline: Deadline) -> OmniServePlan:
     budget, target = _base(problem, token_budget)
     stats: dict[str, Any] = {}
     if be_gpu_fraction < 0:
-        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress, lpi)
+        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress, lpi, deadline)
     params = PolicyParams("omniserve", budget, target, min(1.0, be_gpu_fraction), admission,
                           max(0, be_batch_max), max(1e-3, pace_factor), layers_per_iteration=lpi,
                           be_inflight_max=max(0, be_inflight_max))
     if be_inflight_max < 0:
-        params, more = best_controls(problem, params, stats.get("ls_only_attainment"), progress)
+        params, more = best_controls(problem, params, stats.get("ls_only_attainment"), progress, deadline)
         stats.update(more)
     decision: dict[str, Any] = {}
     plan = _plan(problem, params, decision)
     plan.solver = SolverInfo(name=name, stats={**stats, **decision})
+    return _mark_cut_short(plan, deadline)
+
+
+def _mark_cut_short(plan: OmniServePlan, deadline: Deadline) -> OmniServePlan:
+    """Return `plan` with status time_limit and a message when `deadline` left candidates untried."""
+    if deadline.cut:
+        plan.status = Status.TIME_LIMIT
+        plan.message = ("the time limit stopped the parameter search before every candidate was simulated; "
+                        "the plan takes the best of those tried (solver.stats lists them)")
     return plan
 
 
@@ -117,10 +129,14 @@ def prefill_candidates(problem: OmniServeProblem, budget: int) -> list[int]:
 
 
 def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float | None = None,
-                  progress: Progress = no_progress) -> tuple[PolicyParams, dict[str, Any]]:
+                  progress: Progress = no_progress, deadline: Deadline | None = None
+                  ) -> tuple[PolicyParams, dict[str, Any]]:
     """Return (params with the BE prefill bound of `prefill_candidates`, then the bound on BE in flight of
     `inflight_candidates`, each with the most BE throughput whose LS attainment is within LS_TOLERANCE of
-    the engine serving LS alone; stats). Why these bounds exist: see PolicyParams."""
+    the engine serving LS alone; stats). Why these bounds exist: see PolicyParams. Candidates are
+    simulated in order while `deadline` allows one more of the last one's length (the current setting is
+    kept where none was tried)."""
+    deadline = deadline or Deadline()
     if ls_ref is None:
         ls_ref = run_policy(problem, PolicyParams("headroom", params.token_budget, params.tpot_target_s, 0.0),
                             record=False).figures["ls_attainment"]
@@ -129,9 +145,14 @@ def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float
                          ("be_inflight_max", inflight_candidates(problem) if problem.pools() else [0])):
         best, best_be = getattr(params, field), -1.0
         tried: dict[str, float] = {}
+        last_s = 0.0
         for k, v in enumerate(cands):
+            if not deadline.allows(last_s):
+                break
             progress(k / len(cands), f"omniserve: {field} = {v}")
+            started = time.perf_counter()
             f = run_policy(problem, replace(params, **{field: v}), record=False).figures
+            last_s = time.perf_counter() - started
             tried[str(v)] = f["be_output_tokens_per_s"]
             if f["ls_attainment"] >= ls_ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
                 best, best_be = v, f["be_output_tokens_per_s"]
@@ -148,17 +169,27 @@ def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = Non
 
 
 def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: float,
-                  progress: Progress = no_progress, layers_per_iteration: int = 1) -> tuple[float, dict[str, Any]]:
+                  progress: Progress = no_progress, layers_per_iteration: int = 1,
+                  deadline: Deadline | None = None) -> tuple[float, dict[str, Any]]:
     """Return (X, stats): the share X of HEADROOM_FRACTIONS of the GPU KV cache that BE may hold under
     policy `mode` with the most BE throughput whose LS attainment is within LS_TOLERANCE of the engine
-    serving LS alone (X = 0 under the headroom policy), as Llumnix-style reservation is tuned."""
+    serving LS alone (X = 0 under the headroom policy), as Llumnix-style reservation is tuned. The
+    shares are simulated in order while `deadline` allows one more of the last one's length (X = 0
+    where none was)."""
+    deadline = deadline or Deadline()
+    started = time.perf_counter()
     ref = run_policy(problem, PolicyParams("headroom", budget, target, 0.0), record=False).figures["ls_attainment"]
+    last_s = time.perf_counter() - started
     best, best_be = 0.0, -1.0
     tried: dict[str, float] = {}
     for k, x in enumerate(HEADROOM_FRACTIONS):
+        if not deadline.allows(last_s):
+            break
         progress(k / len(HEADROOM_FRACTIONS), f"{mode}: BE share of GPU KV X = {x}")
+        started = time.perf_counter()
         f = run_policy(problem, PolicyParams(mode, budget, target, x, mode == "omniserve",
                                              layers_per_iteration=layers_per_iteration), record=False).figures
+        last_s = time.perf_counter() - started
         tried[str(x)] = f["be_output_tokens_per_s"]
         if f["ls_attainment"] >= ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
             best, best_be = x, f["be_output_tokens_per_s"]
@@ -173,10 +204,11 @@ def solve_headroom(problem: OmniServeProblem, *, time_limit_s: float | None = No
     budget, target = _base(problem, token_budget)
     if be_gpu_fraction >= 0:
         return _plan(problem, PolicyParams("headroom", budget, target, min(1.0, be_gpu_fraction)))
-    best, stats = best_fraction(problem, "headroom", budget, target, progress)
+    deadline = Deadline.after(time_limit_s, SEARCH_SHARE)
+    best, stats = best_fraction(problem, "headroom", budget, target, progress, deadline=deadline)
     plan = _plan(problem, PolicyParams("headroom", budget, target, best))
     plan.solver = SolverInfo(name="headroom", stats=stats)
-    return plan
+    return _mark_cut_short(plan, deadline)
 
 
 def solve_neo(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
