@@ -131,7 +131,7 @@ WHY_MISSES = [
     "    and the ported 2021 schedule with the exchanges' time (--lockstep) is within 0.8% of that DAG;",
     "  * 22B sel+SP (one micro-batch per iteration): the per-iteration terms weigh ~10% there; the",
     "    optimizer step moves Megatron's ~50 B/param (unscale + inf check 8, grad norm 4, Adam 28, fp32 ->",
-    "    16-bit copy 6, zeroing 4) at the streaming fraction of HBM (models/poseidon.py);",
+    "    16-bit copy 6, zeroing 4) at the streaming fraction of HBM (models/poseidon/__init__.py);",
     "  * not modelled: kernel launches (17 per layer forward, a few us each, asynchronous and hidden behind",
     "    milliseconds of GPU work); the backward TP all-reduce is counted in full although Megatron (2022)",
     "    overlaps it with the weight-gradient GEMM: modelling that would make it faster still.",
@@ -144,7 +144,7 @@ def miss_lines(doc: dict[str, Any]) -> list[str]:
     to the published time; then the Megatron-LM 2021 code paths checked for it with their size in
     the model's own terms (seconds per iteration; none is applied unless it says "in the model")."""
     from gpuplan.models.poseidon import CostModel
-    from gpuplan.models.poseidon_cost import layer_ops
+    from gpuplan.models.poseidon.cost import layer_ops
 
     import gpuplan
 
@@ -185,7 +185,7 @@ def megatron21_checked(doc: dict[str, Any]) -> list[str]:
     """Return the Megatron-LM 2021 code paths checked for the runs outside 15%, each with its size
     in the model's own terms for the rows it applies to (seconds per iteration, from the model's
     cost functions; the two attention terms are in the model, the others are not applied)."""
-    from gpuplan.models import poseidon_cost as C
+    from gpuplan.models.poseidon import cost as C
     from gpuplan.models.poseidon import CostModel
 
     import gpuplan
@@ -301,7 +301,7 @@ def breakdown_lines(problem: Any, gpu: str, tp: int, b: int, published_fwd_ms: f
     """Return the per-operation forward/backward breakdown (ms and share of the forward) of one
     block of `problem` on `gpu` at TP `tp`, micro-batch `b`, and what the TP all-reduce achieves."""
     from gpuplan.models.poseidon import CostModel
-    from gpuplan.models.poseidon_cost import layer_ops
+    from gpuplan.models.poseidon.cost import layer_ops
 
     cm = CostModel(problem)
     ops = layer_ops(cm.cfg, cm.dev(gpu), problem.dtype, tp, b, problem.seq_len, cm.opts,
@@ -369,7 +369,7 @@ def ablation_lines() -> list[str]:
     geometric mean of the 18 ratios with that one term reverted to the earlier assumption (the GEMM
     epilogue overlapped on Ampere; weight gradients written once in 16 bits; 10 + 10 bytes per logit
     of cross-entropy), each alone, then all three."""
-    from gpuplan.models import poseidon_cost as C
+    from gpuplan.models.poseidon import cost as C
 
     doc = yaml.safe_load(DATA.read_text(encoding="utf-8"))
     d, rows = doc["defaults"], doc["runs"]
@@ -474,8 +474,8 @@ def lockstep_lines() -> list[str]:
     2021's interleaved schedule with blocking rendezvous exchanges (`lockstep_time_s`), with and
     without the exchanges' own time, and the row's ratio if the model took the lockstep figure."""
     from gpuplan.models import poseidon as P
-    from gpuplan.models.poseidon_config import config_problem, config_stages, parse_config
-    from gpuplan.models.poseidon_cost import blocking_exchanges
+    from gpuplan.models.poseidon.config import config_problem, config_stages, parse_config
+    from gpuplan.models.poseidon.cost import blocking_exchanges
 
     doc = yaml.safe_load(DATA.read_text(encoding="utf-8"))
     d = doc["defaults"]

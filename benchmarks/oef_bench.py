@@ -126,7 +126,7 @@ def bound_source(plan) -> str:
 def distinct_section(sizes: list[int], ef_limit_s: float, short_limit_s: float = 2.0) -> None:
     """Solve distinct-job inputs with oef (at `ef_limit_s` and at `short_limit_s`), oef-si and
     gavel-maxmin; time 20 rounds of placement; print the certified gaps and efficiency ratios."""
-    from gpuplan.solvers.oef_rounds import schedule
+    from gpuplan.solvers.oef.rounds import schedule
 
     rows = []
     load_before = os.getloadavg()[0]
@@ -190,7 +190,7 @@ def run_input(label: str, doc: dict, with_pa: bool) -> tuple[list, dict[str, flo
             notes += [f"{label} {p}: {v}" for v in bad]
             if p == "oef":
                 classes = plan.solver.stats["classes"]
-    from gpuplan.solvers.oef_rounds import schedule
+    from gpuplan.solvers.oef.rounds import schedule
 
     X = api.solve(problem, solver="oef").matrix()
     t2 = time.perf_counter()
@@ -289,7 +289,7 @@ def trace_section(quick: bool) -> None:
     """Simulate the shipped trace under every policy and print JCT, makespan, utilisation, FTF."""
     from gpuplan.models.base import validate
     from gpuplan.models.oef_trace import Trace, load_trace
-    from gpuplan.solvers.oef_sim import simulate
+    from gpuplan.solvers.oef.sim import simulate
 
     trace = load_trace(ROOT / "examples" / "oef" / "trace-100.yaml")
     if quick:

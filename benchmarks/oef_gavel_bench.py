@@ -39,7 +39,7 @@ import numpy as np
 from gpuplan.models.base import Table
 from gpuplan.models.gavel_trace import gavel_trace_text, generate_jobs, load_gavel, read_gavel_throughputs
 from gpuplan.render import table_text
-from gpuplan.solvers.oef_sim import simulate
+from gpuplan.solvers.oef.sim import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 GAVEL = ROOT / "examples" / "oef" / "gavel"

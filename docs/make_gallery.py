@@ -69,7 +69,7 @@ def build(time_limit_s: float = 20.0, out_dir: Path = OUT, page: Path = PAGE) ->
                   f"`gpuplan compare {kind} {example} --png compare.png`", "", f"![{kind} comparison]({_rel(png)})",
                   ""]
     from gpuplan.models.oef_trace import load_trace
-    from gpuplan.solvers.oef_sim import simulate
+    from gpuplan.solvers.oef.sim import simulate
 
     trace = load_trace(ROOT / TRACE)
     policies = ["oef", "gavel-maxmin", "max-throughput", "equal-share"]

@@ -209,11 +209,11 @@ def evaluate_config(problem: Problem | str | Path | dict[str, Any], config: Any,
                     check_memory: bool = True) -> Plan:
     """Return the Poseidon plan of a FIXED parallel configuration: `config` is a mapping, a YAML/JSON
     file or the text "tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2" (see
-    gpuplan.models.poseidon_config). Every figure comes from the same DAG model the search uses;
+    gpuplan.models.poseidon.config). Every figure comes from the same DAG model the search uses;
     predicted holds iteration_time_s, throughput, model_tflops_per_gpu and mfu; the plan embeds the
     problem it was evaluated on (the config's recompute and execution assumptions applied). Raises
     InfeasibleError when the configuration does not fit in memory (unless check_memory=False)."""
-    from gpuplan.models.poseidon_config import evaluate_config as _evaluate
+    from gpuplan.models.poseidon.config import evaluate_config as _evaluate
 
     return _evaluate(load_problem(problem, "poseidon"), config, check_memory=check_memory)  # type: ignore[arg-type]
 

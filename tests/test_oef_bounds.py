@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from gpuplan import api
 from gpuplan.models.oef import arrays, efficiency, envy_pairs, equal_share, utilities
 from gpuplan.models.plan import Status
-from gpuplan.solvers.oef_dual import dual_value, group_dual_bound, group_pairs
-from gpuplan.solvers.oef_groups import group_jobs
-from gpuplan.solvers.oef_ef import solve_ef_lp
-from gpuplan.solvers.oef_market import MarketPoints, best_market, capacity_price_bound, combine_demands
+from gpuplan.solvers.oef.dual import dual_value, group_dual_bound, group_pairs
+from gpuplan.solvers.oef.groups import group_jobs
+from gpuplan.solvers.oef.ef import solve_ef_lp
+from gpuplan.solvers.oef.market import MarketPoints, best_market, capacity_price_bound, combine_demands
 from test_oef_scale import distinct_doc, full_lp
 
 SMALL = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,7 +137,7 @@ def test_every_multiplier_with_pair_rows_bounds_the_lp(seed: int, n: int, m: int
 
 def test_step_groups_shrinks_only_under_a_short_limit() -> None:
     """Fewer groups only when the limit would give under MIN_STEPS steps; never under MIN_GROUPS."""
-    from gpuplan.solvers.oef_dual import MIN_GROUPS, MIN_STEPS, STEP_ENTRY_S, step_groups
+    from gpuplan.solvers.oef.dual import MIN_GROUPS, MIN_STEPS, STEP_ENTRY_S, step_groups
 
     assert step_groups(100, 10_000, None) == 100
     assert step_groups(100, 1_000, 10.0) == 100

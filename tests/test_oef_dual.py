@@ -1,4 +1,4 @@
-"""OEF's Lagrangian dual bound (solvers/oef_dual.py) and the deadline of time-limited solves: the
+"""OEF's Lagrangian dual bound (solvers/oef/dual.py) and the deadline of time-limited solves: the
 bound is never below the full EF LP's optimum (all n(n-1) envy rows, scipy/HiGHS), the plan a
 time limit returns is envy-free and SI with its status, and the certified gap is an honest one."""
 
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from gpuplan import api
 from gpuplan.models.oef import EF, SI, arrays, efficiency, envy_pairs, equal_share, utilities
 from gpuplan.models.plan import Status
-from gpuplan.solvers.oef_dual import dual_value, group_dual_bound
-from gpuplan.solvers.oef_ef import Budget, solve_ef_lp
+from gpuplan.solvers.oef.dual import dual_value, group_dual_bound
+from gpuplan.solvers.oef.ef import Budget, solve_ef_lp
 from test_oef_scale import distinct_doc, full_lp
 
 
@@ -44,7 +44,7 @@ def test_every_dual_point_bounds_the_lp_and_the_search_improves_on_the_capacity_
         value, _ = dual_value(a.V * a.usable, a.usable, a.gpus.astype(float), a.capacity, ref, labels, theta,
                               pi, sig, A)
         assert value >= opt * (1 - 1e-12)
-    from gpuplan.solvers.oef_market import capacity_price_bound
+    from gpuplan.solvers.oef.market import capacity_price_bound
 
     prices = capacity_price_bound(a.V, a.usable, a.gpus.astype(float), a.capacity)
     bound, _ = group_dual_bound(a.V, a.usable, a.gpus.astype(float), a.capacity, rho, ref, groups=40, max_iter=400)

@@ -14,7 +14,7 @@ from gpuplan.errors import InputError
 from gpuplan.models.gavel_trace import (GAVEL_JOB_TABLE, generate_jobs, load_gavel, read_gavel_throughputs,
                                         read_gavel_trace, to_trace)
 from gpuplan.models.oef_trace import load_trace
-from gpuplan.solvers.oef_sim import simulate
+from gpuplan.solvers.oef.sim import simulate
 
 GAVEL = Path(__file__).resolve().parents[1] / "examples" / "oef" / "gavel"
 TRACE = GAVEL / "physical_max_min_fairness.trace"

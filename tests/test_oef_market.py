@@ -13,9 +13,9 @@ from test_oef_scale import distinct_doc, full_lp
 from gpuplan import api
 from gpuplan.models.oef import arrays, efficiency, envy_pairs, equal_share, utilities
 from gpuplan.models.plan import Status
-from gpuplan.solvers.oef_ef import solve_ef_lp
-from gpuplan.solvers.oef_hull import hull_ef_lp
-from gpuplan.solvers.oef_market import best_market, budgets, capacity_mix, demand, market_allocation
+from gpuplan.solvers.oef.ef import solve_ef_lp
+from gpuplan.solvers.oef.hull import hull_ef_lp
+from gpuplan.solvers.oef.market import best_market, budgets, capacity_mix, demand, market_allocation
 
 SMALL = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -146,7 +146,7 @@ def test_a_time_limited_solve_passes_check_and_says_where_its_plan_comes_from() 
 @SMALL
 @given(seed=st.integers(0, 100_000), n=st.integers(2, 40), m=st.integers(1, 5))
 def test_capacity_price_bound_is_above_max_throughput_and_near_it(seed: int, n: int, m: int) -> None:
-    from gpuplan.solvers.oef_market import capacity_price_bound
+    from gpuplan.solvers.oef.market import capacity_price_bound
 
     problem = api.load_problem(distinct_doc(np.random.default_rng(seed), n, m))
     a = arrays(problem)

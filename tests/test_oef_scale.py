@@ -15,7 +15,7 @@ from scipy.sparse import coo_matrix, csr_matrix, vstack
 from gpuplan import api
 from gpuplan.models.oef import EF, PE, SI, arrays, efficiency, envy_pairs, equal_share, utilities
 from gpuplan.models.plan import Status
-from gpuplan.solvers.oef_ef import envy_free_mix, solve_ef_lp, violated_envy
+from gpuplan.solvers.oef.ef import envy_free_mix, solve_ef_lp, violated_envy
 
 TYPES = ["K80", "P100", "V100", "A100-80GB", "H100"]
 POWER = np.array([1.0, 2.6, 4.5, 9.0, 18.0])
@@ -168,7 +168,7 @@ def test_solve_then_check_holds_or_the_status_says_what_is_missed(seed: int, n: 
 
 @pytest.mark.slow
 def test_rounds_for_ten_thousand_jobs_are_fast() -> None:
-    from gpuplan.solvers.oef_rounds import schedule
+    from gpuplan.solvers.oef.rounds import schedule
 
     problem = api.load_problem(distinct_doc(np.random.default_rng(0), 10_000, 5, sizes=(1, 1, 2, 4, 8)))
     a = arrays(problem)
@@ -181,7 +181,7 @@ def test_rounds_for_ten_thousand_jobs_are_fast() -> None:
 
 
 def test_grouped_restriction_is_envy_free_and_below_the_optimum() -> None:
-    from gpuplan.solvers.oef_groups import group_jobs, grouped_ef_lp
+    from gpuplan.solvers.oef.groups import group_jobs, grouped_ef_lp
 
     problem = api.load_problem(distinct_doc(np.random.default_rng(8), 120, 4))
     a = arrays(problem)

@@ -9,7 +9,7 @@ import pytest
 from gpuplan.errors import InputError
 from gpuplan.models.base import validate
 from gpuplan.models.oef_trace import Trace, load_trace
-from gpuplan.solvers.oef_sim import simulate
+from gpuplan.solvers.oef.sim import simulate
 
 TRACE = Path(__file__).resolve().parents[1] / "examples" / "oef" / "trace-100.yaml"
 

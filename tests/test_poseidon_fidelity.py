@@ -12,9 +12,9 @@ import gpuplan
 from gpuplan import api
 from gpuplan.errors import InputError
 from gpuplan.models import poseidon as P
-from gpuplan.models import poseidon_cost as C
+from gpuplan.models.poseidon import cost as C
 from gpuplan.models.cluster import device_type
-from gpuplan.models.poseidon_config import config_stages, parse_config
+from gpuplan.models.poseidon.config import config_stages, parse_config
 from gpuplan.models.workload import model_config, scaled
 
 

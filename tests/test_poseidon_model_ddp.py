@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import gpuplan
 from gpuplan import api
 from gpuplan.models import poseidon as P
-from gpuplan.models.poseidon_config import config_problem, parse_config
+from gpuplan.models.poseidon.config import config_problem, parse_config
 from gpuplan.models.workload import model_config, scaled
 from test_poseidon_fidelity import assert_walk_equals_evaluate
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuplan.models import poseidon_cost as C
+from gpuplan.models.poseidon import cost as C
 from gpuplan.models.cluster import device_type
 from gpuplan.models.workload import model_config, scaled
 

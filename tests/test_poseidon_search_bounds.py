@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from gpuplan import api
 from gpuplan.models import poseidon as P
 from gpuplan.models.plan import Status
-from gpuplan.models.poseidon_config import evaluate_config
+from gpuplan.models.poseidon.config import evaluate_config
 from gpuplan.registry import no_progress
 from gpuplan.solvers import poseidon as SP
-from gpuplan.solvers.poseidon_bounds import list_combos
+from gpuplan.solvers.poseidon.bounds import list_combos
 from test_poseidon_speed import TYPES, placed_structures, small
 
 

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from gpuplan import api
 from gpuplan.models import poseidon as P
-from gpuplan.models import poseidon_dag as D
+from gpuplan.models.poseidon import dag as D
 from gpuplan.models.plan import Status
 from gpuplan.models.workload import model_config, scaled
 from gpuplan.registry import no_progress
 from gpuplan.solvers import poseidon as SP
-from gpuplan.solvers.poseidon_bounds import list_combos
+from gpuplan.solvers.poseidon.bounds import list_combos
 
 TYPES = ["A100-80GB", "V100", "T4", "L4", "H100"]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gpuplan import api
 from gpuplan.models import poseidon as P
-from gpuplan.models.poseidon_cost import stage_call_s
+from gpuplan.models.poseidon.cost import stage_call_s
 from gpuplan.profiling.stage_speed import measure_stage_speeds, rates_from
 from gpuplan.runtime.poseidon import compute_ratios, contended_iteration_s, table_chunk_s
 from tests.test_run_path import SLOW2X, TINY, _with_stage_calls, cpu_profile, two_types

@@ -64,7 +64,7 @@ def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace:
     Exit codes: 0 simulated, 2 bad trace or option."""
     from gpuplan.models.base import validate
     from gpuplan.models.oef_trace import Trace, load_trace
-    from gpuplan.solvers.oef_sim import simulate
+    from gpuplan.solvers.oef.sim import simulate
 
     try:
         if gavel_trace is not None:

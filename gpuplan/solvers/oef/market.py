@@ -18,10 +18,10 @@ is the demand mixed with the equal split E (envy-free, SI, within capacity; ever
 capacity row is linear in the allocation, so the mix keeps all three) by the smallest t that fits
 capacity. Prices come from tatonnement (p_j *= exp(eta excess_j / C_j), scaled to p . C <= W),
 and the best mix over the iterations is kept. Deterministic; O(iterations x n x m^2) flops.
-The oracle of solvers/oef_ef.py still verifies the result (floating point), and the
+The oracle of solvers/oef/ef.py still verifies the result (floating point), and the
 caller mixes back with E if it finds any envy. Clearing prices would give a competitive equilibrium
 (Pareto efficient, envy-free, SI); tatonnement with linear utilities oscillates, so the last
-iterations' demands are also returned as candidates for a per-job mix LP (solvers/oef_hull.py).
+iterations' demands are also returned as candidates for a per-job mix LP (solvers/oef/hull.py).
 
 **Mixing the demands.** Every envy row and every capacity and SI row is linear in the allocation,
 so any convex combination of envy-free allocations is envy-free. The demands of every tatonnement

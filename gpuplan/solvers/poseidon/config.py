@@ -13,8 +13,8 @@ WHY_NOT_A_SEARCH = "evaluates one fixed configuration: use `gpuplan evaluate pos
 
 
 def solve_config(problem: PoseidonProblem, *, config: Any = None, **_: Any) -> PoseidonPlan:
-    """Return the plan of the fixed configuration `config` (see gpuplan.models.poseidon_config)."""
-    from gpuplan.models.poseidon_config import evaluate_config
+    """Return the plan of the fixed configuration `config` (see gpuplan.models.poseidon.config)."""
+    from gpuplan.models.poseidon.config import evaluate_config
 
     return evaluate_config(problem, config if config is not None else {})
 

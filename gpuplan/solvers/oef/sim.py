@@ -2,7 +2,7 @@
 
 Every round (`round_s` seconds) the jobs that have arrived and not finished are the problem; when
 that set changes the policy re-allocates (a registered oef solver, shares only). Each round the
-jobs most behind their shares run on whole GPUs (gpuplan.solvers.oef_rounds.choose, owed rounds
+jobs most behind their shares run on whole GPUs (gpuplan.solvers.oef.rounds.choose, owed rounds
 carried across re-allocations, as Gavel's round-based mechanism does). A job that finishes inside
 a round leaves at its exact finish time; its GPUs idle until the round ends.
 
@@ -87,7 +87,7 @@ def simulate(trace: Trace, policy: str = "oef", *, mechanism: str = "grid", reso
         raise ValueError(f"mechanism: one of {', '.join(MECHANISMS)}, not {mechanism!r}")
     if space_sharing:
         raise ValueError("space_sharing: only with mechanism='gavel'")
-    from gpuplan.solvers.oef_rounds import choose
+    from gpuplan.solvers.oef.rounds import choose
 
     types, capacity, jobs, tput, ref = _prepare(trace)
     left = {j.name: float(j.steps) for j in jobs}

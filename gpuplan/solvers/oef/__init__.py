@@ -5,8 +5,13 @@ non-cooperative strategy-proof mechanism (Partial Allocation over Nash welfare),
 Jobs with identical speedup vector, GPUs-at-once and weight form one *class*: every program here is
 symmetric in identical jobs and convex, so an optimum gives them equal rows, and one row per class
 suffices. EF constraints then number (#classes)^2, not (#jobs)^2. With distinct jobs (a real
-cluster) that is still n^2: the EF and SI LPs go to HiGHS through solvers/oef_ef.py, which adds
+cluster) that is still n^2: the EF and SI LPs go to HiGHS through solvers/oef/ef.py, which adds
 envy rows on demand from an exact oracle over all pairs and returns the full LP's optimum.
+
+Modules: this one (the programs and their registration), ef.py (the EF LP by row generation, its time
+budget and certified gap), market.py (the equal-incomes market and its convex combination), dual.py
+(the group Lagrangian dual bound), groups.py (the grouped restriction), hull.py (the per-job mix LP),
+rounds.py (whole-GPU rounds on GPU ids), sim.py (the job-trace simulator).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ def classes(a: Arrays) -> Classes:
 def _matrices(c: Classes) -> dict[str, Any]:
     """Return the sparse LP data over y = vec(Y) (row-major, classes x types): per-class time
     `rows`, per-type GPUs `cap`, and per-class normalised throughput `own`."""
-    from gpuplan.solvers.oef_ef import lp_matrices
+    from gpuplan.solvers.oef.ef import lp_matrices
 
     rows, cap, own = lp_matrices(c.V, c.count * c.gpus)
     return {"rows": rows, "cap": cap, "own": own}
@@ -64,7 +69,7 @@ def envy_rows(c: Classes, si_ref: np.ndarray) -> tuple[Any, np.ndarray]:
     (i, k): theta[i, k] V_i . Y_k - V_i . Y_i. Pairs where even k's best bundle (all of its time on
     the type i values most among those k may use) cannot reach i's SI level are implied by SI and
     left out."""
-    from gpuplan.solvers.oef_ef import envy_block
+    from gpuplan.solvers.oef.ef import envy_block
 
     k = len(c.V)
     theta = envy_factor(c.gpus, c.weight)
@@ -155,14 +160,14 @@ def ef_cutting_planes(c: Classes, si_ref: np.ndarray, time_limit_s: float | None
                       dual_groups: int = 100) -> tuple[np.ndarray, Status, dict[str, Any]]:
     """Return (class rows, status, stats) of max efficiency s.t. SI (and EF when `envy`).
 
-    Row generation with an exact separation oracle over all class pairs (see solvers/oef_ef.py):
+    Row generation with an exact separation oracle over all class pairs (see solvers/oef/ef.py):
     the result is the full LP's optimum. `fallback` (class rows of an envy-free, SI allocation,
     e.g. the equal split) is what a time limit mixes the last relaxed optimum with; then the status
     is TIME_LIMIT and stats carry the certified gap and a `message`. groups > 0: with a time limit,
-    also try the EF LP restricted to that many groups of similar jobs (solvers/oef_groups.py).
-    dual_groups: groups of the dual bound's relaxation at a time limit (solvers/oef_dual.py; 0: none).
+    also try the EF LP restricted to that many groups of similar jobs (solvers/oef/groups.py).
+    dual_groups: groups of the dual bound's relaxation at a time limit (solvers/oef/dual.py; 0: none).
     """
-    from gpuplan.solvers.oef_ef import solve_ef_lp
+    from gpuplan.solvers.oef.ef import solve_ef_lp
 
     res = solve_ef_lp(c.V, c.usable, c.count * c.gpus, c.capacity, c.weight / c.gpus, si_ref, fallback,
                       envy=envy, time_limit_s=time_limit_s, groups=groups, weight=c.weight, gpus=c.gpus,
@@ -251,7 +256,7 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
     A plan stopped by the time limit claims no Pareto efficiency; a plan whose rounds miss the
     problem's round_tolerance is 'feasible', not 'optimal', and its message says by how much.
     """
-    from gpuplan.solvers.oef_rounds import schedule
+    from gpuplan.solvers.oef.rounds import schedule
 
     X = np.clip(Y[c.of_job], 0.0, 1.0) * a.usable
     X = X / np.maximum(X.sum(axis=1), 1.0)[:, None]

@@ -69,7 +69,7 @@ def grouped_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity:
     from scipy.sparse import coo_matrix, csr_matrix, vstack
 
     from gpuplan.solvers.backends import _silence_highs_banner
-    from gpuplan.solvers.oef_ef import add_rows
+    from gpuplan.solvers.oef.ef import add_rows
 
     _silence_highs_banner()
     started = time.perf_counter()

@@ -7,7 +7,7 @@ EF LP (it lies inside time and usable-type limits; capacity, SI and envy are imp
 its optimum is a feasible envy-free, SI plan whose efficiency is at least C^1's. Its variables
 number n x K (K = 2-4), and an envy row (i, k) has 2K non-zeros, so HiGHS solves it far faster
 than the full LP (n x m variables, rows with 2m non-zeros, heavily degenerate). Envy rows are
-generated on demand with the same exact all-pairs oracle as the full LP (solvers/oef_ef.py), so
+generated on demand with the same exact all-pairs oracle as the full LP (solvers/oef/ef.py), so
 the result is envy-free on every pair, not sampled ones.
 
 Typical use: at a time limit, the last relaxed optimum of the full LP is nearly envy-free but not
@@ -33,7 +33,7 @@ def hull_ef_lp(V: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.nd
 
     candidates[0] must be envy-free and SI; the result is never below its efficiency (in the units
     of size x V: slowest-GPU equivalents). When the time limit stops the rounds, the last LP point
-    is mixed with candidates[0] by the smallest envy-free t (oef_ef.envy_free_mix), so the rows
+    is mixed with candidates[0] by the smallest envy-free t (ef.envy_free_mix), so the rows
     returned are always envy-free and SI (the same mix removes envy that HiGHS's feasibility
     tolerance leaves on rows already in the LP: then t is tiny). stats: hull_rounds, hull_rows,
     hull_finished, hull_mix_back (t). oracle_s: the expected seconds of one all-pairs oracle pass,
@@ -43,7 +43,7 @@ def hull_ef_lp(V: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.nd
     from scipy.sparse import coo_matrix, csr_matrix, vstack
 
     from gpuplan.solvers.backends import _silence_highs_banner
-    from gpuplan.solvers.oef_ef import add_rows, envy_free_mix, violated_envy
+    from gpuplan.solvers.oef.ef import add_rows, envy_free_mix, violated_envy
 
     _silence_highs_banner()
     started = time.perf_counter()

@@ -7,6 +7,10 @@ into `k` equal stages of consecutive devices with one TP degree `t` per type (a 
 max_tp, TP groups inside one node); the types used are ordered in every permutation along the
 pipeline; the number of micro-batches `m` is a divisor of the global batch (at most
 max_microbatches) that every stage's data-parallel degree divides evenly; 1 <= stages <= max_stages.
+
+Modules: this one (the search, the layer mapping, the exhaustive reference and the baselines),
+bounds.py (the combo bounds listed before the search), config.py (the "config" name of fixed
+configurations, evaluated by gpuplan.models.poseidon.config).
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, exchanges_s,
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
                                      stage_memory, tp_fits)
-from gpuplan.models.poseidon_cost import RECOMPUTE_MODES, blocking_exchanges
+from gpuplan.models.poseidon.cost import RECOMPUTE_MODES, blocking_exchanges
 from gpuplan.registry import Progress, register_solver
-from gpuplan.solvers.poseidon_bounds import SHAVE, ComboEntry, list_combos
+from gpuplan.solvers.poseidon.bounds import SHAVE, ComboEntry, list_combos
 
 INF = math.inf
 
@@ -1205,7 +1209,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     Metis-style search runs in the rest (`_finish_search`), so the plan is never slower than any of
     them. (A proven optimum is at least as fast as every Metis pick: those are in the space.)
     The combos (m and the per-type stage splits) are bounded block by block before any is listed
-    (`poseidon_bounds.list_combos`: W1, W2 and RT0 relaxed over every type order) and only those
+    (`solvers.poseidon.bounds.list_combos`: W1, W2 and RT0 relaxed over every type order) and only those
     below the seed are kept, in bound order.
     Pass 1 (breadth) visits them best bound first and gives every structure of a combo (its type
     orders and interleaves) whose order bound (`ComboEntry.order_bound`, before it is built) and
@@ -2020,3 +2024,5 @@ register_solver("poseidon", "metis", solve_metis, role="baseline",
 register_solver("poseidon", "3d", solve_3d, role="baseline",
                 applicable=lambda p: None if len(p.cluster.capacity()) == 1 else "needs a homogeneous cluster",
                 description="classic 3D parallel config: TP per node, fewest stages that fit")
+
+from gpuplan.solvers.poseidon import config as _config  # noqa: E402, F401  (registers the "config" name)

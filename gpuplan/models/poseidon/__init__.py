@@ -12,6 +12,10 @@ data-parallel gradient all-reduce and optimizer step; edges are data dependencie
 device's execution order under the schedule (1F1B or GPipe). Tensor-parallel all-reduces are part
 of each layer's forward/backward duration (Megatron: two per layer each way). All times are in
 seconds, all sizes in bytes.
+
+Modules: this one (problem, plan, stage costs and memory, evaluate, check), cost.py (the operation
+time model: GEMMs by shape, attention, element-wise ops, recomputation), dag.py (the 1F1B / GPipe /
+interleaved DAG and its fast walk), config.py (a fixed TP/PP/DP configuration evaluated as a plan).
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
-from gpuplan.models.poseidon_cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, blocking_exchanges,
+from gpuplan.models.poseidon.cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, blocking_exchanges,
                                           embedding_times, head_times, layer_times, memory_s, model_flops_per_sample,
                                           stage_call_s)
-from gpuplan.models.poseidon_dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
+from gpuplan.models.poseidon.dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
                                          peak_chunks_in_flight, stage_order, topological_ops)
 from gpuplan.models.profile import LayerCost, LayerTable, Profile, cluster_document
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_by_name
@@ -44,7 +48,7 @@ Schedule = Literal["1f1b", "gpipe"]
 class PoseidonProblem(Problem):
     """Train `model` on `cluster` with `global_batch` sequences of `seq_len` tokens per iteration.
 
-    Costs come from the operation model of gpuplan.models.poseidon_cost (GEMMs by shape against the
+    Costs come from the operation model of gpuplan.models.poseidon.cost (GEMMs by shape against the
     type's measured ceiling, or `matmul_sweep`: per type, measured (n, fraction of peak) of square
     matmuls; a flat `efficiency` replaces the curve when given) unless `layer_costs` (a profile's
     per-layer table) gives measured forward/backward seconds per device type. `flash_attention`,

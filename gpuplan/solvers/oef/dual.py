@@ -1,10 +1,10 @@
 """A certified upper bound on the envy-free OEF LP without its n^2 envy rows: a Lagrangian dual.
 
-The LP (solvers/oef_ef.py): maximise sum_k s_k V_k . x_k (s_k = size: GPUs of the row) subject to
+The LP (solvers/oef/ef.py): maximise sum_k s_k V_k . x_k (s_k = size: GPUs of the row) subject to
 x_k >= 0 on usable types, sum_j x_kj <= 1, capacity sum_k s_k x_k <= C, sharing incentive
 V_k . x_k >= r_k and envy-freeness theta_ik V_i . x_k <= V_i . x_i for all ordered pairs.
 
-**Relaxation.** Jobs are grouped (solvers/oef_groups.group_jobs: equal rho = weight / gpus, equal
+**Relaxation.** Jobs are grouped (solvers/oef/groups.group_jobs: equal rho = weight / gpus, equal
 usable types, k-means on speedup direction), so theta_ik = theta_iG is the same for every k of a
 group G. Averaging i's envy rows over k in G gives the *group rows*
 theta_iG V_i . avg_G(x) <= V_i . x_i (for k = i the row holds trivially: theta <= 1), n x groups
@@ -132,7 +132,7 @@ def group_dual_bound(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capaci
     relaxation; only the bound's limit changes). pairs_per_job: single envy rows kept per job
     against members of its own group (see the module docstring; 0: none).
     """
-    from gpuplan.solvers.oef_groups import group_jobs
+    from gpuplan.solvers.oef.groups import group_jobs
 
     started = time.perf_counter()
     n, m = V.shape

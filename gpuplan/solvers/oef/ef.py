@@ -18,12 +18,12 @@ slack and carry no dual are dropped every few rounds, so the LP keeps roughly th
 (dropping non-binding rows leaves the current vertex optimal, so the bound stays valid).
 
 A time limit returns the best envy-free SI plan in hand: the equal-incomes market allocation
-(solvers/oef_market.py: envy-free and SI at any prices; by default the best convex combination of
+(solvers/oef/market.py: envy-free and SI at any prices; by default the best convex combination of
 every demand its tatonnement met, within capacity and SI), the per-job mix LP over it, the last relaxed
-optimum and the equal split E (solvers/oef_hull.py), or the smallest global mix (1 - t) X + t E
+optimum and the equal split E (solvers/oef/hull.py), or the smallest global mix (1 - t) X + t E
 (envy_free_mix: each row is linear, so the largest t any pair needs is exact); the certified upper
 bound is the smallest of the last relaxation's value, a Lagrangian capacity-price bound and the
-Lagrangian dual of the group relaxation (solvers/oef_dual.py: n x groups rows, no LP). A time limit
+Lagrangian dual of the group relaxation (solvers/oef/dual.py: n x groups rows, no LP). A time limit
 is one deadline (Budget): a step that ends in an all-pairs oracle pass starts only with room for it.
 A limit too short for row generation to get anywhere (SHORT_LIMIT_S) runs no LP round: the market
 and the dual bound (which then groups jobs by their market bundles too) share all of it.
@@ -215,10 +215,10 @@ SHORT_LIMIT_S = 1e-5
 def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np.ndarray, size: np.ndarray,
                  capacity: np.ndarray, E: np.ndarray, si_ref: np.ndarray, rho: np.ndarray,
                  budget_s: float | None) -> tuple[np.ndarray, list[np.ndarray], dict[str, Any]]:
-    """Return (the market plan, its last demands, stats) from solvers/oef_market.best_market within
+    """Return (the market plan, its last demands, stats) from solvers/oef/market.best_market within
     `budget_s`, mixed back with E if the all-pairs oracle finds envy (floating point; the market's
     demand is envy-free in exact arithmetic)."""
-    from gpuplan.solvers.oef_market import best_market
+    from gpuplan.solvers.oef.market import best_market
 
     M, recent, stats = best_market(V, usable, weight, gpus, size, capacity, E, si_ref, time_limit_s=budget_s)
     t_fix = envy_free_mix(V, M, E, rho)
@@ -228,9 +228,9 @@ def _market_plan(V: np.ndarray, usable: np.ndarray, weight: np.ndarray, gpus: np
 def _dual(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: np.ndarray, rho: np.ndarray,
           si_ref: np.ndarray, groups: int, budget_s: float | None, plan: np.ndarray | None = None
           ) -> tuple[float, dict[str, Any]]:
-    """Return solvers/oef_dual.group_dual_bound's (upper bound, stats) within `budget_s`; `plan` (an
+    """Return solvers/oef/dual.group_dual_bound's (upper bound, stats) within `budget_s`; `plan` (an
     envy-free plan, rows x types, or None): its rows join the grouping's coordinates."""
-    from gpuplan.solvers.oef_dual import group_dual_bound
+    from gpuplan.solvers.oef.dual import group_dual_bound
 
     return group_dual_bound(V, usable, size, capacity, rho, si_ref, groups=groups, time_limit_s=budget_s,
                             features=plan)
@@ -302,14 +302,14 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     V, usable: rows x types; size: weight of each row in the objective and the capacity rows (GPUs x
     jobs of the class); rho: weight / gpus per row; E: an envy-free, SI-feasible allocation used
     when the time limit stops the rounds (None: none). groups > 0 (with a time limit and envy):
-    first solve the EF LP restricted to one bundle per group of similar jobs (solvers/oef_groups.py)
+    first solve the EF LP restricted to one bundle per group of similar jobs (solvers/oef/groups.py)
     within half the limit, and return it instead of the mix with E when it is better. hull (with
     envy, when the rounds stop before the optimum): the plan is the best per-job mix of the last
-    relaxed optimum, the best envy-free plan in hand and E (solvers/oef_hull.py). market (with envy,
+    relaxed optimum, the best envy-free plan in hand and E (solvers/oef/hull.py). market (with envy,
     at a time limit; needs each row's `weight` and `gpus`, rows being jobs or classes of one job):
-    the equal-incomes market allocation (solvers/oef_market.py) joins the candidates and replaces E
+    the equal-incomes market allocation (solvers/oef/market.py) joins the candidates and replaces E
     as the plan to fall back on when it is better. dual (with envy and a time limit): the Lagrangian
-    dual of the group relaxation (solvers/oef_dual.py, `dual_groups` groups) adds an upper bound
+    dual of the group relaxation (solvers/oef/dual.py, `dual_groups` groups) adds an upper bound
     that needs no envy rows. With a time limit, the rounds of envy rows get its first
     1 - `hull_share`; if they stop before the optimum, the market gets 40% of what is left, the dual
     bound 85% of the rest, and the per-job mix LP what remains when it leaves room for its oracle
@@ -333,13 +333,13 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
     full_oracle = lambda: budget.oracle_s(k, k, m)         # noqa: E731 - a bundle per row (an LP vertex)
     price_bound = np.inf
     if time_limit_s is not None:           # valid without any LP (weaker): computed first, its cost is fixed
-        from gpuplan.solvers.oef_market import capacity_price_bound
+        from gpuplan.solvers.oef.market import capacity_price_bound
 
         price_bound = capacity_price_bound(V, usable, size, capacity, iterations=50)
     grouped: np.ndarray | None = None
     group_stats: dict[str, Any] = {}
     if groups and envy and k > groups and time_limit_s is not None:
-        from gpuplan.solvers.oef_groups import group_jobs, grouped_ef_lp
+        from gpuplan.solvers.oef.groups import group_jobs, grouped_ef_lp
 
         labels = group_jobs(V, usable, rho, groups)
         grouped, group_stats = grouped_ef_lp(V, usable, size, capacity, rho, si_ref, labels,
@@ -500,7 +500,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         Y, how = anchor, anchor_from
         stats["hull_skipped"] = "no time left for the per-job mix LP and its oracle passes"
     elif hull:
-        from gpuplan.solvers.oef_hull import hull_ef_lp
+        from gpuplan.solvers.oef.hull import hull_ef_lp
 
         cands = [anchor] + ([X_last] if X_last is not None else []) + recent + ([E] if anchor is not E else [])
         left = budget.left()
@@ -523,7 +523,7 @@ def solve_ef_lp(V: np.ndarray, usable: np.ndarray, size: np.ndarray, capacity: n
         Y, how, eff = anchor, anchor_from, _efficiency(size, V, anchor)
     stats["plan_from"] = how
     if not np.isfinite(price_bound):      # rounds stopped by max_rounds without a time limit
-        from gpuplan.solvers.oef_market import capacity_price_bound
+        from gpuplan.solvers.oef.market import capacity_price_bound
 
         price_bound = capacity_price_bound(V, usable, size, capacity)
     sources = {"the last relaxation": bound, "capacity prices (Lagrangian, no envy rows)": price_bound,
