@@ -57,7 +57,9 @@ def test_stage_a_resumes_where_a_deadline_stopped_it() -> None:
     from gpuplan.solvers import hetis as H
     from gpuplan.solvers.backends import Deadline
 
-    problem = _problem()
+    doc = _problem().document()
+    doc["trace"]["requests"] = 40  # a short trace: this test runs Stage A three times
+    problem = api.load_problem(doc)
     H._STAGE_A_RATED.pop(problem.model_dump_json(), None)
     cut = H.stage_a_search(problem, deadline=Deadline(0.0))
     assert cut.simulated == 1 and not cut.complete

@@ -526,6 +526,20 @@ def _run_pool(problem: Any, plan: Any, replicas: list[Any], req: Requests, idx: 
     return {"first_s": first, "finish_s": finish, "rejected": rejected}
 
 
+@dataclass
+class _PooledRun:
+    """One engine of a pooled layout as `_run_pooled` advances it: its requests (in arrival order) and
+    their positions in the caller's arrays, its policy and state, how many of its requests have arrived,
+    and whether it has finished."""
+
+    requests: Requests
+    positions: np.ndarray
+    policy: "HetisEnginePolicy"
+    state: EngineState
+    arrived: int = 0
+    done: bool = False
+
+
 def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.ndarray, where: np.ndarray,
                 arrival: np.ndarray | None, output: np.ndarray | None,
                 stats: dict[str, float]) -> dict[str, np.ndarray]:
@@ -545,47 +559,48 @@ def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.
                           None if output is None else output[mine])
         back = {int(v): j for j, v in enumerate(idx[mine].tolist())}
         pos = mine[np.array([back[int(v)] for v in order.tolist()], dtype=np.int64)] if len(mine) else mine
-        runs.append([sub, pos, HetisEnginePolicy(problem, spec, len(sub), pool, k), EngineState(sub), 0, False])
+        runs.append(_PooledRun(sub, pos, HetisEnginePolicy(problem, spec, len(sub), pool, k), EngineState(sub)))
     budget = 50_000_000
     stalled: set[int] = set()
     while budget > 0:
-        live = [r for r in runs if not r[5]]
+        live = [r for r in runs if not r.done]
         if not live:
             break
-        run = min(live, key=lambda r: r[3].now_s)
-        sub, _, pol, st, nxt, _ = run
+        run = min(live, key=lambda r: r.state.now_s)
+        sub, pol, st = run.requests, run.policy, run.state
         upto = int(np.searchsorted(sub.arrival_s, st.now_s, side="right"))
-        if upto > nxt:
-            pol.on_arrival(np.arange(nxt, upto, dtype=np.int64), st)
-            run[4] = nxt = upto
+        if upto > run.arrived:
+            pol.on_arrival(np.arange(run.arrived, upto, dtype=np.int64), st)
+            run.arrived = upto
         it = pol.next_iteration(st)
         if it is None:
-            nexts = [float(sub.arrival_s[nxt])] if nxt < len(sub) else []
+            nexts = [float(sub.arrival_s[run.arrived])] if run.arrived < len(sub) else []
             if not pol.waiting:
                 if nexts:
                     st.now_s = max(st.now_s, nexts[0])
                 else:
-                    run[5] = True
+                    run.done = True
                 continue
             # memory held by other engines: wait for the next event (another engine's, or an arrival)
             stalled.add(id(run))
-            if len(stalled) >= len(live) and not any(r[4] < len(r[0]) for r in live):
+            if len(stalled) >= len(live) and not any(r.arrived < len(r.requests) for r in live):
                 st.reject(pol.waiting.popleft())  # every engine waits on the others: refuse one request
                 stalled.clear()
                 continue
-            later = [r[3].now_s for r in live if r is not run and r[3].now_s > st.now_s] + nexts
+            later = [r.state.now_s for r in live if r is not run and r.state.now_s > st.now_s] + nexts
             st.now_s = min(later) if later else st.now_s + 1e-6
             continue
         stalled.clear()
         budget -= 1
         apply_iteration(st, sub, pol, it)
-    for sub, pos, pol, st, _, _ in runs:
-        if not len(sub):
+    for run in runs:
+        if not len(run.requests):
             continue
-        first[pos] = st.first_token_s
-        finish[pos] = st.finish_s
-        rejected[pos] = st.rejected
-        _add_stats(stats, st.iterations, st.preemptions, pol)
+        st = run.state
+        first[run.positions] = st.first_token_s
+        finish[run.positions] = st.finish_s
+        rejected[run.positions] = st.rejected
+        _add_stats(stats, st.iterations, st.preemptions, run.policy)
     return {"first_s": first, "finish_s": finish, "rejected": rejected}
 
 
