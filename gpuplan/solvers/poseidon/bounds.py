@@ -214,14 +214,22 @@ def list_combos(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list[An
     vmax = problem.max_interleave if problem.schedule == "1f1b" else 1
     seq = 0
     for m in microbatch_counts(problem):
+        if time.perf_counter() > deadline:  # the option terms of one m cost seconds at 1T on 3,072 GPUs
+            out.cut = True
+            break
         # per type: a row per choice (0: unused), columns c, f, g, cap, emb, head, k, valid
         tabs = []
         for t in types:
             rows_t = [(0.0,) * 7 + (0, True)]
             for o in opts[t]:
+                if time.perf_counter() > deadline:
+                    out.cut = True
+                    break
                 x = option_terms(cm, o, m)
                 rows_t.append((*x, o.stages, True) if x is not None else (0.0,) * 7 + (o.stages, False))
             tabs.append(rows_t)
+        if out.cut:
+            break
         grids = np.meshgrid(*[np.arange(len(tabs[j])) for j in range(inner, T)], indexing="ij")
         inner_idx = np.stack([g.ravel() for g in grids], axis=1) if grids else np.zeros((1, 0), dtype=int)
         inner_arr = [np.asarray([r[:8] for r in tabs[j]], dtype=float) for j in range(inner, T)]
