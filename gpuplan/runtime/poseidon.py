@@ -350,7 +350,9 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     that figure to the layer table's for the same modules is reported ("compute_ratios",
     "stageK_forward_ratio" / "stageK_backward_ratio"; 1 with `sharing` given, without a layer table,
     or for a scaled model) and "predicted_cpu_timed_stages_iteration_s" is the prediction with the
-    stages' compute scaled by it (a diagnostic: on this machine it did not come closer, docs/poseidon.md). When the workers outnumber the cores, each forward and backward call there also costs the
+    stages' compute scaled by it (a diagnostic: over five quiet runs here it was within 15 % on 10 of 15
+    plans against the prediction's 6, but overshot by 29-35 % in the run where the cores ran at the profile's
+    speed; docs/poseidon.md). When the workers outnumber the cores, each forward and backward call there also costs the
     extra CPU time of a call after a wait on cores others kept busy (`measure_cold_op_s`, measured
     just before the launch; "cold_forward_s" / "cold_backward_s", s; 0 with `sharing` given), and a
     stage waiting idle for a message starts after the scheduler's wake-up delay on busy cores
