@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Iterator, TypeVar
 
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import Status
+
+T = TypeVar("T")
 
 
 @dataclass
 class Deadline:
     """A solve's time limit as a point on the `time.perf_counter` clock (inf: none), for searches made
-    of steps that cannot be cut inside (a simulation, a rate search, one op's tuning). `allows` says
-    whether a step of the last step's length still fits; `cut` records that one was left out, so the
-    plan's status becomes time_limit."""
+    of steps that cannot be cut inside (a simulation, a rate search, one op's tuning): `paced` hands out
+    the steps while one more of the longest step so far still fits, `cut` records that one was left out
+    (`mark` then makes the plan time_limit). Tessel's `solvers.tessel.Clock` is the same idea with
+    CP-SAT's deterministic budget and room kept for assembling the plan."""
 
     at: float = math.inf
     cut: bool = False
+    step_s: float = 0.0  # the longest step `paced` has timed
 
     @classmethod
     def after(cls, time_limit_s: float | None, share: float = 1.0) -> "Deadline":
@@ -37,6 +42,31 @@ class Deadline:
             return True
         self.cut = True
         return False
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """Time the block as a step (it sets the length `paced` expects of the next one)."""
+        started = time.perf_counter()
+        yield
+        self.step_s = max(self.step_s, time.perf_counter() - started)
+
+    def paced(self, steps: Iterable[T], first_free: bool = True) -> Iterator[T]:
+        """Yield `steps` while one more of the longest step timed so far fits before the deadline (the
+        time from one item to the next is the step); the first always when `first_free`. Stops, with
+        `cut` set, at the first that does not fit."""
+        for k, item in enumerate(steps):
+            if not (first_free and k == 0) and not self.allows(self.step_s):
+                return
+            with self.timing():
+                yield item
+
+    def mark(self, plan: Any, what: str) -> Any:
+        """Return `plan` with status time_limit and a message saying the search stopped after `what` when
+        a step was cut; unchanged otherwise."""
+        if self.cut:
+            plan.status = Status.TIME_LIMIT
+            plan.message = f"the time limit stopped the search after {what}; the plan is the best of those"
+        return plan
 
 
 @dataclass

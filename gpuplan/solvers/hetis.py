@@ -349,10 +349,22 @@ class StageA:
         return f"{self.simulated} of {self.candidates} Stage A candidates"
 
 
-# per problem: Stage A's candidates and those rated so far, in candidate order (a later call with more
-# time resumes)
-_STAGE_A_RATED: dict[str, tuple[list[tuple[float, list[Replica]]],
-                                list[tuple[tuple[float, float], float, list[Replica], str, bool]]]] = {}
+@dataclass
+class _Rating:
+    """One Stage A candidate rated: its rate_search (max rate, first failing rate; requests/s), dense proxy
+    (tokens/s), replicas, how it serves decode attention, and whether its static engine was searched too
+    (`full`; a rating without it is not kept for later searches)."""
+
+    found: tuple[float, float]
+    proxy: float
+    replicas: list[Replica]
+    dispatch: str
+    full: bool
+
+
+# per problem: Stage A's candidates and the ratings in full so far, in candidate order (a later call with
+# more time resumes)
+_STAGE_A_RATED: dict[str, tuple[list[tuple[float, list[Replica]]], list[_Rating]]] = {}
 
 
 def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]:
@@ -372,24 +384,23 @@ def stage_a_dispatch(problem: HetisProblem) -> str:
     return stage_a_search(problem).dispatch
 
 
-def _rate_candidate(problem: HetisProblem, proxy: float, reps: list[Replica], deadline: Deadline
-                    ) -> tuple[tuple[float, float], float, list[Replica], str, bool]:
-    """Return one Stage A candidate rated: (rate_search, proxy, replicas, dispatch, in full), searched with
-    head-wise water-filling dispatch and with its static engine (static_search), the better kept (Hetis
-    never serves less than the static layout it dispatches over); the static search only while `deadline`
-    has not passed (else the candidate is rated by its water-filling search alone: in full False)."""
+def _rate_candidate(problem: HetisProblem, proxy: float, reps: list[Replica], deadline: Deadline) -> _Rating:
+    """Return one Stage A candidate rated, searched with head-wise water-filling dispatch and with its
+    static engine (static_search), the better kept (Hetis never serves less than the static layout it
+    dispatches over); the static search only while `deadline` has not passed (else the candidate is
+    rated by its water-filling search alone, not in full)."""
     found = rate_search(problem, hetis_layout_plan(problem, reps))
     if not deadline.allows(0.0):
-        return found, proxy, reps, "water-filling", False
+        return _Rating(found, proxy, reps, "water-filling", False)
     static = static_search(problem, reps)
     if static[0] > found[0]:  # pooling does not pay on this layout: keep its static engine
-        return static, proxy, reps, "tensor-parallel", True
-    return found, proxy, reps, "water-filling", True
+        return _Rating(static, proxy, reps, "tensor-parallel", True)
+    return _Rating(found, proxy, reps, "water-filling", True)
 
 
 def stage_a_search(problem: HetisProblem, deadline: Deadline | None = None) -> StageA:
     """Return Stage A's result (StageA) over the candidates (stage_a_candidates, in their order) rated
-    until `deadline` (none: all): a candidate starts only when the last one's time still fits before it,
+    until `deadline` (none: all): a candidate starts only when the longest so far still fits before it,
     and the first always runs. The ratings are kept per problem (the solvers that share Stage
     A, and a later call with more time, reuse them instead of repeating the simulations)."""
     key = problem.model_dump_json()
@@ -400,28 +411,23 @@ def stage_a_search(problem: HetisProblem, deadline: Deadline | None = None) -> S
     cands, kept = _STAGE_A_RATED[key]
     deadline = deadline or Deadline()
     rated = list(kept)
-    last_s = 0.0
-    while len(rated) < len(cands):
-        started = time.perf_counter()
-        if rated and not deadline.allows(last_s):
-            break
-        entry = _rate_candidate(problem, *cands[len(rated)], deadline)
-        rated.append(entry)
-        if entry[4]:  # rated in full (a rating without its static search is not kept)
-            kept.append(entry)
-        last_s = time.perf_counter() - started
-    rated = [r[:4] for r in rated]
-    best = max(r[0][0] for r in rated)
-    ok = [(primaries_of(r[2]), -r[0][0], k) for k, r in enumerate(rated) if r[0][0] * (1 + problem.delta) >= best]
+    for proxy, reps in deadline.paced(cands[len(kept):], first_free=not kept):
+        rated.append(_rate_candidate(problem, proxy, reps, deadline))
+        if rated[-1].full:
+            kept.append(rated[-1])
+    best = max(r.found[0] for r in rated)
+    ok = [(primaries_of(r.replicas), -r.found[0], k) for k, r in enumerate(rated)
+          if r.found[0] * (1 + problem.delta) >= best]
     _, _, pick = min(ok)
     types = {d.id: d.type for d in problem.cluster.devices}
-    table = [{"primaries": " | ".join("+".join(f"{len(s.devices)}x{types[s.devices[0]]}" for s in r.stages)
-                                      for r in reps),
-              "primary_gpus": primaries_of(reps), "dense_proxy_tokens_per_s": proxy,
-              "max_rate_per_s": found[0], "dispatch": mode, "vs_best": found[0] / best if best > 0 else 0.0,
-              "chosen": k == pick}
-             for k, (found, proxy, reps, mode) in enumerate(rated)]
-    return StageA([r.model_copy(deep=True) for r in rated[pick][2]], table, rated[pick][0], rated[pick][3],
+    table = [{"primaries": " | ".join("+".join(f"{len(s.devices)}x{types[s.devices[0]]}" for s in rep.stages)
+                                      for rep in r.replicas),
+              "primary_gpus": primaries_of(r.replicas), "dense_proxy_tokens_per_s": r.proxy,
+              "max_rate_per_s": r.found[0], "dispatch": r.dispatch,
+              "vs_best": r.found[0] / best if best > 0 else 0.0, "chosen": k == pick}
+             for k, r in enumerate(rated)]
+    chosen = rated[pick]
+    return StageA([r.model_copy(deep=True) for r in chosen.replicas], table, chosen.found, chosen.dispatch,
                   len(rated), len(cands))
 
 
@@ -498,15 +504,6 @@ def _hetis_layout(problem: HetisProblem, dispatch: str = "water-filling", deadli
     return plan, found
 
 
-def _mark_cut_short(plan: HetisPlan, complete: bool, what: str) -> HetisPlan:
-    """Return `plan` with status time_limit and a message saying what was left out when `complete` is
-    False (the search stopped at its deadline); unchanged otherwise."""
-    if not complete:
-        plan.status = Status.TIME_LIMIT
-        plan.message = f"the time limit stopped the search after {what}; the plan is the best of those"
-    return plan
-
-
 HEAD_MAP_SHARE = 0.2  # of a time limit kept for the snapshot head map (LP or CP-SAT) after Stage A
 
 
@@ -516,20 +513,19 @@ def solve_hetis(problem: HetisProblem, *, time_limit_s: float | None = None, see
     head map by `snapshot` (water-filling, lp or cp-sat). Under `time_limit_s` Stage A rates its
     candidates until 1 - HEAD_MAP_SHARE of it (an LP or CP-SAT head map) or all of it, and the plan's
     status is time_limit when some were not simulated."""
-    started = time.perf_counter()
+    whole = Deadline.after(time_limit_s)
+    deadline = Deadline.after(time_limit_s, 1.0 if snapshot == "water-filling" else 1.0 - HEAD_MAP_SHARE)
     progress(0.0, "Stage A")
-    plan, found = _hetis_layout(problem, deadline=Deadline.after(time_limit_s, 1.0 if snapshot == "water-filling"
-                                                                 else 1.0 - HEAD_MAP_SHARE))
+    plan, found = _hetis_layout(problem, deadline=deadline)
     if plan.dispatch == "water-filling":  # a static engine (pooling did not pay) has no head map
-        left = None if time_limit_s is None else max(0.1, time_limit_s - (time.perf_counter() - started))
-        plan = _head_map(problem, plan, snapshot, seed, left)
+        plan = _head_map(problem, plan, snapshot, seed, None if time_limit_s is None else max(0.1, whole.left_s()))
     stats = plan.solver.stats if plan.solver else {}
     stats = {**stats, "dispatch": plan.dispatch, "stage_a_simulated": found.simulated}
     progress(0.3, "simulating")
     # the same layout and dispatch Stage A searched (the head map does not enter the simulation)
     plan = finish_plan(problem, plan, found.searched)
     plan.solver = SolverInfo(name="hetis", stats=stats)
-    return _mark_cut_short(plan, found.complete, found.cut_short())
+    return deadline.mark(plan, found.cut_short())
 
 
 def solve_hetis_lp(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -564,7 +560,8 @@ def solve_heads_by_memory(problem: HetisProblem, *, time_limit_s: float | None =
     from gpuplan.models.hetis import capacity
 
     # its own rate search follows Stage A's and costs about as much as one candidate's: half the limit each
-    plan, found = _hetis_layout(problem, "memory-proportional", Deadline.after(time_limit_s, 0.5))
+    deadline = Deadline.after(time_limit_s, 0.5)
+    plan, found = _hetis_layout(problem, "memory-proportional", deadline)
     cap, _ = capacity(problem, plan)
     devs = sorted(plan.attention_devices)
     vec = proportional_split(np.array([cap[d] for d in devs]), problem.config.kv)
@@ -572,7 +569,7 @@ def solve_heads_by_memory(problem: HetisProblem, *, time_limit_s: float | None =
     plan.attention_devices = [d for d in devs if str(d) in plan.static_heads]
     plan = _head_map(problem, plan, "memory-proportional", seed, time_limit_s)
     plan.stage_a = []
-    return _mark_cut_short(finish_plan(problem, plan), found.complete, found.cut_short())
+    return deadline.mark(finish_plan(problem, plan), found.cut_short())
 
 
 def solve_uniform_tp(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -614,26 +611,23 @@ def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPla
                         limit: int = SIMULATED_CANDIDATES, deadline: Deadline | None = None) -> HetisPlan:
     """Return the plan of the candidate (proxy, plan) with the largest simulated max rate among the
     `limit` best by the proxy, simulated in that order until `deadline` (a candidate starts only when
-    the last one's time still fits; the first always runs; status time_limit when some were left out)."""
+    the longest so far still fits; the first always runs; status time_limit when some were left out)."""
     if not cands:
         raise InfeasibleError(_why_not(problem))
     cands.sort(key=lambda c: -c[0])
+    deadline = deadline or Deadline()
     best, best_found = None, (-1.0, 0.0)
     todo = cands[:limit]
-    done, last_s = 0, 0.0
-    for k, (_, plan) in enumerate(todo):
-        started = time.perf_counter()
-        if done and deadline and not deadline.allows(last_s):
-            break
+    done = 0
+    for k, (_, plan) in enumerate(deadline.paced(todo)):
         progress(k / limit, f"simulating candidate {k + 1}")
         found = static_search(problem, plan.replicas) if plan.dispatch == "tensor-parallel" else \
             rate_search(problem, plan)
-        done, last_s = done + 1, time.perf_counter() - started
+        done += 1
         if found[0] > best_found[0]:
             best, best_found = plan, found
     assert best is not None
-    return _mark_cut_short(finish_plan(problem, best, best_found), done == len(todo),
-                           f"{done} of {len(todo)} candidates")
+    return deadline.mark(finish_plan(problem, best, best_found), f"{done} of {len(todo)} candidates")
 
 
 def hexgen_configurations(problem: HetisProblem) -> list[tuple[float, list[Replica]]]:

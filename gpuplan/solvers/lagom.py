@@ -7,7 +7,6 @@ grid counts one per grid point).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -183,7 +182,7 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
     and repeat while a pass improves (at most `passes`). Evaluations per op and pass stay linear in the
     grid sizes (`Space.pass_bound`), not their product. With `polish`, a last step per op searches
     channels and chunk jointly (`joint_step`, channels x chunks evaluations) and then threads.
-    Each op's step starts only while `deadline` allows one more of the last one's length; every step
+    Each op's step starts only while `deadline` allows one more of the longest so far; every step
     keeps or improves the settings, so a search stopped there returns valid, no slower settings
     (`deadline.cut` says it stopped).
     """
@@ -193,14 +192,10 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
     settings = [comp.nccl_default(i) for i in range(n)]
     spaces = [space(problem, i) for i in range(n)]
     evals, per_pass, done = 0, [], 0
-    last_s = 0.0
     for p in range(passes):
         order = sorted(range(n), key=lambda i: -impact(comp, settings, i))
         pass_evals, improved = 0, False
-        for k, i in enumerate(order):
-            if not deadline.allows(last_s):
-                break
-            started = time.perf_counter()
+        for k, i in enumerate(deadline.paced(order, first_free=p == 0)):
             for dim in DIMS:
                 if dim in ("proto", "algo"):
                     t, _, e = implementation_step(comp, settings, i, dim, spaces[i])
@@ -209,7 +204,6 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
                 pass_evals += e
                 if t != settings[i]:
                     settings[i], improved = t, True
-            last_s = time.perf_counter() - started
             if progress and k % 16 == 0:
                 progress((p + k / n) / passes, f"pass {p + 1}: op {k + 1}/{n}")
         evals += pass_evals
@@ -219,16 +213,13 @@ def priority_search(problem: LagomProblem, passes: int = 3, progress: Progress |
             break
     # polish: channels and chunk together, then threads, for every op (once)
     polish_evals = 0
-    for i in sorted(range(n), key=lambda i: -impact(comp, settings, i)) if polish and not deadline.cut else []:
-        if not deadline.allows(last_s):
-            break
-        started = time.perf_counter()
+    ranked = sorted(range(n), key=lambda i: -impact(comp, settings, i)) if polish and not deadline.cut else []
+    for i in deadline.paced(ranked, first_free=False):
         t, _, e = joint_step(comp, settings, i, spaces[i])
         settings[i] = t
         t, _, e2 = one_d(comp, settings, i, "threads", spaces[i].values("threads"))
         settings[i] = t
         polish_evals += e + e2
-        last_s = time.perf_counter() - started
     evals += polish_evals
     stats = {"evaluations": evals, "evaluations_per_pass": per_pass, "passes": done,
              "polish_evaluations": polish_evals,
@@ -346,18 +337,14 @@ def autoccl_op(problem: LagomProblem, i: int) -> tuple[Theta, int]:
 def autoccl(problem: LagomProblem, deadline: Deadline | None = None) -> tuple[list[Theta] | None, dict[str, Any]]:
     """Return AutoCCL-style settings for every op (communication time alone) and the evaluations; None
     for the settings when `deadline` stopped it before the last op (an op starts while the deadline
-    allows one more of the last one's length)."""
+    allows one more of the longest so far)."""
     deadline = deadline or Deadline()
-    out, evals, last_s = [], 0, 0.0
-    for i in range(len(problem.compiled.ops)):
-        if not deadline.allows(last_s):
-            return None, {"evaluations": evals}
-        started = time.perf_counter()
+    out, evals = [], 0
+    for i in deadline.paced(range(len(problem.compiled.ops)), first_free=False):
         t, e = autoccl_op(problem, i)
-        last_s = time.perf_counter() - started
         out.append(t)
         evals += e
-    return out, {"evaluations": evals}
+    return (None if deadline.cut else out), {"evaluations": evals}
 
 
 SEARCH_SHARE = 0.6  # of a time limit for Lagom's own search; the AutoCCL-style baseline in the plan gets the rest
@@ -378,12 +365,11 @@ def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, see
     Under `time_limit_s` the search gets SEARCH_SHARE of it and the AutoCCL-style baseline the rest (left
     out of the plan when it does not finish); the status is then time_limit if the search stopped early."""
     comp = problem.compiled
-    started = time.perf_counter()
+    whole = Deadline.after(time_limit_s)
     search_deadline = Deadline.after(time_limit_s, SEARCH_SHARE)
     settings, stats = priority_search(problem, passes=int(passes), progress=progress, polish=bool(polish),
                                       deadline=search_deadline)
-    left = None if time_limit_s is None else max(0.0, time_limit_s - (time.perf_counter() - started))
-    auto, auto_stats = autoccl(problem, Deadline.after(left))
+    auto, auto_stats = autoccl(problem, whole)
     stats["autoccl_evaluations"] = auto_stats["evaluations"]
     default = [comp.nccl_default(i) for i in range(len(comp.ops))]
     baselines = {"nccl-default": default, **({"autoccl": auto} if auto is not None else {})}

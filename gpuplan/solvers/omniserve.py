@@ -18,7 +18,6 @@ neo                NEO-style: GPU memory first; when full, BE KV goes to the hos
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -94,16 +93,10 @@ def _omniserve(problem: OmniServeProblem, name: str, lpi: int, progress: Progres
     decision: dict[str, Any] = {}
     plan = _plan(problem, params, decision)
     plan.solver = SolverInfo(name=name, stats={**stats, **decision})
-    return _mark_cut_short(plan, deadline)
+    return deadline.mark(plan, CUT_SHORT)
 
 
-def _mark_cut_short(plan: OmniServePlan, deadline: Deadline) -> OmniServePlan:
-    """Return `plan` with status time_limit and a message when `deadline` left candidates untried."""
-    if deadline.cut:
-        plan.status = Status.TIME_LIMIT
-        plan.message = ("the time limit stopped the parameter search before every candidate was simulated; "
-                        "the plan takes the best of those tried (solver.stats lists them)")
-    return plan
+CUT_SHORT = "the parameter candidates solver.stats lists"  # what a time-limited plan's message names
 
 
 def inflight_candidates(problem: OmniServeProblem) -> list[int]:
@@ -134,25 +127,21 @@ def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float
     """Return (params with the BE prefill bound of `prefill_candidates`, then the bound on BE in flight of
     `inflight_candidates`, each with the most BE throughput whose LS attainment is within LS_TOLERANCE of
     the engine serving LS alone; stats). Why these bounds exist: see PolicyParams. Candidates are
-    simulated in order while `deadline` allows one more of the last one's length (the current setting is
+    simulated in order while `deadline` allows one more of the longest so far (the current setting is
     kept where none was tried)."""
     deadline = deadline or Deadline()
     if ls_ref is None:
-        ls_ref = run_policy(problem, PolicyParams("headroom", params.token_budget, params.tpot_target_s, 0.0),
-                            record=False).figures["ls_attainment"]
+        with deadline.timing():
+            ls_ref = run_policy(problem, PolicyParams("headroom", params.token_budget, params.tpot_target_s, 0.0),
+                                record=False).figures["ls_attainment"]
     stats: dict[str, Any] = {"ls_only_attainment": ls_ref}
     for field, cands in (("be_prefill_max", prefill_candidates(problem, params.token_budget)),
                          ("be_inflight_max", inflight_candidates(problem) if problem.pools() else [0])):
         best, best_be = getattr(params, field), -1.0
         tried: dict[str, float] = {}
-        last_s = 0.0
-        for k, v in enumerate(cands):
-            if not deadline.allows(last_s):
-                break
+        for k, v in enumerate(deadline.paced(cands, first_free=False)):
             progress(k / len(cands), f"omniserve: {field} = {v}")
-            started = time.perf_counter()
             f = run_policy(problem, replace(params, **{field: v}), record=False).figures
-            last_s = time.perf_counter() - started
             tried[str(v)] = f["be_output_tokens_per_s"]
             if f["ls_attainment"] >= ls_ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
                 best, best_be = v, f["be_output_tokens_per_s"]
@@ -174,22 +163,18 @@ def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: flo
     """Return (X, stats): the share X of HEADROOM_FRACTIONS of the GPU KV cache that BE may hold under
     policy `mode` with the most BE throughput whose LS attainment is within LS_TOLERANCE of the engine
     serving LS alone (X = 0 under the headroom policy), as Llumnix-style reservation is tuned. The
-    shares are simulated in order while `deadline` allows one more of the last one's length (X = 0
+    shares are simulated in order while `deadline` allows one more of the longest so far (X = 0
     where none was)."""
     deadline = deadline or Deadline()
-    started = time.perf_counter()
-    ref = run_policy(problem, PolicyParams("headroom", budget, target, 0.0), record=False).figures["ls_attainment"]
-    last_s = time.perf_counter() - started
+    with deadline.timing():
+        ref = run_policy(problem, PolicyParams("headroom", budget, target, 0.0),
+                         record=False).figures["ls_attainment"]
     best, best_be = 0.0, -1.0
     tried: dict[str, float] = {}
-    for k, x in enumerate(HEADROOM_FRACTIONS):
-        if not deadline.allows(last_s):
-            break
+    for k, x in enumerate(deadline.paced(HEADROOM_FRACTIONS, first_free=False)):
         progress(k / len(HEADROOM_FRACTIONS), f"{mode}: BE share of GPU KV X = {x}")
-        started = time.perf_counter()
         f = run_policy(problem, PolicyParams(mode, budget, target, x, mode == "omniserve",
                                              layers_per_iteration=layers_per_iteration), record=False).figures
-        last_s = time.perf_counter() - started
         tried[str(x)] = f["be_output_tokens_per_s"]
         if f["ls_attainment"] >= ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
             best, best_be = x, f["be_output_tokens_per_s"]
@@ -208,7 +193,7 @@ def solve_headroom(problem: OmniServeProblem, *, time_limit_s: float | None = No
     best, stats = best_fraction(problem, "headroom", budget, target, progress, deadline=deadline)
     plan = _plan(problem, PolicyParams("headroom", budget, target, best))
     plan.solver = SolverInfo(name="headroom", stats=stats)
-    return _mark_cut_short(plan, deadline)
+    return deadline.mark(plan, CUT_SHORT)
 
 
 def solve_neo(problem: OmniServeProblem, *, time_limit_s: float | None = None, seed: int = 0,
