@@ -117,9 +117,8 @@ class EngineState:
 
     def kv_tokens(self, idx: np.ndarray) -> np.ndarray:
         """Return the KV tokens each request in `idx` holds now (prefilled plus decoded in residency)."""
-        return self.prefilled[idx] + np.where(self.prefilled[idx] >= self.prefill_target[idx],
-                                              self.generated[idx] - (self.prefill_target[idx]
-                                                                     - self.requests.prompt_tokens[idx]), 0)
+        done, target = self.prefilled[idx], self.prefill_target[idx]
+        return done + np.where(done >= target, self.generated[idx] - (target - self.requests.prompt_tokens[idx]), 0)
 
     def reject(self, idx: np.ndarray | int) -> None:
         """Mark requests as rejected by admission control (they count as SLO misses)."""
@@ -244,7 +243,7 @@ def apply_iteration(state: EngineState, requests: Requests, policy: Policy, it: 
     if len(it.prefill_idx):
         p = it.prefill_idx
         state.prefilled[p] += it.prefill_tokens
-        if np.any(state.prefilled[p] > state.prefill_target[p]):
+        if (state.prefilled[p] > state.prefill_target[p]).any():
             raise ValueError("policy prefilled past a request's prompt")
         done = p[(state.prefilled[p] == state.prefill_target[p]) & (state.generated[p] == 0)]
         state.generated[done] = 1
@@ -252,7 +251,7 @@ def apply_iteration(state: EngineState, requests: Requests, policy: Policy, it: 
         touched.append(done)
     if len(it.decode_idx):
         d = it.decode_idx
-        if np.any(state.generated[d] == 0) or np.any(state.prefilled[d] < state.prefill_target[d]):
+        if (state.generated[d] == 0).any() or (state.prefilled[d] < state.prefill_target[d]).any():
             raise ValueError("policy decoded a request before its prefill completed")
         state.generated[d] += 1
         touched.append(d)

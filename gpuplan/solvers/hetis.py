@@ -362,9 +362,15 @@ class _Rating:
     full: bool
 
 
-# per problem: Stage A's candidates and the ratings in full so far, in candidate order (a later call with
-# more time resumes)
+# per problem (but its threshold delta, which only picks among the ratings): Stage A's candidates and the
+# ratings in full so far, in candidate order (a later call with more time resumes)
 _STAGE_A_RATED: dict[str, tuple[list[tuple[float, list[Replica]]], list[_Rating]]] = {}
+
+
+def stage_a_key(problem: HetisProblem) -> str:
+    """Return the key of `problem`'s Stage A ratings: its document without delta (the threshold only picks
+    among the ratings, so problems that differ in it share them)."""
+    return problem.model_dump_json(exclude={"delta"})
 
 
 def stage_a(problem: HetisProblem) -> tuple[list[Replica], list[dict[str, Any]]]:
@@ -403,7 +409,7 @@ def stage_a_search(problem: HetisProblem, deadline: Deadline | None = None) -> S
     until `deadline` (none: all): a candidate starts only when the longest so far still fits before it,
     and the first always runs. The ratings are kept per problem (the solvers that share Stage
     A, and a later call with more time, reuse them instead of repeating the simulations)."""
-    key = problem.model_dump_json()
+    key = stage_a_key(problem)
     if key not in _STAGE_A_RATED:
         if len(_STAGE_A_RATED) >= 8:
             _STAGE_A_RATED.pop(next(iter(_STAGE_A_RATED)))

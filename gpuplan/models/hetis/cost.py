@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Sequence
 
 import numpy as np
@@ -97,8 +98,17 @@ class StageCost:
         """Return the stage's dense time (s) for `tokens` tokens: GEMMs, all-reduces and the p2p send."""
         if tokens <= 0:
             return 0.0
-        return (float(self.dense(tokens)) + self.ar_lat_s + self.ar_s_per_token * tokens
-                + self.p2p_lat_s + self.p2p_s_per_token * tokens)
+        memo = self._times
+        t = memo.get(tokens)
+        if t is None:  # a simulation asks for the same few batch sizes thousands of times
+            t = memo[tokens] = (float(self.dense(tokens)) + self.ar_lat_s + self.ar_s_per_token * tokens
+                                + self.p2p_lat_s + self.p2p_s_per_token * tokens)
+        return t
+
+    @cached_property
+    def _times(self) -> dict[float, float]:
+        """The dense times (s) computed so far, by token count."""
+        return {}
 
 
 def stage_costs(problem: Any, stages: Sequence[Any]) -> list[StageCost]:
@@ -201,8 +211,13 @@ class AttentionCost:
     def device_times(self, kv_tokens_share: np.ndarray, heads: np.ndarray) -> np.ndarray:
         """Return per-device decode attention + message time (s) for one iteration: kv_tokens_share[g] is
         sum_r f_rg * ctx_r (whole-token equivalents read on g), heads[g] the decoding heads held on g."""
-        t = self.s_per_token * kv_tokens_share * np.where(self.worker, 1.0 + self.overhead, 1.0)
+        t = self.s_per_token * kv_tokens_share * self.storage_factor
         return t + np.where(heads > 0, self.c0_s + self.c1_s_per_head * heads, 0.0)
+
+    @cached_property
+    def storage_factor(self) -> np.ndarray:
+        """Return per device the factor on its attention time: 1 + overhead on workers, 1 on primaries."""
+        return np.where(self.worker, 1.0 + self.overhead, 1.0)
 
 
 def attention_cost(problem: Any, devices: Sequence[int], primaries: Sequence[int],

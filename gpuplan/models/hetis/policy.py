@@ -93,6 +93,8 @@ class KvPool:
         self.used = np.zeros((E, G))
         self.util = np.zeros((E, G))
         self.end_s = np.zeros(E)
+        self._others = [self.replica != self.replica[e] for e in range(E)]  # engines of other replicas
+        self._alone = [not o.any() for o in self._others]
 
     def others_used(self, e: int) -> np.ndarray:
         """Return the KV bytes per device every other engine holds."""
@@ -108,9 +110,9 @@ class KvPool:
     def others_load(self, e: int, now_s: float) -> np.ndarray:
         """Return, per device, the fraction of its time the engines of other replicas keep it busy around
         `now_s` (their moving averages, decayed over their idle time since), capped at MAX_FOREIGN_LOAD."""
-        other = self.replica != self.replica[e]
-        if not np.any(other):
+        if self._alone[e]:
             return np.zeros(self.used.shape[1])
+        other = self._others[e]
         decay = np.exp(-np.maximum(0.0, now_s - self.end_s[other]) / LOAD_WINDOW_S)
         return np.minimum((self.util[other] * decay[:, None]).sum(axis=0), MAX_FOREIGN_LOAD)
 
@@ -144,6 +146,7 @@ class HetisEnginePolicy:
         self.migrated_bytes = 0.0
         self.moves = 0
         self.dispatches = 0
+        self._limit = spec.cap_bytes * (1 + 1e-9) + 1e-6  # bytes per device past which a request is preempted
 
     # -- engine callbacks
 
@@ -167,7 +170,7 @@ class HetisEnginePolicy:
             return np.zeros(G), np.zeros(G)
         ctx = (state.kv_tokens(dec) if kv is None else kv).astype(float)
         share = ctx @ self.F[dec]
-        heads = self.n[dec].sum(axis=0).astype(float) if self.s.mode != "tensor-parallel" else \
+        heads = np.add.reduce(self.n[dec], axis=0).astype(float) if self.s.mode != "tensor-parallel" else \
             self.F[dec].sum(axis=0) * self.s.heads
         return share, heads
 
@@ -187,7 +190,7 @@ class HetisEnginePolicy:
             f = s.static_heads / s.heads
         else:
             H = s.heads
-            work = s.attn.s_per_token / H * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0)
+            work = s.attn.s_per_token / H * s.attn.storage_factor
             base = work * self._slow
             load = base * H * share
             if s.foreign is not None:
@@ -235,7 +238,7 @@ class HetisEnginePolicy:
             return 0.0
         ctx = state.kv_tokens(dec).astype(float)
         used = (self.F[dec] * (ctx + 1)[:, None]).sum(axis=0) * s.kv_bytes_token
-        per = s.attn.s_per_token / s.heads * np.where(s.attn.worker, 1 + s.attn.overhead, 1.0) * self._slow
+        per = s.attn.s_per_token / s.heads * s.attn.storage_factor * self._slow
         cap = s.cap_bytes * (1 - WATERMARK) - (self.pool.others_used(self.engine) if self.pool is not None else 0.0)
         if s.foreign is not None and not POOL_FOREIGN_PRIMARIES:
             cap = np.where(s.foreign, 0.0, cap)
@@ -284,7 +287,7 @@ class HetisEnginePolicy:
         """Return per-device decode attention + message seconds: the devices' work stretched by the time
         other replicas keep them busy (messages are link time, not stretched)."""
         s = self.s
-        work = s.attn.s_per_token * share * np.where(s.attn.worker, 1.0 + s.attn.overhead, 1.0)
+        work = s.attn.s_per_token * share * s.attn.storage_factor
         msg = np.where(heads > 0, s.attn.c0_s + s.attn.c1_s_per_head * heads, 0.0)
         return work * self._slow + msg
 
@@ -298,15 +301,15 @@ class HetisEnginePolicy:
         others = pool.others_used(self.engine) if pool is not None else 0.0
         self._slow_now = 1.0 / (1.0 - pool.others_load(self.engine, state.now_s)) if pool is not None else 1.0
         run = np.asarray(self.running, dtype=np.int64)
-        limit = s.cap_bytes * (1 + 1e-9) + 1e-6
+        limit = self._limit
         while len(run):
             # KV tokens after this iteration (a decoding request adds one), bytes per device
             kv_run = state.kv_tokens(run)
             dec_flag = state.prefilled[run] >= state.prefill_target[run]
-            used = ((kv_run + dec_flag)[:, None] * self.F[run]).sum(axis=0) * s.kv_bytes_token
+            used = np.add.reduce((kv_run + dec_flag)[:, None] * self.F[run], axis=0) * s.kv_bytes_token
             # an over-full device is this engine's business only where its own requests hold KV (another
             # replica's growth on a device it does not use is no reason to preempt its requests)
-            if not np.any((used + others > limit) & (used > 0)):
+            if not ((used + others > limit) & (used > 0)).any():
                 break
             victim = int(run[-1])
             state.preempt(victim)
@@ -358,7 +361,6 @@ class HetisEnginePolicy:
         if len(chunks) and not s.prefill_free:
             pos = state.prefilled[p_idx]
             stage_t = [t + prefill_attention_stage_s(self.p, sc, p_tok, pos) for t, sc in zip(stage_t, s.stages)]
-        alone = s.attn.device_times(share, heads) if len(decoding) else np.zeros(len(s.kv_ids))
         dense_busy = np.zeros(len(s.kv_ids))
         if pool is not None and s.own is not None:
             # my primaries also run other replicas' attention heads: my dense work shares their time
@@ -379,6 +381,7 @@ class HetisEnginePolicy:
             step = max(step, self._ship_s(p_idx, p_tok))
         step += self._redispatch(decoding, state)
         if pool is not None:
+            alone = s.attn.device_times(share, heads) if len(decoding) else np.zeros(len(s.kv_ids))
             busy = alone - np.where(heads > 0, s.attn.c0_s + s.attn.c1_s_per_head * heads, 0.0) + dense_busy
             pool.record(self.engine, np.minimum(busy, step), state.now_s, step)
         return Iteration(step, p_idx, p_tok, decoding,
