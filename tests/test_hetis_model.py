@@ -71,7 +71,7 @@ def test_check_catches_kv_memory_overflow_in_the_head_map() -> None:
                                               "peak_tflops": {"fp16": 50}}
     doc["cluster"]["nodes"].append({"name": "t", "gpus": {"tiny": 1}})
     prob = gpuplan.load_problem(doc)
-    plan = gpuplan.solve(prob, solver="hetis")
+    plan = gpuplan.solve(prob, solver="hetis", time_limit_s=1e-3)  # Stage A's first candidate is enough here
     assert gpuplan.check(prob, plan) == []
     tiny = str(len(prob.cluster.devices) - 1)
     bad = plan.model_copy(deep=True)

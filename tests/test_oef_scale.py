@@ -198,7 +198,7 @@ def test_grouped_restriction_is_envy_free_and_below_the_optimum() -> None:
     best = solve_ef_lp(a.V, a.usable, a.gpus, a.capacity, rho, ref, E)
     assert efficiency(a, E) - 1e-6 <= efficiency(a, X) <= best.upper_bound * (1 + 1e-9)
     stopped = solve_ef_lp(a.V, a.usable, a.gpus, a.capacity, rho, ref, E, max_rounds=1, groups=12,
-                          time_limit_s=600, market=False)
+                          time_limit_s=600, market=False, dual=False)
     assert stopped.status is Status.TIME_LIMIT
     assert "group" in stopped.stats["plan_from"]
     assert envy_pairs(a, np.clip(stopped.Y, 0, None))[0] == 0

@@ -78,7 +78,7 @@ def test_planning_never_imports_torch(tmp_path: Path) -> None:
         codes = {{}}
         for kind, example in examples.items():
             plan = f"{{tmp}}/{{kind}}.json"
-            for name, args in (("solve", ["solve", kind, example, "-o", plan, "-q", "--time-limit", "20"]),
+            for name, args in (("solve", ["solve", kind, example, "-o", plan, "-q", "--time-limit", "2"]),
                                ("check", ["check", plan]),
                                ("show", ["show", plan, "--png", f"{{tmp}}/{{kind}}.png"])):
                 r = runner.invoke(main, args)
