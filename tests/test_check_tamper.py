@@ -108,10 +108,11 @@ CASES: dict[str, Case] = {
 
 @pytest.fixture(scope="module")
 def solved() -> dict[str, Doc]:
-    """Return each kind's plan document, solved once with the default solver."""
+    """Return each kind's plan document, solved once with the default solver (under a 2 s limit: a
+    plan cut short is as good a target for tampering as an optimal one)."""
     out = {}
     for kind, case in CASES.items():
-        plan = api.solve(api.load_problem(EXAMPLES / case.example), time_limit_s=10)
+        plan = api.solve(api.load_problem(EXAMPLES / case.example), time_limit_s=2)
         assert plan.ok, kind
         out[kind] = json.loads(plan.to_json())
     return out
