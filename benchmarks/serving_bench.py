@@ -19,6 +19,10 @@ dispatch is for; its ratios are reported, not judged against the ShareGPT target
 Run: .venv/bin/python benchmarks/serving_bench.py [--models 13b|30b|70b|13b,30b,70b] [--workloads sharegpt,long]
      [--trace auto|sample|FILE.csv] [--requests N] [--solvers a,b] [--skip-run | --only-run] [--quiet-wait S]
 Timings are taken on whatever machine runs it (a busy shared one says so in its load average).
+A max rate at the top of the search range is only a lower bound (the table marks it '>= ... (top of the
+search)'): the search is then widened once (4x, within the search's 1000x range) and a ratio that still
+involves such a rate is not judged. A short trace at a high rate arrives as one burst (400 requests at
+800 req/s in half a second), so `--requests 2000` is the steady state.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ REQUIRED = ("hetis", "hexgen", "splitwise", "uniform-tp")  # the targets' ratios
 
 
 LONG_PAIRS = 2000  # length pairs drawn for the long-context workload
+WIDEN_TRIES, WIDEN_FACTOR = 1, 4.0  # a solver at the top of the rate search: search again up to 4x higher, once
 
 
 def long_lengths_csv(max_seq_len: int, folder: str, seed: int = 0) -> str:
@@ -78,12 +83,26 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
     """Solve each of `solvers` (default SOLVERS; hetis, hexgen, splitwise and uniform-tp always) on the
     paper cluster; return the comparison table and the target ratios."""
     prob = _problem(name, trace, requests, workload, folder, rel_tol)
-    rows, plans = [], {}
-    for s in [x for x in SOLVERS if solvers is None or x in solvers or x in REQUIRED]:
-        started = time.process_time()
-        plan = api.solve(prob, solver=s)
-        plans[s] = plan
-        rows.append((s, plan, time.process_time() - started))
+    widened = ""
+    for _ in range(WIDEN_TRIES + 1):
+        rows, plans = [], {}
+        for s in [x for x in SOLVERS if solvers is None or x in solvers or x in REQUIRED]:
+            started = time.process_time()
+            plan = api.solve(prob, solver=s)
+            plans[s] = plan
+            rows.append((s, plan, time.process_time() - started))
+        # a rate at the top of the search range is a lower bound: a ratio of two of them says nothing
+        top = [s for s, plan, _ in rows if plan.objective and not plan.predicted.get("first_failing_rate_per_s")]
+        high = prob.search.high_per_s
+        wider = min(high * WIDEN_FACTOR, 1000 * prob.search.low_per_s)  # the search's own bound on its range
+        if not top or wider <= high or widened:
+            break
+        doc = prob.document()
+        doc["search"] = {**doc["search"], "high_per_s": wider}
+        prob = api.load_problem(doc)
+        widened = f"; rate search widened to {prob.search.high_per_s:g} req/s ({', '.join(top)} held the SLOs at {high:g})"
+        print(f"  {', '.join(top)} held the SLOs at the top of the rate search ({high:g} req/s): solving again up "
+              f"to {prob.search.high_per_s:g}", flush=True)
     h = plans["hetis"]
     uni = plans["uniform-tp"].usable_kv_bytes
     out = []
@@ -93,13 +112,17 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
                             + ("" if r.phase == "both" else f" ({r.phase})") for r in plan.replicas)
         if not p:  # an infeasible layout (uniform TP where the smallest GPUs cannot hold their layers)
             layout = f"INFEASIBLE: {layout}"
-        out.append([s, layout, plan.objective or 0.0, h.objective / plan.objective if plan.objective else float("inf"),
+        rate = plan.objective or 0.0
+        if rate and not p.get("first_failing_rate_per_s"):
+            rate = f">= {rate:g} (top of the search)"
+        out.append([s, layout, rate, h.objective / plan.objective if plan.objective else float("inf"),
                     p.get("ttft_p_s", "-"), p.get("tpot_p_s", "-"), plan.usable_kv_bytes / 1e9,
                     plan.usable_kv_bytes / uni if uni else float("inf"), cpu])
     ratio = lambda a, b: a / b if b else (float("inf") if a else float("nan"))  # noqa: E731
     ratios = {"vs_hexgen": ratio(h.objective, plans["hexgen"].objective),
               "vs_splitwise": ratio(h.objective, plans["splitwise"].objective),
-              "kv_vs_uniform": h.usable_kv_bytes / uni if uni else float("inf")}  # uniform TP may hold no KV
+              "kv_vs_uniform": h.usable_kv_bytes / uni if uni else float("inf"),  # uniform TP may hold no KV
+              "at_top": [s for s, plan, _ in rows if plan.objective and not plan.predicted.get("first_failing_rate_per_s")]}
     desc = prob.lengths()[2]
     if workload == "long":
         p_len, o_len, _ = prob.lengths()
@@ -108,7 +131,7 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
     else:
         desc = f"SHAREGPT {desc}"
     title = (f"{prob.config.name} on 4xA100-80GB + 4xRTX3090 + 4xP100-12GB, {prob.trace.requests} requests, lengths "
-             f"{desc}; SLO P95 TTFT <= {prob.slo.ttft_s:g} s and TPOT <= {prob.slo.tpot_s:g} s")
+             f"{desc}; SLO P95 TTFT <= {prob.slo.ttft_s:g} s and TPOT <= {prob.slo.tpot_s:g} s{widened}")
     return Table(title, ["solver", "layout (tp x layers per stage | replicas)", "max rate (req/s)",
                          "hetis / this", f"P95 TTFT at {prob.trace.rate_per_s:g}/s (s)", "P95 TPOT (s)",
                          "usable KV (GB)", "KV / uniform-tp", "solve CPU s"], out), ratios
@@ -214,11 +237,14 @@ def main() -> None:
                              [f"{name} {wl}", "hetis / splitwise max rate", r["vs_splitwise"], "(reported)", "-"],
                              [f"{name} {wl}", "hetis / uniform-tp usable KV", r["kv_vs_uniform"], "(reported)", "-"]]
                 continue
-            def met(x: float, target: float) -> object:  # inf: the baseline has no feasible layout
+            def met(x: float, target: float, baseline: str = "") -> object:  # inf: the baseline has no feasible layout
+                if baseline and {"hetis", baseline} & set(r["at_top"]):
+                    return "not judged: a rate at the top of the search"
                 return "n/a: baseline infeasible" if x == float("inf") else x >= target
-            verdicts += [[name, "hetis / hexgen max rate", r["vs_hexgen"], ">= 1.3 (paper 1.33)", met(r["vs_hexgen"], 1.3)],
+            verdicts += [[name, "hetis / hexgen max rate", r["vs_hexgen"], ">= 1.3 (paper 1.33)",
+                          met(r["vs_hexgen"], 1.3, "hexgen")],
                          [name, "hetis / splitwise max rate", r["vs_splitwise"], ">= 2 (paper 2.25)",
-                          met(r["vs_splitwise"], 2.0)],
+                          met(r["vs_splitwise"], 2.0, "splitwise")],
                          [name, "hetis / uniform-tp usable KV", r["kv_vs_uniform"], ">= 1.8 (paper 1.87)",
                           met(r["kv_vs_uniform"], 1.8)]]
     folder.cleanup()
