@@ -270,3 +270,20 @@ def test_splitwise_transfers_queue_on_the_link_between_the_pools(problem: object
     # the pool's long-run rate of transfers is bounded by the links: n transfers take n / links of one
     many = transfer_arrivals_s(problem, plan, np.zeros(40), np.full(40, 1000))
     assert math.isclose(float(many.max()), math.ceil(40 / links) * one + lat, rel_tol=1e-9)
+
+
+def test_a_max_rate_at_the_top_of_the_search_is_said_to_be_a_lower_bound(problem: object) -> None:
+    """60 requests keep the SLOs at every rate of a 1-16 req/s search (one burst): the plan says its max
+    rate is a lower bound; where a failing rate was found inside the range it says nothing of the kind."""
+    top = gpuplan.solve(problem, solver="uniform-tp")
+    assert top.objective == problem.search.high_per_s and top.predicted["first_failing_rate_per_s"] == 0
+    assert "lower bound" in top.message and "high_per_s = 16" in top.message
+    wide = problem.model_copy(update={"search": problem.search.model_copy(update={"high_per_s": 200.0})})
+    inside = gpuplan.solve(wide, solver="uniform-tp")
+    assert 0 < inside.objective < 200 and inside.predicted["first_failing_rate_per_s"] > inside.objective
+    assert "lower bound" not in inside.message
+    from gpuplan.solvers import hetis as H
+
+    H._STATIC_CACHE.clear()  # no searches left by earlier tests: the limit must cut this one
+    cut = gpuplan.solve(problem, solver="hexgen", time_limit_s=1e-3)
+    assert cut.status.value == "time_limit" and "time limit" in cut.message and "lower bound" in cut.message

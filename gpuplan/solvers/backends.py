@@ -65,7 +65,8 @@ class Deadline:
         a step was cut; unchanged otherwise."""
         if self.cut:
             plan.status = Status.TIME_LIMIT
-            plan.message = f"the time limit stopped the search after {what}; the plan is the best of those"
+            cut = f"the time limit stopped the search after {what}; the plan is the best of those"
+            plan.message = f"{cut}; {plan.message}" if plan.message else cut
         return plan
 
 

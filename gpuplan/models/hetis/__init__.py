@@ -481,6 +481,10 @@ def finish_plan(problem: HetisProblem, plan: HetisPlan, searched: tuple[float, f
     plan.predicted = metrics(problem, plan, searched=searched)
     plan.objective = plan.predicted["max_rate_per_s"]
     plan.objective_name = "max_rate_per_s (maximised)"
+    if plan.objective and not plan.predicted["first_failing_rate_per_s"]:
+        plan.message = (f"the SLOs hold at the top of the rate search (search.high_per_s = "
+                        f"{problem.search.high_per_s:g} req/s): the max rate is a lower bound; raise high_per_s "
+                        "to measure it")
     return plan
 
 
