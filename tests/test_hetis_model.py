@@ -102,16 +102,38 @@ def test_check_catches_stated_figures_that_differ(problem: object, plan: HetisPl
     assert any(v.code == "figure" for v in gpuplan.check(problem, bad))
 
 
-def test_stage_a_takes_the_fewest_primaries_within_delta_of_the_best_max_rate(problem: object) -> None:
+@pytest.fixture(scope="module")
+def long_prompts(tmp_path_factory: pytest.TempPathFactory) -> gpuplan.models.base.Problem:
+    """The test problem with LongBench-like prompts (8,952 tokens on average, cut to the context window):
+    unlike the ShareGPT sample's 60 requests, which keep the SLOs at every rate of the search, these give
+    the candidates different max rates strictly inside the search range."""
+    from gpuplan.sim.traces import long_prompt_trace
+
+    doc = _doc()
+    seq = gpuplan.load_problem(doc).config.max_seq_len
+    req = long_prompt_trace(200, 1.0, max_tokens=seq, seed=0)
+    out = np.minimum(req.output_tokens, seq // 4)
+    prompt = np.maximum(1, np.minimum(req.prompt_tokens, seq - out))
+    path = tmp_path_factory.mktemp("hetis-long") / "long.csv"
+    path.write_text("prompt_tokens,output_tokens\n" + "".join(f"{a},{b}\n" for a, b in zip(prompt, out)))
+    doc["trace"]["lengths"] = str(path)
+    doc["search"] = {"low_per_s": 0.05, "high_per_s": 16, "rel_tol": 0.25}
+    return gpuplan.load_problem(doc)
+
+
+def test_stage_a_takes_the_fewest_primaries_within_delta_of_the_best_max_rate(long_prompts: object) -> None:
     from gpuplan.models.hetis import max_rate_per_s
     from gpuplan.solvers.hetis import (hetis_layout_plan, primaries_of, stage_a, stage_a_candidates,
                                        stage_a_dispatch, static_search)
 
+    problem = long_prompts
     chosen, table = stage_a(problem)
     rated = [(max(max_rate_per_s(problem, hetis_layout_plan(problem, reps)), static_search(problem, reps)[0]),
               primaries_of(reps)) for _, reps in stage_a_candidates(problem)]
     assert [r["max_rate_per_s"] for r in table] == [r for r, _ in rated]
     best = max(r for r, _ in rated)
+    assert 0 < best < problem.search.high_per_s  # a rate inside the search, not its top
+    assert any(0 < r * (1 + problem.delta) < best for r, _ in rated)  # a candidate the 5 % rule leaves out
     rate_chosen = max_rate_per_s(problem, hetis_layout_plan(problem, chosen, stage_a_dispatch(problem)))
     n_chosen = primaries_of(chosen)
     assert rate_chosen * (1 + problem.delta) >= best
