@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuplan import api
+from gpuplan.models.hetis import rate_at_search_top
 from gpuplan.models.base import Table
 from gpuplan.render import table_text
 
@@ -50,16 +51,12 @@ WIDEN_TRIES, WIDEN_FACTOR = 1, 4.0  # a solver at the top of the rate search: se
 
 
 def long_lengths_csv(max_seq_len: int, folder: str, seed: int = 0) -> str:
-    """Write LongBench-like (prompt_tokens, output_tokens) pairs to a CSV in `folder` and return its path:
-    long_prompt_trace's lengths, each prompt cut to max_seq_len minus its output (tokens)."""
-    from gpuplan.sim.traces import long_prompt_trace
+    """Write LONG_PAIRS LongBench-like length pairs cut to max_seq_len (gpuplan.sim.traces.write_long_lengths_csv)
+    to a CSV in `folder` and return its path."""
+    from gpuplan.sim.traces import write_long_lengths_csv
 
-    req = long_prompt_trace(LONG_PAIRS, 1.0, max_tokens=max_seq_len, seed=seed)
-    o = np.minimum(req.output_tokens, max_seq_len // 4)
-    pr = np.maximum(1, np.minimum(req.prompt_tokens, max_seq_len - o))
-    path = Path(folder) / f"longbench-like-{max_seq_len}.csv"
-    path.write_text("prompt_tokens,output_tokens\n" + "".join(f"{a},{b}\n" for a, b in zip(pr, o)))
-    return str(path)
+    return str(write_long_lengths_csv(Path(folder) / f"longbench-like-{max_seq_len}.csv", LONG_PAIRS, max_seq_len,
+                                      seed))
 
 
 def _problem(name: str, trace: str, requests: int | None, workload: str = "sharegpt", folder: str = "",
@@ -92,7 +89,7 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
             plans[s] = plan
             rows.append((s, plan, time.process_time() - started))
         # a rate at the top of the search range is a lower bound: a ratio of two of them says nothing
-        top = [s for s, plan, _ in rows if plan.objective and not plan.predicted.get("first_failing_rate_per_s")]
+        top = [s for s, plan, _ in rows if rate_at_search_top(plan)]
         high = prob.search.high_per_s
         wider = min(high * WIDEN_FACTOR, 1000 * prob.search.low_per_s)  # the search's own bound on its range
         if not top or wider <= high or widened:
@@ -113,7 +110,7 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
         if not p:  # an infeasible layout (uniform TP where the smallest GPUs cannot hold their layers)
             layout = f"INFEASIBLE: {layout}"
         rate = plan.objective or 0.0
-        if rate and not p.get("first_failing_rate_per_s"):
+        if rate_at_search_top(plan):
             rate = f">= {rate:g} (top of the search)"
         out.append([s, layout, rate, h.objective / plan.objective if plan.objective else float("inf"),
                     p.get("ttft_p_s", "-"), p.get("tpot_p_s", "-"), plan.usable_kv_bytes / 1e9,
@@ -122,7 +119,7 @@ def serving_table(name: str, trace: str, requests: int | None, workload: str = "
     ratios = {"vs_hexgen": ratio(h.objective, plans["hexgen"].objective),
               "vs_splitwise": ratio(h.objective, plans["splitwise"].objective),
               "kv_vs_uniform": h.usable_kv_bytes / uni if uni else float("inf"),  # uniform TP may hold no KV
-              "at_top": [s for s, plan, _ in rows if plan.objective and not plan.predicted.get("first_failing_rate_per_s")]}
+              "at_top": top}
     desc = prob.lengths()[2]
     if workload == "long":
         p_len, o_len, _ = prob.lengths()

@@ -107,16 +107,11 @@ def long_prompts(tmp_path_factory: pytest.TempPathFactory) -> gpuplan.models.bas
     """The test problem with LongBench-like prompts (8,952 tokens on average, cut to the context window):
     unlike the ShareGPT sample's 60 requests, which keep the SLOs at every rate of the search, these give
     the candidates different max rates strictly inside the search range."""
-    from gpuplan.sim.traces import long_prompt_trace
+    from gpuplan.sim.traces import write_long_lengths_csv
 
     doc = _doc()
     seq = gpuplan.load_problem(doc).config.max_seq_len
-    req = long_prompt_trace(200, 1.0, max_tokens=seq, seed=0)
-    out = np.minimum(req.output_tokens, seq // 4)
-    prompt = np.maximum(1, np.minimum(req.prompt_tokens, seq - out))
-    path = tmp_path_factory.mktemp("hetis-long") / "long.csv"
-    path.write_text("prompt_tokens,output_tokens\n" + "".join(f"{a},{b}\n" for a, b in zip(prompt, out)))
-    doc["trace"]["lengths"] = str(path)
+    doc["trace"]["lengths"] = str(write_long_lengths_csv(tmp_path_factory.mktemp("hetis-long") / "long.csv", 200, seq))
     doc["search"] = {"low_per_s": 0.05, "high_per_s": 16, "rel_tol": 0.25}
     return gpuplan.load_problem(doc)
 

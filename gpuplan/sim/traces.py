@@ -115,6 +115,20 @@ def read_lengths_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64)
 
 
+def write_long_lengths_csv(path: str | Path, n: int, max_seq_len: int, seed: int = 0) -> Path:
+    """Write n LongBench-like (prompt_tokens, output_tokens) pairs (long_prompt_trace's lengths, each
+    output at most a quarter of the context and each prompt cut to max_seq_len minus its output, as
+    LongBench's own evaluation truncates) to the CSV `path` (atomically), as read_lengths_csv reads it;
+    return the path."""
+    from gpuplan.io import atomic_write_text
+
+    req = long_prompt_trace(n, 1.0, max_tokens=max_seq_len, seed=seed)
+    out = np.minimum(req.output_tokens, max_seq_len // 4)
+    prompt = np.maximum(1, np.minimum(req.prompt_tokens, max_seq_len - out))
+    return atomic_write_text(path, "prompt_tokens,output_tokens\n"
+                             + "".join(f"{a},{b}\n" for a, b in zip(prompt, out)))
+
+
 def lengths(source: str = "sample") -> tuple[np.ndarray, np.ndarray, str]:
     """Return (prompt_tokens, output_tokens, description) from 'sharegpt' (the package), 'sample'
     (the shipped 2,000-pair sample) or a CSV path; 'auto' takes the package when installed."""

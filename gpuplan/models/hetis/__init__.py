@@ -471,6 +471,12 @@ def metrics(problem: HetisProblem, plan: HetisPlan, *, with_rate: bool = True,
     return out
 
 
+def rate_at_search_top(plan: HetisPlan) -> bool:
+    """True when the plan's SLOs hold at the top of its rate search (a max rate above 0 and no failing
+    rate found): its max rate is then only a lower bound."""
+    return bool(plan.objective) and not plan.predicted.get("first_failing_rate_per_s")
+
+
 def finish_plan(problem: HetisProblem, plan: HetisPlan, searched: tuple[float, float] | None = None) -> HetisPlan:
     """Fill capacities, predicted figures and the objective (max rate meeting the SLOs, requests/s) of a
     layout; `searched` as in metrics (a solver's own rate_search of this layout, not repeated; check
@@ -481,7 +487,7 @@ def finish_plan(problem: HetisProblem, plan: HetisPlan, searched: tuple[float, f
     plan.predicted = metrics(problem, plan, searched=searched)
     plan.objective = plan.predicted["max_rate_per_s"]
     plan.objective_name = "max_rate_per_s (maximised)"
-    if plan.objective and not plan.predicted["first_failing_rate_per_s"]:
+    if rate_at_search_top(plan):
         plan.message = (f"the SLOs hold at the top of the rate search (search.high_per_s = "
                         f"{problem.search.high_per_s:g} req/s): the max rate is a lower bound; raise high_per_s "
                         "to measure it")

@@ -98,7 +98,7 @@ class StageCost:
         """Return the stage's dense time (s) for `tokens` tokens: GEMMs, all-reduces and the p2p send."""
         if tokens <= 0:
             return 0.0
-        memo = self._times
+        memo = self._dense_memo
         t = memo.get(tokens)
         if t is None:  # a simulation asks for the same few batch sizes thousands of times
             t = memo[tokens] = (float(self.dense(tokens)) + self.ar_lat_s + self.ar_s_per_token * tokens
@@ -106,7 +106,7 @@ class StageCost:
         return t
 
     @cached_property
-    def _times(self) -> dict[float, float]:
+    def _dense_memo(self) -> dict[float, float]:
         """The dense times (s) computed so far, by token count."""
         return {}
 
