@@ -1410,6 +1410,8 @@ class _PlacedW1:
         self._gchain = cm.__dict__.setdefault("_placed_chain", {})
         self._gheld = cm.__dict__.setdefault("_placed_held", {})
         self._gx = cm.__dict__.setdefault("_placed_exchanges", {})
+        self._gfree = cm.__dict__.setdefault("_placed_free", {})
+        self._free: dict[tuple[int, int, int], tuple[float, int, int]] = {}
         self._terms: dict[tuple[int, int, int], list[tuple[float, float, int, float, float, float, float]]] = {}
         self._chain: dict[tuple[int, int, int, int, int], list[float]] = {}
         self._held: dict[tuple[int, int, int, int, int], tuple[float, int, int, list[int]]] = {}
@@ -1510,6 +1512,19 @@ class _PlacedW1:
         if cutoff == INF or self.S < 2:
             return False
         T = cutoff * (1 + 1e-9)
+        # first without the exchanges (they only take time from the stages): the held counts depend
+        # on the option's start alone, so far fewer are computed, and most prunes come from here
+        total, start = 0, 0
+        for j in order:
+            held, least = self._held_free(j, start, v, T)
+            if least < v:
+                return True
+            total += held
+            start += self.used[j].stages
+        if total < self.L:
+            return True
+        if not self.cm.p.blocking_p2p:
+            return False
         total = 0
         for j, start, prev, nxt in self._placed(order, v):
             held, least, _ = self._held_at(j, start, v, T, prev, nxt)
@@ -1517,6 +1532,25 @@ class _PlacedW1:
                 return True
             total += held
         return total < self.L
+
+    def _held_free(self, j: int, start: int, v: int, T: float) -> tuple[int, int]:
+        """Return (sum, min) over option j's stages from `start` of the most blocks (a multiple of v)
+        each can run within T seconds under bound (1) without its exchanges, capped by its memory: at
+        least `_held_at`'s counts, cached solve-wide at the last T asked."""
+        key = (j, start, v)
+        got = self._free.get(key)
+        if got is None or got[0] != T:
+            gkey = (self._ids[j], start, v, self.m, self.S)
+            got = self._gfree.get(gkey)
+            if got is None or got[0] != T:
+                m, ks = self.m, []
+                for w, _, nmax, _, e, _, a0 in self._stages(j, start, v):
+                    room = T - m * e - a0
+                    k = nmax if w <= 0 else min(nmax, int(math.floor(room / w)) if room >= 0 else -1)
+                    ks.append(k // v * v)
+                got = self._gfree[gkey] = (T, sum(ks), min(ks))
+            self._free[key] = got
+        return got[1], got[2]
 
     def ranged_fill_drain(self, order: tuple[int, ...], v: int, cutoff: float, sends_s: float) -> bool:
         """True when the fill-and-drain path (`fill_drain`'s row) minimised over real layer counts in
