@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan import registry
-from gpuplan.errors import GpuplanError, InfeasibleError, InputError
+from gpuplan.errors import GpuplanError, InfeasibleError, InputError, SolverError
 from gpuplan.io import digest, read_document
 from gpuplan.models.base import Problem, Violation, validate
 from gpuplan.models.plan import (SCHEMA_VERSION, Plan, SolverInfo, Status, infeasible_contradictions,
@@ -166,8 +166,8 @@ def compare(problem: Problem | str | Path | dict[str, Any], *, solvers: list[str
             kind: str | None = None) -> list[tuple[str, Plan | None, dict[str, Any]]]:
     """Solve one problem with the paper's solver and every applicable variant, exact solver and baseline.
 
-    Returns (solver name, plan or None when it did not apply, summary figures) per solver, in the
-    registry's order; the summary holds the model's figures plus `solve_time_s` and `status`.
+    Returns (solver name, plan or None when it did not apply or gave up with a SolverError, summary
+    figures) per solver, in the registry's order; the summary holds the model's figures plus `solve_time_s` and `status`.
     """
     prob = load_problem(problem, kind)
     spec = registry.model(prob.kind)
@@ -178,7 +178,11 @@ def compare(problem: Problem | str | Path | dict[str, Any], *, solvers: list[str
         if reason:
             out.append((s.name, None, {"status": f"skipped: {reason}"}))
             continue
-        plan = solve(prob, solver=s.name, time_limit_s=time_limit_s, seed=seed, progress=progress)
+        try:
+            plan = solve(prob, solver=s.name, time_limit_s=time_limit_s, seed=seed, progress=progress)
+        except SolverError as e:  # one solver giving up leaves the others' rows
+            out.append((s.name, None, {"status": f"failed: {e}"}))
+            continue
         summary: dict[str, Any] = {"status": plan.status.value}
         if plan.ok and spec.summarize is not None:
             summary.update(spec.summarize(prob, plan))

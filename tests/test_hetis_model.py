@@ -304,3 +304,23 @@ def test_a_max_rate_at_the_top_of_the_search_is_said_to_be_a_lower_bound(problem
     H._STATIC_CACHE.clear()  # no searches left by earlier tests: the limit must cut this one
     cut = gpuplan.solve(problem, solver="hexgen", time_limit_s=1e-3)
     assert cut.status.value == "time_limit" and "time limit" in cut.message and "lower bound" in cut.message
+
+
+def test_a_rewritten_lengths_csv_is_read_again(tmp_path: Path) -> None:
+    """The lengths of a CSV trace were cached by path for the life of the process: a problem loaded
+    after the file was rewritten still had the old lengths. Both serving models read the file again."""
+    from gpuplan.models.omniserve.costs import build_trace
+
+    csv = tmp_path / "lengths.csv"
+    csv.write_text("prompt_tokens,output_tokens\n" + "".join(f"{2000 + i},{50 + i}\n" for i in range(20)))
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["trace"]["lengths"] = str(csv)
+    first = gpuplan.load_problem(doc).lengths()[0].mean()
+    csv.write_text("prompt_tokens,output_tokens\n" + "".join(f"{30 + i},{20 + i}\n" for i in range(20)))
+    again = gpuplan.load_problem(doc).lengths()[0].mean()
+    assert (first, again) == (2009.5, 39.5)
+    omni = gpuplan.load_problem(ROOT / "examples" / "omniserve" / "llama70b-small.yaml")
+    before = build_trace(omni, lengths_source=str(csv))[0]  # as `gpuplan simulate omniserve --trace CSV`
+    csv.write_text("prompt_tokens,output_tokens\n" + "".join(f"{900 + i},{20 + i}\n" for i in range(20)))
+    after = build_trace(omni, lengths_source=str(csv))[0]
+    assert not np.array_equal(before.prompt_tokens, after.prompt_tokens)

@@ -241,3 +241,17 @@ def test_draw_without_rounds_and_unpackable_shares_are_reported(tmp_path) -> Non
     flat_problem = api.load_problem({**doc, "rounds": 0})
     draw(flat_problem, api.solve(flat_problem), tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_partial_allocation_out_of_time_returns_the_equal_split_and_compare_goes_on() -> None:
+    """oef-noncoop needs one Nash-welfare solve per class; out of time it ended with only an error,
+    and `compare` with no table. It returns the weighted equal split (strategy-proof) with status
+    time_limit, which its check accepts, and compare reports every solver."""
+    problem = api.load_problem(random_doc(np.random.default_rng(3), 40))
+    plan = api.solve(problem, solver="oef-noncoop", time_limit_s=1e-3)
+    assert plan.status.value == "time_limit" and "equal split" in plan.message
+    assert api.check(problem, plan) == []
+    fair = api.solve(problem, solver="equal-share")
+    assert np.allclose(plan.shares, fair.shares)
+    rows = api.compare(problem, time_limit_s=1e-3, solvers=["oef-noncoop", "equal-share"])
+    assert [name for name, _, _ in rows] == ["oef-noncoop", "equal-share"]

@@ -353,3 +353,38 @@ def test_solver_chooses_the_controls_among_its_candidates(problem) -> None:  # t
     # the chosen bound is the best of those tried (LS stays within a point on this light load)
     assert plan.predicted["be_output_tokens_per_s"] == pytest.approx(max(tried.values()))
     assert gpuplan.check(problem, plan) == []
+
+
+MERGE_HEAVY = """\
+kind: omniserve
+model: qwen3-32b
+dtype: bf16
+gpus: {type: H100, count: 2, tp: 2}
+cpu_pools: [{name: host, local: true, cores: 64, attention_tokens_per_s: 4.0e7, memory_bytes: 128e9, network_gbps: 256}]
+ls: {rate_per_s: 6.0, requests: 30, ttft_slo_s: 1.5, tpot_slo_s: 0.1, lengths: sample, arrival: gamma, cv: 2}
+be: {rate_per_s: 8.0, requests: 40, mean_prompt_tokens: 6000, mean_output_tokens: 200, max_tokens: 16384, sigma: 1.0}
+seed: 4
+"""
+
+
+def test_an_iteration_of_merges_alone_takes_its_modelled_time(tmp_path: Path) -> None:
+    """BE rows merged while no request emits a token ran as idle time until the next CPU result
+    (0.08 ms where the model gives 0.71 ms); such an iteration now takes the latency model's time,
+    and check catches a row shorter than its merges."""
+    path = tmp_path / "merges.yaml"
+    path.write_text(MERGE_HEAVY)
+    problem = gpuplan.load_problem(path)
+    plan = gpuplan.solve(problem, solver="omniserve", be_gpu_fraction=0.0)
+    lat = build_latency(problem)
+    L = problem.layers()
+    alone = [r for r in plan.schedule if r.merges and not (r.ls_decodes or r.be_decodes or r.ls_prefill_tokens
+                                                            or r.be_prefill_tokens)]
+    assert alone, "this input piggybacks BE rows in iterations with nothing else to run"
+    for r in alone:
+        per_layer = np.bincount([lay for _, lay in r.merges], minlength=L).astype(float)
+        assert r.duration_s == pytest.approx(lat.iteration_s(0, 0.0, 0.0, per_layer), rel=1e-9)
+    assert gpuplan.check(problem, plan) == []
+    bad = _tampered(plan)
+    k = plan.schedule.index(alone[0])
+    bad.schedule[k].duration_s = alone[0].duration_s / 10
+    assert "iteration" in _codes(problem, bad)

@@ -17,6 +17,8 @@ import json
 import math
 from pathlib import Path
 
+import os
+
 import numpy as np
 
 from gpuplan.sim.core import ArrivalProcess, arrival_times, rng
@@ -127,6 +129,19 @@ def write_long_lengths_csv(path: str | Path, n: int, max_seq_len: int, seed: int
     prompt = np.maximum(1, np.minimum(req.prompt_tokens, max_seq_len - out))
     return atomic_write_text(path, "prompt_tokens,output_tokens\n"
                              + "".join(f"{a},{b}\n" for a, b in zip(prompt, out)))
+
+
+def source_stamp(source: str) -> tuple[int, int] | None:
+    """Return (modification time in ns, size in bytes) of a lengths CSV `source`, None for the named
+    sources ('sample', 'sharegpt', 'auto') and missing files: a cache of `lengths` keyed by
+    (source, stamp) reads a rewritten file again."""
+    if source in ("sample", "sharegpt", "auto"):
+        return None
+    try:
+        st = os.stat(source)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def lengths(source: str = "sample") -> tuple[np.ndarray, np.ndarray, str]:

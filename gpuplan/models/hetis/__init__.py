@@ -135,7 +135,9 @@ class HetisProblem(Problem):
     def lengths(self) -> tuple[np.ndarray, np.ndarray, str]:
         """Return (prompt_tokens, output_tokens, description) of the trace's length source.
         Raises InputError naming the field when it cannot be read."""
-        return _lengths(self.trace.lengths)
+        from gpuplan.sim.traces import source_stamp
+
+        return _lengths(self.trace.lengths, source_stamp(self.trace.lengths))
 
     def o_pred(self) -> float:
         """Return the output length the dispatcher predicts for every request (tokens): the mean of the
@@ -152,7 +154,9 @@ class HetisProblem(Problem):
 
 
 @lru_cache(maxsize=8)
-def _lengths(source: str) -> tuple[np.ndarray, np.ndarray, str]:
+def _lengths(source: str, stamp: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """Return (prompt tokens, output tokens, description) of `source`, read-only, cached by the
+    source and its file's stamp (`sim.traces.source_stamp`: a rewritten CSV is read again)."""
     from gpuplan.sim.traces import lengths
 
     try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuplan.models.base import Violation
@@ -150,9 +152,19 @@ def schedule_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[
     n_ls, n_be = problem.ls.requests, problem.be.requests
     last: dict[int, int] = {}
     prev_end = None
+    lat = build_latency(problem)
     for k, row in enumerate(plan.schedule):
         if not (row.duration_s > 0):
             out.append(Violation("iteration", f"iteration {k} lasts {row.duration_s} s; expected > 0"))
+        if row.merges and all(len(m) == 2 and 0 <= m[1] < L for m in row.merges):
+            # the merges alone take the dense modules at their rows per layer plus the piggyback
+            # overhead (T_k with no other tokens; more tokens only add time)
+            per_layer = np.bincount([m[1] for m in row.merges], minlength=L).astype(float)
+            least = lat.iteration_s(0, 0.0, 0.0, per_layer)
+            if row.duration_s < least * (1 - 1e-9):
+                out.append(Violation("iteration", f"iteration {k} lasts {row.duration_s:.6g} s; its "
+                                     f"{len(row.merges)} piggybacked BE rows alone take {least:.6g} s in the "
+                                     "latency model", {"iteration": k}))
         if prev_end is not None and abs(row.start_s - prev_end) > 1e-9 * max(1.0, prev_end) and row.start_s < prev_end:
             out.append(Violation("iteration", f"iteration {k} starts at {row.start_s} s, before the previous "
                                  f"one ends ({prev_end} s)"))

@@ -21,7 +21,7 @@ from gpuplan.models.omniserve.problem import OmniServeProblem
 from gpuplan.sim.latency import (LinearLatency, StaircaseLatency, decode_attention_latency, dense_latency,
                                  prefill_attention_s)
 from gpuplan.sim.serving import BE, LS, Requests
-from gpuplan.sim.traces import lengths, long_prompt_trace, poisson_trace
+from gpuplan.sim.traces import lengths, long_prompt_trace, poisson_trace, source_stamp
 
 MAX_BUDGET = 16_384  # largest token budget considered (tokens per iteration)
 
@@ -89,7 +89,9 @@ def token_budget(problem: OmniServeProblem, lat: Latency, position: float = 512.
 
 
 @lru_cache(maxsize=4)
-def _lengths(source: str) -> tuple[np.ndarray, np.ndarray, str]:
+def _lengths(source: str, stamp: tuple[int, int] | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """Return `sim.traces.lengths(source)`, cached by the source and its file's stamp (a rewritten
+    CSV is read again)."""
     return lengths(source)
 
 
@@ -100,7 +102,8 @@ def build_trace(problem: OmniServeProblem, seed: int | None = None, ls_rate_per_
     'sharegpt', 'auto' or a CSV of prompt_tokens,output_tokens). LS: ShareGPT lengths, Poisson or gamma
     arrivals; BE: LongBench-like lognormal lengths, Poisson arrivals."""
     s = problem.seed if seed is None else seed
-    p, o, desc = _lengths(lengths_source or problem.ls.lengths)
+    src = lengths_source or problem.ls.lengths
+    p, o, desc = _lengths(src, source_stamp(src))
     ls = poisson_trace(p, o, problem.ls.requests, ls_rate_per_s or problem.ls.rate_per_s, seed=s,
                        process=problem.ls.arrival, cv=problem.ls.cv, service=LS)
     if problem.be.requests == 0:

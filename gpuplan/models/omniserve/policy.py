@@ -255,7 +255,9 @@ class MixedPolicy:
         self.decision_s.append(time.perf_counter() - started)
         self.decision_cpu_s.append(time.thread_time() - started_cpu)
         self.decision_inflight.append(len(self.cpu))
-        if not len(pre_idx) and not len(dec):
+        if not len(pre_idx) and not len(dec) and not len(merged):
+            # (an iteration of merges alone runs on the GPU for its modelled time: the merged requests
+            # took a layer's dense step each, and their next layers were dispatched from that time)
             if len(self.cpu):   # waiting on CPU attention or a KV transfer: idle until one is back
                 nxt = float(self.ready[self.cpu].min())
                 return Iteration(max(nxt - now, 1e-6), info={"idle": 1.0})

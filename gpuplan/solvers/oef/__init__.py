@@ -236,7 +236,7 @@ def partial_allocation(c: Classes, progress: Callable[[float | None, str], None]
         if progress:
             progress(q / len(c.count), f"partial allocation: class {q + 1} of {len(c.count)}")
         if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
-            raise SolverError(f"partial allocation: time limit of {time_limit_s} s reached after "
+            raise SolverError(f"partial allocation: time limit of {time_limit_s:.3g} s reached after "
                               f"{q} of {len(c.count)} classes (it needs one Nash-welfare solve per class)")
         others = c.count.copy()
         others[q] -= 1
@@ -333,10 +333,24 @@ def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> 
 
 def solve_partial_allocation(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
                              progress: Callable[[float | None, str], None], **_: Any) -> OefPlan:
-    """Return the non-cooperative OEF plan: Partial Allocation over Nash welfare (strategy-proof)."""
+    """Return the non-cooperative OEF plan: Partial Allocation over Nash welfare (strategy-proof).
+    When `time_limit_s` (s) runs out before every class's Nash-welfare solve, a partial result would
+    not be strategy-proof: the plan is then the weighted equal split (which no report can move: it
+    reads only weights, GPU counts and usable types), with status time_limit and a message saying so."""
+    from gpuplan.errors import SolverError
+
     a = arrays(problem)
     c = classes(a)
-    Y, f = partial_allocation(c, progress, time_limit_s=time_limit_s)
+    try:  # a fifth of the limit stays for the plan and its rounds on GPU ids
+        Y, f = partial_allocation(c, progress, time_limit_s=None if time_limit_s is None else 0.8 * time_limit_s)
+    except SolverError as e:
+        if time_limit_s is None:
+            raise
+        return _plan(problem, a, c, equal_share(a)[c.first], policy="non-cooperative OEF (partial allocation)",
+                     guarantees=[], status=Status.TIME_LIMIT, name="oef-noncoop", stats={"plan_from": "equal split"},
+                     progress=progress, message=f"{e}; the plan is the weighted equal split instead (strategy-proof "
+                     f"and sharing-incentive; a partial result of the mechanism would not be strategy-proof): "
+                     f"raise the time limit for the mechanism's allocation")
     return _plan(problem, a, c, Y, policy="non-cooperative OEF (partial allocation)", guarantees=[],
                  status=Status.OPTIMAL, name="oef-noncoop",
                  stats={"min_discount": float(f.min()), "mean_discount": float(f.mean())}, progress=progress)

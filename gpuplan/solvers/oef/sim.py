@@ -153,11 +153,15 @@ def _prepare(trace: Trace) -> tuple[list[str], np.ndarray, list[Any], dict[str, 
 
 
 def _count_round(result: Any, policy: str, max_rounds: int, n_jobs: int, progress: Any) -> None:
-    """Count one more round of `result`, report progress every 25 rounds, and raise RuntimeError past
-    `max_rounds` (a trace that never finishes); return None."""
+    """Count one more round of `result`, report progress every 25 rounds, and raise SolverError past
+    `max_rounds` (a trace too long for its round length, or one that never finishes); return None."""
+    from gpuplan.errors import SolverError
+
     result.rounds += 1
     if result.rounds >= max_rounds:
-        raise RuntimeError(f"{policy}: trace not finished after {max_rounds} rounds")
+        raise SolverError(f"{policy}: the trace is not finished after {max_rounds:,} rounds "
+                          f"({len(result.jct_s)} of {n_jobs} jobs done): each round is the trace's round_s, "
+                          "so a longer round_s simulates a longer trace in as many rounds")
     if result.rounds % 25 == 0:
         progress(len(result.jct_s) / n_jobs, f"{policy}: {len(result.jct_s)}/{n_jobs} jobs done")
 
