@@ -209,6 +209,12 @@ SPECIFIC: list[tuple[str, str, Callable[[Doc], None], set[str]]] = [
     ("aurora", "false transfer time", _scale("predicted.transfer_s", 0.5), {"figure"}),
     ("aurora", "orphan worker", lambda d: d["edges"].pop(0), {"rollout_worker", "not_a_tree", "figure"}),
     ("aurora", "false objective", _scale("objective", 0.5), {"figure"}),
+    # Poseidon: a stage's nodes (its sends and all-reduces are costed over them) and the micro-batches
+    ("poseidon", "stage nodes that are not its devices' nodes", _set("stages[0].nodes", ["elsewhere"]),
+     {"stage_nodes"}),
+    ("poseidon", "stage without nodes", _set("stages[0].nodes", []), {"stage_nodes"}),
+    ("poseidon", "zero micro-batches", _set("num_microbatches", 0), {"batch"}),
+    ("lagom", "false objective", _scale("objective", 0.5), {"iteration_time"}),
 ]
 
 

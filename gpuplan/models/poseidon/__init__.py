@@ -714,7 +714,8 @@ def _tp_violations(problem: PoseidonProblem, s: StagePlan, devices: dict[int, An
 
 
 def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
-    """Return the broken constraints of `plan`: devices used once and of the stated type, layers
+    """Return the broken constraints of `plan`: devices used once, of the stated type and on the stated
+    nodes (the sends and all-reduces are costed over them), at least one micro-batch, layers
     covered once in order, degrees that divide, batch that splits, interleave that fits, memory within
     capacity under each stage's stated recomputation mode, and every stated figure (per-stage
     forward/backward/p2p/all-reduce/optimizer/memory, the iteration time on the networkx DAG, the
@@ -726,6 +727,8 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
     if not plan.stages:
         return [Violation("no_stages", "the plan has no stages")]
     m, G = plan.num_microbatches, problem.global_batch
+    if m < 1:
+        return [Violation("batch", f"{m} micro-batches; expected at least 1", {"field": "num_microbatches"})]
     expect = 0
     for pos, s in enumerate(plan.stages):
         if s.index != pos:
@@ -743,6 +746,11 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
             if devices[g].type != s.device_type:
                 out.append(Violation("device_type", f"stage {s.index}: device {g} is a {devices[g].type}, "
                                      f"not {s.device_type}", {"stage": s.index, "device": g}))
+        # the sends and all-reduces are costed over the stage's nodes: they must be its devices' nodes
+        nodes = list(dict.fromkeys(devices[g].node for g in s.gpu_ids if g in devices))
+        if list(s.nodes) != nodes:
+            out.append(Violation("stage_nodes", f"stage {s.index}: nodes {list(s.nodes)}; its devices sit on "
+                                 f"{nodes}", {"stage": s.index}))
         if s.tp * s.dp != len(s.gpu_ids):
             out.append(Violation("degrees", f"stage {s.index}: tp {s.tp} x dp {s.dp} != {len(s.gpu_ids)} devices",
                                  {"stage": s.index}))
