@@ -129,6 +129,40 @@ def test_check_catches_a_wrong_prediction(cpu_bundle: Path, tmp_path: Path) -> N
     assert [v.code for v in check_bundle(b)] == ["predicted.iteration_time_s"]
 
 
+def _scaled(path: tuple, factor: float):  # type: ignore[no-untyped-def]
+    def tamper(m: dict) -> None:  # type: ignore[type-arg]
+        *head, last = path
+        for k in head:
+            m = m[k]
+        m[last] = m[last] * factor
+    return tamper
+
+
+@pytest.mark.parametrize("tamper,code", [
+    pytest.param(lambda m: m["stages"][0].update(layers=[0, 1]), "agreement.stages", id="stage layers"),
+    pytest.param(lambda m: m["stages"][0].update(tp=2), "agreement.stages", id="stage tp"),
+    pytest.param(lambda m: m.update(num_microbatches=m["num_microbatches"] * 4), "agreement.microbatches",
+                 id="micro-batches"),
+    pytest.param(_scaled(("predicted", "baseline_iteration_time_s"), 2.0), "predicted.baseline_iteration_time_s",
+                 id="baseline time"),
+    pytest.param(_scaled(("predicted", "poseidon_iteration_time_s"), 0.5), "predicted.poseidon_iteration_time_s",
+                 id="Poseidon time"),
+    pytest.param(lambda m: m["predicted"].update(gain_over_baseline=0.5), "predicted.gain_over_baseline",
+                 id="gain"),
+    pytest.param(lambda m: m["gains"][2].update(gain_over_baseline=0.5), "gains", id="gains row"),
+    pytest.param(_scaled(("predicted", "tessel_iteration_time_s"), 0.5), "gains", id="Tessel time"),
+])
+def test_check_trusts_no_figure_of_the_manifest(cpu_bundle: Path, tmp_path: Path, tamper, code: str) -> None:  # type: ignore[no-untyped-def]
+    """The manifest's stages, micro-batches, times and gains (what `show` prints) are recomputed from
+    the plans: a manifest edited after composing is caught even with its files' digests intact."""
+    b = tmp_path / "b"
+    shutil.copytree(cpu_bundle, b)
+    manifest = json.loads((b / "manifest.json").read_text())
+    tamper(manifest)
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    assert code in [v.code for v in check_bundle(b)]
+
+
 def test_not_a_bundle_is_named(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps({"kind": "other"}))
     with pytest.raises(InputError, match="kind"):

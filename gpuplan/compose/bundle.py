@@ -177,12 +177,68 @@ def _plan_violations(manifest: dict[str, Any], plans: dict[str, Plan]) -> list[V
     extra = sorted(set(plans) - {"poseidon.json", "tessel.json"} - {f"lagom-stage{s}.json" for s in range(n)})
     if extra:
         out.append(Violation("files", f"files {extra} belong to no stage of the plan"))
-    for k, v in [("stages", [st["gpu_ids"] for st in manifest.get("stages", [])])]:
-        if v != [list(st["gpu_ids"]) for st in doc["stages"]]:
-            out.append(Violation(f"agreement.{k}", "the manifest's stage devices differ from the parallel plan's"))
-    t = composed_time_s(tessel.schedule, stage_tails_s(doc, scales))  # type: ignore[attr-defined]
-    stated = float(manifest["predicted"].get("iteration_time_s", float("nan")))
-    if not same_figure(stated, t):
-        out.append(Violation("predicted.iteration_time_s", f"the manifest states {stated:.6g} s; the schedule "
-                             f"and scales give {t:.6g} s"))
+    want_stages = [{"index": st["index"], "device_type": st["device_type"], "gpu_ids": list(st["gpu_ids"]),
+                    "tp": st["tp"], "dp": st["dp"], "layers": [st["first_layer"], st["last_layer"]]}
+                   for st in doc["stages"]]
+    if manifest.get("stages") != want_stages:
+        out.append(Violation("agreement.stages", "the manifest's stages (devices, degrees or layers) differ from "
+                             "the parallel plan's"))
+    if manifest.get("num_microbatches") != m:
+        out.append(Violation("agreement.microbatches", f"the manifest states {manifest.get('num_microbatches')} "
+                             f"micro-batches, the parallel plan {m}"))
+    out += _time_violations(manifest, doc, tessel, scales)
     return out
+
+
+def _time_violations(manifest: dict[str, Any], doc: dict[str, Any], tessel: Plan, scales: list[float]
+                     ) -> list[Violation]:
+    """Return the violations of the manifest's predicted times and gains: the composed time from the
+    schedule and scales, the Poseidon plan's own time, the 1F1B baseline re-solved (a classic schedule,
+    deterministic), and every gain from those times. (The Tessel-only time comes from a time-limited
+    search that is not in the bundle: it is only held to the gains it gives.)"""
+    from gpuplan import api
+
+    out: list[Violation] = []
+    pred = manifest["predicted"]
+
+    def stated(key: str) -> float:
+        try:
+            return float(pred.get(key, float("nan")))
+        except (TypeError, ValueError):
+            return float("nan")
+
+    t = composed_time_s(tessel.schedule, stage_tails_s(doc, scales))  # type: ignore[attr-defined]
+    base_problem = tessel_problem(doc, split=False)
+    base = api.solve(base_problem, solver="1f1b" if int(doc.get("interleave", 1)) == 1 else "interleaved-1f1b")
+    base_t = composed_time_s(base.schedule, stage_tails_s(doc))  # type: ignore[attr-defined]
+    for key, want, what in (("iteration_time_s", t, "the schedule and scales give"),
+                            ("poseidon_iteration_time_s", float(doc.get("iteration_time_s", 0.0)),
+                             "the parallel plan states"),
+                            ("baseline_iteration_time_s", base_t, "1F1B with NCCL's defaults gives"),
+                            ("gain_over_baseline", 1 - t / base_t, "its times give")):
+        if not same_figure(stated(key), want):
+            out.append(Violation(f"predicted.{key}", f"the manifest states {stated(key):.6g}; {what} {want:.6g}"))
+    tessel_t = stated("tessel_iteration_time_s")
+    want_gains = [("Poseidon + 1F1B + NCCL defaults", base_t, base_t),
+                  ("+ Tessel schedule (NCCL defaults)", tessel_t, base_t),
+                  ("+ Lagom NCCL settings (composed)", t, tessel_t)]
+    rows = manifest.get("gains")
+    if not isinstance(rows, list) or len(rows) != len(want_gains):
+        return out + [Violation("gains", f"the manifest's gains table has {len(rows) if isinstance(rows, list) else 0} "
+                                f"rows; expected {len(want_gains)}")]
+    for row, (step, time_s, prev) in zip(rows, want_gains):
+        want = {"step": step, "iteration_time_s": time_s, "gain_over_previous": 1 - time_s / prev,
+                "gain_over_baseline": 1 - time_s / base_t}
+        bad = [k for k, v in want.items() if not isinstance(row, dict) or
+               (row.get(k) != v if k == "step" else not _same_number(row.get(k), v))]
+        if bad:
+            out.append(Violation("gains", f"the gains row {step!r} states other {', '.join(bad)} than the times give"))
+    return out
+
+
+def _same_number(stated: Any, want: float) -> bool:
+    """True when `stated` is a number equal to `want` as figures compare (`same_figure`)."""
+    try:
+        return same_figure(float(stated), want)
+    except (TypeError, ValueError):
+        return False
