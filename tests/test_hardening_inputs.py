@@ -379,3 +379,17 @@ def test_poseidon_search_sizes_are_limited(tmp_path: Path, field: str, value: in
     doc[field] = value
     refused(["solve", "poseidon", str(write(tmp_path, doc)), "-q", "-o", str(tmp_path / "plan.json")],
             f"field '{field}'", "at most")
+
+
+def test_poseidon_field_errors_name_the_cluster_file(tmp_path: Path) -> None:
+    """`solve poseidon FILE` assembles its problem from the file and the options: a bad field is
+    reported as `error: FILE: field ...` like every other kind's, not without the file."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "poseidon" / "h100-a100-small.yaml")
+                         .read_text())
+    doc["global_batch"] = 0
+    path = tmp_path / "zero-batch.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = CliRunner().invoke(main, ["solve", "poseidon", str(path), "-o", str(tmp_path / "p.json")])
+    assert r.exit_code == 2
+    assert f"error: {path}: field 'global_batch': got 0" in r.output
+    assert not (tmp_path / "p.json").exists()

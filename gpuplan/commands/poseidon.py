@@ -53,7 +53,12 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
     if isinstance(problem.get("cluster"), dict) and "profile" in problem["cluster"] and base is not None:
         prof = Path(problem["cluster"]["profile"])
         problem["cluster"] = {**problem["cluster"], "profile": str(prof if prof.is_absolute() else base / prof)}
-    return load_problem(problem, "poseidon")
+    try:
+        return load_problem(problem, "poseidon")
+    except InputError as e:  # the fields came from the CLUSTER file (or MODEL's, or an option): name it
+        if e.file is not None or base is None:
+            raise
+        raise InputError(f"{cluster}: {e}", file=cluster, field=e.field, value=e.value, expected=e.expected) from None
 
 
 INPUTS = ProblemInputs("poseidon", [
