@@ -177,3 +177,24 @@ def virtual_layers(plan: dict[str, Any]) -> list[tuple[int, int]]:
     total = int(plan["problem"]["model"]["num_layers"]) if v > 1 else 0
     return [(c * total // v + int(s["first_layer"]) // v, c * total // v + int(s["last_layer"]) // v)
             for c in range(v) for s in stages]
+
+
+def baseline_schedule(doc: dict[str, Any], seed: int = 0) -> tuple[Any, Any, float]:
+    """Return (the Tessel problem of a Poseidon plan document's stages with a fused backward, its
+    classic 1F1B schedule (interleaved 1F1B with virtual stages), that schedule's iteration time in s
+    with the stages' tails): the composition's baseline, deterministic."""
+    from gpuplan import api
+
+    problem = tessel_problem(doc, split=False)
+    plan = api.solve(problem, solver="1f1b" if int(doc.get("interleave", 1)) == 1 else "interleaved-1f1b", seed=seed)
+    return problem, plan, composed_time_s(plan.schedule, stage_tails_s(doc))  # type: ignore[attr-defined]
+
+
+def gains_table(baseline_s: float, tessel_s: float, composed_s: float) -> list[dict[str, Any]]:
+    """Return each composition step's predicted iteration time (s) and its gain over the previous step
+    and over the baseline (fractions)."""
+    rows = [("Poseidon + 1F1B + NCCL defaults", baseline_s, baseline_s),
+            ("+ Tessel schedule (NCCL defaults)", tessel_s, baseline_s),
+            ("+ Lagom NCCL settings (composed)", composed_s, tessel_s)]
+    return [{"step": name, "iteration_time_s": t, "gain_over_previous": 1 - t / prev,
+             "gain_over_baseline": 1 - t / baseline_s} for name, t, prev in rows]

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplan.compose.comm import lagom_document
-from gpuplan.compose.pipeline import composed_time_s, stage_tails_s, tessel_problem
+from gpuplan.compose.pipeline import (baseline_schedule, composed_time_s, gains_table, stage_tails_s,
+                                      tessel_problem)
 from gpuplan.models.plan import Plan
 from gpuplan.models.tessel import orders_of
 
@@ -42,13 +43,8 @@ class Composition:
     def gains(self) -> list[dict[str, Any]]:
         """Return the gains table: each step's predicted iteration time (s) and its gain over the previous
         step and over the baseline (fractions)."""
-        base = self.predicted["baseline_iteration_time_s"]
-        rows = [("Poseidon + 1F1B + NCCL defaults", base, base),
-                ("+ Tessel schedule (NCCL defaults)", self.predicted["tessel_iteration_time_s"], base),
-                ("+ Lagom NCCL settings (composed)", self.predicted["iteration_time_s"],
-                 self.predicted["tessel_iteration_time_s"])]
-        return [{"step": name, "iteration_time_s": t, "gain_over_previous": 1 - t / prev,
-                 "gain_over_baseline": 1 - t / base} for name, t, prev in rows]
+        p = self.predicted
+        return gains_table(p["baseline_iteration_time_s"], p["tessel_iteration_time_s"], p["iteration_time_s"])
 
 
 def _solve_lagom(doc: dict[str, Any], seed: int) -> tuple[Plan, float]:
@@ -104,10 +100,7 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
     from gpuplan import api
 
     started = time.perf_counter()
-    base_problem = tessel_problem(doc, split=False)
-    default_schedule = "1f1b" if int(doc.get("interleave", 1)) == 1 else "interleaved-1f1b"
-    baseline = api.solve(base_problem, solver=default_schedule, seed=seed)
-    base_t = composed_time_s(baseline.schedule, stage_tails_s(doc))  # type: ignore[attr-defined]
+    base_problem, baseline, base_t = baseline_schedule(doc, seed)
     scales = [1.0] * n
     problem = tessel_problem(doc, scales)
     sched = _solve_tessel(problem, time_limit_s, seed)
