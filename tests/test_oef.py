@@ -174,6 +174,16 @@ def test_check_catches_hand_made_violations() -> None:
     assert efficiency(a, np.array([[1.0, 0, 0], [0, 1, 0]])) == pytest.approx(4 + 1.2)
 
 
+def test_one_gpu_listed_twice_for_a_job_is_a_violation() -> None:
+    # a 2-GPU job on V100s 0 and 0 is one GPU doing two GPUs' work; its count and type are right
+    problem = api.load_problem(problem_doc([[2, 1, 1]], [2], [2, 1, 1], rounds=1))
+    ok = _plan(problem, np.array([[1.0, 0, 0]]), [], [[(0, "V100", [0, 1])]])
+    assert {v.code for v in api.check(problem, ok)} == set()
+    twice = _plan(problem, np.array([[1.0, 0, 0]]), [], [[(0, "V100", [0, 0])]])
+    found = [v for v in api.check(problem, twice) if v.code == "round"]
+    assert found and "listed twice [0]" in found[0].message
+
+
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 14))
 def test_rounds_respect_capacity_and_gpu_types(seed: int, n: int) -> None:
@@ -255,3 +265,31 @@ def test_partial_allocation_out_of_time_returns_the_equal_split_and_compare_goes
     assert np.allclose(plan.shares, fair.shares)
     rows = api.compare(problem, time_limit_s=1e-3, solvers=["oef-noncoop", "equal-share"])
     assert [name for name, _, _ in rows] == ["oef-noncoop", "equal-share"]
+
+
+@pytest.mark.parametrize("solver", ["oef", "oef-si", "oef-noncoop", "gavel-maxmin", "maxmin-agnostic",
+                                    "max-throughput", "equal-share"])
+def test_plan_names_its_solvers_policy(solver: str) -> None:
+    problem = api.load_problem(EXAMPLE)
+    plan = api.solve(problem, solver=solver)
+    before = {v.code for v in api.check(problem, plan)}   # some baselines' shares miss round_share here
+    assert before <= {"round_share"}
+    other = plan.model_copy(update={"policy": "cooperative OEF (EF + SI)" if solver != "oef" else "equal share"})
+    assert {v.code for v in api.check(problem, other)} == before | {"policy"}
+
+
+def test_stated_upper_bound_and_gap_are_held_to_the_plan() -> None:
+    problem = api.load_problem(EXAMPLE)
+    plan = api.solve(problem)
+    bound = plan.solver.stats["upper_bound"]
+    assert bound >= plan.objective * (1 - 1e-6)
+
+    def with_stats(**stats):
+        solver = plan.solver.model_copy(update={"stats": {**plan.solver.stats, **stats}})
+        return {v.code for v in api.check(problem, plan.model_copy(update={"solver": solver}))}
+
+    assert with_stats(upper_bound=bound * 1.5) == set()          # a looser bound is still a bound
+    assert with_stats(upper_bound=plan.objective * 0.9) == {"figure"}
+    assert with_stats(upper_bound="high") == {"figure"}
+    assert with_stats(upper_bound=bound * 2, certified_gap=0.0) == {"figure"}
+    assert with_stats(upper_bound=bound * 2, certified_gap=(bound * 2 - plan.objective) / (bound * 2)) == set()

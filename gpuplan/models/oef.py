@@ -43,6 +43,13 @@ from gpuplan.models.plan import Plan, figure_violations, stated_figures_violatio
 from gpuplan.registry import ModelSpec, register_model
 
 SI, EF, PE = "sharing_incentive", "envy_free", "pareto_efficient"
+# the policy each registered solver computes, as a plan names it (solver name -> label)
+POLICY_LABELS = {
+    "oef": "cooperative OEF (EF + SI)", "oef-si": "cooperative OEF, SI only",
+    "oef-noncoop": "non-cooperative OEF (partial allocation)", "gavel-maxmin": "Gavel max-min (heterogeneity-aware)",
+    "maxmin-agnostic": "max-min, heterogeneity-agnostic", "max-throughput": "max total throughput",
+    "equal-share": "equal share",
+}
 REL_TOL, ABS_TOL = 1e-6, 1e-7
 
 
@@ -472,6 +479,7 @@ def _check_figures(problem: OefProblem, a: Arrays, plan: OefPlan, X: np.ndarray)
         predicted["round_gap"] = float(np.abs(realised_fractions(a, plan.rounds) - X).max())
     objective = predicted["efficiency"] if plan.objective is not None or plan.solver is not None else None
     out = stated_figures_violations(plan, objective, predicted)
+    out += _solver_claims(plan, predicted["efficiency"])
     if not plan.rounds and "round_gap" in plan.predicted:
         out.append(Violation("figure", "the plan states predicted.round_gap but lays out no rounds",
                              {"field": "predicted.round_gap"}))
@@ -480,6 +488,33 @@ def _check_figures(problem: OefProblem, a: Arrays, plan: OefPlan, X: np.ndarray)
                              f"{problem.rounds}", {"rounds": len(plan.rounds), "expected": problem.rounds}))
     if plan.rounds and (plan.solver is not None or plan.round_s) and plan.round_s != problem.round_s:
         out += figure_violations("round_s", plan.round_s, problem.round_s)
+    return out
+
+
+def _solver_claims(plan: OefPlan, efficiency_now: float) -> list[Violation]:
+    """Return violations of what the plan says of its solver: the policy it names must be its
+    solver's, and a stated upper bound on the optimum (solver.stats.upper_bound, efficiency) may not
+    lie below the plan's efficiency, nor the certified gap and efficiency differ from them."""
+    if plan.solver is None:
+        return []
+    out: list[Violation] = []
+    label = POLICY_LABELS.get(plan.solver.name)
+    if label is not None and plan.policy != label:
+        out.append(Violation("policy", f"the plan names its policy {plan.policy!r}; solver {plan.solver.name!r} "
+                             f"computes {label!r}", {"stated": plan.policy, "expected": label}))
+    stats = plan.solver.stats
+    bound = stats.get("upper_bound")
+    if bound is None:
+        return out
+    if not isinstance(bound, (int, float)) or isinstance(bound, bool) or bound < efficiency_now * (1 - REL_TOL) - ABS_TOL:
+        out.append(Violation("figure", f"solver.stats.upper_bound = {bound!r} is below the plan's own efficiency "
+                             f"{efficiency_now:.6g}: it bounds nothing", {"field": "solver.stats.upper_bound"}))
+        return out
+    if "efficiency" in stats:
+        out += figure_violations("solver.stats.efficiency", stats["efficiency"], efficiency_now)
+    if stats.get("certified_gap") is not None:
+        gap = (bound - efficiency_now) / max(bound, 1e-12)
+        out += figure_violations("solver.stats.certified_gap", stats["certified_gap"], gap, abs_tol=1e-6)
     return out
 
 
@@ -498,9 +533,11 @@ def _check_rounds(problem: OefProblem, a: Arrays, plan: OefPlan, X: np.ndarray) 
                 continue
             ran.add(i)
             bad = [g for g in ids if not 0 <= g < len(devices) or devices[g].type != t or g in used]
-            if bad or len(ids) != a.gpus[i]:
+            twice = sorted({g for g in ids if list(ids).count(g) > 1})
+            if bad or twice or len(ids) != a.gpus[i]:
                 out.append(Violation("round", f"round {r}: {a.names[i]} on {t} GPUs {ids}: needs {a.gpus[i]:.0f} "
-                                     f"distinct {t} GPUs (bad ids {bad})", {"round": r, "job": a.names[i]}))
+                                     f"distinct {t} GPUs (bad ids {bad}, listed twice {twice})",
+                                     {"round": r, "job": a.names[i]}))
             used.update(ids)
     gap = np.abs(realised_fractions(a, plan.rounds) - X)
     if gap.max() > problem.round_tolerance + 1e-9:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from gpuplan.models.oef import (EF, PE, SI, Arrays, OefPlan, OefProblem, arrays, efficiency, envy_factor,
+from gpuplan.models.oef import (EF, PE, POLICY_LABELS, SI, Arrays, OefPlan, OefProblem, arrays, efficiency, envy_factor,
                                 equal_share, realised_fractions)
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.registry import register_solver
@@ -248,7 +248,7 @@ def partial_allocation(c: Classes, progress: Callable[[float | None, str], None]
     return Y * f[:, None], f
 
 
-def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: str,
+def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *,
           guarantees: list[str], status: Status, name: str, stats: dict[str, Any],
           progress: Callable[[float | None, str], None], message: str = "") -> OefPlan:
     """Return the OefPlan of class rows Y: job rows, rounds on GPU ids, efficiency as objective.
@@ -278,7 +278,7 @@ def _plan(problem: OefProblem, a: Arrays, c: Classes, Y: np.ndarray, *, policy: 
     return OefPlan(kind="oef", status=status, objective=predicted["efficiency"], message="; ".join(notes),
                    objective_name="efficiency (sum of GPUs x speedup over slowest type)",
                    predicted=predicted,
-                   policy=policy, guarantees=guarantees, types=a.types, jobs=a.names,
+                   policy=POLICY_LABELS[name], guarantees=guarantees, types=a.types, jobs=a.names,
                    shares=[[float(v) for v in row] for row in X], round_s=problem.round_s, rounds=rounds,
                    solver=SolverInfo(name=name, stats={"jobs": len(a.names), "classes": len(c.count),
                                                        "types": len(a.types), **stats}))
@@ -300,7 +300,9 @@ def solver_time_s(time_limit_s: float | None, started: float, arrays_s: float, j
     return max(time_limit_s - after - (time.perf_counter() - started), 0.0)
 
 
-def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
+def _lp_solver(fairness: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
+    policy = POLICY_LABELS[name]
+
     def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
               progress: Callable[[float | None, str], None], method: str = "cuts", tie_break: str = "solver",
               groups: int = 0, dual_groups: int = 100, **_: Any) -> OefPlan:
@@ -321,7 +323,7 @@ def _lp_solver(fairness: str, policy: str, guarantees: list[str], name: str) -> 
                                          method=method, fallback=E, tie_break=tie_break, groups=int(groups),
                                          dual_groups=int(dual_groups))
         message = str(stats.pop("message", ""))
-        return _plan(problem, a, c, Y, policy=policy, guarantees=guarantees, status=status, name=name,
+        return _plan(problem, a, c, Y, guarantees=guarantees, status=status, name=name,
                      stats=stats, progress=progress, message=message)
 
     solve.__doc__ = (f"Return the {policy} plan (LP, HiGHS; option method=cvxpy|cuts for the EF LP, "
@@ -346,12 +348,11 @@ def solve_partial_allocation(problem: OefProblem, *, time_limit_s: float | None 
     except SolverError as e:
         if time_limit_s is None:
             raise
-        return _plan(problem, a, c, equal_share(a)[c.first], policy="non-cooperative OEF (partial allocation)",
-                     guarantees=[], status=Status.TIME_LIMIT, name="oef-noncoop", stats={"plan_from": "equal split"},
+        return _plan(problem, a, c, equal_share(a)[c.first], guarantees=[], status=Status.TIME_LIMIT, name="oef-noncoop", stats={"plan_from": "equal split"},
                      progress=progress, message=f"{e}; the plan is the weighted equal split instead (strategy-proof "
                      f"and sharing-incentive; a partial result of the mechanism would not be strategy-proof): "
                      f"raise the time limit for the mechanism's allocation")
-    return _plan(problem, a, c, Y, policy="non-cooperative OEF (partial allocation)", guarantees=[],
+    return _plan(problem, a, c, Y, guarantees=[],
                  status=Status.OPTIMAL, name="oef-noncoop",
                  stats={"min_discount": float(f.min()), "mean_discount": float(f.mean())}, progress=progress)
 
@@ -362,25 +363,23 @@ def solve_equal_share(problem: OefProblem, *, time_limit_s: float | None = None,
     a = arrays(problem)
     c = classes(a)
     Y = equal_share(a)[c.first]
-    return _plan(problem, a, c, Y, policy="equal share", guarantees=[SI], status=Status.OPTIMAL,
+    return _plan(problem, a, c, Y, guarantees=[SI], status=Status.OPTIMAL,
                  name="equal-share", stats={}, progress=progress)
 
 
-register_solver("oef", "oef", _lp_solver("ef", "cooperative OEF (EF + SI)", [SI, EF], "oef"), role="paper",
+register_solver("oef", "oef", _lp_solver("ef", [SI, EF], "oef"), role="paper",
                 default=True, description="max efficiency s.t. sharing incentive and envy-freeness (LP)",
                 guarantees=(SI, EF))
-register_solver("oef", "oef-si", _lp_solver("si", "cooperative OEF, SI only", [SI, PE], "oef-si"),
+register_solver("oef", "oef-si", _lp_solver("si", [SI, PE], "oef-si"),
                 role="variant", description="max efficiency s.t. sharing incentive (accepts envy; Pareto efficient)",
                 guarantees=(SI, PE))
 register_solver("oef", "oef-noncoop", solve_partial_allocation, role="variant",
                 description="strategy-proof: partial allocation over Nash welfare (Cole-Gkatzelis-Goel)")
-register_solver("oef", "gavel-maxmin", _lp_solver("maxmin", "Gavel max-min (heterogeneity-aware)", [],
-                                                  "gavel-maxmin"), role="baseline",
+register_solver("oef", "gavel-maxmin", _lp_solver("maxmin", [], "gavel-maxmin"), role="baseline",
                 description="Gavel's LAS: max-min of throughput over capacity-proportional throughput")
-register_solver("oef", "maxmin-agnostic", _lp_solver("agnostic", "max-min, heterogeneity-agnostic", [],
-                                                     "maxmin-agnostic"), role="baseline",
+register_solver("oef", "maxmin-agnostic", _lp_solver("agnostic", [], "maxmin-agnostic"), role="baseline",
                 description="max-min of weighted GPU time, blind to GPU types")
-register_solver("oef", "max-throughput", _lp_solver("none", "max total throughput", [PE], "max-throughput"),
+register_solver("oef", "max-throughput", _lp_solver("none", [PE], "max-throughput"),
                 role="baseline", description="max efficiency, no fairness", guarantees=(PE,))
 register_solver("oef", "equal-share", solve_equal_share, role="baseline",
                 description="weighted equal split of every GPU type", guarantees=(SI,))
