@@ -138,6 +138,34 @@ def test_check_finds_broken_plans() -> None:
     assert "unknown_node" in codes(bad)
 
 
+
+def test_check_holds_each_edge_to_its_stated_streams() -> None:
+    """An edge's streams only cap its rate (min(link, streams x stream cap)); the transfer times come
+    from the stated rates. One stream fewer than the plan's breaks the cap; one more (within
+    max_streams) leaves every figure as it is: a legitimate alternative plan."""
+    problem = api.load_problem(EXAMPLES / "small-2regions.yaml")
+    plan = api.solve(problem, solver="aurora")
+    codes = lambda p: {v.code for v in api.check(problem, p)}  # noqa: E731
+    for i, e in enumerate(plan.edges):
+        fewer = plan.model_copy(deep=True)
+        fewer.edges[i].streams -= 1
+        assert codes(fewer) & {"streams", "edge_rate"}, (e, codes(fewer))
+        more = plan.model_copy(deep=True)
+        more.edges[i].streams += 1
+        if more.edges[i].streams > problem.max_streams:
+            assert "streams" in codes(more)
+        else:
+            assert codes(more) == set(), (e, codes(more))
+            assert arrival_times(problem, more.edges, more.payload_bytes) == plan.arrival_s
+    # a faster rate the plan's streams allow must come with the arrival and step times it implies
+    i = next(i for i, e in enumerate(plan.edges) if (e.parent, e.child) == ("a0", "a1"))
+    assert plan.edges[i].streams == 3
+    faster = plan.model_copy(deep=True)
+    faster.edges[i].rate_GBps = problem.edge_cap("a0", "a1", 3)
+    assert "figure" in codes(faster) and "edge_rate" not in codes(faster)
+    faster.edges[i].streams = 2
+    assert "edge_rate" in codes(faster)
+
 @pytest.mark.parametrize("change, words", [
     ({"model": "qwen9-1t"}, "model"),
     ({"links": [{"a": "a", "b": "a", "bandwidth_GBps": 1}]}, "a-b is missing"),

@@ -249,6 +249,50 @@ def test_check_catches_broken_plans() -> None:
     assert [v.code for v in check(p, env)] == ["env"]
 
 
+
+def test_check_recomputes_nccl_default_baseline_settings() -> None:
+    p = load("small.yaml")
+    plan = solvers.solve_lagom(p, time_limit_s=5)
+    # bucket0's NCCL default is 2 channels, 256 threads: 3 channels or 288 threads are valid NCCL settings
+    # but not NCCL's own choice
+    for field, value in (("channels", 3), ("threads", 288), ("proto", "LL"), ("chunk_bytes", 1 << 20)):
+        bad = plan.model_copy(deep=True)
+        setattr(bad.baselines["nccl-default"][1], field, value)
+        found = [v for v in check(p, bad) if v.code == "baseline"]
+        assert found and f"baselines.nccl-default[1].{field} = " in found[0].message, (field, check(p, bad))
+
+
+def test_check_keeps_autoccl_baseline_on_its_grid() -> None:
+    p = load("small.yaml")
+    plan = solvers.solve_lagom(p, time_limit_s=5)
+    auto = plan.baselines["autoccl"][0]
+    assert (auto.algo, auto.channels) == ("nvls", 16)
+    # 33 channels is a valid NCCL setting (<= 64) giving the same time (NVLS keeps 16 CTAs busy), but
+    # outside the problem's grid (max_channels 32), where AutoCCL's search never goes
+    bad = plan.model_copy(deep=True)
+    bad.baselines["autoccl"][0].channels = 33
+    assert [v.code for v in check(p, bad)] == ["baseline"]
+    assert "channels 33 outside the search grid" in check(p, bad)[0].message
+    # 17 channels: on the grid, the same time: a legitimate alternative setting of the same baseline
+    alt = plan.model_copy(deep=True)
+    alt.baselines["autoccl"][0].channels = 17
+    assert check(p, alt) == []
+    unknown = plan.model_copy(deep=True)
+    unknown.baselines["mine"] = unknown.baselines.pop("autoccl")
+    assert "unknown baseline 'mine'" in " ".join(v.message for v in check(p, unknown))
+
+
+def test_check_recomputes_emitted_notes() -> None:
+    p = load("small.yaml")
+    plan = solvers.solve_lagom(p, time_limit_s=5)
+    assert plan.notes == ["NCCL_NTHREADS: ops chose [256, 512]; set to the one carrying most time"]
+    bad = plan.model_copy(update={"notes": ["NCCL_NTHREADS: ops chose [256, 384]; set to the one carrying most time"]})
+    assert [v.code for v in check(p, bad)] == ["env"]
+    assert "notes" in check(p, bad)[0].message
+    assert [v.code for v in check(p, plan.model_copy(update={"notes": []}))] == ["env"]
+    # free text after the emitted notes is a diagnostic
+    assert check(p, plan.model_copy(update={"notes": plan.notes + ["tuned on Tuesday"]})) == []
+
 # ---- emission -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["llama2-7b-dp8.yaml", "llama2-13b-tp8-dp4.yaml", "gpt3-1.3b-25gbps.yaml", "small.yaml"])

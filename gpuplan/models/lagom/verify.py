@@ -7,9 +7,12 @@ import math
 from gpuplan.models.base import Violation
 from gpuplan.models.lagom.compiled import Theta
 from gpuplan.models.lagom.emit import emit, env_problems
-from gpuplan.models.lagom.plan import LagomPlan, timeline
+from gpuplan.models.lagom.plan import LagomPlan, OpSetting, timeline
 from gpuplan.models.lagom.problem import LagomProblem
 from gpuplan.models.plan import figure_violations, stated_figures_violations
+
+# The baselines a plan may report: NCCL's own choice and the AutoCCL-style search (gpuplan.solvers.lagom).
+BASELINES = ("nccl-default", "autoccl")
 
 
 def check(problem: LagomProblem, plan: LagomPlan) -> list[Violation]:
@@ -49,9 +52,10 @@ def check(problem: LagomProblem, plan: LagomPlan) -> list[Violation]:
 
 
 def _check_emitted(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta]) -> list[Violation]:
-    """Return `env` violations where the plan's env vars or per-group Options differ from what its
-    settings emit (the runtime launches with them, so they must say what the settings say)."""
-    env, options, _ = emit(problem, thetas)
+    """Return `env` violations where the plan's env vars, per-group Options or notes differ from what its
+    settings emit (the runtime launches with them, so they must say what the settings say); notes after
+    the emitted ones are free text."""
+    env, options, notes = emit(problem, thetas)
     out = []
     for key in sorted(set(env) | set(plan.env)):
         if plan.env.get(key) != env.get(key):
@@ -60,12 +64,46 @@ def _check_emitted(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta]) 
     if plan.group_options != options:
         out.append(Violation("env", "the per-group Options differ from what the settings emit",
                              {"stated": plan.group_options, "emitted": options}))
+    # the emitted notes state figures (the values ops chose where the env folds them): they come first
+    if plan.notes[:len(notes)] != notes:
+        out.append(Violation("env", f"notes {plan.notes[:len(notes)]!r}; the settings emit {notes!r}",
+                             {"field": "notes", "stated": plan.notes, "emitted": notes}))
+    return out
+
+
+def _baseline_setting_violations(problem: LagomProblem, name: str, base: list[OpSetting]) -> list[Violation]:
+    """Return `baseline` violations of a baseline's per-op settings: an unknown baseline; for nccl-default
+    every field that differs from NCCL's own choice (cost.nccl_default); for autoccl a setting that is
+    neither NCCL's default (where its descent starts and which it keeps when nothing beats it) nor on the
+    search grid (channels, threads, chunk). [] when they hold."""
+    if name not in BASELINES:
+        return [Violation("baseline", f"unknown baseline {name!r} (expected one of {', '.join(BASELINES)})",
+                          {"baseline": name})]
+    comp, grid = problem.compiled, problem.grid
+    grids = {"channels": grid.channels(), "threads": grid.threads(), "chunk_bytes": grid.chunks()}
+    out: list[Violation] = []
+    for i, s in enumerate(base):
+        default = comp.nccl_default(i)
+        if name == "nccl-default":
+            for f, want in vars(default).items():
+                if getattr(s, f) != want:
+                    out.append(Violation("baseline", f"baselines.{name}[{i}].{f} = {getattr(s, f)!r}; NCCL's "
+                                         f"default for op {s.op!r} is {want!r}",
+                                         {"field": f"baselines.{name}[{i}].{f}", "stated": getattr(s, f),
+                                          "expected": want}))
+        elif s.theta() != default:
+            off = [f"{f} {getattr(s, f)}" for f, values in grids.items() if getattr(s, f) not in values]
+            if off:
+                out.append(Violation("baseline", f"baselines.{name}[{i}] (op {s.op!r}) sets {', '.join(off)} "
+                                     "outside the search grid and is not NCCL's default",
+                                     {"field": f"baselines.{name}[{i}]", "off_grid": off}))
     return out
 
 
 def _check_figures(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta], it: float
                    ) -> list[Violation]:
-    """Return violations of the figures the plan states besides `iteration_s`: the objective and the
+    """Return violations of the figures the plan states besides `iteration_s`: each baseline's settings
+    (NCCL's rules, `_baseline_setting_violations`), the objective and the
     predicted iteration time, compute-alone time and baseline iteration times (s), and every
     window's start, compute, communication and total time (s), bound and ops, recomputed; `it` is the
     model's iteration time (s) under `thetas`."""
@@ -83,6 +121,7 @@ def _check_figures(problem: LagomProblem, plan: LagomPlan, thetas: list[Theta], 
             out.append(Violation("baseline", f"baseline {name!r} breaks NCCL's parameter rules: {broken[0]}",
                                  {"baseline": name, "rules": broken}))
             continue
+        out += _baseline_setting_violations(problem, name, base)
         predicted[f"iteration_s_{name.replace('-', '_')}"] = comp.iteration_us([s.theta() for s in base]) * 1e-6
     for key in plan.predicted:
         if key.startswith("iteration_s_") and key not in predicted:
