@@ -170,6 +170,61 @@ def test_check_catches_order_blocks_and_unknowns(solved) -> None:
     assert "non_finite" in {v.code for v in api.check(None, bad)}
 
 
+def test_check_catches_blocks_dearer_than_the_cheapest_cover(solved) -> None:
+    """Every count of a stated cover raised by one still covers the node, but pads more than the cache
+    manager's cheapest cover (padding + block_overhead_tokens per block): check names the node."""
+    p, plan = solved
+    for key in list(plan.blocks)[:4]:
+        for k in range(len(cache.BLOCK_SIZES)):
+            bad = plan.model_copy(deep=True)
+            bad.blocks[key][k] += 1
+            found = [v for v in api.check(None, bad) if v.code == "blocks"]
+            assert found and found[0].data["node"] == int(key), (key, k)
+
+
+def test_an_equally_cheap_cover_is_checked_under_its_own_blocks() -> None:
+    """At 8 overhead tokens per block a 40-token segment costs the same as 3 x 16 (the DP's cover, 48 tokens
+    allocated) or 1 x 64 (64 allocated): a plan may state either, and check recomputes memory and hit rates
+    under the blocks the plan states."""
+    from gpuplan.models.psrl.core import finish_plan
+
+    forest = {"nodes": [{"id": 0, "tokens": 40}, {"id": 1, "parent": 0, "tokens": 50},
+                        {"id": 2, "parent": 0, "tokens": 70}, {"id": 3, "parent": 1, "tokens": 30}],
+              "samples": [{"node": 1}, {"node": 3}, {"node": 2}]}
+    p = problem(forest=forest, block_overhead_tokens=8.0)
+    plan = api.solve(p, solver="psrl")
+    assert plan.blocks["0"] == [0, 0, 0, 3] and api.check(p, plan) == []
+    tie = plan.model_copy(deep=True)
+    tie.blocks["0"] = [0, 0, 1, 0]  # same cost, 16 tokens more K/V on every path
+    assert "figure" in {v.code for v in api.check(p, tie)}  # figures stated for the DP's cover
+    blocks = [list(b) for b in p.blocks]
+    blocks[0] = [0, 0, 1, 0]
+    names = {n: i for i, n in enumerate(p.worker_names())}
+    nidx = {nid: i for i, nid in enumerate(p.built.ids)}
+    sets = [[{nidx[n] for n in table.get(w, [])} for w in p.worker_names()] for table in (plan.computed, plan.received)]
+    orders = [plan.order.get(w, []) for w in p.worker_names()]
+    redone = finish_plan(p.with_blocks(blocks), plan.model_copy(deep=True), [names[w] for w in plan.sample_worker],
+                         *sets, orders=orders)
+    assert redone.blocks["0"] == [0, 0, 1, 0]
+    assert sum(redone.memory_bytes.values()) > sum(plan.memory_bytes.values())
+    assert api.check(p, redone) == []
+
+
+def test_check_catches_a_greedy_makespan_below_the_plans(solved) -> None:
+    """solver.stats.greedy_makespan_s is the greedy's placement before the local search, which only improves
+    on it: it may not lie below the plan's makespan."""
+    p, plan = solved
+    assert plan.solver.stats["greedy_makespan_s"] >= plan.objective
+    for value in (plan.objective * 0.9, "fast"):
+        bad = plan.model_copy(deep=True)
+        bad.solver.stats["greedy_makespan_s"] = value
+        found = [v for v in api.check(None, bad) if v.code == "figure"]
+        assert found and found[0].data["field"] == "solver.stats.greedy_makespan_s", value
+    ok = plan.model_copy(deep=True)
+    ok.solver.stats["greedy_makespan_s"] = plan.objective * 1.5 + 1  # a worse greedy is no contradiction
+    assert api.check(None, ok) == []
+
+
 # ---------------------------------------------------------------- block sizes
 
 def _brute_blocks(tokens: int, overhead: float) -> float:

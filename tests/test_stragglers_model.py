@@ -173,6 +173,61 @@ def test_check_catches_tampering() -> None:
     assert "figure" in _codes(problem, d)
 
 
+def test_check_simulates_with_the_solvers_options() -> None:
+    """solver.options are what the policy ran with: eps changes SRPTMS+C's result on this trace, so check
+    re-simulates with the stated options and the plan's params must be what they give."""
+    problem = api.load_problem(EXAMPLES / "small-trace.yaml")
+    doc = json.loads(api.solve(problem, solver="srptms-c").to_json())
+    other = json.loads(api.solve(problem, solver="srptms-c", eps=1.15).to_json())
+    assert other["objective"] != doc["objective"] and _codes(problem, other) == set()
+    d = copy.deepcopy(doc)
+    d["solver"]["options"]["eps"] = 1.15
+    assert "params" in _codes(problem, d)
+    d = copy.deepcopy(doc)
+    d["solver"]["options"]["colour"] = 1.0
+    assert "params" in _codes(problem, d)
+    # SDA derives tau and d from options left at 0: the plan states the derived values
+    sda = json.loads(api.solve(problem, solver="sda").to_json())
+    assert sda["solver"]["options"]["tau"] == 0.0 and sda["params"]["tau"] > 0 and _codes(problem, sda) == set()
+    d = copy.deepcopy(sda)
+    d["solver"]["options"]["tau"] = sda["params"]["tau"] * 1.5 + 1
+    assert "params" in _codes(problem, d)
+
+
+def test_check_catches_a_solver_other_than_the_policy_or_seed() -> None:
+    problem = api.load_problem(EXAMPLES / "three-jobs.yaml")
+    doc = json.loads(api.solve(problem, solver="srptms-c", seed=3).to_json())
+    d = copy.deepcopy(doc)
+    d["solver"]["name"] = "sca"
+    assert "policy" in _codes(problem, d)
+    d = copy.deepcopy(doc)
+    d["solver"]["seed"] += 1
+    assert "params" in _codes(problem, d)
+
+
+def test_check_catches_false_lp_figures() -> None:
+    """lp_bound_s bounds every policy's weighted flowtime from below and over_lp_bound is flowtime / bound;
+    both LP values hold the critical-path floor sum_j w_j (longest map + longest reduce) / h(inf) (3 s here).
+    lp_fluid_s is no bound on one run (seeded runs of SRPTMS+C, heSRPT and LAPS+R fall below it), so a
+    value above the flowtime is not reported."""
+    problem = api.load_problem(EXAMPLES / "three-jobs.yaml")
+    doc = json.loads(api.solve(problem).to_json())
+    stats, flow = doc["solver"]["stats"], doc["objective"]
+    assert stats["lp_bound_s"] <= stats["lp_fluid_s"] < flow and _codes(problem, doc) == set()
+
+    def tampered(**change: object) -> set[str]:
+        d = copy.deepcopy(doc)
+        d["solver"]["stats"].update(change)
+        return _codes(problem, d)
+
+    assert tampered(lp_bound_s=flow * 1.01, over_lp_bound=1 / 1.01) == {"figure"}  # a bound above the plan
+    assert tampered(lp_bound_s=stats["lp_bound_s"] * 1.5 + 1) == {"figure"}  # over_lp_bound no longer agrees
+    assert tampered(over_lp_bound=stats["over_lp_bound"] * 1.5 + 1) == {"figure"}
+    assert tampered(lp_fluid_s=2.0) == {"figure"}  # below the floor
+    assert tampered(lp_bound_s="x") == {"figure"}
+    assert tampered(lp_fluid_s=flow * 1.5) == set()
+
+
 def test_schedule_violations_from_the_problem_alone() -> None:
     problem = api.load_problem(EXAMPLES / "three-jobs.yaml")
     plan = api.solve(problem, solver="fifo")

@@ -22,7 +22,8 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from gpuplan.models.base import Problem, Schema, Violation, document_path
 from gpuplan.models.cluster import DeviceType, device_type
-from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
+from gpuplan.models.plan import (FIGURE_ABS_TOL, FIGURE_REL_TOL, Plan, figure_violations,
+                                 stated_figures_violations)
 from gpuplan.models.psrl import cache
 from gpuplan.models.psrl.forest import (MAX_NODES, MAX_SAMPLES, MAX_SEGMENT_TOKENS, Forest, activation_bytes_per_token,
                                         build_forest, kv_bytes_per_token, node_flops, path_flops, token_counts)
@@ -272,6 +273,16 @@ class PsrlProblem(Problem):
             out.append(memo[t])
         return out
 
+    def with_blocks(self, blocks: list[list[int]]) -> "PsrlProblem":
+        """Return a copy of the problem whose block counts per node are `blocks` in place of the DP's
+        cover, so that every figure depending on them (sample K/V and memory, cache sizes, hit rates,
+        misses) follows them."""
+        out = self.model_copy()
+        for name in ("blocks", "sample_kv_bytes", "sample_bytes"):  # the cached values that read blocks
+            out.__dict__.pop(name, None)
+        out.__dict__["blocks"] = blocks
+        return out
+
 
 # ---------------------------------------------------------------- the plan
 
@@ -443,8 +454,9 @@ def check(problem: PsrlProblem, plan: PsrlPlan) -> list[Violation]:
     there (and a received node computed by another worker); a computed node's parent computed or
     received on the same worker; a node not both computed and received on
     one worker; sharing 'none' receives nothing; each order a permutation of the worker's samples;
-    blocks from {1024, 256, 64, 16} covering their node; memory within each worker's; and the stated
-    loads, memory, hit rates, makespan and other figures equal to the recomputed ones."""
+    blocks from {1024, 256, 64, 16} covering their node at the cheapest cost (stated_blocks); memory within
+    each worker's; the stated loads, memory, hit rates, makespan and other figures equal to the ones
+    recomputed under the stated blocks; and the greedy's makespan in the stats not below the plan's."""
     out: list[Violation] = []
     f = problem.built
     names = problem.worker_names()
@@ -520,18 +532,12 @@ def check(problem: PsrlProblem, plan: PsrlPlan) -> list[Violation]:
         if sorted(orders[w]) != mine:
             out.append(Violation("order", f"the micro-batch order of {names[w]} is not a permutation of its "
                                  f"{len(mine)} samples", {"worker": names[w]}))
-    for key, counts in plan.blocks.items():
-        nid = int(key) if key.lstrip("-").isdigit() else None
-        if nid is None or nid not in nidx:
-            out.append(Violation("unknown_node", f"blocks for {key!r}, which is not a node", {"node": key}))
-            continue
-        tokens = f.tokens[nidx[nid]]
-        if len(counts) != len(cache.BLOCK_SIZES) or any(c < 0 for c in counts) or \
-                cache.allocated_tokens(counts) < tokens:
-            out.append(Violation("blocks", f"node {nid}'s blocks {counts} (counts of {list(cache.BLOCK_SIZES)} "
-                                 f"tokens) do not cover its {tokens} tokens", {"node": nid}))
+    blocks, bad = stated_blocks(problem, plan.blocks)
+    out += bad
     if out:
         return out
+    if blocks != problem.blocks:  # a cheapest cover other than the DP's: the figures follow the plan's
+        problem = problem.with_blocks(blocks)
     mem = worker_memory(problem, assign)
     for w in range(W):
         if mem[w] > problem.memory[w] * (1 + 1e-9):
@@ -545,7 +551,58 @@ def check(problem: PsrlProblem, plan: PsrlPlan) -> list[Violation]:
                              {names[w]: m["worker_hit_rate"][w] for w in range(W) if orders[w]})
     scalars = {k: v for k, v in m.items() if not isinstance(v, list)}
     objective = m["makespan_s"] if plan.objective is not None or plan.solver is not None else None
-    return out + stated_figures_violations(plan, objective, scalars)
+    out += stated_figures_violations(plan, objective, scalars)
+    placed = max(worker_loads(problem, plan.sharing, assign, computed, received), default=0.0)
+    return out + greedy_bound_violations(plan, placed)
+
+
+def stated_blocks(problem: PsrlProblem, stated: dict[str, list[int]]) -> tuple[list[list[int]], list[Violation]]:
+    """Return the block counts per node the plan's `blocks` give (the DP's cover for a node it leaves out)
+    and the violations of those it states: a key that is no node (`unknown_node`); counts that are not four
+    non-negative numbers of 1024/256/64/16-token blocks covering the node, or a cover dearer than the
+    cheapest (padding + block_overhead_tokens per block: the cache manager's rule) (`blocks`)."""
+    f = problem.built
+    nidx = {nid: i for i, nid in enumerate(f.ids)}
+    blocks = [list(b) for b in problem.blocks]
+    out: list[Violation] = []
+    for key, counts in stated.items():
+        nid = int(key) if key.lstrip("-").isdigit() else None
+        if nid is None or nid not in nidx:
+            out.append(Violation("unknown_node", f"blocks for {key!r}, which is not a node", {"node": key}))
+            continue
+        v = nidx[nid]
+        tokens = f.tokens[v]
+        if len(counts) != len(cache.BLOCK_SIZES) or any(c < 0 for c in counts) or \
+                cache.allocated_tokens(counts) < tokens:
+            out.append(Violation("blocks", f"node {nid}'s blocks {counts} (counts of {list(cache.BLOCK_SIZES)} "
+                                 f"tokens) do not cover its {tokens} tokens", {"node": nid}))
+            continue
+        cost = cache.block_cost(tokens, counts, problem.block_overhead_tokens)
+        best = cache.block_cost(tokens, problem.blocks[v], problem.block_overhead_tokens)
+        if cost > best + 1e-9 * max(1.0, best):
+            out.append(Violation("blocks", f"node {nid}'s blocks {counts} cost {cost:g} (padding tokens + "
+                                 f"{problem.block_overhead_tokens:g} per block); the cheapest cover of its {tokens} "
+                                 f"tokens, {problem.blocks[v]}, costs {best:g}", {"node": nid, "blocks": counts}))
+            continue
+        blocks[v] = list(counts)
+    return blocks, out
+
+
+def greedy_bound_violations(plan: PsrlPlan, placed: float) -> list[Violation]:
+    """Return a `figure` violation when solver.stats.greedy_makespan_s is no number or lies below `placed`,
+    the plan's recomputed placement makespan (the loads without cache misses: the greedy's figure is a
+    placement's, with DFS orders); the local search only improves on the greedy, and CP-SAT's plan is kept
+    only when better. [] otherwise, or when the stats hold no greedy makespan."""
+    if plan.solver is None or "greedy_makespan_s" not in plan.solver.stats:
+        return []
+    greedy = plan.solver.stats["greedy_makespan_s"]
+    if isinstance(greedy, bool) or not isinstance(greedy, (int, float)):
+        return figure_violations("solver.stats.greedy_makespan_s", greedy, placed)
+    if placed <= greedy * (1 + FIGURE_REL_TOL) + FIGURE_ABS_TOL:
+        return []
+    return [Violation("figure", f"the plan states solver.stats.greedy_makespan_s = {greedy:.6g}, below its own "
+                      f"placement's makespan {placed:.6g}; the search only improves on the greedy's placement",
+                      {"field": "solver.stats.greedy_makespan_s", "stated": greedy, "recomputed": placed})]
 
 
 def with_profile(problem: PsrlProblem, profile: Any) -> PsrlProblem:

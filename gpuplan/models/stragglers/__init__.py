@@ -313,9 +313,11 @@ def schedule_violations(problem: StragglersProblem, rows: list[list[float]], com
 
 def check(problem: StragglersProblem, plan: StragglersPlan) -> list[Violation]:
     """Return the violations of `plan`: an unknown policy or parameter; the recorded schedule's capacity,
-    map-before-reduce and completions (schedule_violations); and every stated figure (completion times,
-    predicted metrics, objective, parameters the policy derived, the schedule) against a re-simulation of
-    (problem, policy, parameters, seed)."""
+    map-before-reduce and completions (schedule_violations); a solver other than the policy or a seed other
+    than sim_seed (solver_run_violations); every stated figure (completion times, predicted metrics,
+    objective, parameters the policy derived, the schedule) against a re-simulation of (problem, policy,
+    the solver's options (else the plan's parameters), seed); and the LP figures of the solver's stats
+    (lp_bound_violations)."""
     from gpuplan.sim.tasks import POLICIES
 
     out: list[Violation] = []
@@ -327,23 +329,31 @@ def check(problem: StragglersProblem, plan: StragglersPlan) -> list[Violation]:
                              f"has {len(problem.arrays[0])} jobs", {"field": "completion_s"}))
     if plan.schedule is not None:
         out += schedule_violations(problem, plan.schedule, plan.completion_s)
+    # a solver runs its policy with its options as the parameters (the policy derives those left at 0) and
+    # its seed: re-simulate with what the solver states it ran with, so the plan's params must follow
     own = {k: v for k, v in plan.params.items() if k in POLICIES[plan.policy].defaults}
+    source = "params"
+    if plan.solver is not None:
+        out += solver_run_violations(plan)
+        own, source = dict(plan.solver.options), "solver.options"
     try:
         res, figs = simulate_problem(problem, plan.policy, own, plan.sim_seed,
                                      record=plan.schedule is not None)
     except (KeyError, ValueError, TypeError) as exc:
-        return out + [Violation("params", f"policy {plan.policy} cannot run with parameters {plan.params}: {exc}",
-                                {"params": plan.params})]
+        return out + [Violation("params", f"policy {plan.policy} cannot run with {source} {own}: {exc}",
+                                {"params": own})]
     for k, v in res.params.items():
         if k not in plan.params or plan.params[k] != v:
             out.append(Violation("params", f"the plan states {k} = {plan.params.get(k)!r} for {plan.policy}; the "
-                                 f"policy runs with {v!r}", {"param": k}))
+                                 f"policy run with {source} {own} has {v!r}", {"param": k}))
     extra = sorted(set(plan.params) - set(res.params))
     if extra:
         out.append(Violation("params", f"the plan states parameters {extra} that {plan.policy} does not have"))
     if len(plan.completion_s) == len(res.completion_s):
         out += figure_violations("completion_s", plan.completion_s, [float(c) for c in res.completion_s])
     out += stated_figures_violations(plan, figs["weighted_flowtime_s"], figs)
+    if plan.solver is not None:
+        out += lp_bound_violations(problem, plan.solver.stats, figs["weighted_flowtime_s"])
     if plan.schedule is not None and res.schedule is not None:
         if len(plan.schedule) != len(res.schedule):
             out.append(Violation("figure", f"the plan records {len(plan.schedule)} copy segments; the policy "
@@ -354,6 +364,58 @@ def check(problem: StragglersProblem, plan: StragglersPlan) -> list[Violation]:
             if bad is not None:
                 out.append(Violation("figure", f"schedule row {bad} is {plan.schedule[bad]}; re-simulated it is "
                                      f"{[float(x) for x in res.schedule[bad]]}", {"field": f"schedule[{bad}]"}))
+    return out
+
+
+def solver_run_violations(plan: StragglersPlan) -> list[Violation]:
+    """Return the violations of what the plan's solver states it ran: every solver simulates the policy of
+    its own name with its seed, so solver.name must be the plan's policy (`policy`) and solver.seed its
+    sim_seed (`params`); [] when they agree. (solver.options are checked by simulating with them.)"""
+    assert plan.solver is not None
+    out: list[Violation] = []
+    if plan.solver.name != plan.policy:
+        out.append(Violation("policy", f"the plan's solver is {plan.solver.name!r} but its policy is "
+                             f"{plan.policy!r}; each solver runs the policy of its name",
+                             {"solver": plan.solver.name, "policy": plan.policy}))
+    if plan.solver.seed != plan.sim_seed:
+        out.append(Violation("params", f"the plan states solver.seed = {plan.solver.seed!r} but sim_seed = "
+                             f"{plan.sim_seed!r}; the solver simulates with its seed", {"param": "sim_seed"}))
+    return out
+
+
+def critical_path_floor(problem: StragglersProblem) -> float:
+    """Return sum_j w_j (longest map + longest reduce task) / h(inf) (s): no job finishes sooner after its
+    arrival, however many copies its tasks run; both LPs of the solvers' stats hold F_j >= that term."""
+    _, w, maps, reds = problem.arrays
+    h_sup = problem.variability.build().h_limit()
+    return float(sum(wj * (float(m.max()) + (float(r.max()) if r.size else 0.0)) / h_sup
+                     for wj, m, r in zip(w, maps, reds)))
+
+
+def lp_bound_violations(problem: StragglersProblem, stats: dict[str, Any], flowtime: float) -> list[Violation]:
+    """Return `figure` violations of the LP figures a plan's solver stats state: lp_bound_s (a lower bound
+    on every policy's weighted flowtime) above the recomputed `flowtime`, or either LP value (lp_bound_s,
+    lp_fluid_s: the fluid LP, not a bound on one run) below the critical-path floor both LPs hold; and
+    over_lp_bound unequal to flowtime / lp_bound_s. [] when they hold or the stats state none."""
+    out: list[Violation] = []
+    floor = critical_path_floor(problem)
+    for key in ("lp_bound_s", "lp_fluid_s"):
+        if key not in stats:
+            continue
+        value = stats[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            out += figure_violations(f"solver.stats.{key}", value, floor)
+        elif value < floor * (1 - 1e-5) - 1e-6:  # the LP solver's tolerance
+            out.append(Violation("figure", f"the plan states solver.stats.{key} = {value:.6g}, below the "
+                                 f"critical-path floor {floor:.6g} of its LP", {"field": f"solver.stats.{key}",
+                                                                                "stated": value, "floor": floor}))
+        elif key == "lp_bound_s" and value > flowtime * (1 + 1e-5) + 1e-6:  # the LP solver's tolerance
+            out.append(Violation("figure", f"the plan states solver.stats.lp_bound_s = {value:.6g}, above its "
+                                 f"weighted flowtime {flowtime:.6g}: a lower bound it is not",
+                                 {"field": "solver.stats.lp_bound_s", "stated": value, "recomputed": flowtime}))
+    bound = stats.get("lp_bound_s")
+    if "over_lp_bound" in stats and isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > 0:
+        out += figure_violations("solver.stats.over_lp_bound", stats["over_lp_bound"], flowtime / bound)
     return out
 
 
