@@ -388,3 +388,56 @@ def test_an_iteration_of_merges_alone_takes_its_modelled_time(tmp_path: Path) ->
     k = plan.schedule.index(alone[0])
     bad.schedule[k].duration_s = alone[0].duration_s / 10
     assert "iteration" in _codes(problem, bad)
+
+
+# ---------------------------------------------------------------- the schedule against the plan's knobs
+
+def test_check_holds_the_schedule_to_the_stated_be_batch_max(problem, piggy) -> None:  # type: ignore[no-untyped-def]
+    """A BE batch bound edited below the schedule's largest batch is caught by the schedule itself
+    (be_batch), not only by the re-simulation; the batch count is exact (the largest one is accepted)."""
+    L = problem.layers()
+    batch = max(r.be_decodes - len({i for i, lay in r.merges if lay == L - 1}) + len({i for i, _ in r.merges})
+                for r in piggy.schedule)
+    tight = _tampered(piggy)
+    tight.be_batch_max = batch
+    assert gpuplan.check(problem, tight) == []
+    low = _tampered(piggy)
+    low.be_batch_max = batch - 1
+    assert "be_batch" in _codes(problem, low)
+
+
+def test_check_holds_the_schedule_to_the_stated_be_inflight_max(problem, piggy) -> None:  # type: ignore[no-untyped-def]
+    """More BE requests between their first and last merge than be_inflight_max: be_inflight."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for k, r in enumerate(piggy.schedule):
+        for i, _ in r.merges:
+            first.setdefault(i, k)
+            last[i] = k
+    held = max(sum(1 for i in first if first[i] <= k <= last[i]) for k in range(len(piggy.schedule)))
+    assert held >= 2
+    few = _tampered(piggy)
+    few.be_inflight_max = held - 1
+    assert "be_inflight" in _codes(problem, few)
+
+
+def test_check_holds_the_pools_to_the_stated_pace_factor(problem, piggy) -> None:  # type: ignore[no-untyped-def]
+    """A pool holding more BE KV than pace_factor x its attention rate x the TPOT target admits: pace."""
+    pools = dict(problem.pools())
+    ratio = max(used / (pools[n].attention_tokens_per_s * piggy.tpot_target_s * problem.kv_bytes_per_token())
+                for r in piggy.schedule for n, used in zip(piggy.pools, r.pool_kv_bytes))
+    slow = _tampered(piggy)
+    slow.pace_factor = ratio * 0.99
+    assert "pace" in _codes(problem, slow)
+
+
+def test_a_knob_that_does_not_bind_is_a_legitimate_alternative(problem) -> None:  # type: ignore[no-untyped-def]
+    """The default plan keeps every BE request in its GPU share (no pool, no merge): the pool and piggyback
+    knobs do not bind, so the re-simulation under an edited one is the plan itself and check accepts it."""
+    plan = gpuplan.solve(problem, solver="omniserve")
+    assert not any(r.merges or any(r.pool_kv_bytes) for r in plan.schedule)
+    for field, value in (("be_batch_max", plan.be_batch_max + 1), ("pace_factor", plan.pace_factor * 1.5 + 1),
+                         ("layers_per_iteration", 2), ("be_inflight_max", 1)):
+        alt = _tampered(plan)
+        setattr(alt, field, value)
+        assert gpuplan.check(problem, alt) == [], field

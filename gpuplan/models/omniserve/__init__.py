@@ -209,6 +209,55 @@ def schedule_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[
     return out
 
 
+def knob_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[Violation]:
+    """Return where the stated schedule breaks the plan's own policy knobs, independently of any simulation:
+    under omniserve, an iteration's BE decode batch (GPU-resident BE decodes plus the BE requests merged)
+    above be_batch_max, or more BE requests in flight on the pools than be_inflight_max (a request is in
+    flight at least from its first merge to its last); under any policy with pools, a pool's reserved BE
+    KV above what the pace rule admits (pace_factor x its attention rate x the TPOT target, in KV tokens
+    per layer-step, times the KV bytes per token)."""
+    out: list[Violation] = []
+    L = problem.layers()
+    if plan.policy == "omniserve":
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for k, row in enumerate(plan.schedule):
+            ids = {m[0] for m in row.merges if len(m) == 2}
+            # be_decodes counts GPU-resident BE decodes and the merged requests that emit (at the last layer)
+            emitted = {m[0] for m in row.merges if len(m) == 2 and m[1] == L - 1}
+            batch = row.be_decodes - len(emitted) + len(ids)
+            if batch > plan.be_batch_max and not any(v.code == "be_batch" for v in out):
+                out.append(Violation("be_batch", f"iteration {k} decodes a BE batch of {batch} (GPU-resident BE "
+                                     f"decodes and piggybacked requests); be_batch_max is {plan.be_batch_max}",
+                                     {"iteration": k}))
+            for i in ids:
+                first.setdefault(i, k)
+                last[i] = k
+        if plan.be_inflight_max and first:
+            change = np.zeros(len(plan.schedule) + 1, dtype=np.int64)
+            for i, k in first.items():
+                change[k] += 1
+                change[last[i] + 1] -= 1
+            held = np.cumsum(change)
+            k = int(np.argmax(held))
+            if held[k] > plan.be_inflight_max:
+                out.append(Violation("be_inflight", f"iteration {k}: {int(held[k])} BE requests are decoding from the "
+                                     f"CPU pools (between their first and last merge); be_inflight_max is "
+                                     f"{plan.be_inflight_max}", {"iteration": k}))
+    pools = dict(problem.pools())
+    kvb = problem.kv_bytes_per_token()
+    for k, row in enumerate(plan.schedule):
+        for name, used in zip(plan.pools, row.pool_kv_bytes):
+            if name not in pools:
+                continue
+            paced = plan.pace_factor * pools[name].attention_tokens_per_s * plan.tpot_target_s * kvb
+            if used > paced * (1 + 1e-9):
+                return out + [Violation("pace", f"iteration {k}: pool {name} holds {used:.4g} B of BE KV; pace factor "
+                                        f"{plan.pace_factor} admits {paced:.4g} B (pace x attention rate x TPOT target "
+                                        "x KV bytes per token)", {"iteration": k, "pool": name})]
+    return out
+
+
 def admission_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list[Violation]:
     """Return violations of the LS admission rule in the stated decisions: each forecast recomputed from
     its own inputs; an admitted request needs a forecast within the TTFT SLO, a rejected one beyond it."""
@@ -244,12 +293,14 @@ def admission_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list
 
 
 def check(problem: OmniServeProblem, plan: OmniServePlan) -> list[Violation]:
-    """Return the plan's violations: parameters, the schedule's constraints, the admission rule, then a
-    re-simulation with the problem's seed whose figures, schedule and decisions must equal the plan's."""
+    """Return the plan's violations: parameters, the schedule's constraints, the schedule against the plan's
+    knobs (knob_violations), the admission rule, then a re-simulation with the problem's seed under the
+    plan's stated knobs whose figures, schedule and decisions must equal the plan's."""
     out = _param_violations(problem, plan)
     if out:
         return out
     out += schedule_violations(problem, plan)
+    out += knob_violations(problem, plan)
     out += admission_violations(problem, plan)
     ev = run_policy(problem, params_of(plan))
     sched = ev.recorder.schedule
