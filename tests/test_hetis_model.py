@@ -14,6 +14,7 @@ from gpuplan.models.hetis import (HetisPlan, capacity, layout_violations, snapsh
 from gpuplan.models.hetis.cost import kv_capacity, kv_fractions_tp
 from gpuplan.models.hetis.policy import p95, route, transfer_s
 from gpuplan.sim.latency import kv_bytes_per_token
+from test_check_audit import edited as _tamper  # the audit's edit of one leaf
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "examples" / "hetis" / "small.yaml"
@@ -324,3 +325,81 @@ def test_a_rewritten_lengths_csv_is_read_again(tmp_path: Path) -> None:
     csv.write_text("prompt_tokens,output_tokens\n" + "".join(f"{900 + i},{20 + i}\n" for i in range(20)))
     after = build_trace(omni, lengths_source=str(csv))[0]
     assert not np.array_equal(before.prompt_tokens, after.prompt_tokens)
+
+
+# ---------------------------------------------------------------- Stage A table and snapshot method
+
+
+def test_check_recomputes_every_field_of_the_stage_a_table(problem: object, plan: HetisPlan) -> None:
+    assert len(plan.stage_a) > 1 and sum(r["chosen"] for r in plan.stage_a) == 1
+    for k, row in enumerate(plan.stage_a):
+        for field, value in row.items():
+            bad = plan.model_copy(deep=True)
+            bad.stage_a[k][field] = _tamper(value)
+            codes = {v.code for v in gpuplan.check(problem, bad)}
+            assert codes and codes <= {"stage_a", "figure"}, (k, field, codes)
+    c = next(k for k, r in enumerate(plan.stage_a) if r["chosen"])
+    low = plan.model_copy(deep=True)
+    low.stage_a[c]["dense_proxy_tokens_per_s"] *= 0.5   # the chosen row's proxy is recomputed exactly
+    assert "figure" in {v.code for v in gpuplan.check(problem, low)}
+    other = next(k for k in range(len(plan.stage_a)) if k != c)
+    slower = plan.model_copy(deep=True)
+    slower.stage_a[other]["max_rate_per_s"] = problem.search.low_per_s   # in range, but vs_best no longer follows
+    assert "figure" in {v.code for v in gpuplan.check(problem, slower)}
+
+
+def test_stage_a_chosen_row_follows_the_five_percent_rule(problem: object, plan: HetisPlan) -> None:
+    from gpuplan.models.hetis import describe_primaries, stage_a_violations
+
+    one = next(r for r in plan.stage_a if r["chosen"])
+    assert one["primaries"] == describe_primaries(problem, plan.replicas) and one["primary_gpus"] == 1
+    two = next(r for r in plan.stage_a if r["primary_gpus"] == 2)
+    fake = plan.model_copy(deep=True)
+    fake.predicted["max_rate_per_s"] = 10.0   # the 1-GPU set 10 req/s, the 2-GPU set 16: beyond 5 %
+    fake.stage_a = [{**one, "max_rate_per_s": 10.0, "vs_best": 10.0 / 16.0},
+                    {**two, "max_rate_per_s": 16.0, "vs_best": 1.0}]
+    found = stage_a_violations(problem, fake)
+    assert [v.code for v in found] == ["stage_a"] and "fewest primary GPUs" in found[0].message
+    fake.stage_a[0]["max_rate_per_s"] = fake.predicted["max_rate_per_s"] = 15.5   # within 5 %: the fewer GPUs win
+    fake.stage_a[0]["vs_best"] = 15.5 / 16.0
+    assert stage_a_violations(problem, fake) == []
+
+
+def _with_snapshot_figure(problem: object, plan: HetisPlan) -> HetisPlan:
+    """Return `plan` with snapshot_attention_s recomputed for its head map (a consistent edit)."""
+    from gpuplan.models.hetis import head_matrix
+    from gpuplan.models.hetis.dispatch import objective_s
+
+    n = head_matrix(problem, plan)[0]
+    plan.predicted["snapshot_attention_s"] = objective_s(snapshot_instance(problem, plan), n)
+    return plan
+
+
+def test_check_verifies_the_snapshot_method(problem: object, plan: HetisPlan) -> None:
+    for method in (_tamper(plan.snapshot_dispatch), "memory-proportional", "", "lp"):  # lp: not hetis' method
+        bad = plan.model_copy(deep=True)
+        bad.snapshot_dispatch = method
+        assert "dispatch" in {v.code for v in gpuplan.check(problem, bad)}, method
+
+
+def test_check_verifies_a_water_filled_head_map(problem: object, plan: HetisPlan) -> None:
+    """Another valid head map, its figure recomputed, is not what water-filling the snapshot gives."""
+    moved = plan.model_copy(deep=True)
+    heads = moved.head_map[0].heads
+    src = next(iter(heads))
+    dst = next(str(d) for d in sorted(moved.attention_devices) if str(d) != src)
+    heads[src] -= 1
+    heads[dst] = heads.get(dst, 0) + 1
+    moved.head_map[0].heads = {d: n for d, n in heads.items() if n}
+    assert "head_map" in {v.code for v in gpuplan.check(problem, _with_snapshot_figure(problem, moved))}
+
+
+def test_check_verifies_a_memory_proportional_head_map(problem: object) -> None:
+    plan = gpuplan.solve(problem, solver="heads-by-memory")
+    assert plan.snapshot_dispatch == "memory-proportional" and gpuplan.check(problem, plan) == []
+    bad = plan.model_copy(deep=True)
+    heads = dict(bad.head_map[0].heads)
+    a, b = sorted(heads)[:2]
+    heads[a], heads[b] = heads[a] + 1, heads[b] - 1
+    bad.head_map[0].heads = {d: n for d, n in heads.items() if n}
+    assert "head_map" in {v.code for v in gpuplan.check(problem, _with_snapshot_figure(problem, bad))}

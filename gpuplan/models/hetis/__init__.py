@@ -453,6 +453,221 @@ def dense_step_s(problem: HetisProblem, plan: HetisPlan) -> float:
     return pipeline_step_s([c.time_s(problem.token_budget / len(sc)) for c in sc])
 
 
+# ---------------------------------------------------------------- Stage A table and snapshot method
+
+STAGE_A_KEYS = ("primaries", "primary_gpus", "dense_proxy_tokens_per_s", "max_rate_per_s", "dispatch", "vs_best",
+                "chosen")
+STAGE_A_DISPATCH = ("water-filling", "tensor-parallel")
+# the snapshot head map's method per plan dispatch ("": no head map)
+SNAPSHOT_METHODS = {"water-filling": ("water-filling", "lp", "cp-sat"), "memory-proportional": ("memory-proportional",),
+                    "tensor-parallel": ("",)}
+# the snapshot method each registered Hetis variant uses (its baselines follow their dispatch above)
+SNAPSHOT_BY_SOLVER = {"hetis": "water-filling", "hetis-lp": "lp", "exact": "cp-sat"}
+
+
+def describe_primaries(problem: HetisProblem, replicas: list[Replica]) -> str:
+    """Return the Stage A table's name of a primary set: replicas joined by " | ", each its stages joined
+    by "+", a stage "{tp}x{type of its first device}"."""
+    types = {d.id: d.type for d in problem.cluster.devices}
+    return " | ".join("+".join(f"{len(s.devices)}x{types[s.devices[0]]}" for s in rep.stages) for rep in replicas)
+
+
+def parse_primaries(text: str) -> list[list[tuple[int, str]]] | None:
+    """Return the stage shapes [(tp, device type) per stage] of each replica named by `text` (see
+    describe_primaries), or None when it is not of that form."""
+    out = []
+    for rep in text.split(" | "):
+        stages = []
+        for st in rep.split("+"):
+            tp, sep, typ = st.partition("x")
+            if not sep or not tp.isdigit() or int(tp) < 1 or not typ:
+                return None
+            stages.append((int(tp), typ))
+        out.append(stages)
+    return out
+
+
+def dense_proxy_tokens_per_s(problem: HetisProblem, replicas: list[Replica]) -> float:
+    """Return Stage A's dense throughput proxy of a primary set (tokens/s): per replica, the token budget
+    over its dense pipeline step at a full budget (split over its pp virtual engines), summed."""
+    from gpuplan.models.hetis.cost import pipeline_step_s, stage_costs
+
+    total = 0.0
+    for rep in replicas:
+        sc = stage_costs(problem, rep.stages)
+        total += problem.token_budget / pipeline_step_s([c.time_s(problem.token_budget / len(sc)) for c in sc])
+    return total
+
+
+def _server_groups(problem: HetisProblem, typ: str, tp: int) -> list[list[int]]:
+    """Return, per node holding at least `tp` devices of type `typ`, its first `tp` of them (the TP groups
+    Stage A cuts from a server; every group of a server has the same link)."""
+    per: dict[str, list[int]] = {}
+    for d in problem.cluster.devices:
+        if d.type == typ:
+            per.setdefault(d.node, []).append(d.id)
+    return [ids[:tp] for ids in per.values() if len(ids) >= tp]
+
+
+def proxy_upper_bound(problem: HetisProblem, shapes: list[list[tuple[int, str]]]) -> float | None:
+    """Return the largest dense proxy (tokens/s, as dense_proxy_tokens_per_s) replicas of these stage
+    shapes can have under the cost model, whatever server each stage is on and however the layers are
+    split (each stage at least one): a stage's time is c0 (first stage) + layers x b_s (+ a p2p send,
+    >= 0), b_s its per-layer time on the fastest server of its type, and a pipeline step is at least
+    the sum of its stages' times, so per replica the step is at least c0 + sum b_s + (L - S) min b_s
+    (exact for single-stage replicas). None when a stage fits no server of its type."""
+    from gpuplan.models.hetis.cost import stage_costs
+
+    L, budget = problem.config.num_layers, problem.token_budget
+    total = 0.0
+    for rep in shapes:
+        n = budget / len(rep)
+        per_layer, c0 = [], math.inf
+        for tp, typ in rep:
+            groups = _server_groups(problem, typ, tp)
+            costs = [stage_costs(problem, [Stage(devices=ids, layers=1)])[0] for ids in groups]
+            if not costs:
+                return None
+            per_layer.append(min(c.time_s(n) - c.dense.c0_s for c in costs))
+            c0 = min(c0, min(c.dense.c0_s for c in costs))
+        total += budget / (c0 + sum(per_layer) + (L - len(rep)) * min(per_layer))
+    return total
+
+
+def _stage_a_row_form(k: int, row: Any) -> list[Violation]:
+    """Return violations of one Stage A row's form: its keys and their types."""
+    if not isinstance(row, dict) or set(row) != set(STAGE_A_KEYS):
+        keys = sorted(row) if isinstance(row, dict) else row
+        return [Violation("stage_a", f"stage_a[{k}] holds {keys!r}; expected the keys {', '.join(STAGE_A_KEYS)}")]
+    ok = (isinstance(row["primaries"], str) and isinstance(row["primary_gpus"], int)
+          and not isinstance(row["primary_gpus"], bool) and isinstance(row["chosen"], bool)
+          and all(isinstance(row[f], (int, float)) and not isinstance(row[f], bool)
+                  for f in ("dense_proxy_tokens_per_s", "max_rate_per_s", "vs_best")))
+    if not ok:
+        return [Violation("stage_a", f"stage_a[{k}] = {row!r}: primaries a string, primary_gpus an integer, "
+                          "chosen a boolean, the figures numbers")]
+    if row["dispatch"] not in STAGE_A_DISPATCH:
+        return [Violation("stage_a", f"stage_a[{k}].dispatch = {row['dispatch']!r}; expected one of "
+                          f"{', '.join(STAGE_A_DISPATCH)}")]
+    return []
+
+
+def _stage_a_shape_violations(problem: HetisProblem, k: int, row: dict[str, Any]) -> list[Violation]:
+    """Return violations of one row's primary set against the cluster and its stated proxy and GPU count."""
+    cfg = problem.config
+    shapes = parse_primaries(row["primaries"])
+    if shapes is None:
+        return [Violation("stage_a", f"stage_a[{k}].primaries = {row['primaries']!r}; expected replicas "
+                          "'TPxTYPE+TPxTYPE | ...'")]
+    out: list[Violation] = []
+    have: dict[str, int] = {}
+    for d in problem.cluster.devices:
+        have[d.type] = have.get(d.type, 0) + 1
+    used: dict[str, int] = {}
+    for rep in shapes:
+        for tp, typ in rep:
+            used[typ] = used.get(typ, 0) + tp
+            if cfg.kv % tp or cfg.heads % tp:
+                out.append(Violation("stage_a", f"stage_a[{k}].primaries: a stage tensor-parallel over {tp} "
+                                     f"GPUs; the model's {cfg.heads} heads / {cfg.kv} KV heads do not split so"))
+        if len(rep) > cfg.num_layers:
+            out.append(Violation("stage_a", f"stage_a[{k}].primaries: a replica of {len(rep)} stages; the model "
+                                 f"has {cfg.num_layers} layers"))
+    for typ, n in sorted(used.items()):
+        if n > have.get(typ, 0):
+            out.append(Violation("stage_a", f"stage_a[{k}].primaries uses {n} {typ} GPUs; the cluster has "
+                                 f"{have.get(typ, 0)}"))
+    gpus = sum(tp for rep in shapes for tp, _ in rep)
+    if row["primary_gpus"] != gpus:
+        out.append(Violation("figure", f"stage_a[{k}].primary_gpus = {row['primary_gpus']}; its primaries "
+                             f"{row['primaries']!r} are {gpus} GPUs", {"field": f"stage_a[{k}].primary_gpus"}))
+    if out:
+        return out
+    bound = proxy_upper_bound(problem, shapes)
+    proxy = row["dense_proxy_tokens_per_s"]
+    if bound is None:
+        return [Violation("stage_a", f"stage_a[{k}].primaries = {row['primaries']!r}: a stage's GPUs are not "
+                          "in one server of the cluster")]
+    if not 0 < proxy <= bound * (1 + 1e-9):
+        out.append(Violation("figure", f"stage_a[{k}].dense_proxy_tokens_per_s = {proxy:.6g}; primaries "
+                             f"{row['primaries']!r} reach at most {bound:.6g} tokens/s in the cost model",
+                             {"field": f"stage_a[{k}].dense_proxy_tokens_per_s", "stated": proxy, "bound": bound}))
+    return out
+
+
+def stage_a_violations(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
+    """Return what is wrong with the plan's Stage A table (one row per candidate primary set simulated; an
+    empty table states nothing): a row's form; a primary set the cluster cannot hold, primary_gpus not its
+    GPU count, a dense proxy above what its shapes reach under the cost model; a max rate outside the
+    search range; vs_best not the ratio to the best row; `chosen` not on the one row the paper's rule
+    picks (the fewest primary GPUs within (1 + delta) of the best max rate; then the highest rate); the
+    chosen row not the plan's own primaries (name, GPUs, exact proxy), dispatch and max rate."""
+    table = plan.stage_a
+    out = [v for k, row in enumerate(table) for v in _stage_a_row_form(k, row)]
+    if not table or out:
+        return out
+    s = problem.search
+    for k, row in enumerate(table):
+        out += _stage_a_shape_violations(problem, k, row)
+        r = row["max_rate_per_s"]
+        if not (r == 0 or s.low_per_s <= r <= s.high_per_s * (1 + 1e-12)):
+            out.append(Violation("figure", f"stage_a[{k}].max_rate_per_s = {r:.6g}; a rate search gives 0 or a "
+                                 f"rate in {s.low_per_s:g}..{s.high_per_s:g}",
+                                 {"field": f"stage_a[{k}].max_rate_per_s"}))
+    rates = [float(row["max_rate_per_s"]) for row in table]
+    best = max(rates)
+    for k, row in enumerate(table):
+        out += figure_violations(f"stage_a[{k}].vs_best", row["vs_best"], rates[k] / best if best > 0 else 0.0)
+    chosen = [k for k, row in enumerate(table) if row["chosen"]]
+    if len(chosen) != 1:
+        return out + [Violation("stage_a", f"stage_a marks rows {chosen} chosen; exactly one is")]
+    (c,) = chosen
+    rule = min((table[k]["primary_gpus"], -rates[k]) for k in range(len(table))
+               if rates[k] * (1 + problem.delta) >= best)
+    if (table[c]["primary_gpus"], -rates[c]) != rule:
+        out.append(Violation("stage_a", f"stage_a[{c}] is chosen ({table[c]['primary_gpus']} primary GPUs, "
+                             f"{rates[c]:.6g} req/s); the rule picks the fewest primary GPUs within "
+                             f"(1 + {problem.delta:g}) of the best rate {best:.6g}, then the highest rate: "
+                             f"{rule[0]} GPUs at {-rule[1]:.6g} req/s", {"row": c}))
+    row = table[c]
+    name = describe_primaries(problem, plan.replicas)
+    if row["primaries"] != name or row["dispatch"] != plan.dispatch:
+        out.append(Violation("stage_a", f"the chosen stage_a[{c}] is {row['primaries']!r} with {row['dispatch']} "
+                             f"dispatch; the plan's primaries are {name!r} with {plan.dispatch} dispatch", {"row": c}))
+    else:
+        out += figure_violations(f"stage_a[{c}].dense_proxy_tokens_per_s", row["dense_proxy_tokens_per_s"],
+                                 dense_proxy_tokens_per_s(problem, plan.replicas))
+    if "max_rate_per_s" in plan.predicted:
+        out += figure_violations(f"stage_a[{c}].max_rate_per_s", row["max_rate_per_s"],
+                                 plan.predicted["max_rate_per_s"])
+    return out
+
+
+def snapshot_violations(problem: HetisProblem, plan: HetisPlan, inst: Any, n: np.ndarray) -> list[Violation]:
+    """Return what is wrong with a valid head map `n` (R x G over the sorted attention devices) against its
+    method `snapshot_dispatch` where that method is deterministic: water-filling must give exactly `n`,
+    memory-proportional must split every request as `static_heads` (LP and CP-SAT maps are solver
+    output: valid is all check can ask)."""
+    from gpuplan.models.hetis.dispatch import water_filling
+
+    devs = sorted(plan.attention_devices)
+    if plan.snapshot_dispatch == "water-filling":
+        wf = water_filling(inst)
+        if wf is None or not np.array_equal(wf, n):
+            r = 0 if wf is None else int(np.flatnonzero((wf != n).any(axis=1))[0])
+            gives = None if wf is None else {str(d): int(c) for d, c in zip(devs, wf[r]) if c}
+            return [Violation("head_map", f"snapshot_dispatch 'water-filling': request {r} has heads "
+                              f"{plan.head_map[r].heads} in the head map; water-filling the snapshot gives {gives}",
+                              {"request": r})]
+    if plan.snapshot_dispatch == "memory-proportional":
+        vec = np.array([plan.static_heads.get(str(d), 0) for d in devs])
+        bad = [r for r in range(len(n)) if not np.array_equal(n[r], vec)]
+        if bad:
+            return [Violation("head_map", f"snapshot_dispatch 'memory-proportional' splits every request as "
+                              f"static_heads {plan.static_heads}; request {bad[0]} gets {plan.head_map[bad[0]].heads}")]
+    return []
+
+
 def metrics(problem: HetisProblem, plan: HetisPlan, *, with_rate: bool = True,
             searched: tuple[float, float] | None = None) -> dict[str, float]:
     """Return the predicted figures: max rate meeting the SLOs (requests/s), P TTFT / TPOT (s), attainment
@@ -503,9 +718,11 @@ def finish_plan(problem: HetisProblem, plan: HetisPlan, searched: tuple[float, f
 
 def check(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
     """Return the violations of `plan`: the layout (devices, layers, tp, weights that fit), the head map
-    (every request's heads placed exactly once, on attention devices, within each device's KV memory),
-    stated capacities, every predicted figure re-simulated with the plan's trace and seed, and the max
-    rate by its defining property (SLOs hold there, fail at the stated failing rate just above it)."""
+    (every request's heads placed exactly once, on attention devices, within each device's KV memory, and
+    the one its snapshot_dispatch gives where that method is deterministic), the Stage A table
+    (stage_a_violations), stated capacities, every predicted figure re-simulated with the plan's trace
+    and seed, and the max rate by its defining property (SLOs hold there, fail at the stated failing rate
+    just above it)."""
     from gpuplan.models.hetis.dispatch import violations as map_violations
 
     out = layout_violations(problem, plan)
@@ -514,6 +731,13 @@ def check(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
     cap, usable = capacity(problem, plan)
     out += figure_violations("kv_capacity_bytes", plan.kv_capacity_bytes, {str(d): v for d, v in cap.items()})
     out += figure_violations("usable_kv_bytes", plan.usable_kv_bytes, usable)
+    if plan.snapshot_dispatch not in SNAPSHOT_METHODS[plan.dispatch]:
+        out.append(Violation("dispatch", f"snapshot_dispatch {plan.snapshot_dispatch!r}; a {plan.dispatch} plan's "
+                             f"head map is made by one of {list(SNAPSHOT_METHODS[plan.dispatch])}"))
+    made_by = SNAPSHOT_BY_SOLVER.get(plan.solver.name) if plan.solver else None
+    if made_by is not None and plan.snapshot_dispatch != made_by:
+        out.append(Violation("dispatch", f"snapshot_dispatch {plan.snapshot_dispatch!r}; solver "
+                             f"{plan.solver.name!r} places the snapshot's heads by {made_by!r}"))
     if plan.head_map:
         if plan.dispatch == "tensor-parallel":
             out.append(Violation("head_map", "a tensor-parallel plan has no head map"))
@@ -529,8 +753,11 @@ def check(problem: HetisProblem, plan: HetisPlan) -> list[Violation]:
         for msg in map_violations(inst, n):
             code = "memory" if "room" in msg else "heads"
             out.append(Violation(code, f"head map: {msg}"))
+        if not out:
+            out += snapshot_violations(problem, plan, inst, n)
     elif plan.dispatch != "tensor-parallel":
         out.append(Violation("head_map", "a head-wise plan states its snapshot head map"))
+    out += stage_a_violations(problem, plan)
     if out:
         return out
     m = metrics(problem, plan, with_rate=False)
