@@ -151,6 +151,10 @@ def _scaled(path: tuple, factor: float):  # type: ignore[no-untyped-def]
                  id="gain"),
     pytest.param(lambda m: m["gains"][2].update(gain_over_baseline=0.5), "gains", id="gains row"),
     pytest.param(_scaled(("predicted", "tessel_iteration_time_s"), 0.5), "gains", id="Tessel time"),
+    pytest.param(lambda m: m["files"]["tessel.json"].update(kind="poseidon"), "files.tessel.json", id="file kind"),
+    pytest.param(lambda m: m["composition"].update(method="joint"), "composition", id="composition method"),
+    pytest.param(lambda m: m["composition"].update(rounds="2"), "composition", id="rounds not a count"),
+    pytest.param(lambda m: m["composition"].update(converged=False), "composition", id="unconverged, unsaid"),
 ])
 def test_check_trusts_no_figure_of_the_manifest(cpu_bundle: Path, tmp_path: Path, tamper, code: str) -> None:  # type: ignore[no-untyped-def]
     """The manifest's stages, micro-batches, times and gains (what `show` prints) are recomputed from
@@ -161,6 +165,24 @@ def test_check_trusts_no_figure_of_the_manifest(cpu_bundle: Path, tmp_path: Path
     tamper(manifest)
     (b / "manifest.json").write_text(json.dumps(manifest))
     assert code in [v.code for v in check_bundle(b)]
+
+
+def test_scales_claim_no_speed_up_the_lagom_plans_do_not_give(gpu_comp: gpuplan.Plan, tmp_path: Path) -> None:
+    b = tmp_path / "b"
+    write_bundle(b, gpu_comp)
+    assert check_bundle(b) == []
+    manifest = json.loads((b / "manifest.json").read_text())
+    tuned = [s for s in range(len(manifest["scales"])) if f"lagom-stage{s}.json" in manifest["files"]]
+    assert tuned
+    for s, factor in ((tuned[0], 0.5), (tuned[0], 1.5)):  # faster than Lagom gives; slower than no tuning
+        edited = json.loads(json.dumps(manifest))
+        edited["scales"][s] = min(edited["scales"][s] * factor, 1.5)
+        (b / "manifest.json").write_text(json.dumps(edited))
+        assert "scales" in [v.code for v in check_bundle(b)], factor
+    edited = json.loads(json.dumps(manifest))
+    edited["scales"] = [1.0] * len(manifest["scales"])             # no speed-up claimed is a valid claim
+    (b / "manifest.json").write_text(json.dumps(edited))
+    assert "scales" not in [v.code for v in check_bundle(b)]
 
 
 def test_not_a_bundle_is_named(tmp_path: Path) -> None:

@@ -150,6 +150,7 @@ def _plan_violations(manifest: dict[str, Any], plans: dict[str, Plan]) -> list[V
     scales = [float(x) for x in manifest["scales"]]
     if len(scales) != n:
         return out + [Violation("scales", f"{len(scales)} scales for {n} Poseidon stages")]
+    claims = _manifest_claims(manifest, plans, scales)
     tprob = tessel.problem or {}
     if int(tprob.get("devices", -1)) != n:
         out.append(Violation("agreement.stages", f"the schedule has {tprob.get('devices')} devices, the "
@@ -158,7 +159,7 @@ def _plan_violations(manifest: dict[str, Any], plans: dict[str, Plan]) -> list[V
         out.append(Violation("agreement.microbatches", f"the schedule runs {tprob.get('microbatches')} "
                              f"micro-batches, the parallel plan {m}"))
     if out:
-        return out
+        return out + claims
     split = any(b.get("kind") == "backward_weight" for b in tprob.get("blocks", []))
     expected = tessel_problem(doc, scales, split=split)
     if digest(expected.document()) != tessel.input_digest:
@@ -188,6 +189,41 @@ def _plan_violations(manifest: dict[str, Any], plans: dict[str, Plan]) -> list[V
         out.append(Violation("agreement.microbatches", f"the manifest states {manifest.get('num_microbatches')} "
                              f"micro-batches, the parallel plan {m}"))
     out += _time_violations(manifest, doc, tessel, scales)
+    return out + claims
+
+
+def _manifest_claims(manifest: dict[str, Any], plans: dict[str, Plan], scales: list[float]) -> list[Violation]:
+    """Return the violations of what the manifest says of its files and its composition: each file's kind
+    is the plan's (and the one its name holds); the method is the fixed point, its rounds a count, and a
+    composition that did not converge says so in its notes; each stage's compute scale lies between what
+    its Lagom plan gives (tuned / NCCL-default iteration time, at most 1) and 1 (no speed-up), and is 1
+    for a stage without one: a manifest may not claim a speed-up its Lagom plans do not give."""
+    out: list[Violation] = []
+    for name, entry in manifest["files"].items():
+        want = "lagom" if name.startswith("lagom-stage") else name.removesuffix(".json")
+        if entry.get("kind") != plans[name].kind or plans[name].kind != want:
+            out.append(Violation(f"files.{name}", f"the manifest lists {name} as {entry.get('kind')!r}; it holds a "
+                                 f"{plans[name].kind!r} plan, and a file of that name holds a {want!r} plan"))
+    comp = manifest.get("composition")
+    rounds = comp.get("rounds") if isinstance(comp, dict) else None
+    if not isinstance(comp, dict) or comp.get("method") != "fixed-point" or isinstance(rounds, bool) \
+            or not isinstance(rounds, int) or rounds < 0 or not isinstance(comp.get("converged"), bool):
+        out.append(Violation("composition", f"composition {comp!r}: expected method 'fixed-point', rounds a count "
+                             "and converged true or false"))
+    elif not comp["converged"] and not any("without a fixed point" in str(note) for note in manifest.get("notes", [])):
+        out.append(Violation("composition", "the composition did not converge but its notes do not say so"))
+    for s, scale in enumerate(scales):
+        lagom = plans.get(f"lagom-stage{s}.json")
+        if lagom is None:
+            low = 1.0
+        else:
+            default = float(lagom.predicted.get("iteration_s_nccl_default", float("nan")))
+            low = min(1.0, float(lagom.iteration_s) / default) if default > 0 else 1.0  # type: ignore[attr-defined]
+        if not low * (1 - 1e-9) - 1e-12 <= scale <= 1.0 + 1e-12:
+            out.append(Violation("scales", f"stage {s}'s compute scale {scale:.6g}: its "
+                                 + (f"Lagom plan gives {low:.6g} (tuned / NCCL-default time)" if lagom is not None
+                                    else "stage has no Lagom plan, so 1") + "; a scale lies between that and 1",
+                                 {"stage": s, "scale": scale, "lowest": low}))
     return out
 
 
