@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Callable
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -317,3 +320,128 @@ def test_cli_solve_compare_check_show(tmp_path) -> None:
     assert str(rows["zb-v"]["status"]).startswith("skipped")
     res = runner.invoke(main, ["solve", "tessel", str(example), "--memory-limit", "-1", "-q", "-o", str(out)])
     assert res.exit_code == 2 and "memory_limit_bytes" in res.output
+
+
+# ---------------------------------------------------------------- check: the repetend and the solver's figures
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "tessel"
+
+
+@pytest.fixture(scope="module")
+def solved_docs() -> dict[str, dict]:
+    """Return plan documents to tamper with: Tessel (grouped repetend, completed) and its unrolled variant on
+    hand-2, Tessel returning a baseline at the bound (1f1b-4), a baseline, exact on a small placement, and
+    Tessel above the bound."""
+    import json
+
+    hand, one = api.load_problem(EXAMPLES / "hand-2.yaml"), api.load_problem(EXAMPLES / "1f1b-4.yaml")
+    plans = {"tessel": api.solve(hand, time_limit_s=2), "unrolled": api.solve(hand, solver="tessel-unrolled"),
+             "skipped": api.solve(one, time_limit_s=2), "baseline": api.solve(one, solver="1f1b"),
+             "exact": api.solve(problem("1f1b", 2, 3, w=1.0), solver="exact", time_limit_s=5),
+             # durations rounded to CP-SAT's ticks, a makespan above the lower bound
+             "irregular": api.solve(problem("1f1b", 4, 8, f=1.37, b=2.91, w=0.83, memory=4.0), time_limit_s=2)}
+    assert plans["tessel"].repetend.group == 2 and "completion_candidates_s" in plans["tessel"].solver.stats
+    assert "search_skipped" in plans["skipped"].solver.stats
+    return {name: json.loads(plan.to_json()) for name, plan in plans.items()}
+
+
+def _violations(doc: dict) -> list:
+    """Return the violations api.check finds in a plan document (its embedded problem)."""
+    from gpuplan.models.plan import plan_from_document
+
+    return api.check(None, plan_from_document(TesselPlan, doc))
+
+
+def _scaled(section: str, key: str, fn: Callable[[Any, dict], Any]) -> Callable[[dict], None]:
+    """Return a tamper setting doc[section...][key] to fn(old value, doc) (section: a dotted path of mappings)."""
+    def apply(doc: dict) -> None:
+        node = doc
+        for part in section.split("."):
+            node = node[part]
+        node[key] = fn(node[key], doc)
+    return apply
+
+
+def _period_halved(doc: dict) -> None:
+    for node, key in ((doc["repetend"], "period_s"), (doc["predicted"], "period_s")):
+        node[key] *= 0.5
+    doc["predicted"]["stream_throughput_mb_per_s"] *= 2
+
+
+def _offset_onto(doc: dict) -> None:
+    doc["repetend"]["offset_s"]["F2@0"] = doc["repetend"]["offset_s"]["F1@1"]  # both on device 1
+
+
+def _frees_late(doc: dict) -> None:  # B0 frees 1 GB on device 0: three periods later keeps 3 GB more in flight
+    for k in ("B0@0", "B0@1"):
+        doc["repetend"]["lag"][k] += 3
+
+
+def _baseline_returned(doc: dict) -> None:  # the makespan of the baseline the plan is, raised
+    stats = doc["solver"]["stats"]
+    stats["best_baseline"][stats["schedule_from"]] = stats["best_baseline"][stats["schedule_from"]] * 1.5 + 1
+
+
+def _baseline_shorter(doc: dict) -> None:  # between the lower bound and the plan's makespan
+    for name in doc["solver"]["stats"]["best_baseline"]:
+        doc["solver"]["stats"]["best_baseline"][name] = (doc["makespan_s"] + doc["predicted"]["lower_bound_s"]) / 2
+
+
+STATS = "solver.stats"
+TAMPERS = [  # (plan, what, tamper, code, words of the message)
+    ("tessel", "offset outside the period", _scaled("repetend.offset_s", "F3@0", lambda v, d: v * 1.5 + 1),
+     "repetend", "outside the period"),
+    ("tessel", "offset onto another block of its device", _offset_onto, "repetend", "modulo the period"),
+    ("tessel", "lag breaking a dependency", _scaled("repetend.lag", "F0@0", lambda v, d: v + 1), "repetend",
+     "before F0@0 ends"),
+    ("tessel", "lags keeping memory over the limit", _frees_late, "repetend", "in the steady state"),
+    ("tessel", "period below the busy time", _period_halved, "figure", "busiest device"),
+    ("tessel", "group", _scaled("repetend", "group", lambda v, d: v + 1), "repetend", "keys"),
+    ("tessel", "copies", _scaled("repetend", "copies", lambda v, d: v + 1), "figure", "repetend.copies"),
+    ("tessel", "window", _scaled("repetend", "window_s", lambda v, d: [v[0] * 1.5 + 1, v[1]]), "figure",
+     "repetend.window_s[0]"),
+    ("tessel", "busy bound", _scaled(STATS, "period_lower_bound_ticks", lambda v, d: v + 1), "figure",
+     "period_lower_bound_ticks"),
+    ("tessel", "memory bound above the period",
+     _scaled(STATS, "period_memory_bound_ticks", lambda v, d: d["solver"]["stats"]["period_ticks"]),
+     "figure", "period_memory_bound_ticks"),
+    ("tessel", "period in ticks", _scaled(STATS, "period_ticks", lambda v, d: v + 1), "figure", "stats.period_ticks"),
+    ("tessel", "group in stats", _scaled(STATS, "group", lambda v, d: v + 1), "figure", "stats.group"),
+    ("tessel", "micro-batches in flight", _scaled(STATS, "microbatches_in_flight", lambda v, d: v + 1), "figure",
+     "microbatches_in_flight"),
+    ("tessel", "baseline below the lower bound", _scaled(f"{STATS}.best_baseline", "zb-v", lambda v, d: v * 0.9),
+     "figure", "lower bound"),
+    ("irregular", "baseline shorter than the plan", _baseline_shorter, "figure", "keeps the shortest"),
+    ("tessel", "grouped makespan", _scaled(f"{STATS}.grouped", "makespan_s", lambda v, d: v * 1.5 + 1), "figure",
+     "longer than its repetend unrolled"),
+    ("tessel", "unrolled candidate", _scaled(f"{STATS}.completion_candidates_s", "unrolled",
+                                             lambda v, d: v * 1.5 + 1), "figure", "completion_candidates_s.unrolled"),
+    ("tessel", "candidate below the lower bound", _scaled(f"{STATS}.completion_candidates_s", "time/None",
+                                                          lambda v, d: v * 0.5), "figure", "lower bound"),
+    ("tessel", "schedule name", lambda d: d.update(schedule_name=d["schedule_name"] + "x"), "schedule_name",
+     "'tessel'"),
+    ("unrolled", "lag of an unrolled schedule", _scaled("repetend.lag", "B0@0", lambda v, d: v + 1), "repetend",
+     "unrolled repetend"),
+    ("skipped", "the baseline it returns", _baseline_returned, "figure", "stats.best_baseline."),
+    ("baseline", "lower bound raised to the makespan",
+     _scaled("predicted", "lower_bound_s", lambda v, d: d["makespan_s"]), "figure", "lower_bound_s"),
+    ("baseline", "schedule name of another solver", lambda d: d.update(schedule_name="tessel"), "schedule_name",
+     "'1f1b'"),
+    ("exact", "proven bound", _scaled("predicted", "proven_bound_s", lambda v, d: v * 1.5 + 1), "figure",
+     "proven_bound_s"),
+    ("exact", "bound in stats", _scaled(STATS, "bound_s", lambda v, d: v * 0.9), "figure", "stats.bound_s"),
+]
+
+
+@pytest.mark.parametrize("name,tamper,code,words", [pytest.param(n, t, c, w, id=f"{n}: {what}")
+                                                     for n, what, t, c, w in TAMPERS])
+def test_check_recomputes_the_repetend_and_the_solver_figures(solved_docs: dict[str, dict], name: str, tamper: Any,
+                                                               code: str, words: str) -> None:
+    """Each tampered field of a plan fails check with the expected code and a message naming it."""
+    import copy
+
+    assert _violations(solved_docs[name]) == []  # untampered, it passes
+    doc = copy.deepcopy(solved_docs[name])
+    tamper(doc)
+    found = _violations(doc)
+    assert any(v.code == code and words in v.message for v in found), [(v.code, v.message) for v in found]

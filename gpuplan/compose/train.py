@@ -76,8 +76,7 @@ def _solve_tessel(problem: Any, time_limit_s: float, seed: int, previous: Plan |
     kept = make_plan(problem, again, previous.schedule_name, Status.FEASIBLE)  # type: ignore[attr-defined]
     tails_s = tails_s or [0.0] * problem.devices
     longer = composed_time_s(kept.schedule, tails_s) >= composed_time_s(plan.schedule, tails_s) - 1e-12  # type: ignore[attr-defined]
-    stamped = {"solver": plan.solver, "problem": plan.problem, "input_digest": plan.input_digest}
-    if longer or api.check(problem, kept.model_copy(update=stamped)):
+    if longer:
         return plan
     kept.solver = SolverInfo(name=plan.solver.name if plan.solver else "tessel", seed=seed,
                              time_limit_s=time_limit_s, wall_time_s=plan.solver.wall_time_s if plan.solver else 0.0,
@@ -85,7 +84,7 @@ def _solve_tessel(problem: Any, time_limit_s: float, seed: int, previous: Plan |
                                                      "new search's)"})
     kept.problem = problem.document()
     kept.input_digest = digest(kept.problem)
-    return kept
+    return plan if api.check(problem, kept) else kept
 
 
 def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_rounds: int = 4,

@@ -14,6 +14,7 @@ per-device order (the cost model), and `check`, written from the constraints alo
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
@@ -22,7 +23,7 @@ from pydantic import Field, model_validator
 
 from gpuplan.models.base import Problem, Schema, Table, Violation
 from gpuplan.models.plan import Plan, figure_violations, infeasible_contradictions, stated_figures_violations
-from gpuplan.registry import ModelSpec, register_model
+from gpuplan.registry import ModelSpec, register_model, solvers as registry_solvers
 from gpuplan.units import Bytes, Seconds
 from gpuplan.viz import PALETTE
 
@@ -239,10 +240,17 @@ class Repetend(Schema):
     """The repeated pattern: period (s), per-block start within the period (s) and micro-batch lag.
 
     Instance (b, i) of the steady state starts at offset_s[b] + (i + lag[b]) * period_s (before the
-    final left-shift); `window_s` is where one full copy of the pattern runs in the schedule. A pattern
-    of `group` > 1 micro-batches (such as interleaved 1F1B's groups of p) keys its blocks "b@j"
-    (j < group): instance (b, u * group + j) starts at offset_s["b@j"] + (u + lag["b@j"]) * group *
-    period_s, so period_s stays the time per micro-batch (1 / throughput) for every group size.
+    final left-shift). A pattern of `group` > 1 micro-batches (such as interleaved 1F1B's groups of p)
+    keys its blocks "b@j" (j < group): instance (b, u * group + j) starts at offset_s["b@j"] + (u +
+    lag["b@j"]) * group * period_s, so period_s stays the time per micro-batch (1 / throughput) for
+    every group size. It is a cyclic schedule of the placement: offsets in [0, group * period_s),
+    dependencies met, no overlap modulo the period, steady-state memory under the limits (see
+    repetend_violations). `copies` is how many full copies of the pattern (every key once, each of a
+    micro-batch that exists) the pattern unrolled over N micro-batches holds: N // group - (max lag -
+    min lag). The schedule is built from the pattern (unrolled, or completed with it as priorities),
+    so it need not repeat it exactly; `window_s` marks one period of its steady state for charts: from
+    the start of the middle micro-batch's (N // 2) first block in topological order, group * period_s
+    long (None when the schedule was not built from this pattern).
     """
 
     period_s: float
@@ -452,7 +460,8 @@ def check(problem: TesselProblem, plan: TesselPlan) -> list[Violation]:
         if abs(span - plan.makespan_s) > 1e-6 * max(1.0, span):
             out.append(Violation("makespan", f"the plan states a makespan of {plan.makespan_s:g} s, "
                                  f"its entries span {span:g} s"))
-    return out + _check_figures(problem, plan, peaks)
+    return (out + _check_figures(problem, plan, peaks) + repetend_violations(problem, plan)
+            + _stats_violations(problem, plan) + _schedule_name_violations(plan))
 
 
 def _check_figures(problem: TesselProblem, plan: TesselPlan, peaks: list[float]) -> list[Violation]:
@@ -475,14 +484,284 @@ def _check_figures(problem: TesselProblem, plan: TesselPlan, peaks: list[float])
     if plan.predicted.get("search_s", 0.0) < 0:
         out.append(Violation("figure", f"the plan states a negative search time "
                              f"({plan.predicted['search_s']:g} s)", {"field": "predicted.search_s"}))
-    bound = plan.predicted.get("lower_bound_s")
-    if bound is not None:
-        floor = lower_bound_s(problem)
-        if not bound >= floor * (1 - 1e-6) - EPS or not bound <= span * 1.01 + EPS:
-            out.append(Violation("figure", f"the plan states predicted.lower_bound_s = {bound:.6g} s; it must lie "
-                                 f"between the model's bound {floor:.6g} s and the plan's makespan {span:.6g} s",
-                                 {"field": "predicted.lower_bound_s", "stated": bound, "recomputed": floor}))
+    stats = plan.solver.stats if plan.solver else {}
+    floor = lower_bound_s(problem)
+    proven = plan.predicted.get("proven_bound_s")  # exact's: the bound CP-SAT proved, or the model's
+    if proven is not None and not (_number(proven)
+                                   and floor * (1 - 1e-6) - EPS <= proven <= span * (1 + TICK_SLACK) + EPS):
+        out.append(Violation("figure", f"the plan states predicted.proven_bound_s = {proven!r} s; a makespan bound "
+                             f"lies between the model's bound {floor:.6g} s and the plan's makespan {span:.6g} s",
+                             {"field": "predicted.proven_bound_s", "stated": proven, "recomputed": floor}))
+    # the stated lower bound is the proven one where a solver proved one, else the model's
+    expected = proven if _number(proven) else floor
+    for field, bound in (("predicted.lower_bound_s", plan.predicted.get("lower_bound_s")),
+                         ("solver.stats.bound_s", stats.get("bound_s") if _number(proven) else None)):
+        if bound is not None:
+            out += figure_violations(field, bound, expected)
     return out
+
+
+# ---------------------------------------------------------------- the repetend and the solver's figures
+
+TICK_SLACK = 0.01  # relative slack for what a solver computed on an integer time grid (CP-SAT ticks)
+
+
+def _number(x: Any) -> bool:
+    """Return True when `x` is an int or float (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def repetend_keys(problem: TesselProblem, group: int) -> dict[str, tuple[str, int]]:
+    """Return the repetend's keys of a group size, each mapped to (block name, position j < group): the
+    block names when group is 1, else "b@j"."""
+    return {(b.name if group == 1 else f"{b.name}@{j}"): (b.name, j)
+            for j in range(group) for b in problem.blocks}
+
+
+def _readable(problem: TesselProblem, rep: Repetend) -> bool:
+    """Return True when a repetend can be unrolled: a period > 0 and an offset and a lag for each of its keys."""
+    keys = set(repetend_keys(problem, rep.group))
+    return rep.period_s > 0 and set(rep.offset_s) == keys and set(rep.lag) == keys
+
+
+def repetend_violations(problem: TesselProblem, plan: TesselPlan) -> list[Violation]:
+    """Return the violations of the plan's repetend ([] when it has none): its keys (one per block, or
+    per block and position in a group), offsets within the period, the period at least the busiest
+    device's work per micro-batch, the pattern a cyclic schedule of the placement (dependencies, no
+    overlap modulo the period, steady-state memory under the limits; times with TICK_SLACK of the
+    period for a solver's rounding), `copies` recomputed, and `window_s` recomputed from the schedule."""
+    rep = plan.repetend
+    if rep is None:
+        return []
+    if not rep.period_s > 0:
+        return [Violation("repetend", f"the repetend's period_s is {rep.period_s:g} s; a period is > 0",
+                          {"field": "repetend.period_s"})]
+    keys = repetend_keys(problem, rep.group)
+    for field, got in (("offset_s", rep.offset_s), ("lag", rep.lag)):
+        if set(got) != set(keys):
+            return [Violation("repetend", f"the repetend (group {rep.group}) states {field} for {sorted(got)}; "
+                              f"the placement's keys are {sorted(keys)}", {"field": f"repetend.{field}"})]
+    span = rep.group * rep.period_s  # one period of the pattern
+    slack = TICK_SLACK * span
+    out: list[Violation] = []
+    busy = max(problem.busy_s())
+    if rep.period_s < busy * (1 - TICK_SLACK):
+        out.append(Violation("figure", f"the plan states repetend.period_s = {rep.period_s:.6g} s; the busiest "
+                             f"device works {busy:.6g} s per micro-batch, a period is at least that",
+                             {"field": "repetend.period_s", "stated": rep.period_s, "recomputed": busy}))
+    for k, o in rep.offset_s.items():
+        if not -EPS <= o < span * (1 - 1e-9):
+            out.append(Violation("repetend", f"repetend.offset_s.{k} = {o:g} s lies outside the period "
+                                 f"[0, {span:g}) s", {"field": f"repetend.offset_s.{k}"}))
+    dur = {b.name: b.duration_s for b in problem.blocks}
+    at = {k: rep.offset_s[k] + rep.lag[k] * span for k in keys}  # start of the pattern's instance, lags unrolled
+    for k, (name, j) in keys.items():
+        for a in problem.block(name).after:
+            ka = a if rep.group == 1 else f"{a}@{j}"
+            if at[k] < at[ka] + dur[a] - slack:
+                out.append(Violation("repetend", f"repetend: {k} starts at {at[k]:g} s (offset + lag x period) "
+                                     f"before {ka} ends at {at[ka] + dur[a]:g} s",
+                                     {"field": f"repetend.offset_s.{k}"}))
+    for d in range(problem.devices):
+        mine = sorted((rep.offset_s[k], k) for k, (name, _) in keys.items() if d in problem.block(name).devices)
+        following = mine[1:] + [(mine[0][0] + span, mine[0][1])] if mine else []  # the first again, a period on
+        for (s1, k1), (s2, k2) in zip(mine, following):
+            if s1 + dur[keys[k1][0]] > s2 + slack:
+                out.append(Violation("repetend", f"repetend: on device {d}, {k2} starts at offset {s2:g} s while "
+                                     f"{k1} runs until {s1 + dur[keys[k1][0]]:g} s (modulo the period {span:g} s)",
+                                     {"device": d, "field": "repetend.offset_s"}))
+        out += _repetend_memory(problem, rep, keys, d, mine)
+    out += figure_violations("repetend.copies", rep.copies, _copies(problem, rep))
+    if rep.window_s is not None:
+        out += figure_violations("repetend.window_s", list(rep.window_s), _window(problem, plan.schedule, span) or [])
+    return out
+
+
+def _repetend_memory(problem: TesselProblem, rep: Repetend, keys: dict[str, tuple[str, int]], device: int,
+                     mine: list[tuple[float, str]]) -> list[Violation]:
+    """Return a `repetend` violation when the pattern's steady-state memory on `device` exceeds its limit:
+    at phase tau it holds sum_k delta_k ([offset_k <= tau] - lag_k), checked at every allocating start."""
+    if math.isinf(problem.limit(device)):
+        return []
+    mem = {k: problem.block(keys[k][0]).memory_bytes for _, k in mine}
+    for s, k in mine:
+        if mem[k] <= 0:
+            continue
+        level = sum(mem[x] * ((1 if o <= s else 0) - rep.lag[x]) for o, x in mine)
+        if level > problem.limit(device) * (1 + 1e-9) + EPS:
+            return [Violation("repetend", f"repetend: device {device} holds {level:g} bytes in the steady state "
+                              f"when {k} starts; its limit is {problem.limit(device):g} bytes",
+                              {"device": device, "field": "repetend.lag"})]
+    return []
+
+
+def _copies(problem: TesselProblem, rep: Repetend) -> int:
+    """Return how many full copies of the pattern its unrolling over N micro-batches holds."""
+    spread = max(rep.lag.values()) - min(rep.lag.values()) if rep.lag else 0
+    return max(0, problem.microbatches // rep.group - spread)
+
+
+def _window(problem: TesselProblem, schedule: list[list[Entry]], span: float) -> list[float] | None:
+    """Return the repetend's window (s): from the start of the middle micro-batch's first block (in
+    topological order), `span` long; None when that instance is not in the schedule."""
+    first = (topological_order(problem.blocks) or [problem.blocks[0].name])[0]
+    mid = problem.microbatches // 2
+    at = [e.start_s for dev in schedule for e in dev if e.block == first and e.microbatch == mid]
+    return [at[0], at[0] + span] if at else None
+
+
+def unrolled_schedule(problem: TesselProblem, rep: Repetend) -> list[list[Entry]]:
+    """Return the repetend unrolled over the N micro-batches (each device runs its instances in the order
+    of their pattern start times) and left-shifted, timed by `simulate` (s); raises DeadlockError."""
+    span = rep.group * rep.period_s
+    times: list[list[tuple[float, str, int]]] = [[] for _ in range(problem.devices)]
+    for b in problem.blocks:
+        for i in range(problem.microbatches):
+            k = b.name if rep.group == 1 else f"{b.name}@{i % rep.group}"
+            for d in b.devices:
+                times[d].append((rep.offset_s[k] + (i // rep.group + rep.lag[k]) * span, b.name, i))
+    return simulate(problem, [[(n, i) for _, n, i in sorted(dev)] for dev in times])
+
+
+def _stats_violations(problem: TesselProblem, plan: TesselPlan) -> list[Violation]:
+    """Return violations of what Tessel's solver.stats claim about the problem and the plan: the period's
+    busy bound (ticks on the grid tick_s, recomputed) and memory bound (at most the period found), the
+    period and group against the repetend, micro-batches in flight, and makespans of schedules the solver
+    built and dropped (baselines, grouped repetend, completion candidates: none below the model's lower
+    bound nor, where it kept the best of them, below the plan's makespan; see _makespans_violations).
+    Other stats are diagnostics."""
+    stats = plan.solver.stats if plan.solver else {}
+    rep = plan.repetend
+    out: list[Violation] = []
+    tick, found = stats.get("tick_s"), None  # found: the period per micro-batch in ticks
+    if _number(stats.get("period_ticks")) and _number(stats.get("group")) and stats["group"] >= 1:
+        found = stats["period_ticks"] / stats["group"]
+    if rep is not None:
+        if "group" in stats:
+            out += figure_violations("solver.stats.group", stats["group"], rep.group)
+        if stats.get("period_ticks") is not None and _number(tick) and tick > 0:  # ticks read by tick_s
+            out += figure_violations("solver.stats.period_ticks", stats["period_ticks"],
+                                     rep.period_s * rep.group / tick)
+        if "microbatches_in_flight" in stats:
+            in_flight = (max(rep.lag.values()) - min(rep.lag.values()) + 1) * rep.group if rep.lag else 0
+            out += figure_violations("solver.stats.microbatches_in_flight", stats["microbatches_in_flight"],
+                                     in_flight)
+    if "period_lower_bound_ticks" in stats:
+        if _number(tick) and tick > 0:  # durations on the grid: each the nearest multiple of tick_s, at least 1
+            busy = max(sum(max(1, round(b.duration_s / tick)) for b in problem.blocks if d in b.devices)
+                       for d in range(problem.devices))
+            out += figure_violations("solver.stats.period_lower_bound_ticks", stats["period_lower_bound_ticks"],
+                                     busy)
+        else:
+            out.append(Violation("figure", "the plan states solver.stats.period_lower_bound_ticks without a tick_s "
+                                 "> 0 to read it by", {"field": "solver.stats.tick_s"}))
+    for field in ("period_lower_bound_ticks", "period_memory_bound_ticks"):
+        bound = stats.get(field)
+        if bound is not None and (not _number(bound) or bound < 0
+                                  or (found is not None and bound > found * (1 + 1e-9))):
+            out.append(Violation("figure", f"the plan states solver.stats.{field} = {bound!r}; a lower bound on "
+                                 f"the period must lie between 0 and the period found ({found} ticks per micro-batch)",
+                                 {"field": f"solver.stats.{field}", "stated": bound}))
+    return out + _makespans_violations(problem, plan, stats)
+
+
+def _makespans_violations(problem: TesselProblem, plan: TesselPlan, stats: dict[str, Any]) -> list[Violation]:
+    """Return violations of the makespans (s) Tessel's stats give for schedules it built: its floor (the
+    best baseline), the grouped repetend's schedule and the completion candidates, the unrolled one
+    recomputed by the simulator. None lies below the model's lower bound; none the plan kept the best of
+    lies below the plan's makespan (the floor, the grouped schedule, candidates that fit the memory: all
+    without a limit, the unrolled one when its schedule fits); a schedule built from the repetend
+    (schedule_from "repetend", or the grouped one when the repetend is it) is no longer than the repetend
+    unrolled, one of its candidates, and is exactly that when no completion or polish ran."""
+    rep, span, floor = plan.repetend, plan.makespan_s, lower_bound_s(problem)
+    candidates = stats.get("completion_candidates_s")
+    candidates = candidates if isinstance(candidates, dict) else {}
+    grouped = stats.get("grouped")
+    grouped = grouped if isinstance(grouped, dict) else {}
+    from_repetend = stats.get("schedule_from") == "repetend"
+    is_grouped = rep is not None and rep.group > 1 and grouped.get("group") == rep.group  # the repetend is it
+    out: list[Violation] = []
+    unrolled = None  # the unrolled repetend's makespan (s), when its schedule fits the memory
+    schedule: list[list[Entry]] = []  # the unrolled repetend's
+    wanted = "unrolled" in candidates or from_repetend or (is_grouped and "makespan_s" in grouped)
+    if rep is not None and _readable(problem, rep) and wanted:
+        try:
+            schedule = unrolled_schedule(problem, rep)
+        except DeadlockError as exc:
+            out.append(Violation("repetend", f"the repetend unrolled over the micro-batches cannot run: {exc}",
+                                 {"field": "repetend"}))
+        else:
+            if "unrolled" in candidates:
+                out += figure_violations("solver.stats.completion_candidates_s.unrolled", candidates["unrolled"],
+                                         makespan_s(schedule))
+            peaks = memory_peaks(problem, schedule)
+            if all(p <= problem.limit(d) * (1 + 1e-9) + EPS for d, p in enumerate(peaks)):
+                unrolled = makespan_s(schedule)
+    polished = bool({"polish_status", "polish_error"} & set(stats))
+    if from_repetend and not candidates and not polished and unrolled is not None:
+        # built without completion or polish: the schedule is the repetend unrolled
+        out += _unrolled_differences(plan.schedule, schedule)
+    elif from_repetend and unrolled is not None and span > unrolled * (1 + 1e-6) + EPS:
+        out.append(Violation("repetend", f"the schedule, built from the repetend (solver.stats.schedule_from), spans "
+                             f"{span:.6g} s; the repetend unrolled spans {unrolled:.6g} s, and the shortest is kept",
+                             {"field": "repetend", "stated": span, "recomputed": unrolled}))
+    unlimited = all(math.isinf(problem.limit(d)) for d in range(problem.devices))
+    made: list[tuple[str, Any, bool, bool]] = []  # (field, makespan, >= the plan's, <= the unrolled repetend's)
+    baselines = stats.get("best_baseline")
+    for name, value in (baselines.items() if isinstance(baselines, dict) else []):
+        made.append((f"solver.stats.best_baseline.{name}", value, True, False))
+        if stats.get("schedule_from") == name:  # the plan is that baseline's schedule
+            out += figure_violations(f"solver.stats.best_baseline.{name}", value, span)
+    if "makespan_s" in grouped:
+        made.append(("solver.stats.grouped.makespan_s", grouped["makespan_s"], True, is_grouped))
+    for key, value in candidates.items():
+        made.append((f"solver.stats.completion_candidates_s.{key}", value,
+                     unlimited or (key == "unrolled" and unrolled is not None), False))
+    for field, value, above_plan, below_unrolled in made:
+        if value is None or (isinstance(value, float) and math.isnan(value)):  # a candidate not built (JSON: null)
+            continue
+        if not _number(value) or not value >= floor * (1 - 1e-6) - EPS:
+            out.append(Violation("figure", f"the plan states {field} = {value!r} s, a makespan below the model's "
+                                 f"lower bound {floor:.6g} s", {"field": field, "stated": value, "recomputed": floor}))
+        elif above_plan and value < span * (1 - 1e-6) - EPS:
+            out.append(Violation("figure", f"the plan states {field} = {value:.6g} s, shorter than the plan's own "
+                                 f"makespan {span:.6g} s: the solver keeps the shortest",
+                                 {"field": field, "stated": value, "recomputed": span}))
+        elif below_unrolled and unrolled is not None and value > unrolled * (1 + 1e-6) + EPS:
+            out.append(Violation("figure", f"the plan states {field} = {value:.6g} s, longer than its repetend "
+                                 f"unrolled ({unrolled:.6g} s), one of its candidates",
+                                 {"field": field, "stated": value, "recomputed": unrolled}))
+    return out
+
+
+def _unrolled_differences(schedule: list[list[Entry]], unrolled: list[list[Entry]]) -> list[Violation]:
+    """Return a `repetend` violation naming the first block instance whose start (s) differs between the
+    plan's schedule and the unrolled repetend's ([] when they agree)."""
+    ours = {(e.block, e.microbatch): e.start_s for dev in schedule for e in dev}
+    for dev in unrolled:
+        for e in dev:
+            at = ours.get((e.block, e.microbatch))
+            if at is None or abs(at - e.start_s) > 1e-9 * max(1.0, abs(e.start_s)):
+                return [Violation("repetend", f"the schedule is the repetend unrolled (solver.stats: from the "
+                                  f"repetend, no completion), but {e.block}#{e.microbatch} starts at {at} s, the "
+                                  f"unrolled repetend at {e.start_s:g} s",
+                                  {"field": "repetend", "block": e.block, "microbatch": e.microbatch})]
+    return []
+
+
+def _schedule_name_violations(plan: TesselPlan) -> list[Violation]:
+    """Return a `schedule_name` violation when the name disagrees with the plan's solver: "tessel" for
+    the paper's method and its variants, the solver's own name otherwise ([] without a solver)."""
+    if plan.solver is None:
+        return []
+    roles = {s.name: s.role for s in registry_solvers("tessel")}
+    if plan.solver.name not in roles:
+        return []  # api.check reports an unknown solver
+    expected = "tessel" if roles[plan.solver.name] in ("paper", "variant") else plan.solver.name
+    if plan.schedule_name == expected:
+        return []
+    return [Violation("schedule_name", f"the plan names its schedule {plan.schedule_name!r}; solver "
+                      f"{plan.solver.name!r} makes {expected!r} schedules", {"field": "schedule_name"})]
 
 
 # ---------------------------------------------------------------- show
