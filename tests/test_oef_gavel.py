@@ -61,6 +61,13 @@ def test_bad_gavel_files_name_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(InputError) as info:
         read_gavel_throughputs(tput)
     assert "null" in str(info.value) and "-2" in str(info.value)
+    # a device (or a FIFO) is refused before it is read, and bytes that are not text are named
+    for read in (read_gavel_trace, read_gavel_throughputs):
+        with pytest.raises(InputError, match="not a regular file"):
+            read("/dev/zero")
+    bad.write_bytes(b"\xff\xfe\t1\n")
+    with pytest.raises(InputError, match=str(bad)):
+        read_gavel_trace(bad)
 
 
 def test_generator_follows_gavels_distributions() -> None:

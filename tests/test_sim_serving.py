@@ -140,6 +140,12 @@ def test_traces_read_the_sample_and_refuse_bad_rows(tmp_path) -> None:  # type: 
     bad.write_text("prompt_tokens,output_tokens\n10,x\n")
     with pytest.raises(ValueError, match="row 2"):
         read_lengths_csv(bad)
+    bad.write_bytes(b"prompt_tokens,output_tokens\n\xff\xfe,3\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_lengths_csv(bad)
+    # a device or a FIFO is refused before anything is read: /dev/zero would never end
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_lengths_csv("/dev/zero")
 
 
 def test_max_rate_bisects_to_the_threshold() -> None:

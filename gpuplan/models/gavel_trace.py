@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gpuplan.errors import InputError
+from gpuplan.io import read_input_bytes
 from gpuplan.models.base import validate
 from gpuplan.models.oef_trace import Trace
 
@@ -77,8 +78,8 @@ def _read_json(path: str | Path) -> dict[str, Any]:
     """Return Gavel's throughput JSON as read; raise InputError naming the file when it is unreadable
     or not a mapping."""
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        raw = json.loads(read_input_bytes(path, what="Gavel throughput JSON"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read Gavel's throughput JSON: {exc}", file=str(path)) from exc
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a mapping of worker type to job types, not {type(raw).__name__}",
@@ -151,8 +152,8 @@ def _colocations(raw: dict[str, Any], path: str | Path) -> Colocations:
 def read_gavel_trace(path: str | Path) -> list[GavelJob]:
     """Return the jobs of a Gavel trace file (ten tab-separated columns per line, see module doc)."""
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
+        lines = read_input_bytes(path, what="Gavel trace").decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read Gavel trace: {exc}", file=str(path)) from exc
     jobs = []
     for n, line in enumerate(lines, 1):

@@ -13,6 +13,7 @@ or prompt + output over 2,048 tokens are dropped. `examples/serving/sharegpt-sam
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -95,9 +96,15 @@ def _json_array_items(text: str):  # type: ignore[no-untyped-def]
 def read_lengths_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Return (prompt_tokens, output_tokens) from a CSV with columns prompt_tokens,output_tokens.
     Raises ValueError naming the file, row and value on a bad entry."""
+    from gpuplan.io import read_input_bytes  # a regular file of bounded size: never /dev/zero or a FIFO
+
     prompts: list[int] = []
     outputs: list[int] = []
-    with open(path, newline="") as fh:
+    try:
+        text = read_input_bytes(path, what="lengths CSV").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    with io.StringIO(text, newline="") as fh:
         reader = csv.DictReader(fh)
         if not reader.fieldnames or not {"prompt_tokens", "output_tokens"} <= set(reader.fieldnames):
             raise ValueError(f"{path}: expected columns prompt_tokens,output_tokens; got {reader.fieldnames}")
