@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuplan import api
 from gpuplan.errors import InputError
 from gpuplan.io import read_document
 from gpuplan.models.lagom import cost
@@ -542,3 +543,17 @@ def test_from_poseidon_groups_use_the_clusters_nics() -> None:
     p = validate(LagomProblem, {"kind": "lagom", **workload_from_poseidon(_poseidon_plan_doc() | {
         "stages": doc["stages"], "problem": _poseidon_plan_doc()["problem"]}, stage=1)})
     assert p.groups["dp"].nics == 2
+
+
+def test_a_coarse_thread_grid_without_trees_thread_count_still_solves() -> None:
+    # thread_step 128 searches 64, 192, ..., 576 threads: none is Tree's 640, so the AutoCCL-style
+    # descent has no grid value for that subspace and must skip it (it raised ValueError)
+    doc = {"kind": "lagom", "hardware": {"gpu": "L4"},
+           "groups": {"g": {"ranks": 2, "nodes": 2, "inter_GBps": "100 Gbps", "intra": "pcie"}},
+           "segments": [{"name": "s0", "compute_s": 0.001}],
+           "ops": [{"name": "ar", "collective": "all_reduce", "size_bytes": "200 MiB", "group": "g", "overlaps": "s0"}],
+           "grid": {"thread_step": 128}}
+    problem = api.load_problem(doc)
+    for solver in ("lagom", "autoccl"):
+        plan = api.solve(problem, solver=solver, time_limit_s=2)
+        assert api.check(problem, plan) == [], solver

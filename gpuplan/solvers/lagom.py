@@ -309,6 +309,8 @@ def autoccl_op(problem: LagomProblem, i: int) -> tuple[Theta, int]:
             if start is None:
                 continue
             grids = {d: _valid_values(comp, i, start, d, sp.values(d)) for d in ("channels", "threads", "chunk_bytes")}
+            if not all(grids.values()):  # no grid value is valid here (Tree's 640 threads off a coarse thread grid)
+                continue
             cur = replace(start, **{d: min(g, key=lambda v: abs(v - getattr(start, d))) for d, g in grids.items()})
             cur_t = float(comp.comm_us(i, cur))
             evals += 1
