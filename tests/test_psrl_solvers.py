@@ -164,8 +164,23 @@ def test_exact_refuses_large_batches() -> None:
 
 
 def test_infeasible_names_the_sample() -> None:
-    doc = api.load_problem(EXAMPLES / "small-agent.yaml").document()
-    doc["workers"] = [{"name": "g", "gpu": "H100", "count": 2, "memory_bytes": 1.5 * 2**30}]
+    problem = api.load_problem(EXAMPLES / "small-agent.yaml")
+    doc = problem.document()
+    room = problem.static_bytes + min(problem.sample_bytes) / 2   # the model state, and half the smallest path
+    doc["workers"] = [{"name": "g", "gpu": "H100", "count": 2, "memory_bytes": room}]
     plan = api.solve(doc)
     assert plan.status.value == "infeasible"
     assert "sample" in plan.message and "GiB" in plan.message
+
+
+@pytest.mark.parametrize("solver", ["psrl", "karmarkar-karp", "subtree-greedy", "no-sharing"])
+def test_a_worker_that_cannot_hold_the_model_state_is_named(solver: str) -> None:
+    # every worker holds the model state, training or not: one too small makes the problem infeasible
+    # (the solvers left it idle or gave it samples, and the plan said feasible while check refused it)
+    doc = api.load_problem(EXAMPLES / "small-agent.yaml").document()
+    static = api.load_problem(doc).static_bytes
+    doc["workers"] = [{"name": "big", "gpu": "H100", "count": 2},
+                      {"name": "small", "gpu": "T4", "count": 1, "memory_bytes": static / 2}]
+    plan = api.solve(doc, solver=solver)
+    assert plan.status.value == "infeasible"
+    assert "small" in plan.message and "model state" in plan.message

@@ -153,7 +153,14 @@ def _fits(problem: PsrlProblem) -> list[list[bool]]:
 
 
 def _need_fit(problem: PsrlProblem) -> list[list[bool]]:
-    """Return _fits, raising InfeasibleError naming the first sample no worker can hold."""
+    """Return _fits, raising InfeasibleError naming the first worker that cannot hold the model state (every
+    worker holds it, training or not) or the first sample no worker can hold."""
+    small = [w for w, m in enumerate(problem.memory) if problem.static_bytes > m]
+    if small:
+        w = small[0]
+        raise InfeasibleError(
+            f"worker {problem.worker_names()[w]} has {problem.memory[w] / 2**30:.1f} GiB; the model state every "
+            f"worker holds takes {problem.static_bytes / 2**30:.1f} GiB: give it more memory or leave it out")
     fits = _fits(problem)
     for s, row in enumerate(fits):
         if not any(row):
