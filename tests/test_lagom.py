@@ -557,3 +557,21 @@ def test_a_coarse_thread_grid_without_trees_thread_count_still_solves() -> None:
     for solver in ("lagom", "autoccl"):
         plan = api.solve(problem, solver=solver, time_limit_s=2)
         assert api.check(problem, plan) == [], solver
+
+
+@pytest.mark.parametrize("grid", [{"max_channels": 1}, {"thread_step": 256}, {"max_channels": 8, "thread_step": 128}])
+def test_grids_with_no_valid_value_for_an_algorithm_still_solve(grid: dict) -> None:
+    # max_channels 1 leaves NVLS (>= 2 channels) nothing on the grid, coarse thread steps leave out the
+    # counts some protocols need: every search skips such a subspace (the priority search and the
+    # exhaustive one took the argmin of an empty grid)
+    doc = {"kind": "lagom", "hardware": {"gpu": "H100"}, "groups": {"dp": {"ranks": 8, "nodes": 1, "intra": "nvlink"}},
+           "segments": [{"name": "bwd", "compute_s": 0.004}],
+           "ops": [{"name": "b", "collective": "all_reduce", "size_bytes": "64 MiB", "group": "dp", "overlaps": "bwd"}],
+           "grid": grid}
+    problem = api.load_problem(doc)
+    times = {}
+    for solver in ("lagom", "exhaustive", "autoccl", "nccl-default"):
+        plan = api.solve(problem, solver=solver, time_limit_s=2)
+        assert api.check(problem, plan) == [], solver
+        times[solver] = plan.iteration_s
+    assert times["exhaustive"] <= min(times.values()) * (1 + 1e-9)   # exact: one op in its window

@@ -50,11 +50,15 @@ class Space:
 
 
 def space(problem: LagomProblem, i: int) -> Space:
-    """Return op i's search grid (algorithms NCCL allows for its collective and group)."""
+    """Return op i's search grid (algorithms NCCL allows for its collective and group; the problem's grid of
+    channels, threads and chunks, with NCCL's default values for the op added, so that every search, the
+    exhaustive one included, covers the settings next to the default the others start from)."""
     comp = problem.compiled
     op, link = comp.ops[i], comp.links[i]
     algos = [a for a in cost.ALGOS if cost.algo_allowed(a, op.collective, link) is None]
-    return Space(algos, list(cost.PROTOS), problem.grid.channels(), problem.grid.threads(), problem.grid.chunks())
+    d, g = comp.nccl_default(i), problem.grid
+    return Space(algos, list(cost.PROTOS), sorted({*g.channels(), d.channels}), sorted({*g.threads(), d.threads}),
+                 sorted({*g.chunks(), d.chunk_bytes}))
 
 
 def repair(comp: Compiled, i: int, t: Theta) -> Theta | None:
@@ -150,6 +154,8 @@ def joint_step(comp: Compiled, settings: list[Theta], i: int, sp: Space) -> tupl
     cur = settings[i]
     best = float(comp.window_us(w, settings))
     ncs = _valid_values(comp, i, cur, "channels", sp.channels)
+    if not ncs or not sp.chunks:  # no valid channel count on the grid for this algorithm
+        return cur, best, 0
     NC, C = np.meshgrid(np.asarray(ncs, dtype=float), np.asarray(sp.chunks, dtype=float), indexing="ij")
     NT = np.full_like(NC, float(cur.threads))
     times = np.broadcast_to(comp.window_us(w, settings, override=(i, cur), arrays=(NC, NT, C)), NC.shape)
@@ -239,8 +245,9 @@ def subspaces(problem: LagomProblem, i: int) -> list[tuple[Theta, list[int], lis
             base = Theta(a, p, 2, 640 if a == "tree" else 256, sp.chunks[0])
             if cost.proto_allowed(a, p, comp.links[i]) or comp.valid(i, base):
                 continue
-            out.append((base, _valid_values(comp, i, base, "channels", sp.channels),
-                        _valid_values(comp, i, base, "threads", sp.threads), sp.chunks))
+            ncs, nts = _valid_values(comp, i, base, "channels", sp.channels), _valid_values(comp, i, base, "threads", sp.threads)
+            if ncs and nts and sp.chunks:  # a grid can hold no valid value (NVLS's 2 channels above max_channels 1)
+                out.append((base, ncs, nts, sp.chunks))
     return out
 
 

@@ -75,7 +75,7 @@ def _baseline_setting_violations(problem: LagomProblem, name: str, base: list[Op
     """Return `baseline` violations of a baseline's per-op settings: an unknown baseline; for nccl-default
     every field that differs from NCCL's own choice (cost.nccl_default); for autoccl a setting that is
     neither NCCL's default (where its descent starts and which it keeps when nothing beats it) nor on the
-    search grid (channels, threads, chunk). [] when they hold."""
+    search grid (channels, threads, chunk: the problem's grid and the op's default values). [] when they hold."""
     if name not in BASELINES:
         return [Violation("baseline", f"unknown baseline {name!r} (expected one of {', '.join(BASELINES)})",
                           {"baseline": name})]
@@ -91,8 +91,9 @@ def _baseline_setting_violations(problem: LagomProblem, name: str, base: list[Op
                                          f"default for op {s.op!r} is {want!r}",
                                          {"field": f"baselines.{name}[{i}].{f}", "stated": getattr(s, f),
                                           "expected": want}))
-        elif s.theta() != default:
-            off = [f"{f} {getattr(s, f)}" for f, values in grids.items() if getattr(s, f) not in values]
+        elif s.theta() != default:  # the searches' grid holds the problem's values and the op's default ones
+            off = [f"{f} {getattr(s, f)}" for f, values in grids.items()
+                   if getattr(s, f) not in values and getattr(s, f) != getattr(default, f)]
             if off:
                 out.append(Violation("baseline", f"baselines.{name}[{i}] (op {s.op!r}) sets {', '.join(off)} "
                                      "outside the search grid and is not NCCL's default",
