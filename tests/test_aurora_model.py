@@ -230,3 +230,16 @@ def test_same_input_same_plan() -> None:
     a, b = api.solve(problem, seed=3), api.solve(problem, seed=3)
     strip = lambda p: {k: v for k, v in p.document().items() if k != "solver"}  # noqa: E731
     assert strip(a) == strip(b) and a.solver.stats["candidates"] == b.solver.stats["candidates"]
+
+
+def test_exact_out_of_time_returns_the_heuristics_plan() -> None:
+    # CP-SAT finds nothing in a millisecond: the plan in hand (the heuristic's, CP-SAT's hint) is returned
+    # with status time_limit and a message, never only an error
+    problem = api.load_problem(Path(__file__).resolve().parents[1] / "examples" / "aurora" / "small-2regions.yaml")
+    plan = api.solve(problem, solver="exact", time_limit_s=0.001)
+    assert api.check(problem, plan) == []
+    optimum = api.solve(problem, solver="exact", time_limit_s=30)
+    assert optimum.status.value == "optimal"
+    assert plan.predicted["step_time_s"] >= optimum.predicted["step_time_s"] * (1 - 1e-9)
+    # a machine fast enough to solve it in 1 ms returns the optimum itself
+    assert plan.status.value == "optimal" or (plan.status.value == "time_limit" and "heuristic" in plan.message)

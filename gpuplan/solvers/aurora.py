@@ -22,7 +22,7 @@ import math
 import time
 from typing import Any
 
-from gpuplan.errors import InfeasibleError
+from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.aurora import (TRAINER, AuroraPlan, AuroraProblem, arrival_times, best_split, edge_rate,
                                    extraction, finish_plan, metrics, objective_value, tree_edges)
 from gpuplan.models.plan import SolverInfo, Status
@@ -359,8 +359,16 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
         m.AddHint(n[c], hint.rollout.get(names[c - 1], 0))
 
     progress(None, "CP-SAT")
-    res = solve_cpsat(m, time_limit_s=time_limit_s if time_limit_s is not None else 60.0, seed=seed,
-                      workers=workers)
+    try:
+        res = solve_cpsat(m, time_limit_s=time_limit_s if time_limit_s is not None else 60.0, seed=seed,
+                          workers=workers)
+    except SolverError as exc:  # no solution in the limit: the heuristic's plan stands, unproven
+        if time_limit_s is None:
+            raise
+        plan = hint.model_copy(update={"status": Status.TIME_LIMIT,
+                                       "message": f"{exc}; the heuristic's plan (its CP-SAT hint) is shown"})
+        plan.solver = SolverInfo(name="exact", stats={"heuristic_step_s": hint.predicted["step_time_s"]})
+        return plan
     val = res.solver.Value
     tree = {names[c - 1]: nodes[p] for (p, c), var in x.items() if val(var)}
     split = {names[c - 1]: int(val(n[c])) for c in range(1, W + 1) if val(n[c]) > 0}
