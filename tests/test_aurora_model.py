@@ -243,3 +243,11 @@ def test_exact_out_of_time_returns_the_heuristics_plan() -> None:
     assert plan.predicted["step_time_s"] >= optimum.predicted["step_time_s"] * (1 - 1e-9)
     # a machine fast enough to solve it in 1 ms returns the optimum itself
     assert plan.status.value == "optimal" or (plan.status.value == "time_limit" and "heuristic" in plan.message)
+
+
+@pytest.mark.parametrize("option", [{"payload": "bogus"}, {"name": "hand-tuned"}])
+def test_a_bad_option_value_is_refused(option: dict) -> None:
+    # payload "bogus" was shipped as a dense checkpoint and the plan then failed check
+    problem = api.load_problem(Path(__file__).resolve().parents[1] / "examples" / "aurora" / "small-2regions.yaml")
+    with pytest.raises(InputError, match=f"option.{next(iter(option))}"):
+        api.solve(problem, solver="aurora", **option)

@@ -69,3 +69,16 @@ def test_run_executes_heads_on_gloo_workers(small: Path, tmp_path: Path) -> None
     result = json.loads((tmp_path / "run.json").read_text())["result"]
     assert result["ranks"] >= 2 and result["measured_step_s"] > 0 and result["predicted_step_s"] > 0
     assert "predicted vs measured" in out
+
+
+def test_hetis_takes_no_snapshot_option(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # the snapshot method is the solver's (hetis: water-filling, hetis-lp: LP, exact: CP-SAT); an option
+    # that changed it wrote plans the check then refused as another solver's
+    from click.testing import CliRunner
+
+    from gpuplan.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "hetis" / "small.yaml"
+    res = CliRunner().invoke(main, ["solve", "hetis", str(example), "--option", "snapshot=lp",
+                                    "-o", str(tmp_path / "p.json")])
+    assert res.exit_code == 2 and "snapshot" in res.output and not (tmp_path / "p.json").exists()

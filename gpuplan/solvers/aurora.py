@@ -22,7 +22,7 @@ import math
 import time
 from typing import Any
 
-from gpuplan.errors import InfeasibleError, SolverError
+from gpuplan.errors import InfeasibleError, InputError, SolverError
 from gpuplan.models.aurora import (TRAINER, AuroraPlan, AuroraProblem, arrival_times, best_split, edge_rate,
                                    extraction, finish_plan, metrics, objective_value, tree_edges)
 from gpuplan.models.plan import SolverInfo, Status
@@ -180,6 +180,9 @@ def solve_aurora(problem: AuroraProblem, *, time_limit_s: float | None = None, s
     baseline). The work is bounded by a count of evaluated candidates (so the same input gives the
     same plan on any machine); the time limit is only a safety net.
     """
+    for option, value, allowed in (("payload", payload, ("delta", "dense")), ("name", name, ("aurora", "dense-tree"))):
+        if value not in allowed:
+            raise InputError.at(None, f"option.{option}", value, " or ".join(allowed))
     started = time.perf_counter()
     deadline = started + (time_limit_s if time_limit_s is not None else 60.0)
     stats: dict[str, Any] = {"candidates": 0, "improvements": 0}

@@ -534,6 +534,13 @@ def solve_hetis(problem: HetisProblem, *, time_limit_s: float | None = None, see
     return deadline.mark(plan, found.cut_short())
 
 
+def solve_hetis_paper(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                      progress: Progress = no_progress) -> HetisPlan:
+    """Return the Hetis plan with the snapshot's heads water-filled (the paper's dispatch; hetis-lp and
+    exact place them by LP or CP-SAT)."""
+    return solve_hetis(problem, time_limit_s=time_limit_s, seed=seed, progress=progress)
+
+
 def solve_hetis_lp(problem: HetisProblem, *, time_limit_s: float | None = None, seed: int = 0,
                    progress: Progress = no_progress) -> HetisPlan:
     """Return the Hetis plan with the snapshot's heads placed by LP relaxation + largest-remainder rounding."""
@@ -728,7 +735,7 @@ def solve_splitwise(problem: HetisProblem, *, time_limit_s: float | None = None,
                                deadline=Deadline.after(time_limit_s))
 
 
-register_solver("hetis", "hetis", solve_hetis, role="paper", default=True,
+register_solver("hetis", "hetis", solve_hetis_paper, role="paper", default=True,
                 description="Stage A primaries (5% rule), head-wise water-filling dispatch over all GPUs, re-dispatch")
 register_solver("hetis", "hetis-lp", solve_hetis_lp, role="variant",
                 description="Hetis with the snapshot's heads placed by LP relaxation + largest-remainder rounding")
