@@ -465,8 +465,14 @@ def solve_psrl(problem: PsrlProblem, *, time_limit_s: float | None = None, seed:
         progress(None, "perturbed restarts")
         pl, kicks = _perturbed_search(problem, best[1], fits, deadline, seed, rounds=perturb_rounds)
         best = (max(pl.loads), pl, best[2])
-    return _plan(problem, best[1], stats={**best[2], "starts": len(tolerances), "improving_kicks": kicks,
-                                          "stopped_by_time_limit": time.perf_counter() > deadline})
+    stopped = time.perf_counter() > deadline
+    plan = _plan(problem, best[1], stats={**best[2], "starts": len(tolerances), "improving_kicks": kicks,
+                                          "stopped_by_time_limit": stopped})
+    if stopped and time_limit_s is not None:
+        plan.status = Status.TIME_LIMIT
+        plan.message = (f"time limit {time_limit_s:g} s: the search stopped early (restarts, local search or "
+                        "kicks cut short); the best plan in hand is shown")
+    return plan
 
 
 def _copy(problem: PsrlProblem, pl: Placement) -> Placement:
