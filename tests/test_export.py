@@ -129,6 +129,22 @@ def test_megatron_arguments(tp_bundle: Path, interleaved_bundle: Path) -> None:
     assert vargs[vargs.index("--pipeline-model-parallel-layout") + 1].count("|") == 3
 
 
+def test_megatron_arguments_keep_the_models_shape(tp_bundle: Path) -> None:
+    # Megatron derives the head size as hidden / heads and ties embeddings by default: a model whose head
+    # size differs (qwen3-4b: 2560 / 32 = 80, heads of 128) or with untied embeddings must say so
+    import dataclasses
+
+    from gpuplan.export.common import training_job
+
+    job = training_job(tp_bundle, "Megatron-LM")
+    plain = {**job.model, "head_dim": job.model["hidden"] // job.model["heads"], "tied_embeddings": True}
+    args = megatron.job_args(dataclasses.replace(job, model=plain))
+    assert "--kv-channels" not in args and "--untie-embeddings-and-output-weights" not in args
+    qwen = {**plain, "hidden": 2560, "heads": 32, "kv_heads": 8, "head_dim": 128, "tied_embeddings": False}
+    args = megatron.job_args(dataclasses.replace(job, model=qwen))
+    assert args[args.index("--kv-channels") + 1] == "128" and "--untie-embeddings-and-output-weights" in args
+
+
 def test_refusals_name_what_the_trainer_lacks(tmp_path: Path) -> None:
     stages = [{"tp": 2, "dp": 1, "device_type": "A100-40GB", "micro_batch_size": 1},
               {"tp": 1, "dp": 2, "device_type": "H100", "micro_batch_size": 1}]

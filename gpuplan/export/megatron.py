@@ -37,6 +37,10 @@ def job_args(job: TrainingJob) -> list[str]:
             "--micro-batch-size", str(job.micro_batch_size), "--global-batch-size", str(job.global_batch)]
     if m.get("kv_heads") and m["kv_heads"] != m["heads"]:
         args += ["--group-query-attention", "--num-query-groups", str(m["kv_heads"])]
+    if m.get("head_dim") and m["head_dim"] * m["heads"] != m["hidden"]:  # Megatron's default: hidden / heads
+        args += ["--kv-channels", str(m["head_dim"])]
+    if not m.get("tied_embeddings", True):  # Megatron ties the embedding and output weights by default
+        args.append("--untie-embeddings-and-output-weights")
     if m.get("gated_mlp", True):
         args.append("--swiglu")
     if job.num_stages > 1:
