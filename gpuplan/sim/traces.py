@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from gpuplan.io import read_input_bytes
 from gpuplan.sim.core import ArrivalProcess, arrival_times, rng
 from gpuplan.sim.serving import BE, LS, Requests
 
@@ -96,8 +97,6 @@ def _json_array_items(text: str):  # type: ignore[no-untyped-def]
 def read_lengths_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     """Return (prompt_tokens, output_tokens) from a CSV with columns prompt_tokens,output_tokens.
     Raises ValueError naming the file, row and value on a bad entry."""
-    from gpuplan.io import read_input_bytes  # a regular file of bounded size: never /dev/zero or a FIFO
-
     prompts: list[int] = []
     outputs: list[int] = []
     try:

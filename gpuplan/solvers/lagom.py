@@ -50,15 +50,13 @@ class Space:
 
 
 def space(problem: LagomProblem, i: int) -> Space:
-    """Return op i's search grid (algorithms NCCL allows for its collective and group; the problem's grid of
-    channels, threads and chunks, with NCCL's default values for the op added, so that every search, the
-    exhaustive one included, covers the settings next to the default the others start from)."""
+    """Return op i's search grid: the algorithms NCCL allows for its collective and group, every protocol,
+    and the problem's grid with the op's default values (Grid.around)."""
     comp = problem.compiled
     op, link = comp.ops[i], comp.links[i]
     algos = [a for a in cost.ALGOS if cost.algo_allowed(a, op.collective, link) is None]
-    d, g = comp.nccl_default(i), problem.grid
-    return Space(algos, list(cost.PROTOS), sorted({*g.channels(), d.channels}), sorted({*g.threads(), d.threads}),
-                 sorted({*g.chunks(), d.chunk_bytes}))
+    values = problem.grid.around(comp.nccl_default(i))
+    return Space(algos, list(cost.PROTOS), values["channels"], values["threads"], values["chunk_bytes"])
 
 
 def repair(comp: Compiled, i: int, t: Theta) -> Theta | None:

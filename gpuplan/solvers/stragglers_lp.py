@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from gpuplan.models.stragglers import StragglersProblem
+from gpuplan.models.stragglers import StragglersProblem, critical_paths_s
 
 LP_MAX_JOBS = 60
 LP_MAX_TASKS = 2_000
@@ -61,6 +61,7 @@ def _lower_bound_cached(doc: str, speedup: str, intervals: int) -> float:
     var = problem.variability.build()
     N = problem.slots
     h_sup = var.h_limit()
+    crit = critical_paths_s(problem)
     phases: list[tuple[int, int, float, int]] = []  # (job, phase, work, tasks)
     for j in range(len(arr)):
         phases.append((j, 0, float(maps[j].sum()), int(maps[j].size)))
@@ -97,8 +98,7 @@ def _lower_bound_cached(doc: str, speedup: str, intervals: int) -> float:
         if (j, 1) in index:
             m, r = index[(j, 0)], index[(j, 1)]
             cons.append(cp.cumsum(z[r]) / phases[r][2] <= cp.cumsum(z[m]) / phases[m][2])
-        crit = (float(maps[j].max()) + (float(reds[j].max()) if reds[j].size else 0.0)) / h_sup
-        cons += [F[j] >= (z[last] @ starts) / W_last - arr[j], F[j] >= crit]
+        cons += [F[j] >= (z[last] @ starts) / W_last - arr[j], F[j] >= crit[j]]
     prob = cp.Problem(cp.Minimize(w @ F), cons)
     from gpuplan.errors import GpuplanError
     from gpuplan.models.plan import Status

@@ -189,6 +189,14 @@ class Grid(Schema):
             lo *= 2
         return out
 
+    def around(self, default: Any) -> dict[str, list[int]]:
+        """Return the values searched for one op, by dimension (channels, threads, chunk_bytes): the grid's
+        with the op's NCCL default (a Theta) added, so that every search covers the settings next to the
+        default the others start from, however coarse the grid."""
+        return {"channels": sorted({*self.channels(), default.channels}),
+                "threads": sorted({*self.threads(), default.threads}),
+                "chunk_bytes": sorted({*self.chunks(), default.chunk_bytes})}
+
 
 class FromModel(Schema):
     """Build the workload from a catalog transformer and a DP x TP layout (one bucket per layer)."""

@@ -79,11 +79,11 @@ def _baseline_setting_violations(problem: LagomProblem, name: str, base: list[Op
     if name not in BASELINES:
         return [Violation("baseline", f"unknown baseline {name!r} (expected one of {', '.join(BASELINES)})",
                           {"baseline": name})]
-    comp, grid = problem.compiled, problem.grid
-    grids = {"channels": grid.channels(), "threads": grid.threads(), "chunk_bytes": grid.chunks()}
+    comp = problem.compiled
     out: list[Violation] = []
     for i, s in enumerate(base):
         default = comp.nccl_default(i)
+        grids = problem.grid.around(default)
         if name == "nccl-default":
             for f, want in vars(default).items():
                 if getattr(s, f) != want:
@@ -91,9 +91,8 @@ def _baseline_setting_violations(problem: LagomProblem, name: str, base: list[Op
                                          f"default for op {s.op!r} is {want!r}",
                                          {"field": f"baselines.{name}[{i}].{f}", "stated": getattr(s, f),
                                           "expected": want}))
-        elif s.theta() != default:  # the searches' grid holds the problem's values and the op's default ones
-            off = [f"{f} {getattr(s, f)}" for f, values in grids.items()
-                   if getattr(s, f) not in values and getattr(s, f) != getattr(default, f)]
+        elif s.theta() != default:
+            off = [f"{f} {getattr(s, f)}" for f, values in grids.items() if getattr(s, f) not in values]
             if off:
                 out.append(Violation("baseline", f"baselines.{name}[{i}] (op {s.op!r}) sets {', '.join(off)} "
                                      "outside the search grid and is not NCCL's default",

@@ -383,13 +383,17 @@ def solver_run_violations(plan: StragglersPlan) -> list[Violation]:
     return out
 
 
-def critical_path_floor(problem: StragglersProblem) -> float:
-    """Return sum_j w_j (longest map + longest reduce task) / h(inf) (s): no job finishes sooner after its
-    arrival, however many copies its tasks run; both LPs of the solvers' stats hold F_j >= that term."""
-    _, w, maps, reds = problem.arrays
+def critical_paths_s(problem: StragglersProblem) -> list[float]:
+    """Return each job's critical path (s): (longest map + longest reduce task) / h(inf); no job finishes
+    sooner after its arrival, however many copies its tasks run (the LP bound's F_j >= term)."""
+    _, _, maps, reds = problem.arrays
     h_sup = problem.variability.build().h_limit()
-    return float(sum(wj * (float(m.max()) + (float(r.max()) if r.size else 0.0)) / h_sup
-                     for wj, m, r in zip(w, maps, reds)))
+    return [(float(m.max()) + (float(r.max()) if r.size else 0.0)) / h_sup for m, r in zip(maps, reds)]
+
+
+def critical_path_floor(problem: StragglersProblem) -> float:
+    """Return sum_j w_j x critical path_j (s): a floor both LPs of the solvers' stats hold."""
+    return float(sum(wj * c for wj, c in zip(problem.arrays[1], critical_paths_s(problem))))
 
 
 def lp_bound_violations(problem: StragglersProblem, stats: dict[str, Any], flowtime: float) -> list[Violation]:
