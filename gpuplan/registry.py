@@ -15,6 +15,7 @@ from typing import Any, Callable, Literal, Protocol
 
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.plan import Plan
+from gpuplan.option_rules import OptionRule, is_nonfinite
 
 
 class Progress(Protocol):
@@ -61,7 +62,8 @@ class SolverSpec:
     digest and problem document). applicable(problem) returns None when the solver applies, else
     the reason it does not (e.g. an exact solver on an instance too large for it). guarantees: the
     properties every plan of this solver promises (its contract, e.g. OEF's sharing incentive); a
-    model's check enforces them from here, never from a list in the plan.
+    model's check enforces them from here, never from a list in the plan. option_rules: the domain
+    of each option (name -> OptionRule), which `check_options` enforces.
     """
 
     kind: str
@@ -73,6 +75,7 @@ class SolverSpec:
     applicable: Callable[[Any], str | None] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     guarantees: tuple[str, ...] = ()
+    option_rules: dict[str, OptionRule] = field(default_factory=dict)
 
 
 _MODELS: dict[str, ModelSpec] = {}
@@ -90,10 +93,17 @@ def register_model(spec: ModelSpec) -> ModelSpec:
 def register_solver(kind: str, name: str, fn: Callable[..., Plan], *, role: SolverRole = "paper",
                     default: bool = False, description: str = "",
                     applicable: Callable[[Any], str | None] | None = None,
-                    options: dict[str, Any] | None = None, guarantees: tuple[str, ...] = ()) -> SolverSpec:
-    """Add a solver for `kind` under `name`; return its spec. `guarantees` is the solver's contract."""
+                    options: dict[str, Any] | None = None, guarantees: tuple[str, ...] = (),
+                    option_rules: dict[str, OptionRule] | None = None) -> SolverSpec:
+    """Add a solver for `kind` under `name`; return its spec. `guarantees` is the solver's contract;
+    `option_rules` gives each option's domain (name -> OptionRule, see gpuplan.option_rules). Raises
+    ValueError when a rule names an option the solver does not read (a typo would leave it unchecked)."""
     spec = SolverSpec(kind, name, fn, role, default, description, applicable, dict(options or {}),
-                      tuple(guarantees))
+                      tuple(guarantees), dict(option_rules or {}))
+    stray = sorted(set(spec.option_rules) - set(solver_options(spec)))
+    if stray:
+        raise ValueError(f"solver {name!r} of {kind}: option_rules name {stray}, which it does not read; "
+                         f"its options: {sorted(solver_options(spec))}")
     _SOLVERS.setdefault(kind, {})[name] = spec
     return spec
 
@@ -156,9 +166,31 @@ def solver_options(spec: SolverSpec) -> dict[str, Any]:
 
 
 def check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
-    """Refuse solver options the solver does not read, or of another type than its default;
-    return None when every option is known. Raises InputError naming the option and the known ones."""
-    check_against_signature(solver_options(spec), options, f"solver {spec.name!r} of {spec.kind}", "option")
+    """Refuse solver options the solver does not read, of another type than its default, or outside
+    the domain its OptionRule gives (nan and inf too, for every option whose rule does not allow them);
+    return None when every option is valid. Raises InputError naming the option, the value and what
+    is expected (`option 'beta': got 1.5; expected a number in (0, 1] (default 0.5)`)."""
+    from gpuplan.errors import InputError
+
+    known = solver_options(spec)
+    check_against_signature(known, options, f"solver {spec.name!r} of {spec.kind}", "option")
+    for name, value in options.items():
+        rule = spec.option_rules.get(name)
+        if rule is None and not is_nonfinite(value):
+            continue  # an option without a rule (tests/test_option_rules.py says none may lack one)
+        if rule is not None and rule.accepts(value):
+            continue
+        expected = rule.describe() if rule is not None else "a finite number"
+        default = known[name]
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        tail = "" if default is inspect.Parameter.empty else f" (default {default!r})"
+        raise InputError(f"option {name!r}: got {shown}; expected {expected}{tail}",
+                         field=f"option.{name}", value=value, expected=expected)
+
+
+def option_rule(spec: SolverSpec, name: str) -> OptionRule | None:
+    """Return the OptionRule of option `name` of a solver, or None when it has none."""
+    return spec.option_rules.get(name)
 
 
 def check_against_signature(known: dict[str, Any], options: dict[str, Any], owner: str, label: str) -> None:

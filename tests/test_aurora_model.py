@@ -249,5 +249,5 @@ def test_exact_out_of_time_returns_the_heuristics_plan() -> None:
 def test_a_bad_option_value_is_refused(option: dict) -> None:
     # payload "bogus" was shipped as a dense checkpoint and the plan then failed check
     problem = api.load_problem(Path(__file__).resolve().parents[1] / "examples" / "aurora" / "small-2regions.yaml")
-    with pytest.raises(InputError, match=f"option.{next(iter(option))}"):
+    with pytest.raises(InputError, match=f"option '{next(iter(option))}'"):
         api.solve(problem, solver="aurora", **option)

@@ -28,11 +28,14 @@ from typing import Any, Callable
 import numpy as np
 
 from gpuplan.models.stragglers.speedup import Variability, dolly_copies, sda_expectations
+from gpuplan.option_rules import OptionRule, integer, number, one_of
 from gpuplan.sim.core import EventQueue, rng as make_rng
 
 ARRIVE, FINISH, TICK, PROBE = 0, 1, 2, 3
 EPS = 1e-9
 MAX_EVENTS = 50_000_000  # a run past this many events is a bug, not a workload
+MAX_COPIES = integer(1)  # the rule of every policy's `max_copies`: 0 copies would leave a task unrun
+PROBABILITY = number(0, 1)  # the rule of a probability, quantile or fraction of the slots
 
 
 @dataclass(frozen=True)
@@ -416,12 +419,14 @@ class Context:
 
 class Policy:
     """Base of every policy: `decide` runs after each batch of simultaneous events (tick True at a
-    monitoring tick); `checkpoint` selects opportunistic checkpointing (allotment policies)."""
+    monitoring tick); `checkpoint` selects opportunistic checkpointing (allotment policies). `defaults`
+    are the parameters it reads, `rules` the domain of each (the registry refuses values outside it)."""
 
     name = "policy"
     checkpoint = False
     tick = False
     defaults: dict[str, Any] = {}
+    rules: dict[str, OptionRule] = {}
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         self.ctx = ctx
@@ -480,6 +485,7 @@ class AllotmentPolicy(Policy):
     redundant = True
     multitask = False
     defaults = {"max_copies": 8}
+    rules = {"max_copies": MAX_COPIES}
 
     def allot(self, sim: Sim) -> list[tuple[_Task, int, float]]:
         """Return the desired (task, copies, share) of this event."""
@@ -531,6 +537,7 @@ class SRPT(AllotmentPolicy):
     name = "srpt"
     redundant = False
     defaults: dict[str, Any] = {}
+    rules: dict[str, OptionRule] = {}
 
     def allot(self, sim: Sim) -> list[tuple[_Task, int, float]]:
         free = sim.N
@@ -567,6 +574,7 @@ class SRPTR(SRPT):
     name = "srpt-r"
     redundant = True
     defaults = {"max_copies": 8}
+    rules = {"max_copies": MAX_COPIES}
 
 
 class FairR(AllotmentPolicy):
@@ -599,6 +607,7 @@ class Fair(FairR):
     name = "fair"
     redundant = False
     defaults: dict[str, Any] = {}
+    rules: dict[str, OptionRule] = {}
 
     def shares(self, sim: Sim, jobs: list[_Job]) -> list[float]:
         caps = [len(j.running) + len(j.pending) for j in jobs]
@@ -624,6 +633,7 @@ class LAPSR(FairR):
 
     name = "laps-r"
     defaults = {"max_copies": 8, "beta": 0.5}
+    rules = {"max_copies": MAX_COPIES, "beta": number(0, 1, low_open=True)}  # the latest share of the jobs
 
     def chosen(self, sim: Sim) -> list[_Job]:
         jobs = list(sim.active)  # arrival order
@@ -647,6 +657,8 @@ class HeSRPT(FairR):
 
     name = "hesrpt"
     defaults = {"max_copies": 8, "p": 0.0}
+    rules = {"max_copies": MAX_COPIES,  # p: the speedup exponent of k^p (c = 1/(1-p) needs p < 1)
+             "p": number(0, 1, low_open=True, high_open=True, special={0: "automatic: fitted to h"})}
 
     def chosen(self, sim: Sim) -> list[_Job]:
         return sorted(sim.active, key=lambda j: (-j.remaining, -j.arrival, -j.idx))
@@ -749,6 +761,9 @@ class Mantri(SlotPolicy):
     name = "mantri"
     tick = True
     defaults = {"delta": 0.25, "rho": 3.0, "max_restarts": 3}
+    rules = {"delta": PROBABILITY,  # the duplicate test's threshold on P(t_rem > t_new (c+1)/c); the period is tick_s
+             "rho": number(0),      # E[t_new] - t_rem < rho periods
+             "max_restarts": integer(0)}
 
     def decide(self, sim: Sim, tick: bool) -> None:
         var, d = self.ctx.var, self.ctx.tick_s
@@ -786,6 +801,8 @@ class LATE(SlotPolicy):
     name = "late"
     tick = True
     defaults = {"slow_task": 0.25, "slow_node": 0.25, "cap": 0.1}
+    rules = {"slow_task": PROBABILITY, "slow_node": PROBABILITY,  # quantiles of progress rates, of node speeds
+             "cap": PROBABILITY}                                  # speculative copies, a fraction of the slots
 
     def decide(self, sim: Sim, tick: bool) -> None:
         self.fill(sim)
@@ -829,6 +846,9 @@ class Dolly(SlotPolicy):
 
     name = "dolly"
     defaults = {"p": 0.05, "target": 0.05, "max_copies": 3, "budget": 0.05, "small_tasks": 10}
+    rules = {"p": PROBABILITY, "target": PROBABILITY,  # a copy's, a job's straggler probability
+             "max_copies": MAX_COPIES, "budget": PROBABILITY,  # budget: extra copies, a fraction of the slots
+             "small_tasks": integer(1, special={0: "no job is cloned"})}  # the largest job (tasks) cloned
 
     def copies_for(self, sim: Sim, job: _Job, task: _Task) -> int:
         n = len(job.maps) + len(job.reduces)
@@ -858,6 +878,9 @@ class SRPTMSC(SlotPolicy):
     name = "srptms-c"
     key = staticmethod(_wsrpt_key)
     defaults = {"eps": 0.1}
+    # the least marginal speedup h(r) - h(r-1) of one more copy: above 1 too (pareto alpha < 1.5 has
+    # h(2) - h(1) = 1 / (2 (alpha - 1)) > 1); 0: as many copies as max_copies() allows (64)
+    rules = {"eps": number(0)}
 
     def max_copies(self) -> int:
         """Return the most copies per task: the largest r with h(r) - h(r-1) >= eps (at least 1)."""
@@ -898,6 +921,7 @@ class SCA(SlotPolicy):
 
     name = "sca"
     defaults = {"gamma": 0.1, "max_copies": 4, "resolve": 1}
+    rules = {"gamma": number(0), "max_copies": MAX_COPIES, "resolve": one_of(0, 1)}  # gamma: machine time's weight
 
     def decide(self, sim: Sim, tick: bool) -> None:
         reclaim_clones(sim, _fifo_key)  # re-solving at an arrival: first copies before clones
@@ -996,6 +1020,10 @@ class SDA(SlotPolicy):
 
     name = "sda"
     defaults = {"gamma": 0.1, "tau": 0.0, "d": 0, "target": 0.0}
+    rules = {"gamma": number(0),
+             "tau": number(0, low_open=True, special={0: "automatic: from sda_choice"}),  # in floor units
+             "d": integer(1, special={0: "automatic: from sda_choice"}),
+             "target": number(0, 1, low_open=True, special={0: "off: weigh machine time by gamma"})}
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(ctx, **params)
@@ -1027,6 +1055,7 @@ class ESE(SlotPolicy):
     tick = True
     key = staticmethod(_wsrpt_key)
     defaults = {"delta": 0.25, "max_restarts": 3}
+    rules = {"delta": PROBABILITY, "max_restarts": integer(0)}  # as Mantri's
 
     def decide(self, sim: Sim, tick: bool) -> None:
         var, d = self.ctx.var, self.ctx.tick_s
@@ -1118,6 +1147,8 @@ class Threshold(Policy):
 
     name = "threshold"
     defaults = {"light": "sca", "rho_star": 0.0}
+    rules = {"light": one_of("sca", "sda"),
+             "rho_star": number(0, low_open=True, special={0: "automatic: threshold_load"})}  # an offered load
 
     def __init__(self, ctx: Context, **params: Any) -> None:
         super().__init__(ctx, **params)

@@ -15,6 +15,7 @@ import numpy as np
 from gpuplan.models.lagom import cost
 from gpuplan.models.lagom import Compiled, LagomPlan, LagomProblem, OpSetting, Theta, make_plan
 from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.option_rules import flag, integer
 from gpuplan.registry import Progress, register_solver
 from gpuplan.solvers.backends import Deadline
 
@@ -414,7 +415,10 @@ def solve_autoccl(problem: LagomProblem, *, time_limit_s: float | None = None, s
 
 
 register_solver("lagom", "lagom", solve_lagom, role="paper", default=True,
-                description="priority-based 1-D searches over (proto, algo, channels, chunk, threads), re-ranked")
+                description="priority-based 1-D searches over (proto, algo, channels, chunk, threads), re-ranked",
+                # passes: at most this many priority passes (priority_search stops early when one improves nothing)
+                option_rules={"passes": integer(1, special={0: "no priority pass: NCCL's default, then the polish"}),
+                              "polish": flag()})
 register_solver("lagom", "exhaustive", solve_exhaustive, role="exact", applicable=exhaustive_applicable,
                 description="every theta of the grid, window by window (exact with one op per window)")
 register_solver("lagom", "nccl-default", solve_default, role="baseline",

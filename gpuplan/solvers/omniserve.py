@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 
 from gpuplan.models.omniserve import OmniServePlan, OmniServeProblem, fill_plan
-from gpuplan.models.omniserve.costs import build_latency, build_trace, token_budget
+from gpuplan.models.omniserve.costs import MAX_BUDGET, build_latency, build_trace, token_budget
 from gpuplan.models.omniserve.evaluate import run_policy
 from gpuplan.models.omniserve.policy import PolicyParams
 from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.option_rules import OptionRule, flag, integer, number
 from gpuplan.registry import Progress, no_progress, register_solver
 from gpuplan.sim.serving import BE
 from gpuplan.solvers.backends import Deadline
@@ -58,10 +59,11 @@ def solve_omniserve(problem: OmniServeProblem, *, time_limit_s: float | None = N
                     be_inflight_max: int = -1) -> OmniServePlan:
     """Return OmniServe's plan: the piggybacking policy with the Sarathi token budget for the TPOT SLO
     (or `token_budget` when > 0), BE attention on the CPU pools; a share X of the GPU KV cache may hold BE
-    requests that decode on the GPU (`be_gpu_fraction`; < 0: chosen by `best_fraction` as for the
+    requests that decode on the GPU (`be_gpu_fraction`; -1: chosen by `best_fraction` as for the
     headroom baseline), bounds on BE prefill tokens per iteration and on BE requests in flight on the
-    pools (`be_inflight_max` < 0: both chosen by `best_controls`; else no prefill bound and this in-flight
-    bound, 0: none), LS admission control; the plan states the simulated figures."""
+    pools (`be_inflight_max` -1: both chosen by `best_controls`; else no prefill bound and this in-flight
+    bound, 0: none), LS admission control; the plan states the simulated figures. OPTION_RULES gives
+    each option's domain."""
     return _omniserve(problem, "omniserve", 1, progress, token_budget, be_gpu_fraction, be_batch_max, pace_factor,
                       admission, be_inflight_max, Deadline.after(time_limit_s, SEARCH_SHARE))
 
@@ -185,7 +187,7 @@ def solve_headroom(problem: OmniServeProblem, *, time_limit_s: float | None = No
                    progress: Progress = no_progress, token_budget: int = 0,
                    be_gpu_fraction: float = -1.0) -> OmniServePlan:
     """Return the memory-headroom plan: BE may hold at most X of the GPU KV cache, LS first. With
-    be_gpu_fraction < 0, X is chosen by `best_fraction` (best BE throughput under the LS SLO)."""
+    be_gpu_fraction -1, X is chosen by `best_fraction` (best BE throughput under the LS SLO)."""
     budget, target = _base(problem, token_budget)
     if be_gpu_fraction >= 0:
         return _plan(problem, PolicyParams("headroom", budget, target, min(1.0, be_gpu_fraction)))
@@ -237,15 +239,34 @@ def pack_exact(need_bytes: np.ndarray, need_rate: np.ndarray, free_bytes: np.nda
     return out
 
 
+OPTION_RULES: dict[str, OptionRule] = {  # the ranges the model's check accepts in a plan (_param_violations)
+    "token_budget": integer(1, MAX_BUDGET, special={0: "automatic: the Sarathi budget for the TPOT SLO"}),
+    "be_gpu_fraction": number(0, 1, special={-1: "automatic: chosen by best_fraction"}),
+    "be_batch_max": integer(0, 100_000),
+    "pace_factor": number(0.001, 100),  # the plan's (0, 100]; the policy never paces below 0.001
+    "admission": flag(),
+    "be_inflight_max": integer(1, 100_000, special={0: "no bound", -1: "automatic: chosen by best_controls"}),
+}
+"""The domain of every omniserve solver option, which registry.check_options enforces."""
+
+
+def _rules(*names: str) -> dict[str, OptionRule]:
+    """Return the OPTION_RULES of the options `names` (those one solver reads)."""
+    return {n: OPTION_RULES[n] for n in names}
+
+
 register_solver("omniserve", "omniserve", solve_omniserve, role="paper", default=True,
                 description="piggybacked CPU attention for BE, LS priority and admission control, binary-searched "
-                            "BE batch, FFD pool packing")
+                            "BE batch, FFD pool packing", option_rules=OPTION_RULES)
 register_solver("omniserve", "omniserve-pass", solve_omniserve_pass, role="variant",
                 description="omniserve where a CPU result back before its layer's out-projection joins the same "
-                            "pass (up to every layer per iteration)")
+                            "pass (up to every layer per iteration)", option_rules=OPTION_RULES)
 register_solver("omniserve", "sarathi", solve_sarathi, role="baseline",
-                description="Sarathi-Serve: GPU only, LS and BE FCFS under the token budget")
+                description="Sarathi-Serve: GPU only, LS and BE FCFS under the token budget",
+                option_rules=_rules("token_budget"))
 register_solver("omniserve", "headroom", solve_headroom, role="baseline",
-                description="Llumnix-style memory headroom: BE at most X of GPU KV, X best for BE under the LS SLO")
+                description="Llumnix-style memory headroom: BE at most X of GPU KV, X best for BE under the LS SLO",
+                option_rules=_rules("token_budget", "be_gpu_fraction"))
 register_solver("omniserve", "neo", solve_neo, role="baseline",
-                description="NEO-style: BE decode attention on the host CPU when GPU memory is full")
+                description="NEO-style: BE decode attention on the host CPU when GPU memory is full",
+                option_rules=_rules("token_budget"))

@@ -24,6 +24,7 @@ from typing import Any
 from gpuplan.errors import InfeasibleError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.psrl import PsrlPlan, PsrlProblem, finish_plan
+from gpuplan.option_rules import flag, integer
 from gpuplan.registry import Progress, no_progress, register_solver
 
 EXACT_MAX_SAMPLES = 40
@@ -715,9 +716,13 @@ def solve_exact(problem: PsrlProblem, *, time_limit_s: float | None = None, seed
 
 register_solver("psrl", "psrl", solve_psrl, role="paper", default=True,
                 description="subtree-affinity / prefix-split LPT greedy charging min(recompute, K/V exchange), "
-                            "local search, DFS micro-batches, block-size DP and Belady eviction")
+                            "local search, DFS micro-batches, block-size DP and Belady eviction",
+                # max_rounds: rounds of the local search (`search` false turns it off); perturb_rounds: kicks, 0: none
+                option_rules={"search": flag(), "perturb_rounds": integer(0),
+                              "max_rounds": integer(1, special={0: "no local-search round (the kicks' own still run)"})})
 register_solver("psrl", "exact", solve_exact, role="exact", applicable=exact_applicable,
-                description=f"CP-SAT placement (<= {EXACT_MAX_SAMPLES} samples, <= {EXACT_MAX_WORKERS} workers)")
+                description=f"CP-SAT placement (<= {EXACT_MAX_SAMPLES} samples, <= {EXACT_MAX_WORKERS} workers)",
+                option_rules={"workers": integer(1)})  # CP-SAT search workers
 register_solver("psrl", "karmarkar-karp", solve_karmarkar_karp, role="baseline",
                 description="verl's prefix-oblivious sequence-length balancing (largest differencing), no sharing")
 register_solver("psrl", "subtree-greedy", solve_subtree_greedy, role="baseline",

@@ -65,7 +65,7 @@ def _solver(policy: str) -> Callable[..., StragglersPlan]:
 
 for _name, _text in PAPER.items():
     register_solver("stragglers", _name, _solver(_name), role="paper", default=_name == "srptms-c",
-                    description=_text, options=POLICIES[_name].defaults)
+                    description=_text, options=POLICIES[_name].defaults, option_rules=POLICIES[_name].rules)
 for _name, _text in BASELINE.items():
     register_solver("stragglers", _name, _solver(_name), role="baseline", description=_text,
-                    options=POLICIES[_name].defaults)
+                    options=POLICIES[_name].defaults, option_rules=POLICIES[_name].rules)

@@ -21,9 +21,11 @@ from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.tessel import (Entry, Order, Repetend, TesselPlan, TesselProblem, make_plan, makespan_s,
                                    memory_peaks, simulate, topological_order, lower_bound_s, DeadlockError)
+from gpuplan.option_rules import flag, integer, number
 from gpuplan.registry import register_solver
 from gpuplan.solvers.backends import solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
+from gpuplan.units import UPPER_LIMITS
 
 EXACT_MAX_INSTANCES = 600
 EXACT_HINT_SHARE = 0.4  # of exact's time limit, the share Tessel's hint may use (its guard's limit)
@@ -1111,13 +1113,26 @@ def _gpipe_reason(problem: TesselProblem) -> str | None:
     return classic.pipeline_reason(problem, chunks=_interleaved_chunks(problem))
 
 
+TESSEL_RULES = {
+    "workers": integer(1),  # CP-SAT search workers (the polish)
+    "completion": flag(),
+    "floor": flag(),
+    # deterministic CP-SAT seconds, at most the 1e9 s every input quantity in seconds is bounded by (gpuplan.units)
+    "polish_s": number(0, UPPER_LIMITS["s"], low_open=True, special={0: "off"}),
+    "latency_search_s": number(0, UPPER_LIMITS["s"], low_open=True,
+                               special={0: "automatic: a tenth of one search step's budget"}),
+}
+"""The domain of Tessel's options, which registry.check_options enforces."""
+
 register_solver("tessel", "tessel", solve_tessel, role="paper", default=True,
-                description="repetend (cyclic CP-SAT, min period under memory) + joint warm-up/cool-down completion")
+                description="repetend (cyclic CP-SAT, min period under memory) + joint warm-up/cool-down completion",
+                option_rules=TESSEL_RULES)
 register_solver("tessel", "tessel-unrolled",
                 lambda problem, **kw: solve_tessel(problem, completion=False, floor=False, **kw), role="variant",
                 description="the repetend unrolled and left-shifted, without the completion step or the baseline floor")
 register_solver("tessel", "exact", solve_exact, role="exact", applicable=_exact_applies,
-                description="CP-SAT over every block instance (intervals, no-overlap, reservoir memory)")
+                description="CP-SAT over every block instance (intervals, no-overlap, reservoir memory)",
+                option_rules={"workers": TESSEL_RULES["workers"]})
 BASELINES: dict[str, tuple[Callable[[TesselProblem], list[list[Entry]]], Callable[[TesselProblem], str | None]]] = {}
 
 

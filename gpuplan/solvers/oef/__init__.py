@@ -26,6 +26,7 @@ import numpy as np
 from gpuplan.models.oef import (EF, PE, POLICY_LABELS, SI, Arrays, OefPlan, OefProblem, arrays, efficiency, envy_factor,
                                 equal_share, realised_fractions)
 from gpuplan.models.plan import SolverInfo, Status
+from gpuplan.option_rules import integer, one_of
 from gpuplan.registry import register_solver
 from gpuplan.solvers.backends import solve_cvxpy
 
@@ -306,11 +307,6 @@ def _lp_solver(fairness: str, guarantees: list[str], name: str) -> Callable[...,
     def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
               progress: Callable[[float | None, str], None], method: str = "cuts", tie_break: str = "solver",
               groups: int = 0, dual_groups: int = 100, **_: Any) -> OefPlan:
-        if not 0 <= dual_groups <= MAX_DUAL_GROUPS:
-            from gpuplan.errors import InputError
-
-            raise InputError(f"option dual_groups: 0 (no dual bound) to {MAX_DUAL_GROUPS}, not {dual_groups}",
-                             field="option.dual_groups", value=dual_groups, expected=f"0..{MAX_DUAL_GROUPS}")
         started = time.perf_counter()
         a = arrays(problem)
         arrays_s = time.perf_counter() - started
@@ -367,19 +363,30 @@ def solve_equal_share(problem: OefProblem, *, time_limit_s: float | None = None,
                  name="equal-share", stats={}, progress=progress)
 
 
+LP_OPTION_RULES = {
+    "method": one_of("cuts", "cvxpy"),             # the EF/SI LP: row generation, or every EF row to cvxpy
+    "tie_break": one_of("solver", "efficiency"),   # the max-min LPs (lp_allocation also refuses others)
+    "groups": integer(1, special={0: "off: no grouped restriction"}),
+    "dual_groups": integer(1, MAX_DUAL_GROUPS, special={0: "no dual bound"}),
+}
+"""The domain of the LP policies' options, which registry.check_options enforces (the solvers read
+method and groups only for the EF/SI LPs, tie_break only for the max-min ones)."""
+
 register_solver("oef", "oef", _lp_solver("ef", [SI, EF], "oef"), role="paper",
                 default=True, description="max efficiency s.t. sharing incentive and envy-freeness (LP)",
-                guarantees=(SI, EF))
+                guarantees=(SI, EF), option_rules=LP_OPTION_RULES)
 register_solver("oef", "oef-si", _lp_solver("si", [SI, PE], "oef-si"),
                 role="variant", description="max efficiency s.t. sharing incentive (accepts envy; Pareto efficient)",
-                guarantees=(SI, PE))
+                guarantees=(SI, PE), option_rules=LP_OPTION_RULES)
 register_solver("oef", "oef-noncoop", solve_partial_allocation, role="variant",
                 description="strategy-proof: partial allocation over Nash welfare (Cole-Gkatzelis-Goel)")
 register_solver("oef", "gavel-maxmin", _lp_solver("maxmin", [], "gavel-maxmin"), role="baseline",
-                description="Gavel's LAS: max-min of throughput over capacity-proportional throughput")
+                description="Gavel's LAS: max-min of throughput over capacity-proportional throughput",
+                option_rules=LP_OPTION_RULES)
 register_solver("oef", "maxmin-agnostic", _lp_solver("agnostic", [], "maxmin-agnostic"), role="baseline",
-                description="max-min of weighted GPU time, blind to GPU types")
+                description="max-min of weighted GPU time, blind to GPU types", option_rules=LP_OPTION_RULES)
 register_solver("oef", "max-throughput", _lp_solver("none", [PE], "max-throughput"),
-                role="baseline", description="max efficiency, no fairness", guarantees=(PE,))
+                role="baseline", description="max efficiency, no fairness", guarantees=(PE,),
+                option_rules=LP_OPTION_RULES)
 register_solver("oef", "equal-share", solve_equal_share, role="baseline",
                 description="weighted equal split of every GPU type", guarantees=(SI,))
