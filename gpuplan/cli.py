@@ -14,7 +14,7 @@ import click
 
 from gpuplan import api, registry
 from gpuplan.commands import ProblemInputs, default_inputs
-from gpuplan.errors import GpuplanError, InputError
+from gpuplan.errors import GpuplanError, InputError, SolverError
 from gpuplan.models.base import Table
 from gpuplan.cliout import STDOUT, emit_json, json_flag, json_option, print_check, say, setup_logging, table_doc
 from gpuplan.render import plan_header, print_tables
@@ -23,6 +23,7 @@ EXIT_VIOLATIONS = 1
 EXIT_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_MISSING_EXTRA = 4
+EXIT_SOLVER = 5  # the solver stopped without a plan (SolverError): not bad input, not a proof of infeasibility
 
 
 def _command_modules() -> list[Any]:
@@ -137,9 +138,16 @@ def _plan_doc(plan: Any, plan_file: str, tables: list[Table]) -> dict[str, Any]:
             "input_digest": plan.input_digest, "tables": [table_doc(t) for t in tables]}
 
 
-def _fail(exc: Exception, code: int = EXIT_INPUT) -> None:
+def exit_code(exc: Exception) -> int:
+    """Return the exit code of a gpuplan error: EXIT_SOLVER for a solver that stopped without a plan
+    (SolverError), EXIT_INPUT for any other (bad input, option or output path)."""
+    return EXIT_SOLVER if isinstance(exc, SolverError) else EXIT_INPUT
+
+
+def _fail(exc: Exception, code: int | None = None) -> None:
+    """Print `error: EXC` on stderr and exit with `code` (default: exit_code(exc))."""
     click.echo(f"error: {exc}", err=True)
-    sys.exit(code)
+    sys.exit(exit_code(exc) if code is None else code)
 
 
 def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -233,7 +241,7 @@ def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
                      type=click.Path(dir_okay=False), help="Where to write the plan (JSON)."),
         click.Option(["--option"], multiple=True,
                      help=f"Solver option KEY=VALUE (repeatable; `gpuplan list --options {kind}` lists "
-                          f"them with types and defaults). {_option_keys(kind)}"),
+                          f"them with types, defaults and allowed values). {_option_keys(kind)}"),
         json_option(),
     ] + _common_solve(kind)
     return click.Command(kind, params=params, callback=callback, epilog=_example(kind, "solve"),
@@ -290,12 +298,13 @@ Exit codes:
   2  bad input, option or output path: one line naming the file, field, value and expectation
   3  the problem is infeasible (the plan file says why)
   4  an optional dependency is missing: the message names the extra (pip install 'gpuplan[torch]')
+  5  the solver stopped without a plan (e.g. out of time; not a proof of infeasibility): raise --time-limit
   gpuplan run ... -- COMMAND exits with COMMAND's own exit code."""
 
 
 class _Main(click.Group):
-    """The top-level group: any gpuplan error a command lets through is reported as bad input
-    (one line, exit code 2) instead of a traceback."""
+    """The top-level group: any gpuplan error a command lets through is reported in one line instead
+    of a traceback, with exit code 2 (bad input), or 5 for a solver that stopped without a plan."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -370,14 +379,16 @@ def check_cmd(plan_file: str, input_file: str | None, json_out: str | None = Non
                    "of `solve --json` plus valid, violations and png.")
 def show_cmd(plan_file: str, png: str | None, json_out: str | None = None) -> None:
     """Print a plan as readable tables; --png draws it. A plan that fails check shows only its header
-    and violations (exit code 1): its tables would describe figures that do not hold. PLAN_FILE may be
-    a training bundle (directory): --png draws its composed timeline.
+    and violations (exit code 1): its tables would describe figures that do not hold. An infeasible
+    plan shows its header and the reason; with --png it has nothing to draw: no figure is written
+    and the exit code is 3. PLAN_FILE may be a training bundle (directory): --png draws its composed
+    timeline.
 
     \b
     Examples:
       gpuplan show oef-plan.json --png oef.png
       gpuplan show oef-plan.json --json | jq '.tables[1].rows'
-    Exit codes: 0 shown, 1 the plan fails check, 2 unreadable plan."""
+    Exit codes: 0 shown, 1 the plan fails check, 2 unreadable plan, 3 --png of an infeasible plan."""
     try:
         if Path(plan_file).is_dir():  # a training bundle (gpuplan.compose)
             from gpuplan.commands.plan import show_bundle_cli
@@ -404,15 +415,18 @@ def show_cmd(plan_file: str, png: str | None, json_out: str | None = None) -> No
             tables += model.describe(problem, plan)
         if json_out != STDOUT:
             print_tables(tables)
-        if png:
+        drawn = bool(png) and plan.ok  # an infeasible plan holds no solution: nothing to draw
+        if drawn:
             if model.draw is None:
                 raise GpuplanError(f"{plan.kind} plans have no drawing")
-            if not plan.ok:
-                raise GpuplanError("an infeasible plan has nothing to draw")
             model.draw(problem, plan, Path(png))
             say(f"figure written to {png}", json_out)
         emit_json("show", {**_plan_doc(plan, plan_file, tables), "valid": True, "violations": [],
-                           "png": png}, json_out)
+                           "png": png if drawn else None}, json_out)
+        if png and not drawn:
+            click.echo(f"{plan_file}: the plan is infeasible, so there is nothing to draw; no figure written to "
+                       f"{png} (its message says why)", err=True)
+            sys.exit(EXIT_INFEASIBLE)
     except GpuplanError as exc:
         _fail(exc)
 
@@ -564,9 +578,10 @@ def _run_flags(items: list[str]) -> tuple[list[str], str | None, tuple[str, ...]
 
 @main.command("list")
 @click.option("--options", "options_kind", default=None, metavar="KIND",
-              help="List each solver's options of KIND (and its run options) with types and defaults.")
+              help="List each solver's options of KIND (and its run options) with types, defaults and the "
+                   "values allowed.")
 @json_flag(help="Print {command, solvers: [{kind, solver, role, default, description}]} as JSON; with "
-                   "--options: {command, kind, options: [{scope, name, type, default}]}.")
+                   "--options: {command, kind, options: [{scope, name, type, default, allowed}]}.")
 def list_cmd(options_kind: str | None = None, json_out: str | None = None) -> None:
     """List the models and their solvers; --options KIND lists the options of KIND's solvers
     (`solve KIND --option KEY=VALUE`) and of its runner (`run PLAN --option KEY=VALUE`).
@@ -590,7 +605,8 @@ def list_cmd(options_kind: str | None = None, json_out: str | None = None) -> No
 
 
 def _list_options(kind: str, json_out: str | None) -> None:
-    """Print (or emit as JSON) every option of `kind`'s solvers and runner with its type and default."""
+    """Print (or emit as JSON) every option of `kind`'s solvers and runner with its type, default and, for
+    solver options, the values allowed (its OptionRule; '' for run options, which have none)."""
     from gpuplan.run_options import annotations_of, describe_default, runner_function, runner_options
 
     try:
@@ -601,13 +617,15 @@ def _list_options(kind: str, json_out: str | None) -> None:
     for s in specs:
         types = annotations_of(s.fn)
         for name, default in sorted(registry.solver_options(s).items()):
-            rows.append([f"solve --solver {s.name}", name, *describe_default(default, types.get(name, ""))])
+            rule = registry.option_rule(s, name)
+            rows.append([f"solve --solver {s.name}", name, *describe_default(default, types.get(name, "")),
+                         rule.describe() if rule is not None else ""])
     notes: list[str] = []
     if registry.model(kind).runner is not None:
         try:
             types = annotations_of(runner_function(kind))
             for name, default in sorted(runner_options(kind).items()):
-                rows.append(["run", name, *describe_default(default, types.get(name, ""))])
+                rows.append(["run", name, *describe_default(default, types.get(name, "")), ""])
         except ModuleNotFoundError as exc:  # the runner needs torch
             from gpuplan.extras import missing_extra
 
@@ -615,10 +633,11 @@ def _list_options(kind: str, json_out: str | None) -> None:
             if err is None:
                 raise
             notes.append(f"run options not listed: {err}")
-    emit_json("list", {"kind": kind, "options": [dict(zip(("scope", "name", "type", "default"), r))
+    emit_json("list", {"kind": kind, "options": [dict(zip(("scope", "name", "type", "default", "allowed"), r))
                                                  for r in rows], "notes": notes}, json_out)
     if json_out != STDOUT:
-        print_tables([Table(f"{kind}: options (--option KEY=VALUE)", ["for", "option", "type", "default"], rows)])
+        print_tables([Table(f"{kind}: options (--option KEY=VALUE)", ["for", "option", "type", "default", "allowed"],
+                            rows)])
         for n in notes:
             click.echo(f"note: {n}")
 

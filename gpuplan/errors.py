@@ -1,9 +1,10 @@
 """Errors that gpuplan raises for bad input, so callers and the CLI can report them plainly.
 
 The CLI turns them into exit codes: 0 success, 1 a plan with violations (`check`), 2 bad input,
-options or output path (InputError, OutputError, any GpuplanError; also click's usage errors),
-3 an infeasible problem (the plan file says why). `gpuplan run ... -- COMMAND` exits with the
-command's own exit code.
+options or output path (InputError, OutputError, any other GpuplanError; also click's usage errors),
+3 an infeasible problem (the plan file says why), 5 a solver that stopped without a plan
+(SolverError: out of time or numerical trouble; not a proof of infeasibility). `gpuplan run ...
+-- COMMAND` exits with the command's own exit code.
 """
 
 from __future__ import annotations

@@ -26,6 +26,13 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def layer_range(first: int, last: int) -> str:
+    """Return the text of a stage's layers `first` up to, not including, `last`: '[0, 16)' for layers 0
+    to 15, half-open as the plan stores them (first_layer, last_layer) and docs/poseidon.md writes them;
+    every human-facing table of stage layers uses it."""
+    return f"[{first}, {last})"
+
+
 def plan_header(plan: Plan) -> Table:
     """Return the table of a plan's common fields (kind, status, objective, predicted, solver)."""
     rows: list[list[Any]] = [["kind", plan.kind], ["status", plan.status.value]]

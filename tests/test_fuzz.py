@@ -1,5 +1,5 @@
 """Property tests: random bytes and random mutations of every shipped example, fed to every entry
-point, end cleanly: exit code 0, 1, 2 or 3, no traceback, within a few seconds; the subprocess
+point, end cleanly: exit code 0, 1, 2, 3 or 5, no traceback, within a few seconds; the subprocess
 cases also run under a memory limit (resource.setrlimit) so a blow-up fails instead of swapping."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*") if p.suffix in (".ya
 FAST_SOLVER = {"oef": "equal-share", "aurora": "dense-broadcast", "lagom": "nccl-default",
                "poseidon": "megatron", "tessel": "1f1b",
                "psrl": "no-sharing", "omniserve": "sarathi", "stragglers": "fifo", "hetis": "uniform-tp"}
-CLEAN_EXITS = {0, 1, 2, 3}
+CLEAN_EXITS = {0, 1, 2, 3, 5}  # 5: a solver stopped without a plan in the time limit
 SECONDS_PER_CALL = 20.0  # generous: the 2-core CI machine is shared; a hang takes minutes
 NASTY: list[Any] = [float("inf"), float("-inf"), float("nan"), 1e308, -1e308, -1, 0, 10**12, 2**63, 1e7,
                     "", "x" * 300, None, True, [], {}, [1, [2, [3]]], {"a": {"b": 1}}, "1e308 TiB", "-5 GB",
@@ -159,8 +159,8 @@ def test_solve_check_show_mutated_examples(tmp_path_factory: pytest.TempPathFact
                      "-o", str(plan)])
     why = solved.output.strip()[-90:] if os.environ.get("GPUPLAN_FUZZ_WHY") else ""
     event(f"solve {kind}: exit {solved.exit_code} {why}")
-    if solved.exit_code == 2:
-        assert solved.output.strip(), "exit code 2 without a message"
+    if solved.exit_code in (2, 5):  # refused input, or a solver that stopped without a plan
+        assert solved.output.strip(), f"exit code {solved.exit_code} without a message"
         assert not plan.exists(), "a refused input must write nothing"
     if plan.exists():
         invoke(["check", str(plan)])

@@ -25,12 +25,13 @@ def gains_table(manifest: dict[str, Any]) -> Any:
 def bundle_tables(manifest: dict[str, Any]) -> list[Any]:
     """Return the tables describing a bundle: its stages, scales and gains, and what each step took."""
     from gpuplan.models.base import Table
+    from gpuplan.render import layer_range
 
     comp = manifest.get("composition", {})
     stages = Table("stages (Poseidon) and their Lagom scale",
                    ["stage", "device type", "GPUs", "tp", "dp", "layers", "Lagom scale"],
                    [[s["index"], s["device_type"], len(s["gpu_ids"]), s["tp"], s["dp"],
-                     f"{s['layers'][0]}-{s['layers'][1]}", manifest["scales"][i]]
+                     layer_range(*s["layers"]), manifest["scales"][i]]
                     for i, s in enumerate(manifest.get("stages", []))])
     steps = Table("composition", ["figure", "value"],
                   [["method", comp.get("method")], ["rounds", comp.get("rounds")],
@@ -135,8 +136,9 @@ def register(main: click.Group) -> None:
             click.echo(f"error: {exc}", err=True)
             sys.exit(3)
         except GpuplanError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            from gpuplan.cli import _fail
+
+            _fail(exc)  # exit code 5 for a solver that stopped without a plan, else 2
         manifest = read_manifest(output)
         tables = bundle_tables(manifest)
         if json_out != STDOUT:

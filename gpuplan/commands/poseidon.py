@@ -50,6 +50,7 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
+    _require_sizes(problem, cluster, whole=isinstance(doc, dict) and doc.get("kind") == "poseidon")
     if isinstance(problem.get("cluster"), dict) and "profile" in problem["cluster"] and base is not None:
         prof = Path(problem["cluster"]["profile"])
         problem["cluster"] = {**problem["cluster"], "profile": str(prof if prof.is_absolute() else base / prof)}
@@ -59,6 +60,24 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         if e.file is not None or base is None:
             raise
         raise InputError(f"{cluster}: {e}", file=cluster, field=e.field, value=e.value, expected=e.expected) from None
+
+
+_SIZES = (("global_batch", "--batch", "the global batch in sequences"),
+          ("seq_len", "--seq", "the sequence length in tokens"))
+
+
+def _require_sizes(problem: dict[str, Any], cluster: str, whole: bool) -> None:
+    """Raise InputError naming the missing --batch / --seq (or, for a whole problem file, its field and the
+    option that can give it) when `problem` lacks global_batch or seq_len; return None otherwise."""
+    missing = [(key, flag, what) for key, flag, what in _SIZES if problem.get(key) is None]
+    if not missing:
+        return
+    key, flag, what = missing[0]
+    if whole:  # a poseidon problem file: its field is missing, and the option could give it
+        raise InputError("; ".join(f"{cluster}: field '{k}': missing; expected {w}, in the file or as {f} N"
+                                   for k, f, w in missing), file=cluster, field=key, expected=what)
+    raise InputError("; ".join(f"option {f}: missing; expected {w} ({f} N): {cluster} is a cluster, which holds "
+                               f"no {k}" for k, f, w in missing), field=flag, expected=what)
 
 
 INPUTS = ProblemInputs("poseidon", [
@@ -79,8 +98,6 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
                        allow_over_memory: bool, json_out: str | None = None, **values: Any) -> None:
     """Evaluate one fixed configuration; print its figures (and the search's plan with --vs-search), or
     with `json_out` the document of docs/index.md (Scripting); return None."""
-    import sys
-
     from gpuplan import api
     from gpuplan.cliout import STDOUT, emit_json, say, table_doc
     from gpuplan.errors import GpuplanError
@@ -114,8 +131,9 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
         if output:
             plan.save(output)
     except GpuplanError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        from gpuplan.cli import _fail
+
+        _fail(exc)  # exit code 5 when --vs-search's solver stops without a plan, else 2
     tables = [Table("poseidon: fixed configuration", ["figure", "value"], rows)] + describe(fixed, plan)  # type: ignore[arg-type]
     if json_out != STDOUT:
         print_tables(tables)

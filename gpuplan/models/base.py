@@ -47,11 +47,18 @@ def field_path(loc: tuple[Any, ...]) -> str:
 
 
 def input_error_from(exc: ValidationError, file: str | None) -> InputError:
-    """Turn a pydantic ValidationError into one InputError listing each bad field plainly."""
+    """Turn a pydantic ValidationError into one InputError listing each bad field plainly; an InputError
+    a validator raised about a file the document names (a CSV trace: its row, column, value) is
+    returned as it is, since that file, not the document's field, holds the fault."""
     lines: list[str] = []
     seen: set[str] = set()
     first: dict[str, Any] | None = None
-    for err in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    for err in errors:  # a file the document names (a CSV trace) was bad: its own one-line error is the cause
+        inner = (err.get("ctx") or {}).get("error")
+        if isinstance(inner, InputError) and inner.file is not None:
+            return inner
+    for err in errors:
         path = field_path(tuple(err.get("loc", ())))
         if path in seen:  # one message per field (a union reports each branch)
             continue

@@ -41,6 +41,7 @@ from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_by_nam
 
 __all__ = ["_flat_ops", "build_dag", "dag_longest_path_s", "iteration_time_fast", "stage_order", "topological_ops"]
 from gpuplan.registry import ModelSpec, register_model
+from gpuplan.render import layer_range
 
 Schedule = Literal["1f1b", "gpipe"]
 
@@ -837,7 +838,7 @@ def describe(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Table]:
     rows = []
     for s in plan.stages:
         cap = problem.cluster.type_of(s.device_type).memory_bytes
-        rows.append([s.index, s.device_type, len(s.gpu_ids), s.tp, s.dp, f"{s.first_layer}-{s.last_layer - 1}",
+        rows.append([s.index, s.device_type, len(s.gpu_ids), s.tp, s.dp, layer_range(s.first_layer, s.last_layer),
                      s.micro_batch_size, s.recompute, s.forward_s * 1e3, s.backward_s * 1e3, s.p2p_s * 1e3,
                      s.allreduce_s * 1e3, s.memory_bytes / 2**30, cap / 2**30, ",".join(s.nodes)])
     chunks = f", interleave {plan.interleave}" if plan.interleave > 1 else ""

@@ -178,8 +178,11 @@ class PsrlProblem(Problem):
 
             return generate_forest(self.generate)
         assert self.forest is not None
-        f = build_forest([(n.id, n.parent, n.tokens) for n in self.forest.nodes],
-                         [(s.node, s.group, s.weight) for s in self.forest.samples])
+        try:
+            f = build_forest([(n.id, n.parent, n.tokens) for n in self.forest.nodes],
+                             [(s.node, s.group, s.weight) for s in self.forest.samples])
+        except ValueError as exc:  # 'at nodes[4].parent: ...' is a field of `forest`: name its whole path
+            raise ValueError(f"at forest.{str(exc).removeprefix('at ')}") from None
         f.group = [g if g >= 0 else f.ids[f.root_of(f.end[i])] for i, g in enumerate(f.group)]
         return f
 

@@ -24,11 +24,13 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpuplan.errors import InfeasibleError, SolverError
+from gpuplan.models.base import COUNT_LIMITS
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, exchanges_s,
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
                                      stage_memory, tp_fits)
 from gpuplan.models.poseidon.cost import RECOMPUTE_MODES, blocking_exchanges
+from gpuplan.option_rules import flag, integer, one_of
 from gpuplan.registry import Progress, register_solver
 from gpuplan.solvers.poseidon.bounds import SHAVE, ComboEntry, list_combos
 
@@ -1034,7 +1036,44 @@ def _finish(problem: PoseidonProblem, best: tuple[float, Structure | None, list[
         raise InfeasibleError(_why_infeasible(problem))
     plan = make_plan(problem, st.shapes, layers, st.m, status=status, interleave=st.v)
     plan.solver = SolverInfo(name=name, stats=stats.as_dict())
+    if status is Status.TIME_LIMIT:
+        plan.message = _time_limit_message(stats, name)
     return plan
+
+
+def _time_limit_message(stats: Stats, name: str) -> str:
+    """Return the message of a plan cut by the time limit: what the search covered, what it left, and
+    that the plan is not proven optimal."""
+    if name == "metis":
+        return (f"time limit: the Metis-style search stopped after {stats.structures} type orders "
+                f"({stats.evaluated} fitting configurations scored); the plan is the best of those, not proven "
+                f"the best of the Metis space; raise --time-limit to search the rest")
+    if stats.structures == 0 and stats.unvisited == 0:
+        searched = (f"the search stopped while listing the stage structures, so none was searched beyond the "
+                    f"{stats.seeds} classic seed configurations")
+    else:
+        searched = (f"the search stopped after {stats.structures} stage structures: {stats.evaluated} mapped, "
+                    f"{stats.pruned} pruned by the lower bound, {stats.infeasible} infeasible, "
+                    f"{stats.unvisited} left unvisited (and {stats.seeds} classic seed configurations)")
+    return (f"time limit: {searched}; the plan (from {stats.best_from}) is the best found, not proven "
+            f"optimal; raise --time-limit to search the rest")
+
+
+def _check_depth(problem: PoseidonProblem, num_stages: int | None, opts: dict[str, list[TypeOption]]) -> None:
+    """Raise InfeasibleError naming the option when no split of the devices has `num_stages` stages (the
+    space holds none, whatever the memory); return None otherwise (or when num_stages is None)."""
+    if num_stages is None or next(combos(problem, num_stages, opts), None) is not None:
+        return
+    depths = sorted({sum(o.stages for o in used) for _, used in combos(problem, None, opts)})
+    shown = ", ".join(map(str, depths[:12])) + (", ..." if len(depths) > 12 else "")
+    devices, layers = len(problem.cluster.devices), problem.model.num_layers
+    bound = min(devices, problem.max_stages, layers)
+    why = (f"{devices} devices" if bound == devices else f"max_stages {problem.max_stages}"
+           if bound == problem.max_stages else f"{layers} layers")
+    raise InfeasibleError(
+        f"option 'num_stages': got {num_stages}; expected a pipeline depth this problem allows "
+        f"({shown or 'none'}): a stage needs at least one device and one layer, so at most {bound} stages "
+        f"({why}), and each device type's devices split evenly into its stages")
 
 
 def _smallest_microbatch(problem: PoseidonProblem) -> int:
@@ -1232,6 +1271,7 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
     stats = Stats(deadline=INF if time_limit_s is None else started + (1 - SEED_SHARE) * time_limit_s)
     cm = CostModel(problem)
     opts = type_options(problem)  # one set of options for the whole solve (caches key them by id)
+    _check_depth(problem, num_stages, opts)
     best = _seed(problem, cm, stats, num_stages, opts)
     progress(0.0, f"seeded with {stats.best_from}: {best[0]:.4g} s")
     mapper = ridge_map if cuts == "ridge" else all_cuts_map
@@ -2047,10 +2087,21 @@ def solve_3d(problem: PoseidonProblem, *, time_limit_s: float | None = None, see
     raise InfeasibleError(_why_infeasible(problem))
 
 
+SEARCH_RULES = {
+    "cuts": one_of("ridge", "all"),  # the layer mapping: ridge walk, or every cut set
+    "prune": flag(),
+    # a pipeline depth no problem's max_stages exceeds (COUNT_LIMITS); one above the problem's finds no structure
+    "num_stages": integer(1, COUNT_LIMITS["max_stages"], none="any depth"),
+    "workers": integer(1, none="automatic: every core, at most 8, when the space is large enough"),
+}
+"""The domain of the search's options, which registry.check_options enforces."""
+
 register_solver("poseidon", "poseidon", solve_poseidon, role="paper", default=True,
-                description="stage structures best-first by a proven DAG lower bound, ridge layer mapping")
+                description="stage structures best-first by a proven DAG lower bound, ridge layer mapping",
+                option_rules=SEARCH_RULES)
 register_solver("poseidon", "exhaustive", solve_exhaustive, role="exact", applicable=_exhaustive_applies,
-                description="every stage structure of the same space, no pruning (option cuts=all: every cut set)")
+                description="every stage structure of the same space, no pruning (option cuts=all: every cut set)",
+                option_rules={k: SEARCH_RULES[k] for k in ("cuts", "num_stages")})
 register_solver("poseidon", "megatron", solve_megatron, role="baseline",
                 description="homogeneous-style: equal stages and degrees, uniform layers")
 register_solver("poseidon", "metis", solve_metis, role="baseline",
