@@ -360,7 +360,7 @@ def test_export_json(tmp_path: Path) -> None:
     assert set(doc) == {"command", "bundle", "output", "args", "env", "notes"} and doc["command"] == "export megatron"
     assert doc["args"][doc["args"].index("--tensor-model-parallel-size") + 1] == "2" and doc["output"] is None
     out = tmp_path / "tt"
-    code, text = invoke("export", "torchtitan", bundle, "-o", out, "--json")
+    code, text = invoke("export", "torchtitan", bundle, "-o", out, "--config", "llama3:llama3_debugmodel", "--json")
     assert code == 0, text
     doc = json.loads(text)
     assert set(doc) == {"command", "bundle", "output", "files", "notes"} and doc["command"] == "export torchtitan"

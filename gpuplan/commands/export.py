@@ -22,18 +22,20 @@ def register(main: click.Group) -> None:
     @group.command("torchtitan")
     @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
     @click.option("-o", "--output", type=click.Path(file_okay=False), default="torchtitan-job", show_default=True)
-    @click.option("--module", default="llama3", show_default=True, help="torchtitan's model module (--module).")
-    @click.option("--config", "config_name", default="llama3_debugmodel", show_default=True,
-                  help="torchtitan's config_registry function (--config) holding the model's shape.")
+    @click.option("--config", "config", default=None, metavar="MODULE:FUNCTION",
+                  help="torchtitan's model module and config_registry function (--module, --config), e.g. "
+                       "llama3:llama3_8b. Default: the torchtitan 0.3.0 config whose model has the plan's shape "
+                       "(refused, naming the nearest, when none has); a given one is used unchecked (noted).")
     @_JSON
-    def torchtitan_cmd(bundle: str, output: str, module: str, config_name: str, json_out: str | None = None) -> None:
-        """Write torchtitan's job overrides, the schedule CSV, NCCL env files and run.sh; --json prints
-        {command, bundle, output, files, notes}."""
+    def torchtitan_cmd(bundle: str, output: str, config: str | None, json_out: str | None = None) -> None:
+        """Write torchtitan's job overrides (torchtitan.args), the schedule CSV, Lagom's NCCL env (nccl.env,
+        or nccl-stage{k}.env when stages differ) and run.sh (multi-node torchrun when the plan spans nodes:
+        set NODE_RANK, MASTER_ADDR, MASTER_PORT on each); --json prints {command, bundle, output, files, notes}."""
         from gpuplan.errors import GpuplanError
         from gpuplan.export import torchtitan
 
         try:
-            result = torchtitan.export(bundle, output, module=module, config=config_name)
+            result = torchtitan.export(bundle, output, config=config)
         except GpuplanError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(2)

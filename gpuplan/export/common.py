@@ -30,7 +30,8 @@ class TrainingJob:
     """The figures of a bundle every export needs: layer ranges per virtual stage (k = chunk * S + stage,
     S stages of `interleave` chunks each; one per stage without interleaving), the uniform degrees, micro-batch
     size (sequences), micro-batches, global batch, sequence length (tokens), recompute mode, schedule
-    action lists ({rank: ["0F0", "0I0", "0W0", ...]}), each stage's NCCL env, and notes."""
+    action lists ({rank: ["0F0", "0I0", "0W0", ...]}), each stage's NCCL env, notes, and the placement:
+    each stage's global GPU ids and the cluster they index."""
 
     model: dict[str, Any]
     layers: list[tuple[int, int]]
@@ -48,6 +49,8 @@ class TrainingJob:
     nccl_env: dict[int, dict[str, str]]
     predicted_iteration_s: float
     notes: list[str] = field(default_factory=list)
+    stage_gpus: list[list[int]] = field(default_factory=list)  # each stage's global GPU ids in the cluster
+    cluster: dict[str, Any] = field(default_factory=dict)  # the plan's problem's cluster, as written in the plan
 
     @property
     def num_stages(self) -> int:
@@ -109,4 +112,5 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        seq_len=int(problem["seq_len"]), dtype=str(problem.get("dtype", "bf16")), recompute=recompute,
                        actions=actions, split_backward=any(b.kind == "backward_weight" for b in tprob.blocks),  # type: ignore[attr-defined]
                        nccl_env=env, predicted_iteration_s=float(manifest["predicted"]["iteration_time_s"]),
-                       notes=notes)
+                       notes=notes, stage_gpus=[[int(g) for g in s.get("gpu_ids", [])] for s in stages],
+                       cluster=dict(problem.get("cluster") or {}))
