@@ -171,3 +171,13 @@ def test_a_cut_search_that_found_nothing_says_so_rather_than_infeasible() -> Non
     assert full.ok and api.check(prob, full) == []
     with pytest.raises(SolverError, match="not a proof of infeasibility"):
         SP.solve_poseidon(prob, time_limit_s=1e-9, progress=no_progress)
+
+
+def test_a_cut_metis_search_that_found_nothing_is_a_solver_error_not_infeasible() -> None:
+    # the Metis-style baseline stopped by the clock before any configuration fitted said 'infeasible'
+    # and blamed memory (examples/poseidon/a100-v100-t4.yaml at --time-limit 0.1: 37.5 GiB in all against
+    # 64 devices of up to 72 GiB each); now a SolverError, CLI exit code 5, not 3
+    prob = small_problem({"A100-80GB": 4, "T4": 4}, layers=8)
+    assert api.solve(prob, solver="metis").ok
+    with pytest.raises(SolverError, match="Metis-style search stopped.*not a proof of infeasibility"):
+        SP.solve_metis(prob, time_limit_s=1e-9, progress=no_progress)

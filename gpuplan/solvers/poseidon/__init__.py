@@ -2054,11 +2054,17 @@ def solve_metis(problem: PoseidonProblem, *, time_limit_s: float | None = None, 
                 progress: Progress, **_: Any) -> PoseidonPlan:
     """Metis-style search: every type order and per-type stage count, data parallelism first (the
     smallest TP whose stages fit), Metis' proportional layer partition, ranked by Metis' closed-form
-    cost; the chosen plan is then scored by the DAG model."""
+    cost; the chosen plan is then scored by the DAG model. Cut by `time_limit_s`, it returns the best
+    pick so far (status TIME_LIMIT), or raises SolverError when none fitted yet (not InfeasibleError:
+    the orders left unvisited may hold one)."""
     cm = CostModel(problem)
     stats = Stats()
     deadline = INF if time_limit_s is None else time.perf_counter() + time_limit_s
     found, cut = _metis_search(problem, cm, stats, deadline)
+    if found is None and cut:  # stopped before any configuration fitted: no proof that none does
+        raise SolverError(f"no plan found within the time limit of {time_limit_s:g} s: the Metis-style search "
+                          f"stopped after {stats.structures} type orders, none of them a configuration that fits; "
+                          f"not a proof of infeasibility: raise --time-limit")
     if found is None:
         raise InfeasibleError(_why_infeasible(problem))
     return _finish(problem, found, stats, "metis", Status.TIME_LIMIT if cut else Status.FEASIBLE)
