@@ -171,7 +171,7 @@ def test_kind_mismatch_and_unknown_kind(toy, tmp_path) -> None:
     with pytest.raises(InputError, match="kind"):
         api.load_problem(f, "oef-not-a-kind")
     f.write_text("kind: nope\nvalues: [1]\n")
-    with pytest.raises(InputError, match="unknown model kind 'nope'"):
+    with pytest.raises(InputError, match=r"p\.yaml: field 'kind': got 'nope'; expected one of .*toy"):
         api.load_problem(f)
     f.write_text("kind: toy\nvalue: [1]\n")
     with pytest.raises(InputError) as info:

@@ -170,7 +170,10 @@ def test_the_cli_holds_the_time_limit_in_a_subprocess(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - started
     plan = json.loads(out.read_text())
     assert plan["status"] == "time_limit"
-    assert plan["solver"]["wall_time_s"] <= 5 * 1.1 + SLACK_S
+    # the suite runs a test file on every core (pytest-xdist), so another test's work may share the cores
+    # with this subprocess and stretch the step that was running at the deadline; the 10 % figure on a
+    # quiet machine is the benchmark's (benchmarks/tessel_bench.py), not a timed test's
+    assert plan["solver"]["wall_time_s"] <= 5 * 1.1 + 3 * SLACK_S
     assert elapsed <= 5 * 1.1 + 15  # start-up, writing and showing a 4096-micro-batch plan on a shared machine
 
 
