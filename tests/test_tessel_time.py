@@ -28,7 +28,7 @@ def problem(shape: str, p: int, m: int, *, f: float = 1.0, b: float = 1.0, w: fl
     return api.load_problem(doc)  # type: ignore[return-value]
 
 
-SLACK_S = 1.0  # the machine is shared: one step that started in time may run long under load
+SLACK_S = 2.0  # the machine is shared, and the suite runs a test file per core (xdist): one step that started in time may run long under load
 
 
 def test_a_long_run_without_a_baseline_stops_at_the_limit_with_the_unrolled_repetend() -> None:
@@ -173,7 +173,7 @@ def test_the_cli_holds_the_time_limit_in_a_subprocess(tmp_path: Path) -> None:
     # the suite runs a test file on every core (pytest-xdist), so another test's work may share the cores
     # with this subprocess and stretch the step that was running at the deadline; the 10 % figure on a
     # quiet machine is the benchmark's (benchmarks/tessel_bench.py), not a timed test's
-    assert plan["solver"]["wall_time_s"] <= 5 * 1.1 + 3 * SLACK_S
+    assert plan["solver"]["wall_time_s"] <= 5 * 1.1 + 2 * SLACK_S
     assert elapsed <= 5 * 1.1 + 15  # start-up, writing and showing a 4096-micro-batch plan on a shared machine
 
 
