@@ -48,23 +48,14 @@ def load_problem(source: str | Path | dict[str, Any] | Problem, kind: str | None
         data["kind"] = found = kind
     if kind is not None and found != kind:
         raise InputError.at(file, "kind", found, f"{kind!r} (the kind named on the command line)")
-    spec = _model_of(found, file)
+    spec = registry.model(found, file)
     return validate(spec.problem_type, data, file=file, base_dir=base_dir)
-
-
-def _model_of(kind: Any, file: str | None) -> registry.ModelSpec:
-    """Return the ModelSpec of a document's `kind`; raise InputError naming the file, the field 'kind',
-    the value and the kinds there are when it is none of them."""
-    kinds = registry.kinds()
-    if not isinstance(kind, str) or kind not in kinds:
-        raise InputError.at(file, "kind", kind, f"one of {', '.join(kinds)}")
-    return registry.model(kind)
 
 
 def load_plan(path: str | Path) -> Plan:
     """Return the Plan stored in a JSON plan file, typed by its kind; nothing in it is executed."""
     data = read_plan_document(path)
-    spec = _model_of(data["kind"], str(path))
+    spec = registry.model(data["kind"], str(path))
     return plan_from_document(spec.plan_type, data, str(path))
 
 

@@ -127,16 +127,14 @@ def kinds() -> list[str]:
     return sorted(_MODELS)
 
 
-def model(kind: str) -> ModelSpec:
-    """Return the ModelSpec of `kind`; raise InputError listing the kinds when there is none."""
+def model(kind: str, file: str | None = None) -> ModelSpec:
+    """Return the ModelSpec of `kind`; raise InputError naming `file` (the document that gave the kind,
+    when there is one), the field 'kind', the value and the kinds there are when it is none of them."""
     from gpuplan.errors import InputError
 
     discover()
-    if not isinstance(kind, str):
-        raise InputError.at(None, "kind", kind, f"a string, one of {', '.join(sorted(_MODELS))}")
-    if kind not in _MODELS:
-        raise InputError(f"unknown model kind {kind!r}; expected one of {', '.join(sorted(_MODELS))}",
-                         field="kind", value=kind, expected=", ".join(sorted(_MODELS)))
+    if not isinstance(kind, str) or kind not in _MODELS:
+        raise InputError.at(file, "kind", kind, f"one of {', '.join(sorted(_MODELS))}")
     return _MODELS[kind]
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
+from itertools import accumulate, groupby
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ class TitanConfig:
 
 # torchtitan 0.3.0's dense pretraining config functions (variants that only add quantization, another
 # attention backend or SFT data are left out; MoE configs too: gpuplan's models are dense). Shapes from
-# the flavors the functions pass to model_registry; tests/test_export.py checks this table against
+# the flavors the functions pass to model_registry; tests/test_export_torchtitan.py checks this table against
 # torchtitan's own registry.
 CONFIGS: tuple[TitanConfig, ...] = (
     # torchtitan/models/llama3/config_registry.py (functions) and torchtitan/models/llama3/__init__.py
@@ -97,21 +98,19 @@ CONFIGS: tuple[TitanConfig, ...] = (
 # The top-level module names of each module's model, in pipeline order (embedding, layer container,
 # final norm, output head): torchtitan/models/common/decoder.py's Decoder.__init__ (Llama3Model and
 # Qwen3Model are Decoders), the names torchtitan/distributed/pipeline_parallel.py's split keeps.
-MODULE_NAMES: dict[str, tuple[str, str, str, str]] = {
-    "llama3": ("tok_embeddings", "layers", "norm", "lm_head"),
-    "qwen3": ("tok_embeddings", "layers", "norm", "lm_head"),
-}
 DECODER_NAMES = ("tok_embeddings", "layers", "norm", "lm_head")
+MODULE_NAMES: dict[str, tuple[str, str, str, str]] = {"llama3": DECODER_NAMES, "qwen3": DECODER_NAMES}
 
 
 def model_shape(model: dict[str, Any]) -> dict[str, Any]:
-    """Return a plan's model (its problem's `model`) as {field: value} for SHAPE_FIELDS."""
-    heads = int(model["heads"])
-    return {"num_layers": int(model["num_layers"]), "hidden": int(model["hidden"]), "heads": heads,
-            "kv_heads": int(model.get("kv_heads") or heads),
-            "head_dim": int(model.get("head_dim") or int(model["hidden"]) // heads),
-            "ffn_hidden": int(model["ffn_hidden"]), "vocab": int(model["vocab"]),
-            "tied_embeddings": bool(model.get("tied_embeddings", False)), "gated_mlp": bool(model.get("gated_mlp", True))}
+    """Return a plan's model (its problem's `model`) as {field: value} for SHAPE_FIELDS, with the
+    defaults gpuplan's own model gives (kv heads = heads, head dim = hidden / heads)."""
+    from gpuplan.models.workload import TransformerConfig
+
+    m = TransformerConfig.model_validate(model)
+    return {"num_layers": m.num_layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.kv, "head_dim": m.dhead,
+            "ffn_hidden": m.ffn_hidden, "vocab": m.vocab, "tied_embeddings": m.tied_embeddings,
+            "gated_mlp": m.gated_mlp}
 
 
 def _describe(shape: dict[str, Any]) -> str:
@@ -216,12 +215,7 @@ def launch(job: TrainingJob) -> Launch:
 
     node_of = {d.id: d.node for d in Cluster.model_validate(job.cluster).devices}
     order = [node_of[g] for gpus in job.stage_gpus for g in sorted(gpus)]
-    runs: list[list[Any]] = []  # [node, count] in rank order
-    for n in order:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
+    runs = [[n, len(list(g))] for n, g in groupby(order)]  # [node, count] in rank order
     notes = []
     if len(runs) != len({n for n, _ in runs}):
         counts = Counter(order)
@@ -235,10 +229,7 @@ def launch(job: TrainingJob) -> Launch:
         notes.append("the plan's ranks do not fill its nodes evenly (" + ", ".join(
             f"{n}: {c}" for n, c in zip(nodes, nproc)) + "): run.sh starts that many on each NODE_RANK; "
             "torchrun numbers ranks node after node")
-    starts, acc = [], 0
-    for c in nproc[:-1]:
-        acc += c
-        starts.append(acc)
+    starts = list(accumulate(nproc[:-1]))  # the first global rank of each node after node 0
     if job.tp > 1 and any(b % job.tp for b in starts):
         notes.append(f"torchtitan's tensor-parallel groups ({job.tp} consecutive ranks) cross a node boundary "
                      f"(nodes hold {nproc} ranks): those groups run over the inter-node network")
