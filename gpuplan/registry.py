@@ -199,9 +199,10 @@ def check_against_signature(known: dict[str, Any], options: dict[str, Any], owne
 
     for name, value in options.items():
         if name not in known:
-            names = ", ".join(sorted(known)) or "none"
-            raise InputError(f"{label} {name!r}: {owner} has no such option; expected one of: {names}",
-                             field=f"option.{name}", value=value, expected=names)
+            names = ", ".join(sorted(known))
+            expected = f"one of: {names}" if names else "no options: it takes none"
+            raise InputError(f"{label} {name!r}: {owner} has no such option; expected {expected}",
+                             field=f"option.{name}", value=value, expected=names or "none")
         default = known[name]
         if default is None or default is inspect.Parameter.empty:
             continue

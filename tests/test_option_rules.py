@@ -178,6 +178,29 @@ def test_nan_is_refused_even_for_an_option_without_a_rule() -> None:
         registry.check_options(spec, {"x": math.nan})
 
 
+@pytest.mark.parametrize(("kind", "solver", "name", "value", "expected"), [
+    ("oef", "gavel-maxmin", "method", "cvxpy", "expected one of: tie_break"),  # read by the SI/EF LPs only
+    ("oef", "maxmin-agnostic", "groups", 4, "expected one of: tie_break"),
+    ("oef", "oef", "tie_break", "efficiency", "expected one of: dual_groups, groups, method"),  # max-min only
+    ("oef", "oef-si", "tie_break", "solver", "expected one of: dual_groups, groups, method"),
+    ("oef", "max-throughput", "method", "cuts", "expected no options: it takes none"),
+    ("tessel", "tessel-unrolled", "completion", True, "expected one of: latency_search_s, polish_s, workers"),
+])
+def test_an_option_the_solver_does_not_read_is_refused(kind: str, solver: str, name: str, value: Any,
+                                                       expected: str) -> None:
+    err = _refused(kind, solver, name, value)
+    assert "has no such option" in str(err) and expected in str(err), str(err)
+
+
+def test_the_options_each_solver_reads_still_apply() -> None:
+    prob = _problem("oef")
+    for solver, options in (("gavel-maxmin", {"tie_break": "efficiency"}), ("oef-si", {"method": "cvxpy"})):
+        plan = api.solve(prob, solver=solver, **options)
+        assert plan.solver is not None and plan.solver.options == options and plan.status.value in ("optimal", "feasible")
+    plan = api.solve(_problem("tessel"), solver="tessel-unrolled", workers=1)
+    assert plan.solver is not None and plan.solver.options == {"workers": 1}
+
+
 def test_a_rule_for_an_option_the_solver_does_not_read_is_a_registration_error() -> None:
     def fn(problem: Any, *, beta: float = 0.5) -> Any:
         return None

@@ -730,7 +730,8 @@ def kill_slower_copies(sim: Sim) -> None:
 
 def mantri_restarts(sim: Sim, var: Variability, delta_s: float, max_restarts: int) -> None:
     """Mantri's rule while tasks wait for slots: kill and restart a copy whose remaining time exceeds a fresh
-    copy's mean by more than one period (t_rem > E[t_new] + delta), at most `max_restarts` times a task."""
+    copy's mean by more than one period `delta_s` (s; t_rem > E[t_new] + delta_s), at most `max_restarts`
+    times a task."""
     mean = var.mean_factor()
     for task in list(sim.running):
         if len(task.copies) != 1 or task.restarts >= max_restarts:
@@ -753,10 +754,11 @@ def mantri_duplicate_ok(sim: Sim, var: Variability, task: _Task, delta: float) -
 
 
 class Mantri(SlotPolicy):
-    """Mantri (Ananthanarayanan et al., OSDI 2010) on FIFO job order: every period delta, kill all but each
-    task's fastest copy; while tasks wait, restart a copy with t_rem > E[t_new] + delta (at most 3 times);
-    with free slots and nothing waiting, duplicate a task when P(t_rem > t_new (c+1)/c) > 0.25 and
-    E[t_new] - t_rem < rho delta (rho = 3). Progress reports are exact after one period."""
+    """Mantri (Ananthanarayanan et al., OSDI 2010) on FIFO job order: every period T (the simulator's tick_s),
+    kill all but each task's fastest copy; while tasks wait, restart a copy with t_rem > E[t_new] + T (at
+    most `max_restarts` = 3 times); with free slots and nothing waiting, duplicate a task when
+    P(t_rem > t_new (c+1)/c) > delta (the option `delta`, a probability: 0.25) and E[t_new] - t_rem < rho T
+    (rho = 3). Progress reports are exact after one period."""
 
     name = "mantri"
     tick = True

@@ -1127,9 +1127,22 @@ TESSEL_RULES = {
 register_solver("tessel", "tessel", solve_tessel, role="paper", default=True,
                 description="repetend (cyclic CP-SAT, min period under memory) + joint warm-up/cool-down completion",
                 option_rules=TESSEL_RULES)
-register_solver("tessel", "tessel-unrolled",
-                lambda problem, **kw: solve_tessel(problem, completion=False, floor=False, **kw), role="variant",
-                description="the repetend unrolled and left-shifted, without the completion step or the baseline floor")
+
+
+def solve_tessel_unrolled(problem: TesselProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                          progress: Callable[..., None], workers: int = 2, polish_s: float = 0.0,
+                          latency_search_s: float = 0.0) -> TesselPlan:
+    """Return the minimum-period repetend unrolled over the micro-batches and left-shifted, without
+    Tessel's completion step or its baseline floor (solve_tessel with completion=False, floor=False;
+    the other options as there: time_limit_s in wall seconds, polish_s and latency_search_s in
+    deterministic CP-SAT seconds)."""
+    return solve_tessel(problem, time_limit_s=time_limit_s, seed=seed, progress=progress, workers=workers,
+                        completion=False, polish_s=polish_s, latency_search_s=latency_search_s, floor=False)
+
+
+register_solver("tessel", "tessel-unrolled", solve_tessel_unrolled, role="variant",
+                description="the repetend unrolled and left-shifted, without the completion step or the baseline floor",
+                option_rules={k: TESSEL_RULES[k] for k in ("workers", "polish_s", "latency_search_s")})
 register_solver("tessel", "exact", solve_exact, role="exact", applicable=_exact_applies,
                 description="CP-SAT over every block instance (intervals, no-overlap, reservoir memory)",
                 option_rules={"workers": TESSEL_RULES["workers"]})

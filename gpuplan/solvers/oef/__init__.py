@@ -301,31 +301,52 @@ def solver_time_s(time_limit_s: float | None, started: float, arrays_s: float, j
     return max(time_limit_s - after - (time.perf_counter() - started), 0.0)
 
 
+def _lp_plan(problem: OefProblem, fairness: str, guarantees: list[str], name: str, time_limit_s: float | None,
+             progress: Callable[[float | None, str], None], **lp_options: Any) -> OefPlan:
+    """Return the plan of one LP policy (`lp_allocation`'s `fairness`) with the options it reads."""
+    started = time.perf_counter()
+    a = arrays(problem)
+    arrays_s = time.perf_counter() - started
+    c = classes(a)
+    progress(0.1, f"{POLICY_LABELS[name]}: {len(a.names)} jobs in {len(c.count)} classes")
+    E = equal_share(a)[c.first]
+    ref = (c.V * E).sum(axis=1)
+    limit = solver_time_s(time_limit_s, started, arrays_s, len(a.names), problem.rounds)
+    Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=limit, fallback=E, **lp_options)
+    message = str(stats.pop("message", ""))
+    return _plan(problem, a, c, Y, guarantees=guarantees, status=status, name=name,
+                 stats=stats, progress=progress, message=message)
+
+
 def _lp_solver(fairness: str, guarantees: list[str], name: str) -> Callable[..., OefPlan]:
+    """Return the solver function of an LP policy; its signature holds only the options that policy
+    reads (the registry refuses any other): method, groups and dual_groups for the SI/EF LPs, tie_break
+    for the max-min ones, none for max efficiency."""
     policy = POLICY_LABELS[name]
+    if fairness in ("ef", "si"):
+        def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
+                  progress: Callable[[float | None, str], None], method: str = "cuts", groups: int = 0,
+                  dual_groups: int = 100) -> OefPlan:
+            return _lp_plan(problem, fairness, guarantees, name, time_limit_s, progress, method=method,
+                            groups=int(groups), dual_groups=int(dual_groups))
 
-    def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,
-              progress: Callable[[float | None, str], None], method: str = "cuts", tie_break: str = "solver",
-              groups: int = 0, dual_groups: int = 100, **_: Any) -> OefPlan:
-        started = time.perf_counter()
-        a = arrays(problem)
-        arrays_s = time.perf_counter() - started
-        c = classes(a)
-        progress(0.1, f"{policy}: {len(a.names)} jobs in {len(c.count)} classes")
-        E = equal_share(a)[c.first]
-        ref = (c.V * E).sum(axis=1)
-        limit = solver_time_s(time_limit_s, started, arrays_s, len(a.names), problem.rounds)
-        Y, status, stats = lp_allocation(c, fairness=fairness, si_ref=ref, time_limit_s=limit,
-                                         method=method, fallback=E, tie_break=tie_break, groups=int(groups),
-                                         dual_groups=int(dual_groups))
-        message = str(stats.pop("message", ""))
-        return _plan(problem, a, c, Y, guarantees=guarantees, status=status, name=name,
-                     stats=stats, progress=progress, message=message)
+        solve.__doc__ = (f"Return the {policy} plan (LP, HiGHS; option method=cuts|cvxpy: row generation or "
+                         "every EF row to cvxpy at once, groups=N: with a time limit, also try one bundle per "
+                         "group of similar jobs, dual_groups=N: groups of the dual bound a time limit "
+                         "certifies the plan with, 0 for none).")
+    elif fairness in ("maxmin", "agnostic"):
+        def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,  # type: ignore[misc]
+                  progress: Callable[[float | None, str], None], tie_break: str = "solver") -> OefPlan:
+            return _lp_plan(problem, fairness, guarantees, name, time_limit_s, progress, tie_break=tie_break)
 
-    solve.__doc__ = (f"Return the {policy} plan (LP, HiGHS; option method=cvxpy|cuts for the EF LP, "
-                     "tie_break=solver|efficiency for the max-min LPs, groups=N: with a time limit, also try "
-                     "one bundle per group of similar jobs for the EF LP, dual_groups=N: groups of the dual "
-                     "bound a time limit certifies the EF plan with, 0 for none).")
+        solve.__doc__ = (f"Return the {policy} plan (max-min LP; option tie_break=solver|efficiency: keep the "
+                         "solver's interior optimum, or the most efficient of the max-min optima).")
+    else:
+        def solve(problem: OefProblem, *, time_limit_s: float | None = None, seed: int = 0,  # type: ignore[misc]
+                  progress: Callable[[float | None, str], None]) -> OefPlan:
+            return _lp_plan(problem, fairness, guarantees, name, time_limit_s, progress)
+
+        solve.__doc__ = f"Return the {policy} plan (LP, HiGHS; no options)."
     return solve
 
 
@@ -363,30 +384,29 @@ def solve_equal_share(problem: OefProblem, *, time_limit_s: float | None = None,
                  name="equal-share", stats={}, progress=progress)
 
 
-LP_OPTION_RULES = {
+EFFICIENCY_LP_RULES = {
     "method": one_of("cuts", "cvxpy"),             # the EF/SI LP: row generation, or every EF row to cvxpy
-    "tie_break": one_of("solver", "efficiency"),   # the max-min LPs (lp_allocation also refuses others)
     "groups": integer(1, special={0: "off: no grouped restriction"}),
     "dual_groups": integer(1, MAX_DUAL_GROUPS, special={0: "no dual bound"}),
 }
-"""The domain of the LP policies' options, which registry.check_options enforces (the solvers read
-method and groups only for the EF/SI LPs, tie_break only for the max-min ones)."""
+"""The domain of the SI/EF LP policies' options (oef, oef-si), which registry.check_options enforces."""
+MAXMIN_LP_RULES = {"tie_break": one_of("solver", "efficiency")}
+"""The domain of the max-min LP policies' option (gavel-maxmin, maxmin-agnostic)."""
 
 register_solver("oef", "oef", _lp_solver("ef", [SI, EF], "oef"), role="paper",
                 default=True, description="max efficiency s.t. sharing incentive and envy-freeness (LP)",
-                guarantees=(SI, EF), option_rules=LP_OPTION_RULES)
+                guarantees=(SI, EF), option_rules=EFFICIENCY_LP_RULES)
 register_solver("oef", "oef-si", _lp_solver("si", [SI, PE], "oef-si"),
                 role="variant", description="max efficiency s.t. sharing incentive (accepts envy; Pareto efficient)",
-                guarantees=(SI, PE), option_rules=LP_OPTION_RULES)
+                guarantees=(SI, PE), option_rules=EFFICIENCY_LP_RULES)
 register_solver("oef", "oef-noncoop", solve_partial_allocation, role="variant",
                 description="strategy-proof: partial allocation over Nash welfare (Cole-Gkatzelis-Goel)")
 register_solver("oef", "gavel-maxmin", _lp_solver("maxmin", [], "gavel-maxmin"), role="baseline",
                 description="Gavel's LAS: max-min of throughput over capacity-proportional throughput",
-                option_rules=LP_OPTION_RULES)
+                option_rules=MAXMIN_LP_RULES)
 register_solver("oef", "maxmin-agnostic", _lp_solver("agnostic", [], "maxmin-agnostic"), role="baseline",
-                description="max-min of weighted GPU time, blind to GPU types", option_rules=LP_OPTION_RULES)
+                description="max-min of weighted GPU time, blind to GPU types", option_rules=MAXMIN_LP_RULES)
 register_solver("oef", "max-throughput", _lp_solver("none", [PE], "max-throughput"),
-                role="baseline", description="max efficiency, no fairness", guarantees=(PE,),
-                option_rules=LP_OPTION_RULES)
+                role="baseline", description="max efficiency, no fairness", guarantees=(PE,))
 register_solver("oef", "equal-share", solve_equal_share, role="baseline",
                 description="weighted equal split of every GPU type", guarantees=(SI,))
