@@ -95,7 +95,10 @@ def test_torchtitan_round_trip(tp_bundle: Path, tmp_path: Path) -> None:
     assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
     assert type(job.activation_checkpoint).__qualname__.startswith("SelectiveAC")
     assert job.training.local_batch_size * st[0].dp == 16 and job.training.seq_len == 1024
-    csv = Path(job.parallelism.pipeline_parallel_schedule_csv)
+    # named relative to the export directory (run.sh passes "$HERE/pp_schedule.csv"): the directory can move
+    assert job.parallelism.pipeline_parallel_schedule_csv == "pp_schedule.csv"
+    assert str(out) not in (out / "torchtitan.args").read_text()
+    csv = out / job.parallelism.pipeline_parallel_schedule_csv
     assert csv.is_file()
     assert _load_csv(csv, len(st), len(st), plan.num_microbatches) == {0: 0, 1: 1}  # type: ignore[attr-defined]
     with pytest.raises(AssertionError):  # torch's loader does check: the wrong micro-batch count fails
@@ -105,14 +108,15 @@ def test_torchtitan_round_trip(tp_bundle: Path, tmp_path: Path) -> None:
 
 
 def test_torchtitan_interleaved(interleaved_bundle: Path, tmp_path: Path) -> None:
-    result = torchtitan.export(interleaved_bundle, tmp_path / "tt", config=DEBUG)
+    out = tmp_path / "tt"
+    result = torchtitan.export(interleaved_bundle, out, config=DEBUG)
     job = _parse_titan(result["args"])
     parts = job.parallelism.module_fqns_per_model_part
     assert len(parts) == 4 and job.parallelism.pipeline_parallel_degree == 2
     layers = [int(n.split(".")[1]) for p in parts for n in p if n.startswith("layers.")]
     assert layers == list(range(24))
     m = gpuplan.load_plan(interleaved_bundle / "poseidon.json").num_microbatches  # type: ignore[attr-defined]
-    mapping = _load_csv(Path(job.parallelism.pipeline_parallel_schedule_csv), 2, 4, m)
+    mapping = _load_csv(out / job.parallelism.pipeline_parallel_schedule_csv, 2, 4, m)
     assert mapping == {0: 0, 1: 1, 2: 0, 3: 1}
 
 
@@ -126,6 +130,8 @@ def test_megatron_arguments(tp_bundle: Path, interleaved_bundle: Path) -> None:
     assert lay.startswith("E") and lay.endswith("L") and lay.count("|") == 1
     assert [int(x.strip("EL").removeprefix("t*")) for x in lay.split("|")] == [s.num_layers for s in st]
     assert "--sequence-parallel" in args and args[args.index("--recompute-granularity") + 1] == "selective"
+    # the model's own position length (gpt3-1.3b: 2048), not the plan's sequence (1024)
+    assert a["--seq-length"] == "1024" and a["--max-position-embeddings"] == "2048"
     vargs = megatron.export(interleaved_bundle)["args"]
     assert vargs[vargs.index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
     assert vargs[vargs.index("--pipeline-model-parallel-layout") + 1].count("|") == 3
@@ -169,3 +175,26 @@ def test_cli_export(tp_bundle: Path, tmp_path: Path) -> None:
     assert (tmp_path / "tt" / "run.sh").read_text().count("torchrun --nproc-per-node 4") == 1
     r = CliRunner().invoke(main, ["export", "megatron", str(tp_bundle), "-o", str(tmp_path / "m.args")])
     assert r.exit_code == 0 and "--pipeline-model-parallel-layout" in r.output
+
+
+def test_megatron_refuses_a_sequence_longer_than_the_models_positions(tp_bundle: Path) -> None:
+    # Megatron-LM asserts max_position_embeddings >= seq_length at start: the export refuses first
+    import dataclasses
+
+    from gpuplan.export.common import training_job
+
+    job = training_job(tp_bundle, "Megatron-LM")
+    with pytest.raises(ExportRefused) as err:
+        megatron.job_args(dataclasses.replace(job, seq_len=4096))
+    msg = str(err.value)
+    assert msg.startswith("Megatron-LM cannot run this plan: sequences of at most 2048 tokens")
+    assert "--max-position-embeddings" in msg and "max_seq_len" in msg and "seq_len is 4096" in msg
+
+
+def test_megatron_names_each_nodes_gpus(tp_bundle: Path) -> None:
+    result = megatron.export(tp_bundle)  # 4 ranks on h0's 4 GPUs: all of them, in order
+    assert result["nodes"] == [{"node": "h0", "node_rank": 0, "ranks": 4, "cuda_visible_devices": "0,1,2,3"}]
+    assert not any("CUDA_VISIBLE_DEVICES" in n for n in result["notes"])
+    r = CliRunner().invoke(main, ["export", "megatron", str(tp_bundle)])
+    line = "NODE_RANK=0 (h0, 4 ranks): CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1,2,3"
+    assert r.exit_code == 0 and line in r.output

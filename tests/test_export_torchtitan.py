@@ -23,8 +23,9 @@ def _nodes(*sizes: int) -> dict:  # type: ignore[type-arg]
     return {"nodes": [{"name": f"h{i}", "gpus": {"H100": n}} for i, n in enumerate(sizes)]}
 
 
-def _bundle(tmp: Path, cluster: dict, model: str, config: str) -> Path:  # type: ignore[type-arg]
-    problem = {"kind": "poseidon", "cluster": cluster, "model": model, "global_batch": 16, "seq_len": 1024}
+def _bundle(tmp: Path, cluster: dict, model: str | dict, config: str,  # type: ignore[type-arg]
+            *, seq_len: int = 1024, global_batch: int = 16) -> Path:
+    problem = {"kind": "poseidon", "cluster": cluster, "model": model, "global_batch": global_batch, "seq_len": seq_len}
     out = tmp / "bundle"
     write_bundle(out, compose(gpuplan.evaluate_config(problem, config), time_limit_s=3))
     return out
@@ -45,6 +46,14 @@ def gpt3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _bundle(tmp_path_factory.mktemp("gpt3"), _nodes(4), "gpt3-1.3b", "tp=2,pp=2,dp=1,mb=1,recompute=none")
 
 
+@pytest.fixture(scope="module")
+def mixed_node(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One node with two GPU types, the plan on the second type's four GPUs (local indices 4..7)."""
+    cluster = {"nodes": [{"name": "h0", "gpus": {"A100-80GB": 4, "H100": 4}}]}
+    return _bundle(tmp_path_factory.mktemp("mixed"), cluster, "llama3-8b",
+                   "tp=2,pp=2,dp=1,mb=1,recompute=full,device_type=H100")
+
+
 def _args(result: dict) -> dict:  # type: ignore[type-arg]
     a = result["args"]
     return {a[i]: a[i + 1] for i in range(len(a) - 1) if a[i].startswith("--")}
@@ -63,7 +72,7 @@ def test_llama3_8b_plan_gets_torchtitans_8b_config(one_stage: Path, tmp_path: Pa
     env = (tmp_path / "tt" / "nccl.env").read_text()
     assert env.startswith("NCCL_")
     script = (tmp_path / "tt" / "run.sh").read_text()
-    assert script.index('. "$(dirname "$0")/nccl.env"') < script.index("torchrun --nproc-per-node 4 ")
+    assert script.index('. "$HERE/nccl.env"') < script.index("torchrun --nproc-per-node 4 ")
     assert "--nnodes" not in script
 
 
@@ -125,7 +134,8 @@ def test_launch_uneven_nodes_and_tp_across_nodes(two_nodes: Path) -> None:
     assert any("do not fill its nodes evenly (h0: 6, h1: 2)" in n for n in lay.notes)
     assert not any("cross a node" in n for n in lay.notes)
     script = torchtitan.run_script(uneven, ["--module", "llama3"], lay, None)
-    assert "  0) NPROC=6 ;;" in script and '--nproc-per-node "$NPROC"' in script
+    assert "  0) NPROC=6 CUDA_VISIBLE_DEVICES=0,1,2,3,4,5 ;;" in script and '--nproc-per-node "$NPROC"' in script
+    assert "  1) NPROC=2 CUDA_VISIBLE_DEVICES=0,1 ;;" in script
     crossing = torchtitan.launch(dataclasses.replace(job, cluster=_nodes(3, 5), stage_gpus=uneven.stage_gpus))
     assert crossing.nproc == [3, 5] and any("cross a node boundary" in n for n in crossing.notes)
     # the plan's stage 0 on the second node: that node becomes NODE_RANK 0
@@ -173,7 +183,9 @@ def test_config_table_matches_torchtitan(module: str) -> None:
     assert entries
     for c in entries:
         assert callable(getattr(registry, c.function)), c.name
-        assert _titan_shape(pkg.model_registry(c.flavor).model) == c.shape(), c.name
+        model_cfg = pkg.model_registry(c.flavor).model
+        assert _titan_shape(model_cfg) == c.shape(), c.name
+        assert model_cfg.max_seq_len == c.max_seq_len, c.name  # the RoPE length update_from_config checks
         try:  # the function builds its Trainer.Config around that flavor (llama3_405b needs torchao: float8)
             spec = getattr(registry, c.function)().model_spec
         except ImportError:
@@ -202,3 +214,155 @@ def test_nccl_env_files_are_shell_safe(tmp_path: Path) -> None:
     out = subprocess.run(["sh", "-c", f'set -a; . "{env_file}"; set +a; printf %s "$NCCL_ALGO"'],
                          capture_output=True, text=True, check=True)
     assert out.stdout == value and out.stderr == ""
+
+
+_FAKE_TORCHRUN = """#!/bin/sh
+# a stand-in for torchrun: logs the GPU pinning and its arguments; with --no-python it runs the command
+# once per rank 0..WORLD-1 with RANK set, as torchrun does
+{ echo "CVD=${CUDA_VISIBLE_DEVICES-unset}"; echo "ORDER=${CUDA_DEVICE_ORDER-unset}"
+  for a in "$@"; do echo "ARG=$a"; done; } >> "$LOG"
+while [ $# -gt 0 ] && [ "$1" != --no-python ]; do shift; done
+[ $# -gt 0 ] || exit 0
+shift
+r=0
+while [ "$r" -lt "$WORLD" ]; do RANK=$r "$@" || exit $?; r=$((r + 1)); done
+"""
+
+_FAKE_PYTHON = """#!/bin/sh
+echo "RANK=$RANK ALGO=${NCCL_ALGO-unset} PROTO=${NCCL_PROTO-unset}" >> "$LOG"
+"""
+
+
+def _run_sh(script: Path, tmp: Path, cwd: Path, shell: str = "sh", **env: str) -> list[str]:
+    """Run an exported run.sh with fake torchrun and python on PATH (from `cwd`); return the log lines."""
+    import os
+    import subprocess
+
+    bin_dir = tmp / "fakebin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("torchrun", _FAKE_TORCHRUN), ("fakepython", _FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp / "log.txt"
+    log.unlink(missing_ok=True)
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "NCCL_"))}
+    full.update(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", LOG=str(log), PYTHON="fakepython", WORLD="0")
+    full.update(env)
+    subprocess.run([shell, str(script)], cwd=cwd, env=full, check=True, capture_output=True, text=True)
+    return log.read_text().splitlines()
+
+
+def test_run_sh_pins_the_plans_gpus_of_a_mixed_node(mixed_node: Path, tmp_path: Path) -> None:
+    # the plan runs on h0's H100s, local indices 4..7 after its four A100s: torchtitan's rank with LOCAL_RANK i
+    # takes the i-th visible GPU, so without pinning the ranks would run on the A100s 0..3
+    from gpuplan.export import megatron
+
+    result = torchtitan.export(mixed_node, tmp_path / "tt")
+    script = (tmp_path / "tt" / "run.sh").read_text()
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in script
+    assert script.index("export CUDA_VISIBLE_DEVICES=4,5,6,7") < script.index("torchrun --nproc-per-node 4 ")
+    assert any(n.startswith("node h0: the plan uses 4 of its GPUs (4 A100-80GB, 4 H100)") and
+               "CUDA_VISIBLE_DEVICES=4,5,6,7" in n for n in result["notes"])
+    log = _run_sh(tmp_path / "tt" / "run.sh", tmp_path, tmp_path)
+    assert log[:2] == ["CVD=4,5,6,7", "ORDER=PCI_BUS_ID"]
+    # Megatron-LM: the same node order and GPUs, in the result and the notes
+    m = megatron.export(mixed_node)
+    assert m["nodes"] == [{"node": "h0", "node_rank": 0, "ranks": 4, "cuda_visible_devices": "4,5,6,7"}]
+    assert any("CUDA_VISIBLE_DEVICES=4,5,6,7" in n for n in m["notes"])
+
+
+def test_run_sh_pins_each_nodes_gpus_of_a_partial_plan(two_nodes: Path, tmp_path: Path) -> None:
+    # two 8-GPU nodes, the plan on GPUs 2..5 of each: NODE_RANK r's ranks get its node's four
+    job = training_job(two_nodes, "torchtitan")
+    partial = dataclasses.replace(job, cluster=_nodes(8, 8), stage_gpus=[[2, 3, 4, 5], [10, 11, 12, 13]])
+    lay = torchtitan.launch(partial)
+    assert lay.devices == [[2, 3, 4, 5], [2, 3, 4, 5]] and lay.nproc == [4, 4]
+    assert sum("uses 4 of its GPUs (8 H100)" in n for n in lay.notes) == 2
+    path = tmp_path / "run.sh"
+    path.write_text(torchtitan.run_script(partial, ["--module", "llama3"], lay, None))
+    script = path.read_text()
+    assert "  1) CUDA_VISIBLE_DEVICES=2,3,4,5 ;;" in script and "--nproc-per-node 4 --node-rank" in script
+    for rank in ("0", "1"):
+        log = _run_sh(path, tmp_path, tmp_path, NODE_RANK=rank, MASTER_ADDR="h0")
+        assert log[0] == "CVD=2,3,4,5"
+    # a plan that names no placement pins nothing
+    bare = torchtitan.launch(dataclasses.replace(job, cluster={}))
+    assert bare.devices == [] and "CUDA_VISIBLE_DEVICES" not in torchtitan.run_script(job, [], bare, None)
+
+
+def test_export_directory_can_move(one_stage: Path, tmp_path: Path) -> None:
+    # torchtitan opens pipeline_parallel_schedule_csv relative to its working directory: torchtitan.args names
+    # it relative to the export directory, run.sh by its own directory, run from anywhere
+    import shutil
+
+    torchtitan.export(one_stage, tmp_path / "tt")
+    assert "pp_schedule.csv" in (tmp_path / "tt" / "torchtitan.args").read_text().splitlines()
+    moved = tmp_path / "elsewhere" / "job dir"
+    shutil.copytree(tmp_path / "tt", moved)
+    shutil.rmtree(tmp_path / "tt")
+    work = tmp_path / "work"
+    work.mkdir()
+    log = _run_sh(moved / "run.sh", tmp_path, work)
+    args = [line.removeprefix("ARG=") for line in log if line.startswith("ARG=")]
+    csv = Path(args[args.index("--parallelism.pipeline_parallel_schedule_csv") + 1])
+    assert csv == moved / "pp_schedule.csv" and csv.is_file()
+    assert str(tmp_path) not in (moved / "run.sh").read_text()
+
+
+def _per_stage_job(two_nodes: Path) -> torchtitan.TrainingJob:
+    job = training_job(two_nodes, "torchtitan")  # tp=2, pp=2, dp=2: stage k holds ranks 4k .. 4k+3
+    return dataclasses.replace(job, nccl_env={0: {"NCCL_ALGO": "allreduce:ring;allgather:tree"},
+                                              1: {"NCCL_ALGO": "Tree", "NCCL_PROTO": "Simple"}})
+
+
+def test_per_stage_nccl_env_wrapper(two_nodes: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stages with different NCCL settings: run.sh starts every rank through nccl_env.sh, which exports the
+    settings of the rank's stage (RANK / (tp dp)) before running the trainer."""
+    import os
+    import shutil
+    import subprocess
+
+    job = _per_stage_job(two_nodes)
+    monkeypatch.setattr(torchtitan, "training_job", lambda bundle, trainer: job)
+    out = tmp_path / "tt"
+    result = torchtitan.export(two_nodes, out)
+    assert not (out / "nccl.env").exists() and (out / "nccl-stage1.env").is_file()
+    assert any("nccl_env.sh" in n and "differ per stage" in n for n in result["notes"])
+    wrapper = (out / "nccl_env.sh").read_text()
+    assert "STAGE=$((RANK / 4))" in wrapper and '  1) set -a; . "$HERE/nccl-stage1.env"; set +a ;;' in wrapper
+    script = (out / "run.sh").read_text()
+    assert ('--no-python sh "$HERE/nccl_env.sh" "${PYTHON:-python}" -m torchtitan.train --module llama3 '
+            in script)
+    shells = ["sh"] + (["bash"] if shutil.which("bash") else [])
+    for shell in shells:  # run.sh -> fake torchrun -> nccl_env.sh per RANK -> fake python: each stage's settings
+        log = _run_sh(out / "run.sh", tmp_path, tmp_path, shell, NODE_RANK="0", MASTER_ADDR="h0", WORLD="8")
+        ranks = [line for line in log if line.startswith("RANK=")]
+        assert ranks[:4] == [f"RANK={r} ALGO=allreduce:ring;allgather:tree PROTO=unset" for r in range(4)], shell
+        assert ranks[4:] == [f"RANK={r} ALGO=Tree PROTO=Simple" for r in range(4, 8)], shell
+    for bad in ("8", "x", ""):  # outside the plan's stages, or not a rank: refused, the trainer not run
+        r = subprocess.run(["sh", str(out / "nccl_env.sh"), "echo", "ran"], capture_output=True, text=True,
+                           env={"RANK": bad, "PATH": os.environ["PATH"]})
+        assert r.returncode == 2 and "ran" not in r.stdout and "nccl_env.sh: RANK" in r.stderr
+
+
+def test_what_torchtitan_refuses_at_start_is_refused(tmp_path: Path) -> None:
+    # the plan's model (qwen3's debug shape, 8192 positions) allows 8192 tokens; torchtitan's qwen3_debugmodel
+    # caches RoPE for 4096 and raises ValueError at start for a longer training.seq_len
+    tiny = {"name": "tiny-qwen", "num_layers": 8, "hidden": 256, "heads": 16, "kv_heads": 8, "head_dim": 128,
+            "ffn_hidden": 3072, "vocab": 2048, "tied_embeddings": True, "max_seq_len": 8192}
+    bundle = _bundle(tmp_path, _nodes(1), tiny, "tp=1,pp=1,dp=1,mb=1", seq_len=8192, global_batch=4)
+    with pytest.raises(ExportRefused) as err:
+        torchtitan.export(bundle, tmp_path / "tt")
+    msg = str(err.value)
+    assert msg.startswith("torchtitan cannot run this plan: sequences of at most 4096 tokens "
+                          "(qwen3:qwen3_debugmodel's RoPE max_seq_len")
+    assert "the plan's seq_len is 8192" in msg and not (tmp_path / "tt").exists()
+    # a config gpuplan does not know: exported, noted unchecked
+    result = torchtitan.export(bundle, tmp_path / "mine", config="mymodels:tiny")
+    assert any("did not check the plan's seq_len 8192" in n for n in result["notes"])
+    # the same model over two pipeline stages at 1024 tokens: torchtitan refuses weight tying with PP
+    job = dataclasses.replace(training_job(bundle, "torchtitan"), seq_len=1024, layers=[(0, 4), (4, 8)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torchtitan, "training_job", lambda bundle, trainer: job)
+        with pytest.raises(ExportRefused, match="tied embeddings: qwen3:qwen3_debugmodel ties .* 2 stages"):
+            torchtitan.export(bundle, tmp_path / "pp")

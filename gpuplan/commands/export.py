@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from gpuplan.cliout import STDOUT, emit_json, say
+from gpuplan.cliout import STDOUT, OutputDir, OutputPath, emit_json, say
 
 _JSON = click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
                      help="Print one JSON document on stdout (or write it to FILE); keys: docs/index.md, Scripting.")
@@ -21,7 +21,7 @@ def register(main: click.Group) -> None:
 
     @group.command("torchtitan")
     @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
-    @click.option("-o", "--output", type=click.Path(file_okay=False), default="torchtitan-job", show_default=True)
+    @click.option("-o", "--output", type=OutputDir(), default="torchtitan-job", show_default=True)
     @click.option("--config", "config", default=None, metavar="MODULE:FUNCTION",
                   help="torchtitan's model module and config_registry function (--module, --config), e.g. "
                        "llama3:llama3_8b. Default: the torchtitan 0.3.0 config whose model has the plan's shape "
@@ -29,8 +29,9 @@ def register(main: click.Group) -> None:
     @_JSON
     def torchtitan_cmd(bundle: str, output: str, config: str | None, json_out: str | None = None) -> None:
         """Write torchtitan's job overrides (torchtitan.args), the schedule CSV, Lagom's NCCL env (nccl.env,
-        or nccl-stage{k}.env when stages differ) and run.sh (multi-node torchrun when the plan spans nodes:
-        set NODE_RANK, MASTER_ADDR, MASTER_PORT on each); --json prints {command, bundle, output, files, notes}."""
+        or nccl-stage{k}.env and the per-rank wrapper nccl_env.sh when stages differ) and run.sh (each node's
+        ranks pinned to the plan's GPUs; multi-node torchrun when the plan spans nodes: set NODE_RANK,
+        MASTER_ADDR, MASTER_PORT on each); --json prints {command, bundle, output, files, notes}."""
         from gpuplan.errors import GpuplanError
         from gpuplan.export import torchtitan
 
@@ -48,12 +49,13 @@ def register(main: click.Group) -> None:
 
     @group.command("megatron")
     @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
-    @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+    @click.option("-o", "--output", type=OutputPath(), default=None,
                   help="Also write the arguments to this file (one per line).")
     @_JSON
     def megatron_cmd(bundle: str, output: str | None, json_out: str | None = None) -> None:
-        """Print Megatron-LM's command-line arguments for the bundle (pretrain_gpt.py); --json prints
-        {command, bundle, output, args, env, notes}."""
+        """Print Megatron-LM's command-line arguments for the bundle (pretrain_gpt.py), each stage's NCCL env
+        and each node's ranks and GPUs (CUDA_VISIBLE_DEVICES); --json prints {command, bundle, output, args,
+        env, notes}."""
         from gpuplan.errors import GpuplanError
         from gpuplan.export import megatron
         from gpuplan.io import atomic_write_text
@@ -72,6 +74,9 @@ def register(main: click.Group) -> None:
             return
         click.echo(" ".join(shlex.quote(a) for a in result["args"]))
         for s, env in sorted(result["env"].items()):
-            click.echo(f"stage {s} env: " + " ".join(f"{k}={v}" for k, v in sorted(env.items())))
+            click.echo(f"stage {s} env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(env.items())))
+        for n in result["nodes"]:
+            click.echo(f"NODE_RANK={n['node_rank']} ({n['node']}, {n['ranks']} ranks): "
+                       f"CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={n['cuda_visible_devices']}")
         for n in result["notes"]:
             click.echo(f"note: {n}")

@@ -4,11 +4,16 @@ Megatron-LM and torchtitan build one device mesh (tp x pp x dp, the same degrees
 give every rank the same micro-batch size and the same recomputation setting; they place stages on
 ranks by mesh order, with no notion of device types. A plan with different tensor- or data-parallel
 degrees per stage, or stages on different device types, is refused, naming what the trainer lacks.
+Both rank the mesh pp outermost, tp innermost: `node_launch` maps those ranks onto the plan's nodes and
+GPUs (each node's CUDA device indices in local-rank order); `check_seq_len` refuses a sequence longer
+than a limit of the model or the trainer.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import accumulate, groupby
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,23 @@ class TrainingJob:
     def num_stages(self) -> int:
         """Number of pipeline stages (ranks along the pipeline)."""
         return len(self.layers) // self.interleave
+
+
+def check_seq_len(job: TrainingJob, trainer: str, limits: list[tuple[str, int]]) -> None:
+    """Raise ExportRefused (naming `trainer`, the plan's seq_len, each limit it exceeds and that limit's
+    field) when the plan's sequence length exceeds any of `limits` ([(field, max tokens)]); return None."""
+    over = [f"sequences of at most {limit} tokens ({name}); the plan's seq_len is {job.seq_len}"
+            for name, limit in limits if job.seq_len > limit]
+    if over:
+        raise ExportRefused(trainer, over)
+
+
+def model_max_seq_len(job: TrainingJob) -> int:
+    """Return the longest sequence (tokens) the plan's model takes: its `max_seq_len` (gpuplan's default
+    when the plan's model does not state it)."""
+    from gpuplan.models.workload import TransformerConfig
+
+    return int(TransformerConfig.model_validate(job.model).max_seq_len)
 
 
 def refusals(stages: list[dict[str, Any]]) -> list[str]:
@@ -114,3 +136,69 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        nccl_env=env, predicted_iteration_s=float(manifest["predicted"]["iteration_time_s"]),
                        notes=notes, stage_gpus=[[int(g) for g in s.get("gpu_ids", [])] for s in stages],
                        cluster=dict(problem.get("cluster") or {}))
+
+
+@dataclass
+class Launch:
+    """How the job's ranks start: the nodes in node-rank order, each node's rank count, each node's GPUs
+    in local-rank order (the node's CUDA device indices, [] when the plan names no placement), notes."""
+
+    nodes: list[str]
+    nproc: list[int]
+    notes: list[str]
+    devices: list[list[int]] = field(default_factory=list)
+
+    @property
+    def world(self) -> int:
+        """Return the number of ranks."""
+        return sum(self.nproc)
+
+    def visible(self, r: int) -> str:
+        """Return node-rank r's CUDA_VISIBLE_DEVICES value ("4,5,6,7"; "" when the placement is unknown)."""
+        return ",".join(map(str, self.devices[r])) if self.devices else ""
+
+
+def node_launch(job: TrainingJob, trainer: str) -> Launch:
+    """Return the launch of the job from the plan's placement for a trainer that ranks by the mesh order
+    pp, dp, tp (tp innermost; torchtitan and Megatron-LM both do) under a launcher that gives node r the
+    ranks after those of nodes 0..r-1 (torchrun): nodes numbered in the order the plan's ranks reach them,
+    each node's GPUs as their index within the node (the cluster's order: types as the node lists them);
+    notes for uneven nodes, TP groups across nodes, nodes whose GPUs the plan uses only in part, and
+    placements the rank order cannot follow."""
+    world = job.num_stages * job.tp * job.dp
+    if not job.stage_gpus or not job.cluster or sum(map(len, job.stage_gpus)) != world:
+        return Launch(["localhost"], [world], [])
+    from gpuplan.models.cluster import Cluster
+
+    cluster = Cluster.model_validate(job.cluster)
+    dev = {d.id: d for d in cluster.devices}
+    flat = [dev[g] for gpus in job.stage_gpus for g in sorted(gpus)]  # the plan's device of each rank
+    order = [d.node for d in flat]
+    runs = [[n, len(list(g))] for n, g in groupby(order)]  # [node, count] in rank order
+    notes = []
+    if len(runs) != len({n for n, _ in runs}):
+        counts = Counter(order)
+        runs = [[n, counts[n]] for n in dict.fromkeys(order)]
+        notes.append(f"{trainer} gives each node a block of consecutive ranks (mesh order pp, dp, tp); the plan's "
+                     "stages share nodes in another order, so some stages run on other nodes than planned "
+                     "(same device type; their links may differ from the plan's)")
+    nodes, nproc = [str(n) for n, _ in runs], [int(c) for _, c in runs]
+    devices = [[d.local_index for d in flat if d.node == n] for n in nodes]
+    if len(set(nproc)) > 1:
+        notes.append("the plan's ranks do not fill its nodes evenly (" + ", ".join(
+            f"{n}: {c}" for n, c in zip(nodes, nproc)) + "): each node starts that many ranks; "
+            "torchrun numbers ranks node after node")
+    starts = list(accumulate(nproc[:-1]))  # the first global rank of each node after node 0
+    if job.tp > 1 and any(b % job.tp for b in starts):
+        notes.append(f"{trainer}'s tensor-parallel groups ({job.tp} consecutive ranks) cross a node boundary "
+                     f"(nodes hold {nproc} ranks): those groups run over the inter-node network")
+    for n, idx in zip(nodes, devices):
+        gpus = cluster.node(n).gpus
+        if idx != list(range(sum(gpus.values()))):
+            listed = ", ".join(f"{c} {t}" for t, c in gpus.items())
+            used = (f"the plan uses {len(idx)} of its GPUs ({listed})" if len(idx) < sum(gpus.values())
+                    else f"the plan's stages take its GPUs ({listed}) in another order")
+            notes.append(f"node {n}: {used}, so its ranks run with CUDA_VISIBLE_DEVICES={','.join(map(str, idx))} "
+                         "and CUDA_DEVICE_ORDER=PCI_BUS_ID (the node's GPUs numbered in the cluster's order, types "
+                         "as listed, which must be the node's PCI bus order: nvidia-smi's numbering)")
+    return Launch(nodes, nproc, notes, devices)

@@ -5,6 +5,11 @@ world size over their product), the model's shape, micro and global batch, seque
 uneven layer split as `--pipeline-model-parallel-layout` (E the embedding, t a transformer layer, L
 the loss/head, | between stages, virtual stages in pipeline order with interleaving), recomputation, sequence parallelism and flash attention.
 
+`--max-position-embeddings` is the model's own position length (its max_seq_len); a plan whose sequence
+is longer is refused (Megatron-LM asserts max_position_embeddings >= seq_length). No launcher is written:
+the result's `nodes` give each node's rank count and the plan's GPUs of it (CUDA_VISIBLE_DEVICES), in the
+node order that puts each stage on its planned node (Megatron ranks tp innermost, pp outermost).
+
 Megatron-LM runs its own 1F1B schedule: it has no way to load an arbitrary per-rank action list, so
 Tessel's schedule is not exported (the notes say so, and the export reports the 1F1B prediction).
 """
@@ -14,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuplan.export.common import TrainingJob, training_job
+from gpuplan.export.common import TrainingJob, check_seq_len, model_max_seq_len, node_launch, training_job
 
 
 def layout(job: TrainingJob) -> str:
@@ -28,12 +33,16 @@ def layout(job: TrainingJob) -> str:
 
 
 def job_args(job: TrainingJob) -> list[str]:
-    """Return Megatron-LM's arguments for the job."""
+    """Return Megatron-LM's arguments for the job; raise ExportRefused when its sequence is longer than the
+    model's positions (`--max-position-embeddings`)."""
     m = job.model
+    positions = model_max_seq_len(job)
+    check_seq_len(job, "Megatron-LM", [("the plan's model max_seq_len, Megatron-LM's --max-position-embeddings",
+                                        positions)])
     args = ["--tensor-model-parallel-size", str(job.tp), "--pipeline-model-parallel-size", str(job.num_stages),
             "--num-layers", str(m["num_layers"]), "--hidden-size", str(m["hidden"]),
             "--num-attention-heads", str(m["heads"]), "--ffn-hidden-size", str(m["ffn_hidden"]),
-            "--seq-length", str(job.seq_len), "--max-position-embeddings", str(job.seq_len),
+            "--seq-length", str(job.seq_len), "--max-position-embeddings", str(positions),
             "--micro-batch-size", str(job.micro_batch_size), "--global-batch-size", str(job.global_batch)]
     if m.get("kv_heads") and m["kv_heads"] != m["heads"]:
         args += ["--group-query-attention", "--num-query-groups", str(m["kv_heads"])]
@@ -61,11 +70,16 @@ def job_args(job: TrainingJob) -> list[str]:
 
 
 def export(bundle: str | Path) -> dict[str, Any]:
-    """Return Megatron-LM's arguments for a bundle ({"args": [...], "env": {stage: {...}}, "notes": [...]});
-    raises ExportRefused when Megatron-LM cannot express the plan."""
+    """Return Megatron-LM's arguments for a bundle ({"args": [...], "env": {stage: {...}}, "world_size": N,
+    "nodes": [{"node", "node_rank", "ranks", "cuda_visible_devices"}, ...] ([] when the plan names no placement),
+    "notes": [...]}); raises ExportRefused when Megatron-LM cannot express the plan."""
     job = training_job(bundle, "Megatron-LM")
-    notes = list(job.notes)
+    args = job_args(job)
+    lay = node_launch(job, "Megatron-LM")
+    notes = list(job.notes) + lay.notes
+    nodes = [{"node": n, "node_rank": r, "ranks": c, "cuda_visible_devices": lay.visible(r)}
+             for r, (n, c) in enumerate(zip(lay.nodes, lay.nproc))] if lay.devices else []
     notes.append("Megatron-LM runs its own 1F1B: Tessel's schedule "
                  f"({'zero-bubble split backward' if job.split_backward else 'plain backward'}) is not exported")
-    return {"args": job_args(job), "env": job.nccl_env, "world_size": job.num_stages * job.tp * job.dp,
+    return {"args": args, "env": job.nccl_env, "world_size": job.num_stages * job.tp * job.dp, "nodes": nodes,
             "notes": notes}

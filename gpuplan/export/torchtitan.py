@@ -14,32 +14,39 @@ It writes into a directory:
   micro-batch size, the local batch and sequence length, and activation checkpointing as its subcommand
   (`activation-checkpoint:full`),
 - `pp_schedule.csv`: Tessel's schedule as torch.distributed.pipelining's compute-only CSV (one row
-  per pipeline rank; F, I, W or B actions), named by `--parallelism.pipeline_parallel_schedule_csv`,
+  per pipeline rank; F, I, W or B actions), named by `--parallelism.pipeline_parallel_schedule_csv`
+  relative to the export directory (torchtitan opens it from its working directory; run.sh passes
+  "$HERE/pp_schedule.csv", HERE being run.sh's own directory, so the directory can be moved or copied),
 - Lagom's NCCL environment: `nccl.env` when every stage has the same one (run.sh exports it), else
-  `nccl-stage{k}.env` per stage (set it on stage k's ranks; a note says so),
+  `nccl-stage{k}.env` per stage and `nccl_env.sh`, the per-rank wrapper run.sh starts every rank through
+  (torchrun --no-python): it sources the env file of the rank's stage (RANK / (tp dp)) and execs the trainer,
 - `run.sh`: the torchrun command line: single-node, or `--nnodes N --node-rank "$NODE_RANK"` with a
-  static rendezvous at "$MASTER_ADDR:$MASTER_PORT" when the plan's stages span N nodes.
+  static rendezvous at "$MASTER_ADDR:$MASTER_PORT" when the plan's stages span N nodes; each node's
+  ranks pinned to the plan's GPUs of it (CUDA_VISIBLE_DEVICES in local-rank order, CUDA_DEVICE_ORDER=PCI_BUS_ID).
 
 torchtitan places ranks by its mesh order (ParallelDims: pp, dp_replicate, dp_shard, cp, tp; tp
-innermost), torchrun gives node r the global ranks after those of nodes 0..r-1: the export numbers the
-nodes so that stage k's ranks land on the nodes the plan put it on, and notes where it cannot.
+innermost), torchrun gives node r the global ranks after those of nodes 0..r-1 and torchtitan gives
+LOCAL_RANK i the i-th visible GPU: the export numbers the nodes so that stage k's ranks land on the nodes
+the plan put it on (notes where it cannot) and lists each node's GPUs in the order its ranks use them.
+A sequence longer than the model's max_seq_len or the config's RoPE length is refused (torchtitan 0.3.0's
+Decoder.Config.update_from_config raises ValueError at start).
 """
 
 from __future__ import annotations
 
 import shlex
-from collections import Counter
-from itertools import accumulate, groupby
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuplan.export.common import ExportRefused, TrainingJob, training_job
+from gpuplan.export.common import (ExportRefused, Launch, TrainingJob, check_seq_len, model_max_seq_len, node_launch,
+                                   training_job)
 from gpuplan.io import atomic_write_text
 
 SCHEDULE_CSV = "pp_schedule.csv"
 ARGS_FILE = "torchtitan.args"
 NCCL_ENV = "nccl.env"
+NCCL_WRAPPER = "nccl_env.sh"
 TORCHTITAN_VERSION = "0.3.0"
 
 # The fields of a model's shape the export compares (gpuplan's names; see gpuplan.models.workload).
@@ -62,6 +69,7 @@ class TitanConfig:
     ffn_hidden: int
     vocab: int
     tied_embeddings: bool
+    max_seq_len: int  # the RoPE cache length of the flavor: torchtitan refuses a longer training.seq_len
     gated_mlp: bool = True  # torchtitan's decoders all use SwiGLU feed-forwards
 
     @property
@@ -80,19 +88,20 @@ class TitanConfig:
 # torchtitan's own registry.
 CONFIGS: tuple[TitanConfig, ...] = (
     # torchtitan/models/llama3/config_registry.py (functions) and torchtitan/models/llama3/__init__.py
-    # (llama3_configs: _debugmodel, _8b, _70b, _405b; ffn_hidden from compute_ffn_hidden_dim)
-    TitanConfig("llama3", "llama3_debugmodel", "debugmodel", 6, 256, 16, 16, 16, 768, 2048, False),
-    TitanConfig("llama3", "llama3_8b", "8B", 32, 4096, 32, 8, 128, 14336, 128256, False),
-    TitanConfig("llama3", "llama3_70b", "70B", 80, 8192, 64, 8, 128, 28672, 128256, False),
-    TitanConfig("llama3", "llama3_405b", "405B", 126, 16384, 128, 8, 128, 53248, 128256, False),
+    # (llama3_configs: _debugmodel, _8b, _70b, _405b; ffn_hidden from compute_ffn_hidden_dim; RoPE max_seq_len 131072)
+    TitanConfig("llama3", "llama3_debugmodel", "debugmodel", 6, 256, 16, 16, 16, 768, 2048, False, 131072),
+    TitanConfig("llama3", "llama3_8b", "8B", 32, 4096, 32, 8, 128, 14336, 128256, False, 131072),
+    TitanConfig("llama3", "llama3_70b", "70B", 80, 8192, 64, 8, 128, 28672, 128256, False, 131072),
+    TitanConfig("llama3", "llama3_405b", "405B", 126, 16384, 128, 8, 128, 53248, 128256, False, 131072),
     # torchtitan/models/qwen3/config_registry.py (functions) and torchtitan/models/qwen3/__init__.py
-    # (qwen3_configs: _debugmodel, _0_6b, _1_7b, _14b, _32b). Flavors 4B and 8B have no pretraining
+    # (qwen3_configs: _debugmodel, _0_6b, _1_7b, _14b, _32b; RoPE max_seq_len 4096 for the debug model, else
+    # 40960). Flavors 4B and 8B have no pretraining
     # config function in 0.3.0 (8B only as qwen3_8b_first_85_pct_layers_nvfp4 and sft_qwen3_8b_math).
-    TitanConfig("qwen3", "qwen3_debugmodel", "debugmodel", 8, 256, 16, 8, 128, 3072, 2048, True),
-    TitanConfig("qwen3", "qwen3_0_6b", "0.6B", 28, 1024, 16, 8, 128, 3072, 151936, True),
-    TitanConfig("qwen3", "qwen3_1_7b", "1.7B", 28, 2048, 16, 8, 128, 6144, 151936, True),
-    TitanConfig("qwen3", "qwen3_14b", "14B", 40, 5120, 40, 8, 128, 17408, 151936, False),
-    TitanConfig("qwen3", "qwen3_32b", "32B", 64, 5120, 64, 8, 128, 25600, 151936, False),
+    TitanConfig("qwen3", "qwen3_debugmodel", "debugmodel", 8, 256, 16, 8, 128, 3072, 2048, True, 4096),
+    TitanConfig("qwen3", "qwen3_0_6b", "0.6B", 28, 1024, 16, 8, 128, 3072, 151936, True, 40960),
+    TitanConfig("qwen3", "qwen3_1_7b", "1.7B", 28, 2048, 16, 8, 128, 6144, 151936, True, 40960),
+    TitanConfig("qwen3", "qwen3_14b", "14B", 40, 5120, 40, 8, 128, 17408, 151936, False, 40960),
+    TitanConfig("qwen3", "qwen3_32b", "32B", 64, 5120, 64, 8, 128, 25600, 151936, False, 40960),
 )
 
 # The top-level module names of each module's model, in pipeline order (embedding, layer container,
@@ -170,8 +179,9 @@ def schedule_csv(job: TrainingJob) -> str:
     return "".join(",".join(job.actions[r]) + "\n" for r in sorted(job.actions))
 
 
-def job_args(job: TrainingJob, schedule_path: str, module: str = "llama3") -> list[str]:
-    """Return torchtitan's command-line overrides for the job (without --module / --config)."""
+def job_args(job: TrainingJob, schedule_path: str = SCHEDULE_CSV, module: str = "llama3") -> list[str]:
+    """Return torchtitan's command-line overrides for the job (without --module / --config); the schedule
+    CSV is named `schedule_path` (torchtitan opens it relative to its working directory)."""
     args = ["--parallelism.pipeline_parallel_degree", str(job.num_stages),
             "--parallelism.tensor_parallel_degree", str(job.tp),
             "--parallelism.data_parallel_replicate_degree", str(job.dp),
@@ -189,73 +199,63 @@ def job_args(job: TrainingJob, schedule_path: str, module: str = "llama3") -> li
     return args
 
 
-@dataclass
-class Launch:
-    """How torchrun starts the job: the nodes in node-rank order, each node's rank count, and notes."""
-
-    nodes: list[str]
-    nproc: list[int]
-    notes: list[str]
-
-    @property
-    def world(self) -> int:
-        """Return the number of ranks."""
-        return sum(self.nproc)
-
-
 def launch(job: TrainingJob) -> Launch:
-    """Return the torchrun launch of the job from the plan's placement: nodes numbered in the order the
-    plan's ranks (stage by stage, torchtitan's mesh order) reach them, so torchrun's rank blocks per node
-    put each stage on the plan's nodes; notes for uneven nodes, TP groups across nodes and placements
-    torchtitan's rank order cannot follow."""
-    world = job.num_stages * job.tp * job.dp
-    if not job.stage_gpus or not job.cluster or sum(map(len, job.stage_gpus)) != world:
-        return Launch(["localhost"], [world], [])
-    from gpuplan.models.cluster import Cluster
-
-    node_of = {d.id: d.node for d in Cluster.model_validate(job.cluster).devices}
-    order = [node_of[g] for gpus in job.stage_gpus for g in sorted(gpus)]
-    runs = [[n, len(list(g))] for n, g in groupby(order)]  # [node, count] in rank order
-    notes = []
-    if len(runs) != len({n for n, _ in runs}):
-        counts = Counter(order)
-        nodes = list(dict.fromkeys(order))
-        runs = [[n, counts[n]] for n in nodes]
-        notes.append("torchtitan gives each node a block of consecutive ranks (mesh order pp, dp, tp); the plan's "
-                     "stages share nodes in another order, so some stages run on other nodes than planned "
-                     "(same device type; their links may differ from the plan's)")
-    nodes, nproc = [str(n) for n, _ in runs], [int(c) for _, c in runs]
-    if len(set(nproc)) > 1:
-        notes.append("the plan's ranks do not fill its nodes evenly (" + ", ".join(
-            f"{n}: {c}" for n, c in zip(nodes, nproc)) + "): run.sh starts that many on each NODE_RANK; "
-            "torchrun numbers ranks node after node")
-    starts = list(accumulate(nproc[:-1]))  # the first global rank of each node after node 0
-    if job.tp > 1 and any(b % job.tp for b in starts):
-        notes.append(f"torchtitan's tensor-parallel groups ({job.tp} consecutive ranks) cross a node boundary "
-                     f"(nodes hold {nproc} ranks): those groups run over the inter-node network")
-    return Launch(nodes, nproc, notes)
+    """Return torchrun's launch of the job from the plan's placement (gpuplan.export.common.node_launch:
+    node ranks in the order the plan's ranks reach the nodes, each node's GPUs, notes)."""
+    return node_launch(job, "torchtitan")
 
 
-def run_script(job: TrainingJob, args: list[str], lay: Launch, env: dict[str, str] | None) -> str:
-    """Return run.sh's text: the (multi-node) torchrun line, exporting `env` (nccl.env) first when given."""
-    lines = ["#!/bin/sh", f"# gpuplan export torchtitan: predicted iteration {job.predicted_iteration_s:.6g} s"]
+_HERE = 'HERE=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd) || exit 1'
+
+
+def _train_command(args: list[str], per_stage_env: bool) -> str:
+    """Return torchrun's arguments after its own options: the trainer and its (shell-quoted) overrides, the
+    schedule CSV named beside the script ("$HERE/pp_schedule.csv"), through nccl_env.sh when `per_stage_env`."""
+    quoted = [shlex.quote(a) for a in args]
+    if SCHEDULE_CSV in args:
+        quoted[args.index(SCHEDULE_CSV)] = f'"$HERE/{SCHEDULE_CSV}"'
+    trainer = "-m torchtitan.train " + " ".join(quoted)
+    if per_stage_env:  # torchrun runs the wrapper on each rank; it runs the trainer with the stage's settings
+        return f'--no-python sh "$HERE/{NCCL_WRAPPER}" "${{PYTHON:-python}}" {trainer}'
+    return trainer
+
+
+def run_script(job: TrainingJob, args: list[str], lay: Launch, env: dict[str, str] | None,
+               per_stage_env: bool = False) -> str:
+    """Return run.sh's text: the (multi-node) torchrun line, each node's ranks pinned to the plan's GPUs
+    (CUDA_VISIBLE_DEVICES, when the plan names them), exporting `env` (nccl.env) first when given, each
+    rank's stage settings through nccl_env.sh when `per_stage_env`. The script names its files by its own
+    directory and runs torchtitan in the caller's directory."""
+    lines = ["#!/bin/sh", f"# gpuplan export torchtitan: predicted iteration {job.predicted_iteration_s:.6g} s",
+             "# Run it from the directory torchtitan is to work in (its asset and output paths are relative to",
+             "# it); this script finds its own files beside itself, wherever the export directory was moved."]
+    if per_stage_env:
+        lines.append("# PYTHON: the interpreter with torchtitan installed (default: python on PATH)")
+    lines.append(_HERE)
     if env:
-        lines += ['set -a  # export the NCCL settings of nccl.env to every rank',
-                  f'. "$(dirname "$0")/{NCCL_ENV}"', "set +a"]
-    tail = "-m torchtitan.train " + " ".join(shlex.quote(a) for a in args)
+        lines += ['set -a  # export the NCCL settings of nccl.env to every rank', f'. "$HERE/{NCCL_ENV}"', "set +a"]
+    if lay.devices:
+        lines.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID  # number GPUs as nvidia-smi does: the plan's GPU indices")
+    tail = _train_command(args, per_stage_env)
     if len(lay.nodes) == 1:
+        if lay.devices:
+            lines.append(f"export CUDA_VISIBLE_DEVICES={lay.visible(0)}  # the plan's GPUs of {lay.nodes[0]}")
         lines.append(f"torchrun --nproc-per-node {lay.world} {tail}")
         return "\n".join(lines) + "\n"
     lines += [f"# {len(lay.nodes)} nodes: run this on each with NODE_RANK set, MASTER_ADDR and MASTER_PORT those of node 0",
               *[f"#   NODE_RANK={r}: {n} ({c} ranks)" for r, (n, c) in enumerate(zip(lay.nodes, lay.nproc))],
               ': "${NODE_RANK:?set NODE_RANK}" "${MASTER_ADDR:?set MASTER_ADDR}" "${MASTER_PORT:=29500}"']
-    if len(set(lay.nproc)) == 1:
-        nproc = str(lay.nproc[0])
-    else:
+    uneven = len(set(lay.nproc)) > 1
+    if uneven or lay.devices:
         lines.append('case "$NODE_RANK" in')
-        lines += [f"  {r}) NPROC={c} ;;" for r, c in enumerate(lay.nproc)]
+        for r, c in enumerate(lay.nproc):
+            sets = [f"NPROC={c}"] if uneven else []
+            sets += [f"CUDA_VISIBLE_DEVICES={lay.visible(r)}"] if lay.devices else []
+            lines.append(f"  {r}) {' '.join(sets)} ;;")
         lines += ['  *) echo "NODE_RANK must be 0..' + str(len(lay.nodes) - 1) + '" >&2; exit 2 ;;', "esac"]
-        nproc = '"$NPROC"'
+        if lay.devices:
+            lines.append("export CUDA_VISIBLE_DEVICES  # this node's GPUs of the plan, in local-rank order")
+    nproc = '"$NPROC"' if uneven else str(lay.nproc[0])
     # static rendezvous: torchrun honours --node-rank only with it (c10d orders nodes by host name), and the
     # node rank is what puts each stage on the plan's nodes
     lines.append(f'torchrun --nnodes {len(lay.nodes)} --nproc-per-node {nproc} --node-rank "$NODE_RANK" '
@@ -263,11 +263,60 @@ def run_script(job: TrainingJob, args: list[str], lay: Launch, env: dict[str, st
     return "\n".join(lines) + "\n"
 
 
+def stage_env_wrapper(job: TrainingJob) -> str:
+    """Return nccl_env.sh's text: run by torchrun on every rank, it sources the nccl-stage{k}.env of the
+    rank's pipeline stage (k = RANK / (tp dp): torchtitan's mesh order pp, dp, tp) and execs its arguments."""
+    ranks, last = job.tp * job.dp, job.num_stages - 1
+    lines = ["#!/bin/sh",
+             "# gpuplan export torchtitan: torchrun runs this on every rank (run.sh, --no-python). It exports the",
+             f"# Lagom NCCL settings of the rank's pipeline stage (RANK / {ranks}: torchtitan's mesh order pp, dp, tp)",
+             "# from nccl-stage{k}.env beside it, then runs its arguments (the trainer).",
+             _HERE,
+             'case "$RANK" in',
+             f"  ''|*[!0-9]*) echo \"{NCCL_WRAPPER}: RANK is '$RANK', not a rank: run it under torchrun\" >&2;"
+             " exit 2 ;;",
+             "esac",
+             f"STAGE=$((RANK / {ranks}))",
+             'case "$STAGE" in']
+    for k in range(job.num_stages):
+        if k in job.nccl_env:
+            lines.append(f'  {k}) set -a; . "$HERE/nccl-stage{k}.env"; set +a ;;')
+        else:
+            lines.append(f"  {k}) ;;  # Lagom set nothing for stage {k}")
+    lines += [f'  *) echo "{NCCL_WRAPPER}: RANK $RANK is in stage $STAGE; the plan has stages 0..{last}" >&2;'
+              " exit 2 ;;",
+              "esac", 'exec "$@"']
+    return "\n".join(lines) + "\n"
+
+
+def _check_config(job: TrainingJob, module: str, function: str, notes: list[str]) -> None:
+    """Raise ExportRefused for what torchtitan 0.3.0's Decoder.Config.update_from_config refuses at start
+    under config `module:function`: a training.seq_len longer than the plan's model max_seq_len or the
+    config's RoPE length, weight tying with pipeline_parallel_degree > 1. A config outside CONFIGS is not
+    checked against torchtitan's limits (noted); return None."""
+    limits = [("the plan's model max_seq_len", model_max_seq_len(job))]
+    known = next((c for c in CONFIGS if c.name == f"{module}:{function}"), None)
+    if known is None:
+        notes.append(f"gpuplan did not check the plan's seq_len {job.seq_len} against {module}:{function}'s RoPE "
+                     "max_seq_len: torchtitan refuses at start a training.seq_len longer than it")
+    else:
+        limits.append((f"{known.name}'s RoPE max_seq_len in torchtitan {TORCHTITAN_VERSION}, which refuses at start "
+                       "a longer training.seq_len", known.max_seq_len))
+        if known.tied_embeddings and job.num_stages > 1:
+            raise ExportRefused("torchtitan", [
+                f"pipeline parallelism of a model with tied embeddings: {known.name} ties tok_embeddings and "
+                f"lm_head, and torchtitan {TORCHTITAN_VERSION} raises NotImplementedError at start for a "
+                f"pipeline_parallel_degree above 1 (the plan has {job.num_stages} stages)"])
+    check_seq_len(job, "torchtitan", limits)
+
+
 def export(bundle: str | Path, out: str | Path, *, config: str | None = None) -> dict[str, Any]:
     """Write the torchtitan job of a bundle into directory `out`; return {"files": [...], "args": [...],
     "notes": [...], "config": "module:function"}. `config` ("MODULE:FUNCTION") names torchtitan's config
-    function; without it, the one of CONFIGS with the plan's model shape. Raises ExportRefused when
-    torchtitan cannot express the plan (or has no config of its shape), InputError for a bad `config`."""
+    function; without it, the one of CONFIGS with the plan's model shape. The files name each other
+    relative to `out`, so the directory can be moved. Raises ExportRefused when torchtitan cannot express
+    the plan (no config of its shape, a sequence longer than the model's, tied embeddings across pipeline
+    stages), InputError for a bad `config`."""
     job = training_job(bundle, "torchtitan")
     notes = list(job.notes)
     if config is None:
@@ -279,13 +328,16 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
         if module not in MODULE_NAMES:
             notes.append(f"module {module!r} is not one gpuplan knows: the stage module lists use torchtitan's "
                          f"Decoder names ({', '.join(DECODER_NAMES)})")
+    _check_config(job, module, function, notes)
     lay = launch(job)
     notes += lay.notes
     root = Path(out)
     root.mkdir(parents=True, exist_ok=True)
     csv_path = root / SCHEDULE_CSV
     atomic_write_text(csv_path, schedule_csv(job))
-    args = ["--module", module, "--config", function] + job_args(job, str(csv_path), module)
+    # relative: torchtitan.args names the CSV as torchtitan opens it from the export directory; run.sh
+    # passes it as "$HERE/pp_schedule.csv"
+    args = ["--module", module, "--config", function] + job_args(job, SCHEDULE_CSV, module)
     atomic_write_text(root / ARGS_FILE, "\n".join(args) + "\n")
     files = [str(csv_path), str(root / ARGS_FILE)]
     envs = [job.nccl_env[s] for s in sorted(job.nccl_env)]
@@ -300,10 +352,14 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
             atomic_write_text(path, env_file_text(env))
             files.append(str(path))
         if job.nccl_env:
+            atomic_write_text(root / NCCL_WRAPPER, stage_env_wrapper(job))
+            files.append(str(root / NCCL_WRAPPER))
             ranks = job.tp * job.dp
-            notes.append("Lagom's NCCL settings differ per stage: source nccl-stage{k}.env on stage k's ranks "
-                         f"(global ranks {ranks}k .. {ranks}k+{ranks - 1}: torchtitan's mesh order); run.sh "
-                         "does not, torchrun gives one environment to all ranks of a node")
-    atomic_write_text(root / "run.sh", run_script(job, args, lay, envs[0] if same else None))
+            notes.append("Lagom's NCCL settings differ per stage: run.sh starts every rank through "
+                         f"{NCCL_WRAPPER}, which exports nccl-stage{{k}}.env on stage k's ranks (global ranks "
+                         f"{ranks}k .. {ranks}k+{ranks - 1}: torchtitan's mesh order) before running the trainer "
+                         "with $PYTHON (default: python)")
+    per_stage = bool(job.nccl_env) and not same
+    atomic_write_text(root / "run.sh", run_script(job, args, lay, envs[0] if same else None, per_stage))
     files.append(str(root / "run.sh"))
     return {"files": files, "args": args, "notes": notes, "config": f"{module}:{function}"}
