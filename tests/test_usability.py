@@ -357,7 +357,8 @@ def test_export_json(tmp_path: Path) -> None:
     code, text = invoke("export", "megatron", bundle, "--json")
     assert code == 0, text
     doc = json.loads(text)
-    assert set(doc) == {"command", "bundle", "output", "args", "env", "notes"} and doc["command"] == "export megatron"
+    assert set(doc) == {"command", "bundle", "output", "args", "env", "nodes", "notes"} and doc["command"] == "export megatron"
+    assert [n["ranks"] for n in doc["nodes"]] == [4] and doc["nodes"][0]["node"] == "h0"
     assert doc["args"][doc["args"].index("--tensor-model-parallel-size") + 1] == "2" and doc["output"] is None
     out = tmp_path / "tt"
     code, text = invoke("export", "torchtitan", bundle, "-o", out, "--config", "llama3:llama3_debugmodel", "--json")

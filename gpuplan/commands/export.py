@@ -55,7 +55,7 @@ def register(main: click.Group) -> None:
     def megatron_cmd(bundle: str, output: str | None, json_out: str | None = None) -> None:
         """Print Megatron-LM's command-line arguments for the bundle (pretrain_gpt.py), each stage's NCCL env
         and each node's ranks and GPUs (CUDA_VISIBLE_DEVICES); --json prints {command, bundle, output, args,
-        env, notes}."""
+        env, nodes, notes}."""
         from gpuplan.errors import GpuplanError
         from gpuplan.export import megatron
         from gpuplan.io import atomic_write_text
@@ -69,7 +69,7 @@ def register(main: click.Group) -> None:
             sys.exit(2)
         emit_json("export megatron", {"bundle": bundle, "output": output, "args": list(result["args"]),
                                       "env": {str(k): v for k, v in sorted(result["env"].items())},
-                                      "notes": list(result["notes"])}, json_out)
+                                      "nodes": list(result["nodes"]), "notes": list(result["notes"])}, json_out)
         if json_out == STDOUT:
             return
         click.echo(" ".join(shlex.quote(a) for a in result["args"]))
