@@ -42,6 +42,9 @@ def load_problem(source: str | Path | dict[str, Any] | Problem, kind: str | None
     else:
         data = dict(source)
     found = data.get("kind")
+    if found is None and "kind" in data:  # `kind:` written but empty is a slip, not an omission
+        raise InputError.at(file, "kind", None, f"one of {', '.join(registry.kinds())} (or no kind field: the "
+                            "kind named on the command line)")
     if found is None:
         if kind is None:
             raise InputError.at(file, "kind", None, f"one of {', '.join(registry.kinds())}")

@@ -16,7 +16,8 @@ from gpuplan import api, registry
 from gpuplan.commands import ProblemInputs, default_inputs
 from gpuplan.errors import GpuplanError, InputError, SolverError
 from gpuplan.models.base import Table
-from gpuplan.cliout import STDOUT, emit_json, json_flag, json_option, print_check, say, setup_logging, table_doc
+from gpuplan.cliout import (STDOUT, OutputPath, Seconds, emit_json, json_flag, json_option, print_check, say,
+                             setup_logging, table_doc)
 from gpuplan.render import plan_header, print_tables
 
 EXIT_VIOLATIONS = 1
@@ -164,23 +165,6 @@ def _parse_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-class _Seconds(click.ParamType):
-    """A positive, finite number of seconds (refuses 0, negatives, inf and nan)."""
-
-    name = "seconds"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        import math
-
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(number) or number <= 0:
-            self.fail(f"{value!r}: expected a positive, finite number of seconds", param, ctx)
-        return number
-
-
 def _build_problem(spec: ProblemInputs, values: dict[str, Any], profile: str | None) -> Any:
     problem = spec.build(**values)
     if profile:
@@ -194,7 +178,7 @@ def _build_problem(spec: ProblemInputs, values: dict[str, Any], profile: str | N
 
 
 _COMMON_SOLVE = [
-    click.Option(["--time-limit", "time_limit"], type=_Seconds(), default=None,
+    click.Option(["--time-limit", "time_limit"], type=Seconds(), default=None,
                  help="Solver time limit (seconds, positive)."),
     click.Option(["--seed"], type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
                  help="Seed for every random choice (0 to 2^31-1: CP-SAT's range)."),
@@ -238,7 +222,7 @@ def _solve_command(kind: str, spec: ProblemInputs) -> click.Command:
         click.Option(["--solver"], default=None,
                      help=f"One of: {', '.join(s.name for s in registry.solvers(kind))}."),
         click.Option(["-o", "--output"], default=f"{kind}-plan.json", show_default=True,
-                     type=click.Path(dir_okay=False), help="Where to write the plan (JSON)."),
+                     type=OutputPath(), help="Where to write the plan (JSON)."),
         click.Option(["--option"], multiple=True,
                      help=f"Solver option KEY=VALUE (repeatable; `gpuplan list --options {kind}` lists "
                           f"them with types, defaults and allowed values). {_option_keys(kind)}"),
@@ -284,7 +268,7 @@ def _compare_command(kind: str, spec: ProblemInputs) -> click.Command:
     params = list(spec.params) + [
         click.Option(["--solvers"], default=None, help="Comma-separated subset of solvers (default: all)."),
         json_option(),
-        click.Option(["--png"], type=click.Path(dir_okay=False), default=None,
+        click.Option(["--png"], type=OutputPath(), default=None,
                      help="Also draw a bar chart of every solver's objective to a PNG file."),
     ] + _common_solve(kind)
     return click.Command(kind, params=params, callback=callback, epilog=_example(kind, "compare"),
@@ -303,14 +287,21 @@ Exit codes:
 
 
 class _Main(click.Group):
-    """The top-level group: any gpuplan error a command lets through is reported in one line instead
-    of a traceback, with exit code 2 (bad input), or 5 for a solver that stopped without a plan."""
+    """The top-level group: any gpuplan error a command lets through (and a pydantic validation error of
+    a model built from its inputs) is reported in one line instead of a traceback, with exit code 2 (bad
+    input), or 5 for a solver that stopped without a plan."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from pydantic import ValidationError
+
         try:
             return super().invoke(ctx)
         except GpuplanError as exc:
             _fail(exc)
+        except ValidationError as exc:  # a model built from inputs past the loaders: name its fields, no traceback
+            from gpuplan.models.base import input_error_from
+
+            _fail(input_error_from(exc, None))
         except ModuleNotFoundError as exc:  # an optional dependency: name the extra that brings it
             from gpuplan.extras import missing_extra
 
@@ -374,7 +365,7 @@ def check_cmd(plan_file: str, input_file: str | None, json_out: str | None = Non
 
 @main.command("show")
 @click.argument("plan_file", type=click.Path())
-@click.option("--png", type=click.Path(dir_okay=False), default=None, help="Also draw the plan to a PNG file.")
+@click.option("--png", type=OutputPath(), default=None, help="Also draw the plan to a PNG file.")
 @json_flag(help="Print the plan's figures and tables as one JSON document (or write it to FILE): the keys "
                    "of `solve --json` plus valid, violations and png.")
 def show_cmd(plan_file: str, png: str | None, json_out: str | None = None) -> None:
@@ -478,6 +469,11 @@ def run_cmd(args: tuple[str, ...]) -> None:
     if rest and rest[0] == "--":
         rest = rest[1:]
     try:
+        from gpuplan.io import check_output_path
+
+        for out in (png, None if json_out == STDOUT else json_out):  # refused now, not after the run
+            if out is not None:
+                check_output_path(out)
         if Path(plan_file).is_dir():  # a training bundle (gpuplan plan train)
             if rest:
                 raise GpuplanError("a training bundle runs its own model; `gpuplan run BUNDLE` takes no command")
@@ -488,8 +484,10 @@ def run_cmd(args: tuple[str, ...]) -> None:
             bundle_options = _parse_options(option_pairs)
             import inspect
 
+            from gpuplan.run_options import check_option_values
+
             known = {n: p.default for n, p in inspect.signature(run_bundle).parameters.items() if n != "directory"}
-            registry.check_against_signature(known, bundle_options, "a training bundle's run", "run option")
+            check_option_values(known, bundle_options, "a training bundle's run")
             with _spinner(f"running the bundle {plan_file}", _show_progress(False)):
                 result = run_bundle(plan_file, **bundle_options)
         else:
@@ -605,9 +603,10 @@ def list_cmd(options_kind: str | None = None, json_out: str | None = None) -> No
 
 
 def _list_options(kind: str, json_out: str | None) -> None:
-    """Print (or emit as JSON) every option of `kind`'s solvers and runner with its type, default and, for
-    solver options, the values allowed (its OptionRule; '' for run options, which have none)."""
-    from gpuplan.run_options import annotations_of, describe_default, runner_function, runner_options
+    """Print (or emit as JSON) every option of `kind`'s solvers and runner with its type, default and the
+    values allowed (a solver option's OptionRule; a run option's RUN_OPTION_RULES entry)."""
+    from gpuplan.run_options import (RUN_OPTION_RULES, annotations_of, describe_default, runner_function,
+                                     runner_options)
 
     try:
         specs = registry.solvers(kind)
@@ -625,7 +624,9 @@ def _list_options(kind: str, json_out: str | None) -> None:
         try:
             types = annotations_of(runner_function(kind))
             for name, default in sorted(runner_options(kind).items()):
-                rows.append(["run", name, *describe_default(default, types.get(name, "")), ""])
+                run_rule = RUN_OPTION_RULES.get(name)
+                rows.append(["run", name, *describe_default(default, types.get(name, "")),
+                             run_rule.describe() if run_rule is not None else ""])
         except ModuleNotFoundError as exc:  # the runner needs torch
             from gpuplan.extras import missing_extra
 

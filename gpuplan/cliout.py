@@ -28,8 +28,101 @@ _JSON_HELP = ("Print one JSON document on stdout (nothing else goes there), or w
               "Keys: see docs/index.md, Scripting.")
 
 
+def _json_dest(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Return the --json destination, refusing an unwritable FILE at once (see OutputPath)."""
+    if value is not None and value != STDOUT:
+        _refuse_output(value, param, ctx)
+    return value
+
+
 def _json_kwargs(help: str | None) -> dict[str, Any]:
-    return {"is_flag": False, "flag_value": STDOUT, "default": None, "metavar": "[FILE]", "help": help or _JSON_HELP}
+    return {"is_flag": False, "flag_value": STDOUT, "default": None, "metavar": "[FILE]", "help": help or _JSON_HELP,
+            "callback": _json_dest}
+
+
+def _refuse_output(value: str, param: click.Parameter | None, ctx: click.Context | None) -> None:
+    """Raise click's BadParameter (exit code 2) when gpuplan.io.check_output_path refuses `value`."""
+    from gpuplan.errors import OutputError
+    from gpuplan.io import check_output_path
+
+    try:
+        check_output_path(value)
+    except OutputError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+class OutputPath(click.Path):
+    """An output FILE option, checked when the command line is read (gpuplan.io.check_output_path: not a
+    directory, FIFO or device, its folders writable), so a bad path fails before a long solve, not after."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the path, or fail with one line naming it and why it cannot be written."""
+        path = super().convert(value, param, ctx)
+        _refuse_output(str(path), param, ctx)
+        return path
+
+
+class OutputDir(click.Path):
+    """An output DIRECTORY option (a bundle, a job folder), checked when the command line is read: not a
+    file, no file among the folders above it, the nearest existing folder writable."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the path, or fail with one line naming it and why no folder can be written there."""
+        import os
+        from pathlib import Path
+
+        path = super().convert(value, param, ctx)
+        if not str(path):
+            self.fail("(empty path): expected an output directory", param, ctx)
+        p = Path(path)
+        blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+        if blocker is not None:
+            self.fail(f"{p}: cannot write: {blocker} is a file, not a folder", param, ctx)
+        folder = next((a for a in [p, *p.parents] if a.is_dir()), Path("."))
+        if not os.access(folder, os.W_OK | os.X_OK):
+            self.fail(f"{p}: cannot write: folder {folder} is not writable", param, ctx)
+        return path
+
+
+class FiniteFloat(click.FloatRange):
+    """A finite number within optional bounds: click's FloatRange lets nan through every bound (each
+    comparison with nan is false), and a plain float accepts nan and inf."""
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Return the number, or fail naming the value and the finite range expected."""
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r}: expected a finite number{self._describe_bounds()}", param, ctx)
+        return super().convert(number, param, ctx)
+
+    def _describe_bounds(self) -> str:
+        if self.min is None and self.max is None:
+            return ""
+        return f" in {self._describe_range()}"
+
+
+class Seconds(click.ParamType):
+    """A positive, finite number of seconds (refuses 0, negatives, inf and nan)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        """Return the seconds as a float, or fail naming the value."""
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(number) or number <= 0:
+            self.fail(f"{value!r}: expected a positive, finite number of seconds", param, ctx)
+        return number
 
 
 def json_option(help: str | None = None) -> click.Option:

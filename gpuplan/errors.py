@@ -12,6 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 
+def shown(value: Any) -> str:
+    """Return repr(value) cut to 80 characters, as error messages show a value (one line, however big)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 class GpuplanError(Exception):
     """Base class of every error gpuplan raises on purpose."""
 
@@ -28,10 +34,7 @@ class InputError(GpuplanError, ValueError):
     def at(cls, file: str | None, field: str, value: Any, expected: str) -> "InputError":
         """Build the one-line message `FILE: field F: got V; expected E`."""
         where = f"{file}: " if file else ""
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        return cls(f"{where}field '{field}': got {shown}; expected {expected}",
+        return cls(f"{where}field '{field}': got {shown(value)}; expected {expected}",
                    file=file, field=field, value=value, expected=expected)
 
 

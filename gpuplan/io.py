@@ -187,6 +187,10 @@ _PLAIN_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
 _PLAIN_FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][-+]?[0-9]+)?")
 
 
+class _Duplicate(Exception):
+    """A mapping that names one key twice (PyYAML keeps the last silently): (key, line)."""
+
+
 def _construct(loader: Any, root: Any) -> Any:
     """Return the Python value of the composed node graph `root`, as SafeConstructor builds it (an
     aliased node is one object, a recursive one refers to itself), without its per-node generators;
@@ -215,7 +219,10 @@ def _construct(loader: Any, root: Any) -> Any:
             for key, value in node.value:
                 if key.id != "scalar" or key.tag not in _KEY_TAGS:
                     raise _Unusual(key.tag)
-                mapping[build(key)] = build(value)
+                k = build(key)
+                if k in mapping and any(type(e) is type(k) for e in mapping if e == k):  # not 1 and true
+                    raise _Duplicate(k, key.start_mark.line + 1)
+                mapping[k] = build(value)
             return mapping
         if kind == "sequence" and tag == _SEQ:
             items: list[Any] = []
@@ -239,6 +246,10 @@ def _parse_yaml(text: str, file: str) -> Any:
             return _construct(loader, node)
         except _Unusual:
             return loader.construct_document(node)
+        except _Duplicate as dup:  # parse_document names the file
+            key, line = dup.args
+            raise ValueError(f"line {line}: key {key!r} appears twice in one mapping; expected each key once "
+                             "(the later value would silently replace the first)") from None
     finally:
         loader.dispose()
 
@@ -255,6 +266,17 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Return a JSON object's mapping; raise ValueError naming a key it holds twice (json keeps the last)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"key {key!r} appears twice in one object; expected each key once (the later value "
+                         "would silently replace the first)")
+    return out
 
 
 def _refuse_constant(name: str) -> float:
@@ -284,7 +306,8 @@ def parse_document(data: bytes | str, file: str, *, fmt: str = "yaml", allow_non
     with _gc_paused():
         try:
             if fmt == "json":
-                value = json.loads(text) if allow_nonfinite else json.loads(text, parse_constant=_refuse_constant)
+                value = (json.loads(text, object_pairs_hook=_unique_keys) if allow_nonfinite else
+                         json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys))
             else:
                 value = _parse_yaml(text, file)
         except (json.JSONDecodeError, yaml.YAMLError, ValueError) as exc:
@@ -342,21 +365,43 @@ def _remove_stale_temporaries(target: Path) -> None:
             pass
 
 
+def check_output_path(path: str | os.PathLike[str]) -> Path:
+    """Return `path` as a Path when a file can be written there atomically; nothing is written.
+
+    Raises OutputError naming the path when it is empty, a directory, an existing FIFO, device or
+    socket (a rename would replace the node itself, e.g. /dev/null, with a regular file), or when a
+    folder above it is a file or the nearest existing folder cannot be written. Commands call it
+    before their work, so a bad output path is refused in a moment, not after a long solve.
+    """
+    if not os.fspath(path):
+        raise OutputError("(empty path): expected an output file path")
+    p = Path(path)
+    try:
+        st = os.stat(p)  # follows a symbolic link: /dev/stdout names a pipe or a terminal
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{p}: is a directory; expected an output file path")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OutputError(f"{p}: not a regular file (a FIFO, device or socket); expected an output file path "
+                          "(the file is replaced as a whole when written)")
+    blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+    if blocker is not None:
+        raise OutputError(f"{p}: cannot write: {blocker} is a file, not a folder")
+    folder = next((a for a in p.parents if a.is_dir()), Path("."))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"{p}: cannot write: folder {folder} is not writable")
+    return p
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` through a temporary file and a rename; return the path.
 
     Either the whole new content is there afterwards or the old file is untouched. Stale
     temporary files of the same target (from a killed write) are removed first. Raises
-    OutputError naming the path when it is empty, a directory, or its folder cannot be written.
+    OutputError naming the path when check_output_path refuses it or the write fails.
     """
-    if not os.fspath(path):
-        raise OutputError("(empty path): expected an output file path")
-    p = Path(path)
-    if p.is_dir():
-        raise OutputError(f"{p}: is a directory; expected an output file path")
-    blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
-    if blocker is not None:
-        raise OutputError(f"{p}: cannot write: {blocker} is a file, not a folder")
+    p = check_output_path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temporaries(p)

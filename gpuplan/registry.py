@@ -168,7 +168,7 @@ def check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
     the domain its OptionRule gives (nan and inf too, for every option whose rule does not allow them);
     return None when every option is valid. Raises InputError naming the option, the value and what
     is expected (`option 'beta': got 1.5; expected a number in (0, 1] (default 0.5)`)."""
-    from gpuplan.errors import InputError
+    from gpuplan.errors import InputError, shown
 
     known = solver_options(spec)
     check_against_signature(known, options, f"solver {spec.name!r} of {spec.kind}", "option")
@@ -180,9 +180,8 @@ def check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
             continue
         expected = rule.describe() if rule is not None else "a finite number"
         default = known[name]
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
         tail = "" if default is inspect.Parameter.empty else f" (default {default!r})"
-        raise InputError(f"option {name!r}: got {shown}; expected {expected}{tail}",
+        raise InputError(f"option {name!r}: got {shown(value)}; expected {expected}{tail}",
                          field=f"option.{name}", value=value, expected=expected)
 
 
@@ -195,7 +194,7 @@ def check_against_signature(known: dict[str, Any], options: dict[str, Any], owne
     """Refuse an option missing from `known` (name -> default, as read from a signature) or of another
     type than its default; return None when all are known. `owner` and `label` word the error
     ("solver 'oef' of oef", "option"). Raises InputError naming the option, the value and what is expected."""
-    from gpuplan.errors import InputError
+    from gpuplan.errors import InputError, shown
 
     for name, value in options.items():
         if name not in known:
@@ -213,7 +212,7 @@ def check_against_signature(known: dict[str, Any], options: dict[str, Any], owne
         else:
             ok = isinstance(value, type(default)) and not isinstance(value, bool)
         if not ok:
-            raise InputError(f"{label} {name!r}: got {value!r}; expected a {type(default).__name__} "
+            raise InputError(f"{label} {name!r}: got {shown(value)}; expected a {type(default).__name__} "
                              f"(default {default!r})", field=f"option.{name}", value=value,
                              expected=type(default).__name__)
 

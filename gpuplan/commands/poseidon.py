@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from gpuplan.cliout import json_option
+from gpuplan.cliout import OutputPath, Seconds, json_option
 from gpuplan.commands import ProblemInputs, subgroup
 from gpuplan.errors import InputError
 from gpuplan.models.base import Problem
@@ -151,10 +151,10 @@ def register(main: click.Group) -> None:
                      help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false] or a "
                           "YAML/JSON file with those keys."),
         click.Option(["--vs-search"], is_flag=True, help="Also solve with Poseidon's search and compare."),
-        click.Option(["--time-limit", "time_limit"], type=float, default=None, help="Search time limit (s)."),
+        click.Option(["--time-limit", "time_limit"], type=Seconds(), default=None, help="Search time limit (s)."),
         click.Option(["--allow-over-memory"], is_flag=True,
                      help="Evaluate even when a stage needs more memory than the device has."),
-        click.Option(["-o", "--output"], default=None, type=click.Path(dir_okay=False),
+        click.Option(["-o", "--output"], default=None, type=OutputPath(),
                      help="Also write the plan (JSON)."),
         json_option(),
     ]

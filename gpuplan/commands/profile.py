@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import click
 
-from gpuplan.cliout import json_flag
+from gpuplan.cliout import OutputPath, json_flag
 from gpuplan.errors import GpuplanError, InputError
 from gpuplan.models.workload import TransformerConfig, model_config
 
@@ -28,7 +28,7 @@ def _under_torchrun() -> bool:
 
 
 @click.group("profile", invoke_without_command=True)
-@click.option("-o", "--output", default="profile.json", show_default=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", default="profile.json", show_default=True, type=OutputPath(),
               help="Where to write the profile (JSON).")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="Profile the CUDA GPUs, or the CPU as devices (auto: GPUs when there are any).")
@@ -165,7 +165,7 @@ def layer_target(model: str | None, for_problem: str | None, seq_len: int | None
 @click.argument("profiles", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--link", "links", multiple=True, metavar="A:B:BANDWIDTH:LATENCY",
               help="A link between nodes of different profiles, e.g. n0:n1:100Gbps:5us (repeatable).")
-@click.option("-o", "--output", default="profile.json", show_default=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", default="profile.json", show_default=True, type=OutputPath())
 def merge_cmd(profiles: tuple[str, ...], links: tuple[str, ...], output: str) -> None:
     """Join profiles taken separately on different machines into one, with declared links."""
     from gpuplan.models.profile import load_profile
@@ -184,7 +184,7 @@ def merge_cmd(profiles: tuple[str, ...], links: tuple[str, ...], output: str) ->
 
 @profile.command("show")
 @click.argument("profile_file", type=click.Path(dir_okay=False))
-@click.option("--png", type=click.Path(dir_okay=False), default=None,
+@click.option("--png", type=OutputPath(), default=None,
               help="Also draw the matmul throughput and collective time curves (with their fits) to a PNG file.")
 @json_flag(help="Print {command, profile_file, tables: [{title, columns, rows}]} as JSON (or write it to FILE).")
 def show_cmd(profile_file: str, png: str | None = None, json_out: str | None = None) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from gpuplan.cliout import STDOUT, emit_json, json_option, say
+from gpuplan.cliout import STDOUT, OutputPath, emit_json, json_option, say
 from gpuplan.errors import GpuplanError
 
 
@@ -42,9 +42,9 @@ def psrl() -> None:
               help="Workers of the problem written with -o.")
 @click.option("--gpu", default="H100", show_default=True, help="Their catalog GPU type.")
 @click.option("--model", default="qwen3-8b", show_default=True, help="The policy model (catalog name).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=OutputPath(), default=None,
               help="Write a psrl problem with the trace inline (.yaml or .json).")
-@click.option("--jsonl", type=click.Path(dir_okay=False), default=None,
+@click.option("--jsonl", type=OutputPath(), default=None,
               help="Write the trace as parent-linked JSONL records (a problem's `trace:` reads it back).")
 def trace_cmd(shape: str, tasks: int, rollouts: int, turns: str, system_tokens: int, prompt_tokens: str,
               turn_tokens: str, branching: str, depth: int, seed: int, workers: int, gpu: str, model: str,

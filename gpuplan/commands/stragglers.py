@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from gpuplan.cliout import STDOUT
+from gpuplan.cliout import STDOUT, FiniteFloat, OutputPath, json_flag
 from gpuplan.commands import subgroup
 from gpuplan.errors import GpuplanError, InputError
 
@@ -42,12 +42,11 @@ def at_load(problem: Any, load: float) -> Any:
 @click.argument("input", type=click.Path(dir_okay=False))
 @click.option("--policy", "policies", multiple=True,
               help="A stragglers policy (solver name; repeatable). Default: every one.")
-@click.option("--load", "loads", multiple=True, type=click.FloatRange(0.01, 1.5),
+@click.option("--load", "loads", multiple=True, type=FiniteFloat(0.01, 1.5),
               help="Offered load(s) to simulate at (repeatable); default: the input's.")
 @click.option("--seed", type=click.IntRange(0, 2**32), default=0, show_default=True, help="Simulation seed.")
-@click.option("--json", "json_out", is_flag=False, flag_value=STDOUT, default=None, metavar="[FILE]",
-              help="Print the figures as JSON on stdout (or write them to FILE): one row per policy and load.")
-@click.option("--png", type=click.Path(dir_okay=False), default=None,
+@json_flag(help="Print the figures as JSON on stdout (or write them to FILE): one row per policy and load.")
+@click.option("--png", type=OutputPath(), default=None,
               help="Draw weighted flowtime against load per policy to a PNG file.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress messages.")
 def simulate_stragglers(input: str, policies: tuple[str, ...], loads: tuple[float, ...], seed: int,

@@ -21,7 +21,7 @@ from typing import Any
 from gpuplan.compose.comm import lagom_document
 from gpuplan.compose.pipeline import (baseline_schedule, composed_time_s, gains_table, stage_tails_s,
                                       tessel_problem)
-from gpuplan.errors import InputError
+from gpuplan.errors import InputError, OutputError
 from gpuplan.io import atomic_write_text, digest, read_json
 from gpuplan.models.base import Violation
 from gpuplan.models.plan import Plan, same_figure
@@ -39,7 +39,10 @@ def file_sha256(path: Path) -> str:
 def write_bundle(directory: str | Path, comp: Any) -> Path:
     """Write a Composition as a bundle directory (created if missing); return the manifest's path."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{out}: cannot write the bundle directory: {exc.strerror or exc}") from None
     files: dict[str, Plan] = {"poseidon.json": comp.poseidon, "tessel.json": comp.tessel}
     files.update({f"lagom-stage{s}.json": p for s, p in sorted(comp.lagom.items())})
     entries = {}
@@ -70,7 +73,8 @@ def is_bundle(path: str | Path) -> bool:
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:
-    """Return the manifest of a bundle; raise InputError naming the file when it is not one."""
+    """Return the manifest of a bundle; raise InputError naming the file when it is not one (its kind,
+    schema version, or the shape of files, scales and predicted, which every reader relies on)."""
     path = Path(directory) / MANIFEST
     data = read_json(path, what="bundle manifest")
     if not isinstance(data, dict) or data.get("kind") != BUNDLE_KIND:
@@ -81,7 +85,19 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
     for field_name in ("files", "scales", "predicted"):
         if field_name not in data:
             raise InputError.at(str(path), field_name, None, "present")
+    files, scales, predicted = data["files"], data["scales"], data["predicted"]
+    if not isinstance(files, dict) or not all(isinstance(e, dict) for e in files.values()):
+        raise InputError.at(str(path), "files", files, "a mapping of file names to {kind, sha256}")
+    if not isinstance(scales, list) or not all(_is_number(x) for x in scales):
+        raise InputError.at(str(path), "scales", scales, "a list of numbers, one per stage")
+    if not isinstance(predicted, dict) or not all(_is_number(x) for x in predicted.values()):
+        raise InputError.at(str(path), "predicted", predicted, "a mapping of figure names to numbers")
     return data
+
+
+def _is_number(value: Any) -> bool:
+    """Return whether `value` is an int or float (a bool is not a number here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def load_bundle(directory: str | Path) -> tuple[dict[str, Any], dict[str, Plan]]:

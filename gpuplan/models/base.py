@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuplan.errors import InputError
+from gpuplan.errors import InputError, shown
 
 
 class Schema(BaseModel):
@@ -46,6 +46,10 @@ def field_path(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+MAX_FIELDS_SHOWN = 4
+"""Most bad fields one validation message names (the rest are counted), so it stays one readable line."""
+
+
 def input_error_from(exc: ValidationError, file: str | None) -> InputError:
     """Turn a pydantic ValidationError into one InputError listing each bad field plainly; an InputError
     a validator raised about a file the document names (a CSV trace: its row, column, value) is
@@ -72,13 +76,13 @@ def input_error_from(exc: ValidationError, file: str | None) -> InputError:
         elif err.get("type") == "missing":
             lines.append(f"field '{path}': missing; it is required")
         elif err.get("type") == "extra_forbidden":
-            lines.append(f"field '{path}': unknown field (value {err.get('input')!r}); check its spelling")
+            lines.append(f"field '{path}': unknown field (value {shown(err.get('input'))}); check its spelling")
         else:
-            shown = repr(err.get("input"))
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            lines.append(f"field '{path}': got {shown}; expected {expected}")
+            lines.append(f"field '{path}': got {shown(err.get('input'))}; expected {expected}")
         first = first or {"field": path, "value": err.get("input"), "expected": expected}
     where = f"{file}: " if file else ""
+    if len(lines) > MAX_FIELDS_SHOWN:  # a document of another kind: every field of it is unknown
+        lines = lines[:MAX_FIELDS_SHOWN] + [f"and {len(lines) - MAX_FIELDS_SHOWN} more bad fields"]
     message = where + "; ".join(lines)  # one line, however many fields are bad
     return InputError(message, file=file, **(first or {}))
 
@@ -233,9 +237,62 @@ def validate(schema: type[BaseModel], data: Any, *, file: str | Path | None = No
     check_input_numbers(data, str(file) if file else None)
     context = {"base_dir": base_dir or (Path(file).parent if file else Path.cwd()), "file": file}
     try:
-        return schema.model_validate(data, context=context)
+        instance = schema.model_validate(data, context=context)
     except ValidationError as exc:
         raise input_error_from(exc, str(file) if file else None) from None
+    refuse_bool_numbers(data, instance, str(file) if file else None)
+    return instance
+
+
+_ABSENT = object()
+
+
+def _follow(obj: Any, path: tuple[Any, ...]) -> Any:
+    """Return what `path` (keys and list indices of the raw document) names inside a validated model, or
+    _ABSENT where the model does not hold the document's shape there (a validator rebuilt it)."""
+    for part in path:
+        if isinstance(obj, BaseModel):
+            fields = type(obj).model_fields
+            name = part if part in fields else next((n for n, f in fields.items() if f.alias == part), None)
+            if name is None:
+                return _ABSENT
+            obj = getattr(obj, name, _ABSENT)
+        elif isinstance(obj, dict):
+            obj = obj.get(part, _ABSENT)
+        elif isinstance(obj, (list, tuple)) and isinstance(part, int) and 0 <= part < len(obj):
+            obj = obj[part]
+        else:
+            return _ABSENT
+        if obj is _ABSENT:
+            return _ABSENT
+    return obj
+
+
+def coerced_bool(data: Any, instance: BaseModel) -> tuple[Any, ...] | None:
+    """Return the path of the first true/false in the raw `data` that validating it into `instance` turned
+    into a number (pydantic's lax mode reads `gpus: true` as 1 GPU), or None when every boolean stayed one."""
+    if not isinstance(data, (dict, list)):
+        return None
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    while stack:  # path tuples only for containers and booleans: a 100k-job document has few of either
+        obj, path = stack.pop()
+        for key, value in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+            if isinstance(value, (dict, list)):
+                stack.append((value, path + (key,)))
+            elif value is True or value is False:
+                held = _follow(instance, path + (key,))
+                if isinstance(held, (int, float)) and not isinstance(held, bool):
+                    return path + (key,)
+    return None
+
+
+def refuse_bool_numbers(data: Any, instance: BaseModel, file: str | None = None) -> None:
+    """Refuse a true/false the validation of `data` into `instance` turned into a number (see coerced_bool:
+    `global_batch: false` is not 0); return None otherwise. Raises InputError naming the file, the field
+    and the value."""
+    path = coerced_bool(data, instance)
+    if path is not None:
+        raise InputError.at(file, field_path(path), _follow(data, path), "a number, not true or false")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gpuplan.models.base import Schema, document_path
 from gpuplan.models.catalog import canonical_name, catalog_entry, catalog_names
+from gpuplan.models.workload import DTYPE_BYTES
 from gpuplan.units import GBps, Bytes, Seconds, TFLOPS
 
 
@@ -41,6 +42,9 @@ class DeviceType(Schema):
         if not v:
             raise ValueError("at least one dtype with its dense peak, e.g. {bf16: 312}")
         for dtype, tf in v.items():
+            if dtype not in DTYPE_BYTES:
+                raise ValueError(f"dtypes among {', '.join(DTYPE_BYTES)} (a peak under another name is never "
+                                 f"read), not {dtype!r}")
             if tf <= 0:
                 raise ValueError(f"a positive TFLOP/s for dtype {dtype!r}, not {tf}")
         return v

@@ -105,13 +105,7 @@ class OefProblem(Problem):
     def _consistent(self) -> "OefProblem":
         cap = self.cluster.capacity()
         check_speed_table(self.cluster, self.job_types, "job_types")
-        if self.normalisation == "reference":
-            if self.reference_type is None:
-                raise ValueError("at reference_type: a GPU type of the cluster when normalisation is "
-                                 "'reference', not missing")
-            if self.cluster.type_key(self.reference_type) not in cap:
-                raise ValueError(f"at reference_type: a GPU type of the cluster ({', '.join(cap)}), "
-                                 f"not {self.reference_type!r}")
+        check_reference_type(self.cluster, self.normalisation, self.reference_type)
         seen: set[str] = set()
         known: dict[str, str] = {}  # type name -> canonical name (a few names, repeated by every job)
         for a, tenant in enumerate(self.tenants):
@@ -145,6 +139,20 @@ class OefProblem(Problem):
                     raise ValueError(f"at {where}.gpus: at most the GPUs of a usable type "
                                      f"({', '.join(f'{t}: {cap[t]}' for t in usable)}), not {job.gpus}")
         return self
+
+
+def check_reference_type(cluster: Cluster, normalisation: str, reference_type: str | None) -> None:
+    """Refuse a `reference_type` that is not a GPU type of the cluster (given with any normalisation:
+    a misspelt type is never meant), or none with normalisation 'reference'; return None otherwise.
+    Raises ValueError worded 'at reference_type: ...' for validators."""
+    cap = cluster.capacity()
+    if reference_type is None:
+        if normalisation == "reference":
+            raise ValueError("at reference_type: a GPU type of the cluster when normalisation is "
+                             "'reference', not missing")
+        return
+    if cluster.type_key(reference_type) not in cap:
+        raise ValueError(f"at reference_type: a GPU type of the cluster ({', '.join(cap)}), not {reference_type!r}")
 
 
 def check_speed_table(cluster: Cluster, table: dict[str, dict[str, float]], field: str) -> None:

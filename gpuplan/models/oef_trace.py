@@ -28,7 +28,7 @@ from pydantic import Field, model_validator
 
 from gpuplan.models.base import Schema, validate
 from gpuplan.models.cluster import Cluster
-from gpuplan.models.oef import check_speed_table
+from gpuplan.models.oef import check_reference_type, check_speed_table
 from gpuplan.io import read_document
 
 
@@ -64,6 +64,7 @@ class Trace(Schema):
     def _consistent(self) -> "Trace":
         cap = self.cluster.capacity()
         check_speed_table(self.cluster, self.job_types, "job_types")
+        check_reference_type(self.cluster, self.normalisation, self.reference_type)
         for name, per_count in self.measured.items():
             if name not in self.job_types:
                 raise ValueError(f"at measured.{name}: a key of job_types ({', '.join(self.job_types)}), "

@@ -87,7 +87,7 @@ def read_plan_document(path: str | Path) -> dict[str, Any]:
         raise InputError.at(str(p), "kind", None if not isinstance(data, dict) else data.get("kind"),
                             "a plan file with a 'kind' field")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version != SCHEMA_VERSION:  # true == 1 in Python
         raise InputError.at(str(p), "schema_version", version,
                             f"{SCHEMA_VERSION} (this gpuplan reads plan schema version {SCHEMA_VERSION})")
     return data
@@ -95,12 +95,14 @@ def read_plan_document(path: str | Path) -> dict[str, Any]:
 
 def plan_from_document(plan_type: type[Plan], data: dict[str, Any], file: str | None = None) -> Plan:
     """Validate a plan mapping into `plan_type`; raise InputError naming the file on bad fields."""
-    from gpuplan.models.base import input_error_from
+    from gpuplan.models.base import input_error_from, refuse_bool_numbers
 
     try:
-        return plan_type.model_validate(data)
+        plan = plan_type.model_validate(data)
     except ValidationError as exc:
         raise input_error_from(exc, file) from None
+    refuse_bool_numbers(data, plan, file)
+    return plan
 
 
 # ---------------------------------------------------------------- what every check verifies

@@ -32,6 +32,12 @@ class Checkpoint:
     format: str  # "safetensors" or "torch"
 
 
+def _one_line(exc: BaseException) -> str:
+    """Return a loader's error as one line of at most 300 characters (torch's run over several lines;
+    an empty file's EOFError has no text: its type names it)."""
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
 def _torch_dtype(name: str) -> Any:
     import torch
 
@@ -77,12 +83,12 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         try:
             tensors, fmt = load_file(str(p)), "safetensors"
         except Exception as exc:  # safetensors raises its own error types
-            raise InputError(f"{p}: not a readable safetensors file: {exc}", file=str(p)) from None
+            raise InputError(f"{p}: not a readable safetensors file: {_one_line(exc)}", file=str(p)) from None
     else:
         try:
             obj = torch.load(str(p), map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise InputError(f"{p}: not a torch state dict readable with weights_only=True: {exc}",
+            raise InputError(f"{p}: not a torch state dict readable with weights_only=True: {_one_line(exc)}",
                              file=str(p)) from None
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
             raise InputError(f"{p}: expected a flat mapping of names to tensors (a state dict)", file=str(p))

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
 from gpuplan.models import nccl_tuning
-from gpuplan.models.base import Problem, Schema, document_path, field_path
+from gpuplan.models.base import Problem, Schema, coerced_bool, document_path, field_path
 from gpuplan.models.catalog import canonical_name, catalog_entry
 from gpuplan.models.lagom import cost
 from gpuplan.models.lagom.compiled import Compiled
@@ -264,6 +264,10 @@ class LagomProblem(Problem):
             raise ValueError(f"at {where}.{loc}: {msg} (got {err.get('input')!r})") from None
         except ValueError as exc:
             raise ValueError(f"at from_model.model: {exc}") from None
+        for where, raw, model in (("from_model", spec, fm), ("hardware", data.get("hardware", {}), hw)):
+            bad = coerced_bool(raw, model)
+            if bad is not None:
+                raise ValueError(f"at {where}.{field_path(bad)}: a number, not true or false")
         return {**data, **workload_from_model(fm, hw)}
 
     @model_validator(mode="after")

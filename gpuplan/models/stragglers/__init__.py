@@ -95,7 +95,7 @@ class StragglersProblem(Problem):
     kind: Literal["stragglers"] = "stragglers"
     slots: int = Field(ge=1, le=MAX_SLOTS)
     variability: VariabilitySpec = Field(default_factory=VariabilitySpec)
-    jobs: list[JobSpec] | None = Field(default=None, max_length=MAX_JOBS)
+    jobs: list[JobSpec] | None = Field(default=None, min_length=1, max_length=MAX_JOBS)
     workload: WorkloadSpec | None = None
     tick_s: PositiveSeconds | None = None
     monitoring: Literal["elapsed", "progress"] = "elapsed"
