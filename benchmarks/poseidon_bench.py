@@ -105,14 +105,18 @@ UNSEEN = [  # clusters and models the search was not tuned on: 3-4 types, 64 and
 ]
 
 
+WORK_COUNTERS = ["evaluated", "dag_evaluations", "pruned", "infeasible", "unvisited"]  # Stats fields
+
+
 def unseen_section(quick: bool) -> None:
     """Search time on unseen clusters, in this process (workers=1) and on every core (process pool):
     CPU seconds (this process and its pool), wall seconds, the pool's wall-clock speed-up, and
-    whether both found the same plan time."""
+    whether both found the same plan time; then the one-process search's work counters (structures
+    ridge-mapped, DAG evaluations, structures pruned / infeasible / left unvisited)."""
     import os
 
     load0 = os.getloadavg()
-    rows = []
+    rows, work = [], []
     for name, gpus, model, batch, limit in UNSEEN[:1] if quick else UNSEEN:
         prob = problem(gpus, model, batch)
         runs = []
@@ -129,6 +133,7 @@ def unseen_section(quick: bool) -> None:
                      "yes" if c1 <= target and p1.status.value == "optimal" else f"NO (> {target:g} s)",
                      "yes" if wn <= target and pn.status.value == "optimal" else f"NO (> {target:g} s)",
                      f"{pn.iteration_time_s:.4g} s, v={pn.interleave}"])
+        work.append([name, model] + [p1.solver.stats[k] for k in WORK_COUNTERS])
         print(f"  {name}: {' | '.join(f'{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L' for s in pn.stages)}, "
               f"m={pn.num_microbatches}, interleave {pn.interleave}", flush=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -137,6 +142,9 @@ def unseen_section(quick: bool) -> None:
                            ["instance", "model", "structures", "1 proc status", "1 proc CPU s", "1 proc wall s",
                             "pool status", "pool CPU s", "pool wall s", "pool speed-up", "same optimum",
                             "goal met (1 proc CPU)", "goal met (pool wall)", "plan"], rows)))
+    print(table_text(Table("unseen clusters: the one-process search's work counters (deterministic when it ends "
+                           "optimal; under the time limit they say how far it got)",
+                           ["instance", "model", *WORK_COUNTERS], work)))
     load1 = os.getloadavg()
     print(f"load average (1, 5, 15 min) at the start {load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f}, at the end "
           f"{load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f} on {cores} cores")

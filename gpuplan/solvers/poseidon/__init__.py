@@ -216,13 +216,17 @@ class Structure:
     bounds follow the interleaved DAG's paths (docs/poseidon.md, "Interleaving").
     """
 
-    def __init__(self, cm: CostModel, shapes: list[StageShape], m: int, v: int = 1) -> None:
+    def __init__(self, cm: CostModel, shapes: list[StageShape], m: int, v: int = 1,
+                 terms: list[Any] | None = None, p2p: list[float] | None = None) -> None:
+        """`terms` (each stage's `_stage_terms`) and `p2p` (the sends between consecutive stages,
+        seconds) may be passed in when the caller has them cached; they are computed otherwise."""
         self.cm, self.shapes, self.m, self.v = cm, shapes, m, v
         S, G = len(shapes), cm.p.global_batch
         self.S = S
         self.b = [G // (m * sh.dp) for sh in shapes]
-        terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m, v), s, S, m,
-                              v) for s, sh in enumerate(shapes)]
+        if terms is None:
+            terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m, v), s,
+                                  S, m, v) for s, sh in enumerate(shapes)]
         self.f, self.g, self.ef, self.eg, self.a, self.a0, self.caps, self.extra = (list(x) for x in zip(*terms))
         self.nmax = [max(c) for c in self.caps]
         tied = self._tied = cm.tied_s(shapes)
@@ -232,7 +236,7 @@ class Structure:
                 self.a0[s] += tied
         self.c = [f + g for f, g in zip(self.f, self.g)]
         self.e = [f + g for f, g in zip(self.ef, self.eg)]
-        self.p2p = [_p2p(cm, shapes[s], shapes[s + 1], self.b[s]) for s in range(S - 1)]
+        self.p2p = p2p if p2p is not None else [_p2p(cm, shapes[s], shapes[s + 1], self.b[s]) for s in range(S - 1)]
         # sends between virtual stages k and k + 1 (k = chunk * S + stage); = p2p when v = 1
         self.vp2p = self.p2p if v == 1 else [_p2p(cm, shapes[k % S], shapes[(k + 1) % S], self.b[k % S])
                                              for k in range(S * v - 1)]
@@ -287,6 +291,10 @@ class Structure:
             V = S * v
             if not self.block or V == 1:
                 self._xterms = ([0.0] * S, [0.0] * S, [0.0] * S)
+            elif v == 1:  # stage q's forward holds exchange q, its backward exchange q - 1
+                vx = self.vxch
+                fwd1, bwd1 = vx + [0.0], [0.0] + vx
+                self._xterms = ([f + b for f, b in zip(fwd1, bwd1)], fwd1, bwd1)
             else:
                 vx = self.vxch
                 fwd = [[vx[c * S + q] if c * S + q < V - 1 else 0.0 for c in range(v)] for q in range(S)]
@@ -303,13 +311,17 @@ class Structure:
         vx, S = self.vxch, self.S
         return sum(vx[:S - 1]) + self.m * self.exchange_terms()[0][S - 1] + sum(vx[:S - 2])
 
-    def _hourglass_sends(self, q: int) -> float:
-        """Return the send (or blocking exchange) seconds on the hourglass path through stage q (v = 1,
-        see `dense_paths`): micro-batch 0 forward to q, q's chain, micro-batch m-1 back to stage 0."""
+    def _hourglass_sends(self) -> list[float]:
+        """Return per stage q in 1..S-2 the send (or blocking exchange) seconds on the hourglass path
+        through q (v = 1, see `dense_paths`): micro-batch 0 forward to q, q's chain, micro-batch m-1
+        back to stage 0."""
+        S = self.S
         if not self.block:
-            return 2 * sum(self.p2p[:q])
-        x = self.xch
-        return sum(x[:q]) + self.m * self.exchange_terms()[0][q] + sum(x[:max(0, q - 1)])
+            before = [0.0] + list(itertools.accumulate(self.p2p))  # before[q] = sum(p2p[:q])
+            return [2 * before[q] for q in range(1, S - 1)]
+        x, chain = self.xch, self.exchange_terms()[0]
+        before = [0.0] + list(itertools.accumulate(x))
+        return [before[q] + self.m * chain[q] + before[max(0, q - 1)] for q in range(1, S - 1)]
 
     def tail(self, s: int, n: int) -> float:
         """Return stage s's exact all-reduce + optimizer seconds with n blocks (the tied-embedding
@@ -383,31 +395,35 @@ class Structure:
         backwards down to q's last chunk theirs, q's k_F chunk forwards at least fwd_min each and its
         m micro-batches' backwards bwd each."""
         S, m, v = self.S, self.m, self.v
-        sched = self.cm.p.schedule
-        out = []
-        fwd_p2p = sum(self.vp2p)
-        self._own: list[float] = []
-        for q in range(S):
-            if v > 1:
-                warm = m * v if m == S else min(m * v, 2 * (S - 1 - q) + (v - 1) * S)
-                kf = max(0, m * v - warm - 1) / v
-            else:
-                w = min(S - 1 - q, m)
-                kf = 0 if sched == "gpipe" else max(0, m - w - 1)
-            coef = [self.f[s] + (self.g[s] / v if s > q else 0.0) for s in range(S)]
-            own = kf * self.f[q] + m * self.g[q] + self.a[q]
-            coef[q] += own
-            self._own.append(own)
-            if exchanges:
-                _, fmin, bwd = self.exchange_terms()
-                k0 = (v - 1) * S + q
-                sends = sum(self.vxch) + sum(self.vxch[k0:]) + kf * v * fmin[q] + m * bwd[q]
-            else:
-                sends = fwd_p2p + sum(self.p2p[q:])
-            const = (sum(self.ef) + sum(self.eg[q + 1:]) + (kf * self.ef[q] if v == 1 else 0.0) + m * self.eg[q]
-                     + self.a0[q] + sends)
-            out.append((coef, const))
-        return out
+        f, g, ef, eg = self.f, self.g, self.ef, self.eg
+        kf = self._kf()
+        self._own = own = [k * f[q] + m * g[q] + self.a[q] for q, k in enumerate(kf)]
+        later = [x + y / v for x, y in zip(f, g)]  # a stage after q: its forward and 1/v of its backward
+        eg_after = _suffix_sums(eg)[1:]  # sum(eg[q + 1:])
+        if exchanges:
+            _, fmin, bwd = self.exchange_terms()
+            vx = self.vxch
+            tail, total = _suffix_sums(vx), sum(vx)
+            sends = [total + tail[min((v - 1) * S + q, len(vx))] + kf[q] * v * fmin[q] + m * bwd[q]
+                     for q in range(S)]
+        else:
+            fwd_p2p, tail = sum(self.vp2p), _suffix_sums(self.p2p)
+            sends = [fwd_p2p + tail[q] for q in range(S)]
+        base = sum(ef)
+        return [(f[:q] + [f[q] + own[q]] + later[q + 1:],
+                 base + eg_after[q] + (kf[q] * ef[q] if v == 1 else 0.0) + m * eg[q] + self.a0[q] + sends[q])
+                for q in range(S)]
+
+    def _kf(self) -> list[float]:
+        """Return per stage q the forwards (chunk forwards / v with interleave v) q runs after
+        micro-batch 0's backward reaches it: the k_F of `round_trip`."""
+        S, m, v = self.S, self.m, self.v
+        if v > 1:
+            return [max(0, m * v - (m * v if m == S else min(m * v, 2 * (S - 1 - q) + (v - 1) * S)) - 1) / v
+                    for q in range(S)]
+        if self.cm.p.schedule == "gpipe":
+            return [0.0] * S
+        return [float(max(0, m - min(S - 1 - q, m) - 1)) for q in range(S)]
 
     def _min_linear(self, coef: list[float], const: float) -> float:
         """Return min over counts v <= n_s <= nmax_s (multiples of v) summing to L of sum_s coef_s n_s + const."""
@@ -497,21 +513,39 @@ class Structure:
         path (2) (with v = 1 then stage 0's all-reduce + optimizer) and, with v = 1, every hourglass
         through an inner stage q (see `lp_bound`), each with the blocking exchanges its ops hold when
         the exchanges block. Cached; every coefficient is >= 0."""
-        if getattr(self, "_dense", None) is None:
-            S, m, v, last = self.S, self.m, self.v, self.S - 1
-            rows = [(list(c), k) for c, k in self._rtx]
-            per = [self.c[s] / v if s < last else m * self.c[s] for s in range(S)]
-            base = sum(self.e[s] for s in range(last)) + m * self.e[last] + self._fill_drain_sends()
-            if v == 1:
-                per[0] += self.a[0]
-                base += self.a0[0]
-                for q in range(1, last):
-                    row = list(self.c[:q]) + [m * self.c[q]] + [0.0] * (S - q - 1)
-                    row[0] += self.a[0]
-                    rows.append((row, sum(self.e[:q]) + m * self.e[q] + self._hourglass_sends(q) + self.a0[0]))
-            rows.append((per, base))
-            self._dense = rows
-        return self._dense
+        coef, const, _, _ = self._dense_arrays()
+        return list(zip(coef.tolist(), const.tolist()))
+
+    def _path_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return `dense_paths` as arrays: coefficients (R x S) and constants (R), seconds."""
+        S, m, v, last = self.S, self.m, self.v, self.S - 1
+        rows = list(self._rtx)
+        c = self.c
+        e_before = [0.0, *itertools.accumulate(self.e)]  # e_before[q] = sum(e[:q])
+        if v == 1:  # the hourglass through each inner stage q
+            for q, sends in zip(range(1, last), self._hourglass_sends()):
+                row = c[:q] + [m * c[q]] + [0.0] * (S - q - 1)
+                row[0] += self.a[0]
+                rows.append((row, e_before[q] + m * self.e[q] + sends + self.a0[0]))
+        per = [x / v for x in c[:last]] + [m * c[last]]
+        base = e_before[last] + m * self.e[last] + self._fill_drain_sends()
+        if v == 1:  # then stage 0's all-reduce + optimizer (the hourglass at q = last)
+            per[0] += self.a[0]
+            base += self.a0[0]
+        rows.append((per, base))
+        return np.array([r for r, _ in rows]), np.array([k for _, k in rows])
+
+    def _dense_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Return `dense_paths` as arrays (coefficients R x S, constants R) and the same rows with
+        their uniform and 1/largest-coefficient weighted means appended (R + 2 rows); cached."""
+        if getattr(self, "_dense_np", None) is None:
+            coef, const = self._path_rows()
+            means, consts = [coef], [const]
+            for pi in (np.ones(len(const)), 1.0 / np.maximum(coef.max(axis=1), 1e-300)):
+                means.append((pi @ coef / pi.sum())[None, :])
+                consts.append(np.array([pi @ const / pi.sum()]))
+            self._dense_np = (coef, const, np.vstack(means), np.concatenate(consts))
+        return self._dense_np
 
     def cannot_beat(self, cutoff: float, rounds: int = 3) -> bool:
         """True when no integer layer mapping of this structure can run faster than `cutoff` seconds
@@ -564,20 +598,6 @@ class Structure:
             if not changed:
                 break
         return bool((_min_in_ranges_rows(means, mean_consts, lo, hi, L) > T).any())
-
-    def _dense_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Return `dense_paths` as arrays (coefficients R x S, constants R) and the same rows with
-        their uniform and 1/largest-coefficient weighted means appended (R + 2 rows); cached."""
-        if getattr(self, "_dense_np", None) is None:
-            rows = self.dense_paths()
-            coef = np.array([c for c, _ in rows], dtype=float)
-            const = np.array([k for _, k in rows], dtype=float)
-            means, consts = [coef], [const]
-            for pi in (np.ones(len(rows)), 1.0 / np.maximum(coef.max(axis=1), 1e-300)):
-                means.append((pi @ coef / pi.sum())[None, :])
-                consts.append(np.array([pi @ const / pi.sum()]))
-            self._dense_np = (coef, const, np.vstack(means), np.concatenate(consts))
-        return self._dense_np
 
     def lp_bound(self) -> float:
         """Return the tightest of the path bounds together: min over REAL layer counts in [1, nmax_s]
@@ -726,6 +746,14 @@ class Structure:
 # ------------------------------------------------------------------------------------------------
 # Layer mapping
 # ------------------------------------------------------------------------------------------------
+
+def _suffix_sums(x: list[float]) -> list[float]:
+    """Return [sum(x[k:]) for k in range(len(x) + 1)] (the last is 0), in O(len(x))."""
+    out = [0.0] * (len(x) + 1)
+    for k in range(len(x) - 1, -1, -1):
+        out[k] = out[k + 1] + x[k]
+    return out
+
 
 def _min_in_ranges(coef: list[float], const: float, lo: list[int], hi: list[int], total: int) -> float:
     """Return min over real counts lo_s <= n_s <= hi_s summing to `total` of sum_s coef_s n_s + const
@@ -1296,13 +1324,9 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
             status = Status.TIME_LIMIT
             stats.unvisited += sum(sizes[k:])
             break
-        handled = 0
-        for index, lb, st in _combo_structures(problem, cm, e, (lambda: best[0]) if prune else (lambda: INF)):
+        handled, tally = 0, OrderTally()
+        for index, lb, st in _combo_structures(problem, cm, e, (lambda: best[0]) if prune else (lambda: INF), tally):
             handled += 1
-            if st is None:
-                stats.infeasible += lb == INF
-                stats.pruned += lb < INF
-                continue
             if not st.feasible():
                 stats.infeasible += 1
                 continue
@@ -1329,7 +1353,8 @@ def solve_poseidon(problem: PoseidonProblem, *, time_limit_s: float | None = Non
                 best, stats.best_from = (t, st, layers), "search"
             if stats.out_of_time():
                 break
-        stats.unvisited += sizes[k] - handled
+        stats.pruned, stats.infeasible = stats.pruned + tally.pruned, stats.infeasible + tally.infeasible
+        stats.unvisited += sizes[k] - handled - tally.pruned - tally.infeasible
         if k % 100 == 0:
             progress(0.5 * k / len(entries), f"{len(pending)} structures to map, best {best[0]:.4g} s")
     if stats.unvisited:  # the last combo's orders were cut short
@@ -1400,11 +1425,22 @@ def _listed_combos(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list
     return entries
 
 
-def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry, incumbent: Any
-                      ) -> Iterator[tuple[int, float, Structure | None]]:
-    """Yield (index, order bound, structure) for every structure of a combo in `structures` order
-    (`_structure_at` indices): None instead of a structure whose order bound (`ComboEntry.order_bound`,
-    seconds; inf: it cannot fit) reaches `incumbent()`, which is then never built."""
+@dataclass
+class OrderTally:
+    """Structures of a combo that `_combo_structures` settled in bulk, without yielding them: pruned
+    by a bound, or infeasible (the order bound is inf)."""
+
+    pruned: int = 0
+    infeasible: int = 0
+
+
+def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry, incumbent: Any,
+                      tally: OrderTally) -> Iterator[tuple[int, float, Structure]]:
+    """Yield (index, order bound, structure) for the structures of a combo (`structures` order,
+    `_structure_at` indices) that its order tests do not prune, counting the rest in `tally`: the
+    order bound (`ComboEntry.order_bound`, seconds; inf: it cannot fit), bound (1) at the real
+    positions (`_PlacedW1.cannot_beat`), the fill-and-drain path and its ranged minimum, each
+    against `incumbent()`. A structure that passes is built from the cached placed terms."""
     m, used = entry.m, entry.used
     vs = [1] + interleaves(problem, sum(o.stages for o in used), m)
     inner, across = _combo_sends(cm, m, used)
@@ -1415,15 +1451,17 @@ def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry
             lb = entry.order_bound(order, v, sends)
             cut = incumbent()
             if lb >= cut:
-                yield oi * len(vs) + vi, lb, None
+                tally.infeasible += lb == INF
+                tally.pruned += lb < INF
             elif w1.cannot_beat(order, v, cut):
-                yield oi * len(vs) + vi, cut, None
+                tally.pruned += 1
             elif w1.S > 1 and (w2 := w1.fill_drain(order, v, sends) * SHAVE) >= cut:
-                yield oi * len(vs) + vi, w2, None
+                tally.infeasible += w2 == INF
+                tally.pruned += w2 < INF
             elif w1.ranged_fill_drain(order, v, cut, sends):
-                yield oi * len(vs) + vi, cut, None
+                tally.pruned += 1
             else:
-                yield oi * len(vs) + vi, lb, Structure(cm, [sh for j in order for sh in used[j].shapes], m, v)
+                yield oi * len(vs) + vi, lb, w1.structure(order, v)
 
 
 class _PlacedW1:
@@ -1451,6 +1489,7 @@ class _PlacedW1:
         self._gheld = cm.__dict__.setdefault("_placed_held", {})
         self._gx = cm.__dict__.setdefault("_placed_exchanges", {})
         self._gfree = cm.__dict__.setdefault("_placed_free", {})
+        self._graw = cm.__dict__.setdefault("_placed_raw", {})
         self._free: dict[tuple[int, int, int], tuple[float, int, int]] = {}
         self._terms: dict[tuple[int, int, int], list[tuple[float, float, int, float, float, float, float]]] = {}
         self._chain: dict[tuple[int, int, int, int, int], list[float]] = {}
@@ -1458,6 +1497,48 @@ class _PlacedW1:
         self._inner_x: dict[int, list[float]] = {}
         self._across_x: dict[tuple[int, int], float] = {}
         self._row: tuple[tuple[int, ...], int, float, Any] | None = None
+
+    def _raw(self, j: int, start: int, v: int) -> list[Any]:
+        """Return `_stage_terms` of option j's stages placed from position `start` at interleave v,
+        cached solve-wide (what `Structure` computes for those stages)."""
+        gkey = (self._ids[j], start, v, self.m, self.S)
+        out = self._graw.get(gkey)
+        if out is None:
+            cm, m, S, o = self.cm, self.m, self.S, self.used[j]
+            sched, G = cm.p.schedule, cm.p.global_batch
+            out = self._graw[gkey] = [
+                _stage_terms(cm, sh, G // (m * sh.dp), s == 0, s == S - 1, in_flight(sched, s, S, m, v), s, S, m, v)
+                for s, sh in enumerate(o.shapes, start)]
+        return out
+
+    def structure(self, order: tuple[int, ...], v: int) -> Structure:
+        """Return the structure with the options in `order` at interleave v, built from the cached
+        placed terms and sends (the same numbers as `Structure(cm, shapes, m, v)`)."""
+        shapes: list[StageShape] = []
+        terms: list[Any] = []
+        p2p: list[float] = []
+        for i, (j, start, _, _) in enumerate(self._placed(order, v)):
+            if i:
+                p2p.append(self._send(order[i - 1], j))
+            shapes.extend(self.used[j].shapes)
+            terms.extend(self._raw(j, start, v))
+            p2p.extend(self._inner_sends(j))
+        return Structure(self.cm, shapes, self.m, v, terms, p2p)
+
+    def _inner_sends(self, j: int) -> list[float]:
+        """Return the sends between consecutive stages of option j (seconds, `_p2p`), cached solve-wide."""
+        gkey = ("inner-p2p", self._ids[j], self.m)
+        out = self._gx.get(gkey)
+        if out is None:
+            sh, G = self.used[j].shapes, self.cm.p.global_batch
+            out = self._gx[gkey] = [_p2p(self.cm, sh[k], sh[k + 1], G // (self.m * sh[k].dp))
+                                    for k in range(len(sh) - 1)]
+        return out  # type: ignore[no-any-return]
+
+    def _send(self, a: int, b: int) -> float:
+        """Return the send from option a's last stage to option b's first (seconds, `_p2p`)."""
+        x = self.used[a].shapes[-1]
+        return _p2p(self.cm, x, self.used[b].shapes[0], self.cm.p.global_batch // (self.m * x.dp))
 
     def _stages(self, j: int, start: int, v: int) -> list[tuple[float, float, int, float, float, float, float]]:
         """Return (w, const, nmax, c, e, a, a0) of option j's stages placed from position `start` at
@@ -1470,15 +1551,9 @@ class _PlacedW1:
             gkey = (self._ids[j], start, v, self.m, self.S)
             out = self._gterms.get(gkey)
             if out is None:
-                cm, m, S, o = self.cm, self.m, self.S, self.used[j]
-                sched, G = cm.p.schedule, cm.p.global_batch
-                out = []
-                for i, sh in enumerate(o.shapes):
-                    s = start + i
-                    f, g, ef, eg, a, a0, caps, _ = _stage_terms(cm, sh, G // (m * sh.dp), s == 0, s == S - 1,
-                                                                in_flight(sched, s, S, m, v), s, S, m, v)
-                    out.append((m * (f + g) + a, m * (ef + eg) + a0, max(caps), f + g, ef + eg, a, a0))
-                self._gterms[gkey] = out
+                m = self.m
+                out = self._gterms[gkey] = [(m * (f + g) + a, m * (ef + eg) + a0, max(caps), f + g, ef + eg, a, a0)
+                                            for f, g, ef, eg, a, a0, caps, _ in self._raw(j, start, v)]
             self._terms[key] = out
         return out
 
@@ -1814,13 +1889,9 @@ def _pooled_worker(w: int) -> dict[str, Any]:
                 cut = True
             break
         size = combo_size(problem, (e.m, e.used))
-        handled = 0
-        for index, lb, st in _combo_structures(problem, cm, e, incumbent):
+        handled, tally = 0, OrderTally()
+        for index, lb, st in _combo_structures(problem, cm, e, incumbent, tally):
             handled += 1
-            if st is None:
-                stats.infeasible += lb == INF
-                stats.pruned += lb < INF
-                continue
             if not st.feasible():
                 stats.infeasible += 1
                 continue
@@ -1842,6 +1913,8 @@ def _pooled_worker(w: int) -> dict[str, Any]:
             offer(t, k, index, layers)
             if stats.out_of_time():
                 break
+        stats.pruned, stats.infeasible = stats.pruned + tally.pruned, stats.infeasible + tally.infeasible
+        handled += tally.pruned + tally.infeasible
         if handled < size:
             stats.unvisited += size - handled
             cut = True
