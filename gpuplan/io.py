@@ -394,6 +394,18 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+def make_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:
+    """Create directory `path` (and its parents) when missing; return it as a Path. Raises OutputError
+    naming the path and `what` it was to hold when it cannot be created (a file in the way, no write
+    permission)."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{p}: cannot write the {what}: {exc.strerror or exc}") from None
+    return p
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write `data` to `path` through a temporary file and a rename; return the path.
 

@@ -309,6 +309,14 @@ def test_export_directory_can_move(one_stage: Path, tmp_path: Path) -> None:
     assert str(tmp_path) not in (moved / "run.sh").read_text()
 
 
+def test_an_export_directory_that_cannot_be_made_is_an_output_error(one_stage: Path, tmp_path: Path) -> None:
+    from gpuplan.errors import OutputError
+
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(OutputError, match="cannot write the torchtitan export directory"):  # was a raw OSError
+        torchtitan.export(one_stage, tmp_path / "a-file" / "tt")
+
+
 def _per_stage_job(two_nodes: Path) -> torchtitan.TrainingJob:
     job = training_job(two_nodes, "torchtitan")  # tp=2, pp=2, dp=2: stage k holds ranks 4k .. 4k+3
     return dataclasses.replace(job, nccl_env={0: {"NCCL_ALGO": "allreduce:ring;allgather:tree"},

@@ -103,6 +103,21 @@ def test_config_text_and_errors() -> None:
         gpuplan.evaluate_config(problem(), "tp=8,pp=2,dp=1")
     with pytest.raises(InputError, match="micro-batch"):
         gpuplan.evaluate_config(problem(batch=6), "tp=2,pp=2,dp=2,mb=2")
+    with pytest.raises(InputError, match="'tp' is given twice"):  # the later value silently won before
+        parse_config("tp=1,tp=2,pp=1")
+    with pytest.raises(InputError, match="'mbs' names 'micro_batch', which is already given"):
+        parse_config({"mb": 1, "mbs": 2})
+
+
+def test_a_device_type_without_the_problems_dtype_or_fp32_is_refused_when_read() -> None:
+    doc = {"kind": "poseidon", "name": "t", "model": "llama3-8b", "global_batch": 8, "seq_len": 1024, "dtype": "fp32",
+           "cluster": {"device_types": {"X": {"name": "X", "memory_bytes": 80e9, "memory_bandwidth_GBps": 1000,
+                                              "peak_tflops": {"bf16": 100}, "intra_node_GBps": 100}},
+                       "nodes": [{"name": "n0", "gpus": {"X": 2}}]}}
+    with pytest.raises(InputError) as info:  # it was a ValueError traceback at solve time
+        api.load_problem(doc)
+    assert info.value.field == "cluster.device_types.X.peak_tflops"
+    assert "lists no fp32 peak (has ['bf16'])" in str(info.value)
 
 
 # ---- tied embeddings ------------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from typing import Any
 from gpuplan.compose.comm import lagom_document
 from gpuplan.compose.pipeline import (baseline_schedule, composed_time_s, gains_table, stage_tails_s,
                                       tessel_problem)
-from gpuplan.errors import InputError, OutputError
-from gpuplan.io import atomic_write_text, digest, read_json
+from gpuplan.errors import InputError
+from gpuplan.io import atomic_write_text, digest, make_output_dir, read_json
 from gpuplan.models.base import Violation
 from gpuplan.models.plan import Plan, same_figure
 
@@ -38,11 +38,7 @@ def file_sha256(path: Path) -> str:
 
 def write_bundle(directory: str | Path, comp: Any) -> Path:
     """Write a Composition as a bundle directory (created if missing); return the manifest's path."""
-    out = Path(directory)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"{out}: cannot write the bundle directory: {exc.strerror or exc}") from None
+    out = make_output_dir(directory, "bundle directory")
     files: dict[str, Plan] = {"poseidon.json": comp.poseidon, "tessel.json": comp.tessel}
     files.update({f"lagom-stage{s}.json": p for s, p in sorted(comp.lagom.items())})
     entries = {}

@@ -41,7 +41,7 @@ from typing import Any
 
 from gpuplan.export.common import (ExportRefused, Launch, TrainingJob, check_seq_len, model_max_seq_len, node_launch,
                                    training_job)
-from gpuplan.io import atomic_write_text
+from gpuplan.io import atomic_write_text, make_output_dir
 
 SCHEDULE_CSV = "pp_schedule.csv"
 ARGS_FILE = "torchtitan.args"
@@ -331,8 +331,7 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
     _check_config(job, module, function, notes)
     lay = launch(job)
     notes += lay.notes
-    root = Path(out)
-    root.mkdir(parents=True, exist_ok=True)
+    root = make_output_dir(out, "torchtitan export directory")
     csv_path = root / SCHEDULE_CSV
     atomic_write_text(csv_path, schedule_csv(job))
     # relative: torchtitan.args names the CSV as torchtitan opens it from the export directory; run.sh

@@ -59,7 +59,8 @@ class DeviceType(Schema):
             return self.peak_tflops[dtype]
         if "fp32" in self.peak_tflops:
             return self.peak_tflops["fp32"]
-        raise ValueError(f"device type {self.name!r} lists no {dtype} or fp32 peak "
+        wanted = "fp32" if dtype == "fp32" else f"{dtype} or fp32"
+        raise ValueError(f"device type {self.name!r} lists no {wanted} peak "
                          f"(has {sorted(self.peak_tflops)}): add one under peak_tflops")
 
 

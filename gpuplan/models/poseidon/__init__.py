@@ -104,6 +104,12 @@ class PoseidonProblem(Problem):
         if self.seq_len > self.model.max_seq_len:
             raise ValueError(f"at seq_len: at most the model's maximum sequence length, {self.model.max_seq_len} "
                              f"tokens for {self.model.name}, not {self.seq_len}")
+        for name in self.cluster.capacity():  # the time model reads each type's peak at the problem's dtype
+            try:
+                self.cluster.type_of(name).peak(self.dtype)
+            except ValueError as exc:
+                raise ValueError(f"at cluster.device_types.{name}.peak_tflops: {exc} (the problem's dtype is "
+                                 f"{self.dtype})") from None
         return self
 
     @model_validator(mode="after")

@@ -71,8 +71,17 @@ def parse_config(source: str | Path | dict[str, Any] | ParallelConfig) -> Parall
             if not eq:
                 raise InputError.at(None, "--config", item, "KEY=VALUE items separated by commas, e.g. "
                                     "tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2")
+            if key.strip() in data:
+                raise InputError.at(None, "--config", item, f"each key once; {key.strip()!r} is given twice")
             data[key.strip()] = yaml.safe_load(value.strip())
-    data = {_ALIASES.get(str(k).lower(), str(k).lower()): v for k, v in data.items()}
+    named: dict[str, Any] = {}
+    for k, v in data.items():  # aliases and case: tp, TP and tensor name one field
+        field = _ALIASES.get(str(k).lower(), str(k).lower())
+        if field in named:
+            raise InputError.at(where, "config" if where else "--config", k,
+                                f"each field once; {k!r} names {field!r}, which is already given")
+        named[field] = v
+    data = named
     rc = data.get("recompute")
     if isinstance(rc, bool):
         data["recompute"] = "full" if rc else "none"
