@@ -198,9 +198,10 @@ def run(plan: Plan, problem: Problem | None = None, **options: Any) -> dict[str,
     """Execute a plan with the model's runtime (torch.distributed); return measured figures.
 
     The plan is checked first (see `check`): a plan with violations, or an infeasible one, is refused
-    with PlanRejected before any process starts.
+    with PlanRejected before any process starts; so are options the runner does not read or values
+    outside their domain (gpuplan.run_options.RUN_OPTION_RULES; InputError), as on the command line.
     """
-    from gpuplan.run_options import runner_function
+    from gpuplan.run_options import check_run_options, runner_function
 
     violations = check(problem, plan)
     if not plan.ok and not violations:
@@ -209,6 +210,7 @@ def run(plan: Plan, problem: Problem | None = None, **options: Any) -> dict[str,
     if violations:
         raise PlanRejected(violations)
     prob = plan_problem(plan, problem)
+    check_run_options(prob.kind, {k: v for k, v in options.items() if k != "command"})  # a command is not an option
     return runner_function(prob.kind)(prob, plan, **options)
 
 

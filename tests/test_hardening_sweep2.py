@@ -157,6 +157,16 @@ def test_run_options_outside_their_domain_are_refused_before_starting(tessel_pla
     assert time.perf_counter() - started < 8.0  # steps=-1 ran until killed; timeout_s=0 was a traceback
 
 
+def test_the_api_refuses_run_options_outside_their_domain_too(tessel_plan: Path) -> None:
+    from gpuplan import api
+    from gpuplan.errors import InputError
+
+    plan = api.load_plan(tessel_plan)
+    for options in ({"steps": -1}, {"threads": 0}, {"no_such_option": 1}):  # api.run started the workers
+        with pytest.raises(InputError, match="run option"):
+            api.run(plan, **options)
+
+
 def test_every_run_option_has_a_domain_that_holds_its_default() -> None:
     from gpuplan import registry
     from gpuplan.run_options import RUN_OPTION_RULES, runner_options
