@@ -157,11 +157,23 @@ def _min_slope(cm: CostModel, sh: StageShape, first: bool, last: bool, S: int, a
     (tail(n) - tail(0)) / n, so n a + tail(0) <= tail(n) at every block count (collective times are
     piecewise in the message size: NCCL switches protocol), which keeps the bounds valid."""
     L = cm.p.model.num_layers
-    cache = cm.__dict__.setdefault("_min_slope", {})  # tail_s reads S only as S == 1 (stage_params)
-    key = (sh, first, last, S == 1)
+    cache = cm.__dict__.setdefault("_min_slope", {})
+    key = _tail_layout(cm, sh, first, last, S)
     if key not in cache:
         cache[key] = min((cm.tail_s(sh, n, first, last, S) - a0) / n for n in range(1, L + 1))
-    return cache[key]
+    return cache[key]  # type: ignore[no-any-return]
+
+
+def _tail_layout(cm: CostModel, sh: StageShape, first: bool, last: bool, S: int) -> tuple[Any, ...]:
+    """Return a key that determines cm.tail_s(sh, n, first, last, S) at every n (and so `_min_slope`):
+    the optimizer step reads the device type, tp and the stage's parameters (n, first, last, S == 1);
+    the all-reduce (none when dp = 1) reads its data-parallel group only through the collective
+    model's group shape (nodes spanned, ranks per node, links, NICs, device types: what
+    `collective_time_s` reads without a calibration). Shapes of equal layout share it, whatever
+    their device ids."""
+    group = (None if sh.dp <= 1 else
+             cm._coll.group_shape(cm.p.cluster, tuple(sh.gpu_ids[r * sh.tp] for r in range(sh.dp))))
+    return (sh.device_type, sh.tp, sh.dp, group, first, last, S == 1)
 
 
 def _tail_s(cm: CostModel, sh: StageShape, n: int, first: bool, last: bool, S: int) -> float:
@@ -571,17 +583,9 @@ class Structure:
             return True
         coef, const, means, mean_consts = self._dense_arrays()
         for _ in range(rounds):
-            changed = False
-            total_hi, total_lo = sum(hi), sum(lo)
-            for s in range(S):
-                floor_s = max(lo[s], -(-(L - (total_hi - hi[s])) // v) * v)
-                cap_s = min(hi[s], (L - (total_lo - lo[s])) // v * v)
-                if floor_s > cap_s:
-                    return True
-                if floor_s != lo[s] or cap_s != hi[s]:
-                    total_hi += cap_s - hi[s]
-                    total_lo += floor_s - lo[s]
-                    lo[s], hi[s], changed = floor_s, cap_s, True
+            changed = _narrow_by_sum(lo, hi, L, v)
+            if changed is None:
+                return True
             # every path caps each count given the others at their least (coef >= 0; base <= T below)
             lo_a = np.array(lo, dtype=float)
             base = const + coef @ lo_a
@@ -752,6 +756,32 @@ def _suffix_sums(x: list[float]) -> list[float]:
     out = [0.0] * (len(x) + 1)
     for k in range(len(x) - 1, -1, -1):
         out[k] = out[k + 1] + x[k]
+    return out
+
+
+def _narrow_by_sum(lo: list[int], hi: list[int], total: int, v: int) -> bool | None:
+    """Narrow in place each count's range lo_s <= n_s <= hi_s (multiples of v) by sum_s n_s = total
+    (each at least total minus the others' hi, at most total minus the others' lo); return None when
+    a range empties (no counts fit), else whether a range changed."""
+    changed = False
+    total_hi, total_lo = sum(hi), sum(lo)
+    for s in range(len(lo)):
+        floor_s = max(lo[s], -(-(total - (total_hi - hi[s])) // v) * v)
+        cap_s = min(hi[s], (total - (total_lo - lo[s])) // v * v)
+        if floor_s > cap_s:
+            return None
+        if floor_s != lo[s] or cap_s != hi[s]:
+            total_hi += cap_s - hi[s]
+            total_lo += floor_s - lo[s]
+            lo[s], hi[s], changed = floor_s, cap_s, True
+    return changed
+
+
+def _suffix_mins(x: list[float]) -> list[float]:
+    """Return out[i] = min(x[i:]) for i in 0..len(x), out[len(x)] = inf (the units of x)."""
+    out = [INF] * (len(x) + 1)
+    for i in range(len(x) - 1, -1, -1):
+        out[i] = min(x[i], out[i + 1])
     return out
 
 
@@ -1460,6 +1490,8 @@ def _combo_structures(problem: PoseidonProblem, cm: CostModel, entry: ComboEntry
                 tally.pruned += w2 < INF
             elif w1.ranged_fill_drain(order, v, cut, sends):
                 tally.pruned += 1
+            elif v == 1 and w1.ranged_paths(order, cut, sends):
+                tally.pruned += 1
             else:
                 yield oi * len(vs) + vi, lb, w1.structure(order, v)
 
@@ -1682,6 +1714,94 @@ class _PlacedW1:
         lo = [max(v, -(-(L - (total - h)) // v) * v) for h in hi]
         per, base, _ = self._fill_drain_row(order, v, sends_s)
         return _min_in_ranges(per, base, lo, hi, L) > T
+
+    def ranged_paths(self, order: tuple[int, ...], cutoff: float, sends_s: float, rounds: int = 3) -> bool:
+        """True when the range test of `Structure.cannot_beat` (without its last minimisation) proves,
+        before the structure with the options in `order` at interleave 1 is built, that none of its
+        layer mappings runs faster than `cutoff` seconds (raised by 1e-9 relative: a tie never prunes).
+
+        Its rows are the structure's round trips, hourglasses and fill-and-drain path (`_path_rows`,
+        blocking exchanges included), from the placed terms and without the tied-embedding
+        all-reduce: each row is at most the structure's, hence a lower bound on every mapping's time.
+        The ranges start from bound (1)'s held counts (`_held_at`, at least the structure's
+        `stage_caps`) and narrow as there: by the sum sum_s n_s = L, and by each row capping each
+        count given the others at their least. A row's value at the least counts and its cap on n_s
+        come from prefix and suffix sums and minima (a round trip's coefficient on stage s is f_s
+        before q, f_s + own_q at q, f_s + g_s after; an hourglass's c_s before q, m c_q at q, 0
+        after), so a round costs O(S), not O(S^2)."""
+        S, m, L = self.S, self.m, self.L
+        if cutoff == INF or S < 2:
+            return False
+        T = cutoff * (1 + 1e-9)
+        terms: list[Any] = []
+        hi: list[int] = []
+        x: list[float] = []  # the sends, or the blocking exchanges, between stages s and s + 1
+        block = self.cm.p.blocking_p2p
+        for i, (j, start, prev, nxt) in enumerate(self._placed(order, 1)):
+            if i:
+                x.append(self._across(order[i - 1], j) if block else self._send(order[i - 1], j))
+            x.extend(self._inner(j) if block else self._inner_sends(j))
+            terms.extend(self._raw(j, start, 1))
+            hi.extend(self._held_at(j, start, 1, T, prev, nxt)[2])
+        f, g, ef, eg, a, a0 = (list(col) for col in list(zip(*terms))[:6])
+        if min(hi) < 1 or sum(hi) < L:
+            return True
+        c = [fs + gs for fs, gs in zip(f, g)]
+        e = [fs + gs for fs, gs in zip(ef, eg)]
+        later = c  # a stage after q: its forward and backward
+        kf = ([0.0] * S if self.cm.p.schedule == "gpipe"
+              else [float(max(0, m - min(S - 1 - q, m) - 1)) for q in range(S)])
+        at = [f[q] + (kf[q] * f[q] + m * g[q] + a[q]) for q in range(S)]  # the round trip's coefficient at q
+        x_tail, eg_after, total_x = _suffix_sums(x), _suffix_sums(eg)[1:], sum(x)
+        sum_ef = sum(ef)
+        rt_const = []
+        for q in range(S):
+            sends = total_x + x_tail[q]
+            if block:
+                sends += kf[q] * (x[q] if q < S - 1 else 0.0) + m * (x[q - 1] if q > 0 else 0.0)
+            rt_const.append(sum_ef + eg_after[q] + kf[q] * ef[q] + m * eg[q] + a0[q] + sends)
+        x_before = [0.0, *itertools.accumulate(x)]
+        e_before = [0.0, *itertools.accumulate(e)]
+        hg_const = {}  # the hourglass through inner stage q
+        for q in range(1, S - 1):
+            sends = (x_before[q] + m * (x[q] + x[q - 1]) + x_before[q - 1]) if block else 2 * x_before[q]
+            hg_const[q] = e_before[q] + m * e[q] + sends + a0[0]
+        fd, fd_base, _ = self._fill_drain_row(order, 1, sends_s)
+        lo = [1] * S
+        for _ in range(rounds):
+            changed = _narrow_by_sum(lo, hi, L, 1)
+            if changed is None:
+                return True
+            fl = [fs * n for fs, n in zip(f, lo)]
+            f_before = [0.0, *itertools.accumulate(fl)]
+            fg_after = _suffix_sums([ls * n for ls, n in zip(later, lo)])
+            c_before = [0.0, *itertools.accumulate(cs * n for cs, n in zip(c, lo))]
+            slack_rt = [T - (rt_const[q] + f_before[q] + at[q] * lo[q] + fg_after[q + 1]) for q in range(S)]
+            slack_hg = {q: T - (k + c_before[q] + m * c[q] * lo[q] + a[0] * lo[0]) for q, k in hg_const.items()}
+            slack_fd = T - (fd_base + sum(p * n for p, n in zip(fd, lo)))
+            if min(slack_rt) < 0 or slack_fd < 0 or (slack_hg and min(slack_hg.values()) < 0):
+                return True
+            rt_after = _suffix_mins(slack_rt)  # rt_after[s] = min over q >= s
+            hg_after = _suffix_mins([slack_hg.get(q, INF) for q in range(S)])
+            rt_before = INF  # min over q < s
+            for s in range(S):
+                # (slack, coefficient on n_s) of each row: n_s <= lo_s + floor(slack / coefficient)
+                pairs = [(slack_rt[s], at[s]), (rt_after[s + 1], f[s]), (rt_before, c[s]), (slack_fd, fd[s]),
+                         (hg_after[s + 1], c[s] + a[0] if s == 0 else c[s]), (slack_hg.get(s, INF), m * c[s])]
+                cap = hi[s]
+                for k, w in pairs:
+                    if w > 0 and k < INF:
+                        y = k / w + 1e-9  # >= 0 (every slack is here), so int() floors it
+                        if y < cap - lo[s]:
+                            cap = lo[s] + int(y)
+                if cap < hi[s]:
+                    hi[s], changed = cap, True
+                rt_before = min(rt_before, slack_rt[s])
+            if sum(hi) < L:
+                return True
+            if not changed:
+                break
+        return any(h < n for h, n in zip(hi, lo))
 
     def _inner(self, j: int) -> list[float]:
         """Return the blocking exchanges between consecutive stages of option j (seconds), cached
