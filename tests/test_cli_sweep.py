@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
 from gpuplan import api
 from gpuplan.cli import main
+from gpuplan.errors import InputError
 from gpuplan.render import layer_range
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,3 +211,14 @@ def test_a_bad_stragglers_csv_is_one_line_naming_the_csv(tmp_path: Path) -> None
     code, out = run("solve", "stragglers", src, "-q", "-o", tmp_path / "plan.json")
     assert code == 2, out
     assert out.strip() == f"error: {tmp_path / 't.csv'}: field 'row 4 column arrival_s': got 'abc'; expected a number"
+
+
+def test_plan_train_on_a_cluster_names_the_missing_sizes(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("nodes:\n  - {name: h0, gpus: {H100: 8}}\n")
+    out = CliRunner().invoke(main, ["plan", "train", str(cluster), "llama3-8b", "--batch", "8",
+                                    "-o", str(tmp_path / "b")])
+    assert out.exit_code == 2 and "--seq N" in out.output and "global_batch" not in out.output, out.output
+    with pytest.raises(InputError, match="give batch=N") as info:  # it said "field 'seq_len': missing; it is required"
+        api.plan_training({"nodes": [{"name": "h0", "gpus": {"H100": 8}}]}, "llama3-8b", seq=1024)
+    assert info.value.field == "global_batch"

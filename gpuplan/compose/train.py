@@ -194,6 +194,16 @@ def training_problem(cluster: Any, model: Any = None, *, batch: int | None = Non
         if value is not None:
             doc[key] = value
     doc["kind"] = "poseidon"
+    missing = [(key, arg, what) for key, arg, what in (("global_batch", "batch", "the global batch in sequences"),
+                                                       ("seq_len", "seq", "the sequence length in tokens"))
+               if doc.get(key) is None]
+    if missing:
+        from gpuplan.errors import InputError
+
+        key, arg, what = missing[0]
+        raise InputError("; ".join(f"field '{k}': missing; expected {w}: give {a}=N (--{a} N on the command line) or "
+                                   f"{k} in a poseidon problem file" for k, a, w in missing),
+                         field=key, expected=what)
     problem = api.load_problem(doc, "poseidon")
     if profile is not None:
         prof = profile if isinstance(profile, Profile) else load_profile(profile)

@@ -1425,7 +1425,7 @@ def _finish_search(problem: PoseidonProblem, cm: CostModel, opts: dict[str, list
     if best[1] is None and status is Status.TIME_LIMIT:
         raise SolverError(f"no plan found within the time limit: no classic or Metis-style configuration "
                           f"fits, and the search stopped after {stats.structures - stats.unvisited} structures "
-                          f"({stats.unvisited} left unvisited); not a proof of infeasibility, raise time_limit_s")
+                          f"({stats.unvisited} left unvisited); not a proof of infeasibility: raise the time limit (--time-limit, or time_limit_s in the API)")
     return _finish(problem, best, stats, "poseidon", status)
 
 
@@ -2257,7 +2257,7 @@ def solve_metis(problem: PoseidonProblem, *, time_limit_s: float | None = None, 
     if found is None and cut:  # stopped before any configuration fitted: no proof that none does
         raise SolverError(f"no plan found within the time limit of {time_limit_s:g} s: the Metis-style search "
                           f"stopped after {stats.structures} type orders, none of them a configuration that fits; "
-                          f"not a proof of infeasibility: raise --time-limit")
+                          f"not a proof of infeasibility: raise the time limit (--time-limit, or time_limit_s in the API)")
     if found is None:
         raise InfeasibleError(_why_infeasible(problem))
     return _finish(problem, found, stats, "metis", Status.TIME_LIMIT if cut else Status.FEASIBLE)
