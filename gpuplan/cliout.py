@@ -40,13 +40,15 @@ def _json_kwargs(help: str | None) -> dict[str, Any]:
             "callback": _json_dest}
 
 
-def _refuse_output(value: str, param: click.Parameter | None, ctx: click.Context | None) -> None:
-    """Raise click's BadParameter (exit code 2) when gpuplan.io.check_output_path refuses `value`."""
+def _refuse_output(value: str, param: click.Parameter | None, ctx: click.Context | None,
+                   directory: bool = False) -> None:
+    """Raise click's BadParameter (exit code 2) when gpuplan.io.check_output_path (check_output_dir with
+    `directory`) refuses `value`."""
     from gpuplan.errors import OutputError
-    from gpuplan.io import check_output_path
+    from gpuplan.io import check_output_dir, check_output_path
 
     try:
-        check_output_path(value)
+        (check_output_dir if directory else check_output_path)(value)
     except OutputError as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
@@ -66,27 +68,17 @@ class OutputPath(click.Path):
 
 
 class OutputDir(click.Path):
-    """An output DIRECTORY option (a bundle, a job folder), checked when the command line is read: not a
-    file, no file among the folders above it, the nearest existing folder writable."""
+    """An output DIRECTORY option (a bundle, a job folder), checked when the command line is read
+    (gpuplan.io.check_output_dir: not a file, no file among the folders above it, the nearest existing
+    folder writable)."""
 
     def __init__(self) -> None:
         super().__init__(file_okay=False)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """Return the path, or fail with one line naming it and why no folder can be written there."""
-        import os
-        from pathlib import Path
-
         path = super().convert(value, param, ctx)
-        if not str(path):
-            self.fail("(empty path): expected an output directory", param, ctx)
-        p = Path(path)
-        blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
-        if blocker is not None:
-            self.fail(f"{p}: cannot write: {blocker} is a file, not a folder", param, ctx)
-        folder = next((a for a in [p, *p.parents] if a.is_dir()), Path("."))
-        if not os.access(folder, os.W_OK | os.X_OK):
-            self.fail(f"{p}: cannot write: folder {folder} is not writable", param, ctx)
+        _refuse_output(str(path), param, ctx, directory=True)
         return path
 
 

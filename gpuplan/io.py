@@ -18,7 +18,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -385,13 +385,31 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OutputError(f"{p}: not a regular file (a FIFO, device or socket); expected an output file path "
                           "(the file is replaced as a whole when written)")
-    blocker = next((a for a in p.parents if a.exists() and not a.is_dir()), None)
+    _check_folders(p, p.parents)
+    return p
+
+
+def check_output_dir(path: str | os.PathLike[str]) -> Path:
+    """Return `path` as a Path when a directory can be made (or written) there; nothing is made. Raises
+    OutputError naming the path when it is empty, a file, below a file, or when the nearest existing
+    folder cannot be written."""
+    if not os.fspath(path):
+        raise OutputError("(empty path): expected an output directory")
+    p = Path(path)
+    _check_folders(p, [p, *p.parents])
+    return p
+
+
+def _check_folders(p: Path, folders: Iterable[Path]) -> None:
+    """Raise OutputError for `p` when one of `folders` (the path's own and those above it, nearest
+    first) exists as something other than a folder, or the nearest existing folder is not writable."""
+    folders = list(folders)
+    blocker = next((a for a in folders if a.exists() and not a.is_dir()), None)
     if blocker is not None:
         raise OutputError(f"{p}: cannot write: {blocker} is a file, not a folder")
-    folder = next((a for a in p.parents if a.is_dir()), Path("."))
+    folder = next((a for a in folders if a.is_dir()), Path("."))
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{p}: cannot write: folder {folder} is not writable")
-    return p
 
 
 def make_output_dir(path: str | os.PathLike[str], what: str = "output directory") -> Path:

@@ -168,12 +168,21 @@ def check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
     the domain its OptionRule gives (nan and inf too, for every option whose rule does not allow them);
     return None when every option is valid. Raises InputError naming the option, the value and what
     is expected (`option 'beta': got 1.5; expected a number in (0, 1] (default 0.5)`)."""
+    check_option_domains(solver_options(spec), spec.option_rules, options, f"solver {spec.name!r} of {spec.kind}",
+                         "option")
+
+
+def check_option_domains(known: dict[str, Any], rules: dict[str, OptionRule], options: dict[str, Any], owner: str,
+                         label: str) -> None:
+    """Refuse `options` missing from `known` (name -> default, as read from a signature), of another type
+    than the default, outside their entry of `rules`, or nan / inf where no rule allows them; return None
+    when all are valid. `owner` and `label` word the error (see check_against_signature). Raises
+    InputError naming the option, the value and what is expected."""
     from gpuplan.errors import InputError, shown
 
-    known = solver_options(spec)
-    check_against_signature(known, options, f"solver {spec.name!r} of {spec.kind}", "option")
+    check_against_signature(known, options, owner, label)
     for name, value in options.items():
-        rule = spec.option_rules.get(name)
+        rule = rules.get(name)
         if rule is None and not is_nonfinite(value):
             continue  # an option without a rule (tests/test_option_rules.py says none may lack one)
         if rule is not None and rule.accepts(value):
@@ -181,7 +190,7 @@ def check_options(spec: SolverSpec, options: dict[str, Any]) -> None:
         expected = rule.describe() if rule is not None else "a finite number"
         default = known[name]
         tail = "" if default is inspect.Parameter.empty else f" (default {default!r})"
-        raise InputError(f"option {name!r}: got {shown(value)}; expected {expected}{tail}",
+        raise InputError(f"{label} {name!r}: got {shown(value)}; expected {expected}{tail}",
                          field=f"option.{name}", value=value, expected=expected)
 
 

@@ -7,7 +7,7 @@ import inspect
 from typing import Any, Callable
 
 from gpuplan import registry
-from gpuplan.errors import InputError, shown
+from gpuplan.errors import InputError
 from gpuplan.option_rules import OptionRule, flag, integer, number, one_of, value_of
 
 # arguments the frame passes itself; never options
@@ -70,14 +70,7 @@ def check_option_values(known: dict[str, Any], options: dict[str, Any], owner: s
     """Refuse run `options` missing from `known` (name -> default), of another type than the default, or
     outside their RUN_OPTION_RULES entry (nan and inf too); return None when all are valid. `owner`
     words the error ("the tessel runner"). Raises InputError naming the option, the value and what is expected."""
-    registry.check_against_signature(known, options, owner, "run option")
-    for name, value in options.items():
-        rule = RUN_OPTION_RULES.get(name)
-        if rule is None or rule.accepts(value):
-            continue
-        expected = rule.describe()
-        raise InputError(f"run option {name!r}: got {shown(value)}; expected {expected} (default {known[name]!r})",
-                         field=f"option.{name}", value=value, expected=expected)
+    registry.check_option_domains(known, RUN_OPTION_RULES, options, owner, "run option")
 
 
 def annotations_of(fn: Callable[..., Any]) -> dict[str, str]:

@@ -62,14 +62,12 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         raise InputError(f"{cluster}: {e}", file=cluster, field=e.field, value=e.value, expected=e.expected) from None
 
 
-_SIZES = (("global_batch", "--batch", "the global batch in sequences"),
-          ("seq_len", "--seq", "the sequence length in tokens"))
-
-
 def _require_sizes(problem: dict[str, Any], cluster: str, whole: bool) -> None:
     """Raise InputError naming the missing --batch / --seq (or, for a whole problem file, its field and the
     option that can give it) when `problem` lacks global_batch or seq_len; return None otherwise."""
-    missing = [(key, flag, what) for key, flag, what in _SIZES if problem.get(key) is None]
+    from gpuplan.models.poseidon import SIZE_FIELDS
+
+    missing = [(key, f"--{arg}", what) for key, arg, what in SIZE_FIELDS if problem.get(key) is None]
     if not missing:
         return
     key, flag, what = missing[0]

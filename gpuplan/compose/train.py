@@ -169,6 +169,7 @@ def training_problem(cluster: Any, model: Any = None, *, batch: int | None = Non
     from gpuplan import api, registry
     from gpuplan.io import read_document
     from gpuplan.models.base import Problem
+    from gpuplan.models.poseidon import SIZE_FIELDS
     from gpuplan.models.profile import Profile, load_profile
 
     if isinstance(cluster, Problem):
@@ -194,9 +195,7 @@ def training_problem(cluster: Any, model: Any = None, *, batch: int | None = Non
         if value is not None:
             doc[key] = value
     doc["kind"] = "poseidon"
-    missing = [(key, arg, what) for key, arg, what in (("global_batch", "batch", "the global batch in sequences"),
-                                                       ("seq_len", "seq", "the sequence length in tokens"))
-               if doc.get(key) is None]
+    missing = [(key, arg, what) for key, arg, what in SIZE_FIELDS if doc.get(key) is None]
     if missing:
         from gpuplan.errors import InputError
 

@@ -46,6 +46,12 @@ from gpuplan.render import layer_range
 Schedule = Literal["1f1b", "gpipe"]
 
 
+SIZE_FIELDS = (("global_batch", "batch", "the global batch in sequences"),
+               ("seq_len", "seq", "the sequence length in tokens"))
+"""The problem's sizes a cluster file does not hold: (field, the API argument and --option name that
+gives it, what it is), for the messages that name a missing one."""
+
+
 class PoseidonProblem(Problem):
     """Train `model` on `cluster` with `global_batch` sequences of `seq_len` tokens per iteration.
 
