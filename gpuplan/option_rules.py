@@ -132,6 +132,9 @@ def one_of(*choices: Any) -> OptionRule:
     return OptionRule("choice", choices=tuple(choices))
 
 
+MAX_WORKERS = 256  # the most processes or CP-SAT search threads a `workers` option may ask for
+
+
 def integer(low: int | None = None, high: int | None = None, *, special: dict[Any, str] | None = None,
             none: str | None = None) -> OptionRule:
     """Return the rule of an integer option in [low, high] (None: unbounded), also accepting the

@@ -123,7 +123,7 @@ def test_out_of_domain_values_are_refused_through_the_api(kind: str) -> None:
     ("oef", "oef", "dual_groups", 1001, "an integer in [1, 1000], or 0 (no dual bound) (default 100)"),
     ("poseidon", "poseidon", "cuts", "bogus", "one of 'ridge', 'all'"),
     ("poseidon", "poseidon", "num_stages", "two", "an integer in [1, 256], or None"),
-    ("poseidon", "poseidon", "workers", 0, "an integer >= 1, or None"),
+    ("poseidon", "poseidon", "workers", 0, "an integer in [1, 256], or None"),
     ("stragglers", "laps-r", "beta", 1.5, "a number in (0, 1] (default 0.5)"),
     ("stragglers", "laps-r", "beta", 0, "a number in (0, 1]"),
     ("stragglers", "dolly", "budget", -1, "a number in [0, 1] (default 0.05)"),
@@ -142,7 +142,7 @@ def test_out_of_domain_values_are_refused_through_the_api(kind: str) -> None:
     ("stragglers", "mantri", "delta", math.inf, "a number in [0, 1] (default 0.25)"),
     ("psrl", "psrl", "perturb_rounds", -1, "an integer >= 0 (default 40)"),
     ("aurora", "aurora", "payload", "bogus", "one of 'delta', 'dense'"),
-    ("aurora", "exact", "workers", 0, "an integer >= 1 (default 2)"),
+    ("aurora", "exact", "workers", 0, "an integer in [1, 256] (default 2)"),
 ])
 def test_the_error_names_the_option_the_value_and_the_domain(kind: str, solver: str, name: str, value: Any,
                                                               expected: str) -> None:
@@ -249,3 +249,16 @@ def test_list_options_shows_each_domain() -> None:
     assert rows[("solve --solver laps-r", "beta")]["allowed"] == "a number in (0, 1]"
     res = CliRunner().invoke(main, ["list", "--options", "oef"])
     assert res.exit_code == 0 and "allowed" in res.output and "'cuts', 'cvxpy'" in res.output
+
+
+def test_every_workers_option_is_bounded() -> None:
+    """A `workers` option (processes or CP-SAT search threads) has an upper bound, so a typo such as
+    workers=100000 is refused instead of forking or spawning that many."""
+    from gpuplan.option_rules import MAX_WORKERS
+
+    found = [(k, s, n) for k, s, n, _ in _options() if n == "workers"]
+    assert len(found) >= 4
+    for kind, solver, name in found:
+        rule = registry.option_rule(registry.solver(kind, solver), name)
+        assert rule is not None and rule.high == MAX_WORKERS, (kind, solver)
+        _refused(kind, solver, name, MAX_WORKERS + 1)

@@ -26,7 +26,7 @@ from gpuplan.errors import InfeasibleError, InputError, SolverError
 from gpuplan.models.aurora import (TRAINER, AuroraPlan, AuroraProblem, arrival_times, best_split, edge_rate,
                                    extraction, finish_plan, metrics, objective_value, tree_edges)
 from gpuplan.models.plan import SolverInfo, Status
-from gpuplan.option_rules import flag, integer, one_of
+from gpuplan.option_rules import MAX_WORKERS, flag, integer, one_of
 from gpuplan.registry import Progress, no_progress, register_solver
 
 EXACT_MAX_WORKERS = 8
@@ -395,7 +395,7 @@ register_solver("aurora", "aurora", solve_aurora, role="paper", default=True,
                               "name": one_of("aurora", "dense-tree")})
 register_solver("aurora", "exact", solve_exact, role="exact", applicable=exact_applicable,
                 description="CP-SAT over relay tree, shared rates and integer split (<= 8 workers)",
-                option_rules={"workers": integer(1)})  # CP-SAT search workers
+                option_rules={"workers": integer(1, MAX_WORKERS)})  # CP-SAT search workers
 register_solver("aurora", "dense-broadcast", _baseline("dense", False), role="baseline",
                 description="full checkpoint from the trainer, one stream per worker, split by throughput")
 register_solver("aurora", "dense-multistream", _baseline("dense", True), role="baseline",

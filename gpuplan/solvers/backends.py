@@ -149,6 +149,36 @@ def _silence_highs_banner() -> None:
         os.close(saved)
 
 
+def small_lp(cost: Any, A_ub: Any, b_ub: Any, A_eq: Any, b_eq: Any, lower: Any,
+             upper: Any) -> tuple[float, list[float]] | None:
+    """Return (the minimum of cost x, x) of the dense LP A_ub x <= b_ub, A_eq x = b_eq,
+    lower <= x <= upper (inf for no bound), solved by HiGHS's simplex; None unless HiGHS proves it
+    optimal. The same LP as `scipy.optimize.linprog(method="highs")` without its set-up, which costs
+    about twice the solve on LPs of tens of rows (0.8 ms instead of 2.4 ms for 10 columns and 28
+    rows)."""
+    import highspy
+    import numpy as np
+
+    _silence_highs_banner()
+    A = np.vstack([np.asarray(A_ub, dtype=float), np.asarray(A_eq, dtype=float)])
+    inf = highspy.kHighsInf
+    b_ub, b_eq = np.asarray(b_ub, dtype=float), np.asarray(b_eq, dtype=float)
+    row_lo = np.concatenate([np.full(len(b_ub), -inf), b_eq])
+    row_hi = np.concatenate([b_ub, b_eq])
+    n = A.shape[1]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.addVars(n, np.maximum(np.asarray(lower, dtype=float), -inf), np.minimum(np.asarray(upper, dtype=float), inf))
+    h.changeColsCost(n, np.arange(n, dtype=np.int32), np.asarray(cost, dtype=float))
+    nz = np.nonzero(A)
+    starts = np.searchsorted(nz[0], np.arange(len(A))).astype(np.int32)
+    h.addRows(len(A), row_lo, row_hi, len(nz[0]), starts, nz[1].astype(np.int32), A[nz])
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    return float(h.getInfo().objective_function_value), [float(x) for x in h.getSolution().col_value]
+
+
 def solve_cvxpy(problem: Any, *, preferred: tuple[str, ...] = LP_SOLVERS, time_limit_s: float | None = None,
                 **kwargs: Any) -> tuple[Status, str]:
     """Solve a cvxpy problem with the first installed solver of `preferred`; return (status, solver name).

@@ -24,7 +24,7 @@ from typing import Any
 from gpuplan.errors import InfeasibleError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.psrl import PsrlPlan, PsrlProblem, finish_plan
-from gpuplan.option_rules import flag, integer
+from gpuplan.option_rules import MAX_WORKERS, flag, integer
 from gpuplan.registry import Progress, no_progress, register_solver
 
 EXACT_MAX_SAMPLES = 40
@@ -722,7 +722,7 @@ register_solver("psrl", "psrl", solve_psrl, role="paper", default=True,
                               "max_rounds": integer(1, special={0: "no local-search round (the kicks' own still run)"})})
 register_solver("psrl", "exact", solve_exact, role="exact", applicable=exact_applicable,
                 description=f"CP-SAT placement (<= {EXACT_MAX_SAMPLES} samples, <= {EXACT_MAX_WORKERS} workers)",
-                option_rules={"workers": integer(1)})  # CP-SAT search workers
+                option_rules={"workers": integer(1, MAX_WORKERS)})  # CP-SAT search workers
 register_solver("psrl", "karmarkar-karp", solve_karmarkar_karp, role="baseline",
                 description="verl's prefix-oblivious sequence-length balancing (largest differencing), no sharing")
 register_solver("psrl", "subtree-greedy", solve_subtree_greedy, role="baseline",

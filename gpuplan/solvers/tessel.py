@@ -21,7 +21,7 @@ from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.models.tessel import (Entry, Order, Repetend, TesselPlan, TesselProblem, make_plan, makespan_s,
                                    memory_peaks, simulate, topological_order, lower_bound_s, DeadlockError)
-from gpuplan.option_rules import flag, integer, number
+from gpuplan.option_rules import MAX_WORKERS, flag, integer, number
 from gpuplan.registry import register_solver
 from gpuplan.solvers.backends import solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
@@ -1114,7 +1114,7 @@ def _gpipe_reason(problem: TesselProblem) -> str | None:
 
 
 TESSEL_RULES = {
-    "workers": integer(1),  # CP-SAT search workers (the polish)
+    "workers": integer(1, MAX_WORKERS),  # CP-SAT search workers (the polish)
     "completion": flag(),
     "floor": flag(),
     # deterministic CP-SAT seconds, at most the 1e9 s every input quantity in seconds is bounded by (gpuplan.units)

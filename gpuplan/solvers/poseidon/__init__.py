@@ -30,9 +30,10 @@ from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, S
                                      in_flight, iteration_time_fast, make_plan, p2p_s,
                                      stage_memory, tp_fits)
 from gpuplan.models.poseidon.cost import RECOMPUTE_MODES, blocking_exchanges
-from gpuplan.option_rules import flag, integer, one_of
+from gpuplan.option_rules import MAX_WORKERS, flag, integer, one_of
 from gpuplan.registry import Progress, register_solver
 from gpuplan.solvers.poseidon.bounds import SHAVE, ComboEntry, list_combos
+from gpuplan.solvers.backends import small_lp
 
 INF = math.inf
 
@@ -619,8 +620,6 @@ class Structure:
         return self._lp
 
     def _solve_lp(self) -> tuple[float, list[float]]:
-        from scipy.optimize import linprog
-
         S, m, last = self.S, self.m, self.S - 1
         rows, rhs = [], []
         for q in range(S):
@@ -643,10 +642,9 @@ class Structure:
                 rhs.append(-(sum(self.e[:q]) + m * self.e[q] + 2 * sum(self.p2p[:q]) + self.a0[0]))
         cost = np.zeros(S + 1)
         cost[S] = 1.0
-        res = linprog(cost, A_ub=np.array(rows), b_ub=np.array(rhs), A_eq=np.array([[1.0] * S + [0.0]]),
-                      b_eq=[float(self.cm.p.model.num_layers)], bounds=[(self.v, k) for k in self.nmax] + [(0, None)],
-                      method="highs")
-        return (float(res.fun) * (1 - 1e-7), [float(v) for v in res.x[:S]]) if res.status == 0 else (0.0, [])
+        res = small_lp(cost, rows, rhs, [[1.0] * S + [0.0]], [float(self.cm.p.model.num_layers)],
+                       [self.v] * S + [0.0], list(self.nmax) + [INF])
+        return (res[0] * (1 - 1e-7), res[1][:S]) if res is not None else (0.0, [])
 
     def cut_bound(self, layers: list[int]) -> float:
         """Return the path bounds (1), (2) and every round trip for one layer mapping (seconds;
@@ -2291,7 +2289,7 @@ SEARCH_RULES = {
     "prune": flag(),
     # a pipeline depth no problem's max_stages exceeds (COUNT_LIMITS); one above the problem's finds no structure
     "num_stages": integer(1, COUNT_LIMITS["max_stages"], none="any depth"),
-    "workers": integer(1, none="automatic: every core, at most 8, when the space is large enough"),
+    "workers": integer(1, MAX_WORKERS, none="automatic: every core, at most 8, when the space is large enough"),
 }
 """The domain of the search's options, which registry.check_options enforces."""
 
