@@ -575,3 +575,16 @@ def test_grids_with_no_valid_value_for_an_algorithm_still_solve(grid: dict) -> N
         assert api.check(problem, plan) == [], solver
         times[solver] = plan.iteration_s
     assert times["exhaustive"] <= min(times.values()) * (1 + 1e-9)   # exact: one op in its window
+
+
+def test_from_model_keeps_the_documents_name_and_refuses_its_own_groups() -> None:
+    """`from_model` builds groups, segments and ops; the document's `name` is the user's and is kept
+    (it was replaced by the generated one), and groups given beside from_model are refused (they
+    were replaced silently)."""
+    doc = {"kind": "lagom", "name": "my 7B run", "hardware": {"gpu": "H100"},
+           "from_model": {"model": "llama2-7b", "dp": 8, "micro_batch": 1, "seq_len": 4096}}
+    assert api.load_problem(doc).name == "my 7B run"
+    unnamed = {k: v for k, v in doc.items() if k != "name"}
+    assert api.load_problem(unnamed).name == "llama2-7b dp=8 tp=1"
+    with pytest.raises(InputError, match="groups"):
+        api.load_problem({**doc, "groups": {"dp": {"size": 8}}})

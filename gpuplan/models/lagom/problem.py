@@ -23,7 +23,11 @@ from gpuplan.models.workload import model_config
 from gpuplan.units import GBps, Bytes, Seconds
 
 # SM count, L2 bytes, architecture, per GPU type (vendor datasheets); the rest comes from the catalog.
+# Every catalog GPU has an entry (a test holds it): a missing one fell back to an Ampere with 100 SMs.
 GPU_EXTRA: dict[str, tuple[int, float, str]] = {
+    "K80": (13, 1.5 * 2**20, "kepler"),      # one GK210 die: 13 SMX, 1.5 MiB L2
+    "P100": (56, 4 * 2**20, "pascal"),       # GP100 SXM2: 56 SMs, 4 MiB L2
+    "GH200": (132, 50 * 2**20, "hopper"),    # the H100 SXM configuration of GH100
     "V100": (80, 6 * 2**20, "volta"), "V100-32GB": (80, 6 * 2**20, "volta"), "T4": (40, 4 * 2**20, "turing"),
     "A10": (72, 6 * 2**20, "ampere"), "A100-40GB": (108, 40 * 2**20, "ampere"),
     "A100-80GB": (108, 40 * 2**20, "ampere"), "L4": (58, 48 * 2**20, "ada"), "L40S": (142, 96 * 2**20, "ada"),
@@ -40,7 +44,7 @@ class Hardware(Schema):
     l2_bytes: Bytes | None = Field(default=None, gt=0)
     memory_bandwidth_GBps: GBps | None = Field(default=None, gt=0)
     intra_node_GBps: GBps | None = Field(default=None, gt=0)
-    arch: Literal["volta", "turing", "ampere", "ada", "hopper", "blackwell"] | None = None
+    arch: Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper", "blackwell"] | None = None
 
     @model_validator(mode="after")
     def _known(self) -> "Hardware":
@@ -70,8 +74,10 @@ class Hardware(Schema):
         return float(peaks.get(dtype) or peaks.get("fp16") or max(peaks.values(), default=100.0))
 
     def architecture(self) -> str:
-        """Return the GPU architecture name (volta ... blackwell)."""
-        return self.arch or GPU_EXTRA.get(canonical_name(self.gpu) or "", (0, 0, "ampere"))[2]
+        """Return the GPU architecture name (kepler ... blackwell): the override, else the catalog's, else
+        ampere for a GPU outside the catalog."""
+        key = canonical_name(self.gpu) or ""
+        return self.arch or (GPU_EXTRA[key][2] if key in GPU_EXTRA else str(self._entry().get("arch") or "ampere"))
 
 
 class Group(Schema):
@@ -268,7 +274,10 @@ class LagomProblem(Problem):
             bad = coerced_bool(raw, model)
             if bad is not None:
                 raise ValueError(f"at {where}.{field_path(bad)}: a number, not true or false")
-        return {**data, **workload_from_model(fm, hw)}
+        built = workload_from_model(fm, hw)
+        if "groups" in data:
+            raise ValueError("at groups: from_model builds the groups; give either from_model or groups, not both")
+        return {**data, **built, "name": data.get("name", built["name"])}  # the document's own name is kept
 
     @model_validator(mode="after")
     def _references(self) -> "LagomProblem":
