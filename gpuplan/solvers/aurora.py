@@ -276,8 +276,11 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     """Return the step-time-optimal plan of the CP-SAT model (tree, fan-out-shared rates, integer split).
 
     Times are integers in microseconds; every rate an edge can take (link/stream cap or uplink/f)
-    is one of a finite set of levels, so D/R and b/r are table look-ups.
+    is one of a finite set of levels, so D/R and b/r are table look-ups. Under `time_limit_s` (wall s)
+    the heuristic's hint gets at most half of it and CP-SAT what is left; when CP-SAT stops before a
+    proof with a plan slower than its hint (or with none), the hint's plan is returned (time_limit).
     """
+    started = time.perf_counter()
     from ortools.sat.python import cp_model
 
     from gpuplan.solvers.backends import solve_cpsat
@@ -355,7 +358,8 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     m.Minimize(T)
 
     # hint: the heuristic's tree and split
-    hint = solve_aurora(problem, time_limit_s=min(5.0, time_limit_s or 5.0), search=True)
+    hint = solve_aurora(problem, time_limit_s=5.0 if time_limit_s is None else min(5.0, time_limit_s / 2),
+                        search=True)
     parent = {e.child: e.parent for e in hint.edges}
     for (p, c), var in x.items():
         m.AddHint(var, int(parent.get(names[c - 1]) == nodes[p]))
@@ -364,8 +368,8 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
 
     progress(None, "CP-SAT")
     try:
-        res = solve_cpsat(m, time_limit_s=time_limit_s if time_limit_s is not None else 60.0, seed=seed,
-                          workers=workers)
+        left = 60.0 if time_limit_s is None else max(0.05, time_limit_s - (time.perf_counter() - started))
+        res = solve_cpsat(m, time_limit_s=left, seed=seed, workers=workers)
     except SolverError as exc:  # no solution in the limit: the heuristic's plan stands, unproven
         if time_limit_s is None:
             raise
@@ -381,6 +385,12 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     polished = _plan(problem, tree, "delta", status=res.status)
     if polished.predicted["step_time_s"] < plan.predicted["step_time_s"]:
         plan = polished
+    if res.status is not Status.OPTIMAL and hint.predicted["step_time_s"] < plan.predicted["step_time_s"]:
+        # stopped before a proof with a worse incumbent than the hint CP-SAT started from: the hint stands
+        slower = plan.predicted["step_time_s"]
+        plan = hint.model_copy(update={"status": Status.TIME_LIMIT, "message": (
+            f"CP-SAT stopped by the time limit at a {slower:.6g} s step, slower than its hint; the heuristic's "
+            "plan (its CP-SAT hint) is shown")})
     gap = plan.predicted["step_time_s"] / hint.predicted["step_time_s"]
     plan.solver = SolverInfo(name="exact", stats={**res.stats, "cpsat_objective_us": res.objective,
                                                   "cpsat_bound_us": res.bound,

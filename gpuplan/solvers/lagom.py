@@ -275,15 +275,18 @@ def exhaustive_op(problem: LagomProblem, settings: list[Theta], i: int) -> tuple
     return best_t, evals
 
 
-def exhaustive(problem: LagomProblem) -> tuple[list[Theta], dict[str, Any]]:
+def exhaustive(problem: LagomProblem, deadline: Deadline | None = None) -> tuple[list[Theta], dict[str, Any]]:
     """Return the optimum over the full product grid of every op (exact when no window holds two ops:
-    windows are then independent). Identical windows are solved once."""
+    windows are then independent). Identical windows are solved once. When `deadline` stops it (an op
+    starts while one more of the longest so far fits) the ops not reached keep NCCL's default and
+    `deadline.cut` says so."""
     comp = problem.compiled
+    deadline = deadline or Deadline()
     settings = [comp.nccl_default(i) for i in range(len(comp.ops))]
     memo: dict[Any, Theta] = {}
     evals = 0
-    for i, op in enumerate(comp.ops):
-        win = comp.windows[comp.window_of[i]]
+    for i in deadline.paced(range(len(comp.ops)), first_free=False):
+        op, win = comp.ops[i], comp.windows[comp.window_of[i]]
         key = (op.collective, op.size_bytes, op.count, comp.links[i], win.compute_us, win.memory_bound)
         if key not in memo:
             memo[key], e = exhaustive_op(problem, settings, i)
@@ -342,20 +345,31 @@ def autoccl_op(problem: LagomProblem, i: int) -> tuple[Theta, int]:
     return best_t, evals
 
 
-def autoccl(problem: LagomProblem, deadline: Deadline | None = None) -> tuple[list[Theta] | None, dict[str, Any]]:
-    """Return AutoCCL-style settings for every op (communication time alone) and the evaluations; None
-    for the settings when `deadline` stopped it before the last op (an op starts while the deadline
-    allows one more of the longest so far)."""
+def autoccl(problem: LagomProblem, deadline: Deadline | None = None,
+            partial: bool = False) -> tuple[list[Theta] | None, dict[str, Any]]:
+    """Return AutoCCL-style settings for every op (communication time alone) and the evaluations; when
+    `deadline` stopped it before the last op (an op starts while the deadline allows one more of the
+    longest so far) None for the settings, or with `partial` NCCL's default for the ops not reached.
+    Its objective is an op's communication time alone, which depends on the collective, size and link
+    only: ops alike (one per layer) are tuned once, their evaluations counted for each."""
     deadline = deadline or Deadline()
+    comp = problem.compiled
     out, evals = [], 0
-    for i in deadline.paced(range(len(problem.compiled.ops)), first_free=False):
-        t, e = autoccl_op(problem, i)
+    memo: dict[Any, tuple[Theta, int]] = {}
+    for i in deadline.paced(range(len(comp.ops)), first_free=False):
+        key = (comp.ops[i].collective, comp.ops[i].size_bytes, comp.links[i])
+        if key not in memo:
+            memo[key] = autoccl_op(problem, i)
+        t, e = memo[key]
         out.append(t)
         evals += e
-    return (None if deadline.cut else out), {"evaluations": evals}
+    if deadline.cut and not partial:
+        return None, {"evaluations": evals}
+    return out + [comp.nccl_default(i) for i in range(len(out), len(comp.ops))], {"evaluations": evals}
 
 
 SEARCH_SHARE = 0.6  # of a time limit for Lagom's own search; the AutoCCL-style baseline in the plan gets the rest
+PLAN_SHARE = 0.8  # of a time limit for a baseline's or the exhaustive search; the rest builds the plan
 
 
 def _plan(problem: LagomProblem, name: str, settings: list[Theta], stats: dict[str, Any], status: Status,
@@ -373,7 +387,7 @@ def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, see
     Under `time_limit_s` the search gets SEARCH_SHARE of it and the AutoCCL-style baseline the rest (left
     out of the plan when it does not finish); the status is then time_limit if the search stopped early."""
     comp = problem.compiled
-    whole = Deadline.after(time_limit_s)
+    whole = Deadline.after(time_limit_s, PLAN_SHARE)
     search_deadline = Deadline.after(time_limit_s, SEARCH_SHARE)
     settings, stats = priority_search(problem, passes=int(passes), progress=progress, polish=bool(polish),
                                       deadline=search_deadline)
@@ -393,9 +407,14 @@ def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, see
 
 def solve_exhaustive(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
                      progress: Progress | None = None, **_: Any) -> LagomPlan:
-    """The optimum over the full grid, window by window."""
-    settings, stats = exhaustive(problem)
-    return _plan(problem, "exhaustive", settings, stats, Status.OPTIMAL)
+    """The optimum over the full grid, window by window. Under `time_limit_s` (s) the windows the limit
+    leaves out keep NCCL's default and the plan is time_limit instead of optimal."""
+    deadline = Deadline.after(time_limit_s, PLAN_SHARE)
+    settings, stats = exhaustive(problem, deadline)
+    plan = _plan(problem, "exhaustive", settings, stats, Status.TIME_LIMIT if deadline.cut else Status.OPTIMAL)
+    if deadline.cut:
+        plan.message = "the time limit stopped the search: the ops not reached keep NCCL's default"
+    return plan
 
 
 def solve_default(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
@@ -408,10 +427,15 @@ def solve_default(problem: LagomProblem, *, time_limit_s: float | None = None, s
 
 def solve_autoccl(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
                   progress: Progress | None = None, **_: Any) -> LagomPlan:
-    """AutoCCL-style coordinate descent on communication time alone, ignoring the compute slowdown."""
-    settings, stats = autoccl(problem)
-    assert settings is not None  # no deadline: every op is tuned
-    return _plan(problem, "autoccl", settings, stats, Status.FEASIBLE)
+    """AutoCCL-style coordinate descent on communication time alone, ignoring the compute slowdown. Under
+    `time_limit_s` (s) the ops the limit leaves out keep NCCL's default and the plan is time_limit."""
+    deadline = Deadline.after(time_limit_s, PLAN_SHARE)
+    settings, stats = autoccl(problem, deadline, partial=True)
+    assert settings is not None  # partial: every op has a setting
+    plan = _plan(problem, "autoccl", settings, stats, Status.TIME_LIMIT if deadline.cut else Status.FEASIBLE)
+    if deadline.cut:
+        plan.message = "the time limit stopped the descent: the ops not reached keep NCCL's default"
+    return plan
 
 
 register_solver("lagom", "lagom", solve_lagom, role="paper", default=True,

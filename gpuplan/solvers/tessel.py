@@ -299,6 +299,14 @@ def _valid_pattern(problem: TesselProblem, t: Ticks, period: int, off: dict[str,
     if max(lag.values()) > kmax:
         return None
     start = {n: v % period for n, v in off.items()}
+    if not _steady_memory_fits(problem, t, start, lag):
+        return None
+    return Pattern(period, start, lag, max(v + t.dur[n] for n, v in off.items()))
+
+
+def _steady_memory_fits(problem: TesselProblem, t: Ticks, start: dict[str, int], lag: dict[str, int]) -> bool:
+    """Return whether a cyclic pattern (starts in the period and lags, ticks; keys the blocks of `problem`)
+    keeps every device's steady-state memory (units) under its limit at every allocating start."""
     for d, names in enumerate(_on_device(problem)):
         if t.limit[d] is None:
             continue
@@ -306,8 +314,21 @@ def _valid_pattern(problem: TesselProblem, t: Ticks, period: int, off: dict[str,
         for a in names:
             if t.mem[a] > 0 and t.mem[a] + sum(t.mem[x] for x in names if x != a and start[x] <= start[a]) \
                     + in_flight > t.limit[d]:
-                return None
-    return Pattern(period, start, lag, max(v + t.dur[n] for n, v in off.items()))
+                return False
+    return True
+
+
+def _cyclic_schedule(problem: TesselProblem, t: Ticks, pat: Pattern) -> bool:
+    """Return whether `pat` (ticks; keys the blocks of `problem`, the grouped placement when pat.group > 1)
+    is a cyclic schedule of it: no two blocks of a device overlap modulo the period (a block may wrap
+    around it) and the steady-state memory stays under every limit. Dependencies are not tested: a pattern
+    read from a valid schedule keeps that schedule's start times, which meet them."""
+    for names in _on_device(problem):
+        spans = sorted((pat.start[n], pat.start[n] + t.dur[n]) for n in names)
+        nexts = [s for s, _ in spans[1:]] + [spans[0][0] + pat.period] if spans else []  # the first again, a period on
+        if any(end > nxt for (_, end), nxt in zip(spans, nexts)):
+            return False
+    return _steady_memory_fits(problem, t, pat.start, pat.lag)
 
 
 def _critical_path(problem: TesselProblem, t: Ticks) -> int:
@@ -503,15 +524,17 @@ def pattern_from_schedule(problem: TesselProblem, t: Ticks, schedule: list[list[
     periodic = [g for g in range(n // group - 1)
                 if all(at[(b.name, (g + 1) * group + j)] - at[(b.name, g * group + j)] == period
                        for b in problem.blocks for j in range(group))]
-    if not periodic:
-        return None
-    g = periodic[0]
-    first = {f"{b.name}@{j}": at[(b.name, g * group + j)] for b in problem.blocks for j in range(group)}
-    origin = min(first.values())
-    start = {k: (v - origin) % period for k, v in first.items()}
-    lag = {k: (v - origin) // period for k, v in first.items()}
-    span = max(v - origin + t.dur[k] for k, v in first.items())
-    return Pattern(period, start, lag, span, group)
+    gp = grouped(problem, group)[0]
+    for g in periodic:  # two groups a period apart need not make a cyclic schedule: keep the first that is one
+        first = {f"{b.name}@{j}": at[(b.name, g * group + j)] for b in problem.blocks for j in range(group)}
+        origin = min(first.values())
+        start = {k: (v - origin) % period for k, v in first.items()}
+        lag = {k: (v - origin) // period for k, v in first.items()}
+        span = max(v - origin + t.dur[k] for k, v in first.items())
+        pat = Pattern(period, start, lag, span, group)
+        if _cyclic_schedule(gp, t, pat):
+            return pat
+    return None
 
 
 def unroll(problem: TesselProblem, pat: Pattern) -> Order:

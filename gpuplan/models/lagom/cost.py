@@ -228,9 +228,11 @@ def link_from_topology(topo: nt.Topology, arch: str, channels: int | None = None
                 arch=arch, graph_channels=g.ring.channels if channels is None else None, topo=topo)
 
 
+@lru_cache(maxsize=4096)
 def link_topology(link: Link) -> nt.Topology:
     """Return the NCCL topology of `link`: its own `topo` (with the link's extra latency and LL128
-    choice), or one built from the link's fields (`arch`, intra-node class, NVLS) when it has none."""
+    choice), or one built from the link's fields (`arch`, intra-node class, NVLS) when it has none.
+    Cached per link (both are frozen): every cost-model evaluation asks for it several times."""
     if link.topo is not None:
         t = link.topo
         if t.latency_inter_us != link.inter_latency_us or t.ll128 != link.ll128:
