@@ -40,6 +40,8 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a greedy figure above the plan's is what the search improves on; one below it is caught",
     ("stragglers", r"solver\.stats\.lp_fluid_s"):
         "the fluid LP is no bound on one run; it is held to its critical-path floor from below",
+    ("stragglers", r"solver\.stats\.lp_bound_note"):
+        "free text for the reader: why a time limit left an LP bound out (the figures it names are absent)",
     ("aurora", r"edges\.\d+\.streams"):
         "streams only cap an edge's rate; one more stream on an edge another limit sets changes no figure",
     ("lagom", r"baselines\.autoccl\.\d+\.channels"):

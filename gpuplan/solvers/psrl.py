@@ -28,6 +28,8 @@ from gpuplan.option_rules import MAX_WORKERS, flag, integer
 from gpuplan.registry import Progress, no_progress, register_solver
 
 EXACT_MAX_SAMPLES = 40
+HINT_MAX_S = 5.0      # the most the greedy hint of `exact` may take (s)
+MIN_CPSAT_S = 0.05    # CP-SAT always gets this long (s), even when the hint used the whole budget
 EXACT_MAX_WORKERS = 8
 EXACT_MAX_CELLS = 4_000  # used nodes x workers
 SMALL_BATCH = 64         # at most this many samples: the local search also moves and swaps single samples
@@ -567,15 +569,58 @@ def solve_karmarkar_karp(problem: PsrlProblem, *, time_limit_s: float | None = N
     parts = karmarkar_karp(lengths, W, equal_size=f.n_samples % W == 0)
     parts.sort(key=lambda p: (-sum(lengths[i] for i in p), p[:1]))
     workers = sorted(range(W), key=lambda w: (-problem.rates[w], -problem.memory[w], w))
+    holds = [[w for w in workers if all(fits[s][w] for s in part)] for part in parts]
+    match = match_parts(holds)
+    if match is None:
+        raise InfeasibleError(f"karmarkar-karp's {W} partitions cannot be matched to workers whose memory holds "
+                              "every path of their partition")
     pl = Placement(problem, exchange=False)
-    for part, w in zip(parts, workers):
-        for s in part:
-            if not fits[s][w]:
-                raise InfeasibleError(f"karmarkar-karp puts sample {s} on {problem.worker_names()[w]}, whose "
-                                      "memory cannot hold its path")
+    for part, w in zip(parts, match):
         if part:
             pl.move(part, w)
     return _plan(problem, pl, "none")
+
+
+def match_parts(holds: list[list[int]]) -> list[int] | None:
+    """Return a worker per partition (distinct workers) with partition i on one of holds[i], or None when
+    no such matching exists. holds[i] lists the workers that can take partition i, most preferred first;
+    partitions come heaviest first and each takes its most preferred free worker; only when none is free
+    does it displace earlier ones along an augmenting path (Kuhn's algorithm, iterative), so without memory
+    limits the heaviest partition gets the fastest worker."""
+    owner: dict[int, int] = {}
+    for i, ws in enumerate(holds):
+        free = next((w for w in ws if w not in owner), None)
+        if free is not None:
+            owner[free] = i
+        elif not _augment(i, holds, owner):
+            return None
+    out = [-1] * len(holds)
+    for w, i in owner.items():
+        out[i] = w
+    return out
+
+
+def _augment(i: int, holds: list[list[int]], owner: dict[int, int]) -> bool:
+    """Give partition i a worker by moving earlier partitions along an augmenting path; return whether one
+    exists (owner, worker -> partition, is updated in place only when it does)."""
+    stack = [[i, 0]]
+    seen: set[int] = set()
+    while stack:
+        top = stack[-1]
+        if top[1] == len(holds[top[0]]):
+            stack.pop()
+            continue
+        w = holds[top[0]][top[1]]
+        top[1] += 1
+        if w in seen:
+            continue
+        seen.add(w)
+        if w not in owner:
+            for q, k in stack:
+                owner[holds[q][k - 1]] = q
+            return True
+        stack.append([owner[w], 0])
+    return False
 
 
 def _lpt(problem: PsrlProblem, units: list[list[int]], cost: list[float], fits: list[list[bool]],
@@ -633,6 +678,12 @@ def exact_applicable(problem: PsrlProblem) -> str | None:
     return None
 
 
+def hint_time_limit_s(budget_s: float) -> float:
+    """Return the seconds the greedy hint of `exact` may take out of its whole budget `budget_s` (s): at
+    most HINT_MAX_S and half the budget, so CP-SAT keeps the rest and the two together hold the limit."""
+    return min(HINT_MAX_S, budget_s / 2)
+
+
 def solve_exact(problem: PsrlProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Progress = no_progress, workers: int = 1) -> PsrlPlan:
     """Return the CP-SAT optimum of the placement model: x[s,w] sample on worker, y[v,w] node computed,
@@ -647,7 +698,9 @@ def solve_exact(problem: PsrlProblem, *, time_limit_s: float | None = None, seed
     f = problem.built
     W = len(problem.rates)
     used = [v for v, u in enumerate(f.used()) if u]
-    hint = solve_psrl(problem, time_limit_s=5.0)
+    budget_s = time_limit_s if time_limit_s is not None else 30.0
+    started = time.perf_counter()
+    hint = solve_psrl(problem, time_limit_s=hint_time_limit_s(budget_s))
     scale = TIME_UNITS_PER_S
     while hint.objective is not None and hint.objective * scale > 1e9:
         scale /= 10
@@ -684,8 +737,8 @@ def solve_exact(problem: PsrlProblem, *, time_limit_s: float | None = None, seed
     for (s, w), var in x.items():
         m.AddHint(var, int(hint_assign[s] == w))
     progress(None, "CP-SAT")
-    res = solve_cpsat(m, time_limit_s=time_limit_s if time_limit_s is not None else 30.0, seed=seed,
-                      workers=workers)
+    left_s = max(budget_s - (time.perf_counter() - started), MIN_CPSAT_S)
+    res = solve_cpsat(m, time_limit_s=left_s, seed=seed, workers=workers)
     val = res.solver.Value
     assign = [next(w for w in range(W) if val(x[s, w])) for s in range(f.n_samples)]
     comp = [{v for v in used if val(y[v, w])} for w in range(W)]

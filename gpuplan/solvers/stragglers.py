@@ -10,6 +10,7 @@ Every plan's solver stats carry the LP lower bound (gpuplan.solvers.stragglers_l
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from gpuplan.errors import InputError
@@ -43,6 +44,7 @@ BASELINE = {
 def _solver(policy: str) -> Callable[..., StragglersPlan]:
     def solve(problem: StragglersProblem, *, time_limit_s: float | None = None, seed: int = 0,
               progress: Progress = no_progress, **params: Any) -> StragglersPlan:
+        started = time.perf_counter()
         progress(0.0, f"simulating {len(problem.arrays[0])} jobs under {policy}")
         try:
             res, figs = simulate_problem(problem, policy, params, seed)
@@ -51,7 +53,8 @@ def _solver(policy: str) -> Callable[..., StragglersPlan]:
         plan = plan_from_run(problem, res, figs, seed)
         stats: dict[str, Any] = {"events": res.events}
         progress(0.8, "LP lower bound")
-        stats.update(bound_stats(problem))
+        left = None if time_limit_s is None else max(time_limit_s - (time.perf_counter() - started), 0.0)
+        stats.update(bound_stats(problem, time_limit_s=left))
         if stats.get("lp_bound_s"):
             stats["over_lp_bound"] = figs["weighted_flowtime_s"] / stats["lp_bound_s"]
         plan.solver = SolverInfo(name=policy, stats=stats)

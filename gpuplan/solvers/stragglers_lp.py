@@ -20,7 +20,7 @@ pick fast copies by restarting (Mantri, ESE).
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+import time
 from typing import Any, Literal
 
 import numpy as np
@@ -42,18 +42,27 @@ def lp_applicable(problem: StragglersProblem) -> str | None:
 
 
 def lower_bound(problem: StragglersProblem, speedup: Literal["limit", "h"] = "limit",
-                intervals: int = LP_INTERVALS) -> float:
+                intervals: int = LP_INTERVALS, time_limit_s: float | None = None) -> float:
     """Return the LP's optimal weighted flowtime (s): a lower bound on every policy's weighted flowtime with
     speedup 'limit'; the fluid relaxation with the expected speedup h when 'h'. Raises ValueError when the
-    instance is over the LP's size limits or the LP solver fails."""
+    instance is over the LP's size limits or the LP solver fails or stops at `time_limit_s` (s, the HiGHS
+    solve; None: no limit). Optimal values are cached per instance, so a second call costs nothing."""
     why = lp_applicable(problem)
     if why:
         raise ValueError(why)
-    return _lower_bound_cached(problem.model_dump_json(), speedup, intervals)
+    key = (problem.model_dump_json(), speedup, intervals)
+    if key not in _LP_CACHE:
+        if len(_LP_CACHE) >= LP_CACHE_SIZE:
+            _LP_CACHE.pop(next(iter(_LP_CACHE)))
+        _LP_CACHE[key] = _solve_lp(*key, time_limit_s=time_limit_s)  # only an optimum is stored
+    return _LP_CACHE[key]
 
 
-@lru_cache(maxsize=64)
-def _lower_bound_cached(doc: str, speedup: str, intervals: int) -> float:
+LP_CACHE_SIZE = 64
+_LP_CACHE: dict[tuple[str, str, int], float] = {}
+
+
+def _solve_lp(doc: str, speedup: str, intervals: int, time_limit_s: float | None = None) -> float:
     import cvxpy as cp
 
     problem = StragglersProblem.model_validate_json(doc)
@@ -105,7 +114,9 @@ def _lower_bound_cached(doc: str, speedup: str, intervals: int) -> float:
     from gpuplan.solvers.backends import solve_cvxpy
 
     try:
-        status, _ = solve_cvxpy(prob)
+        # under a time limit only HiGHS (which honours it) is tried: a fallback solver would run unbounded
+        status, _ = solve_cvxpy(prob, time_limit_s=time_limit_s,
+                                **({"preferred": ("HIGHS",)} if time_limit_s is not None else {}))
     except GpuplanError as exc:
         raise ValueError(f"the LP bound did not solve: {exc}") from None
     if status is not Status.OPTIMAL or prob.value is None or not math.isfinite(prob.value):
@@ -129,11 +140,22 @@ def concave_majorant(points: list[tuple[float, float]]) -> list[tuple[float, flo
     return hull
 
 
-def bound_stats(problem: StragglersProblem) -> dict[str, Any]:
-    """Return {lp_bound_s, lp_fluid_s} for the solver stats of a plan (empty when the LP does not apply)."""
+def bound_stats(problem: StragglersProblem, time_limit_s: float | None = None) -> dict[str, Any]:
+    """Return {lp_bound_s, lp_fluid_s} (s) for the solver stats of a plan: empty when the LP does not apply;
+    with `time_limit_s` (s, None: no limit) both LPs together stay within it, and one that cannot is left
+    out, with `lp_bound_note` saying so."""
     if lp_applicable(problem):
         return {}
-    try:
-        return {"lp_bound_s": lower_bound(problem, "limit"), "lp_fluid_s": lower_bound(problem, "h")}
-    except ValueError:
-        return {}
+    deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
+    out: dict[str, Any] = {}
+    for key, speedup in (("lp_bound_s", "limit"), ("lp_fluid_s", "h")):
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0:
+            out["lp_bound_note"] = f"{key} left out: the time limit was spent before it could be solved"
+            break
+        try:
+            out[key] = lower_bound(problem, speedup, time_limit_s=left)
+        except ValueError as exc:
+            out["lp_bound_note"] = f"{key} left out: {exc}"
+            break
+    return out
