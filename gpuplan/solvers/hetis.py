@@ -657,9 +657,10 @@ def solve_hexgen(problem: HetisProblem, *, time_limit_s: float | None = None, se
     (TP in a group, layers by speed under memory), shares by dense throughput; every grouping is
     enumerated over the extended space (TP per server type, see layout_table), ranked by the dense proxy;
     the best few and the best per primary-GPU count simulated (as Stage A's)."""
+    deadline = Deadline.after(time_limit_s)   # the enumeration counts against the limit too
     cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
              for t, reps in _proxy_picks(hexgen_configurations(problem))]
-    return _best_by_simulation(problem, cands, progress, limit=len(cands), deadline=Deadline.after(time_limit_s))
+    return _best_by_simulation(problem, cands, progress, limit=len(cands), deadline=deadline)
 
 
 def _fix_shares(replicas: list[Replica]) -> None:
@@ -729,10 +730,10 @@ def solve_splitwise(problem: HetisProblem, *, time_limit_s: float | None = None,
     pool, the prompt's KV shipped over the link between them (splitwise_configurations); the
     SPLITWISE_SIMULATED best by the pools' balance proxy are simulated and the one with the largest max
     rate under the SLOs wins."""
+    deadline = Deadline.after(time_limit_s)   # the enumeration counts against the limit too
     cands = [(t, HetisPlan(kind="hetis", status=Status.FEASIBLE, replicas=reps))
              for t, reps in splitwise_configurations(problem)]
-    return _best_by_simulation(problem, cands, progress, limit=SPLITWISE_SIMULATED,
-                               deadline=Deadline.after(time_limit_s))
+    return _best_by_simulation(problem, cands, progress, limit=SPLITWISE_SIMULATED, deadline=deadline)
 
 
 register_solver("hetis", "hetis", solve_hetis_paper, role="paper", default=True,

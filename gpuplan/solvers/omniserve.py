@@ -25,7 +25,7 @@ import numpy as np
 
 from gpuplan.models.omniserve import OmniServePlan, OmniServeProblem, fill_plan
 from gpuplan.models.omniserve.costs import MAX_BUDGET, build_latency, build_trace, token_budget
-from gpuplan.models.omniserve.evaluate import run_policy
+from gpuplan.models.omniserve.evaluate import Evaluation, run_policy
 from gpuplan.models.omniserve.policy import PolicyParams
 from gpuplan.models.plan import SolverInfo, Status
 from gpuplan.option_rules import OptionRule, flag, integer, number
@@ -38,14 +38,28 @@ LS_TOLERANCE = 0.01   # "within one point" of LS attainment
 SEARCH_SHARE = 0.8    # of a time limit for the parameter searches; the plan's own simulation follows
 
 
-def _plan(problem: OmniServeProblem, params: PolicyParams, stats: dict[str, Any] | None = None) -> OmniServePlan:
+def _simulate(problem: OmniServeProblem, params: PolicyParams, evals: dict[PolicyParams, Evaluation] | None
+              ) -> dict[str, float]:
+    """Return the predicted figures of `params` on `problem`; with `evals`, the run is recorded (the
+    schedule a plan states) and kept there, so that the plan the search picks is not simulated again
+    (its own simulation used to follow the search unbudgeted, and can be the longest of all)."""
+    if evals is None:
+        return run_policy(problem, params, record=False).figures
+    if params not in evals:
+        evals[params] = run_policy(problem, params)
+    return evals[params].figures
+
+
+def _plan(problem: OmniServeProblem, params: PolicyParams, stats: dict[str, Any] | None = None,
+          evals: dict[PolicyParams, Evaluation] | None = None) -> OmniServePlan:
+    """Return the plan of `params`, filled from its simulation (the one in `evals` when the search ran it)."""
     plan = OmniServePlan(kind="omniserve", status=Status.FEASIBLE, policy=params.mode,
                          token_budget=params.token_budget, tpot_target_s=params.tpot_target_s,
                          be_gpu_fraction=params.be_gpu_fraction, admission=params.admission,
                          be_batch_max=params.be_batch_max, pace_factor=params.pace_factor, watermark=params.watermark,
                          layers_per_iteration=params.layers_per_iteration, be_inflight_max=params.be_inflight_max,
                          be_prefill_max=params.be_prefill_max)
-    return fill_plan(problem, plan, stats)
+    return fill_plan(problem, plan, stats, ev=(evals or {}).get(params))
 
 
 def _base(problem: OmniServeProblem, budget: int) -> tuple[int, float]:
@@ -84,16 +98,19 @@ def _omniserve(problem: OmniServeProblem, name: str, lpi: int, progress: Progres
                be_inflight_max: int, deadline: Deadline) -> OmniServePlan:
     budget, target = _base(problem, token_budget)
     stats: dict[str, Any] = {}
+    evals: dict[PolicyParams, Evaluation] = {}
     if be_gpu_fraction < 0:
-        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress, lpi, deadline)
+        be_gpu_fraction, stats = best_fraction(problem, "omniserve", budget, target, progress, lpi, deadline,
+                                               evals=evals)
     params = PolicyParams("omniserve", budget, target, min(1.0, be_gpu_fraction), admission,
                           max(0, be_batch_max), max(1e-3, pace_factor), layers_per_iteration=lpi,
                           be_inflight_max=max(0, be_inflight_max))
     if be_inflight_max < 0:
-        params, more = best_controls(problem, params, stats.get("ls_only_attainment"), progress, deadline)
+        params, more = best_controls(problem, params, stats.get("ls_only_attainment"), progress, deadline,
+                                     evals=evals)
         stats.update(more)
     decision: dict[str, Any] = {}
-    plan = _plan(problem, params, decision)
+    plan = _plan(problem, params, decision, evals)
     plan.solver = SolverInfo(name=name, stats={**stats, **decision})
     return deadline.mark(plan, CUT_SHORT)
 
@@ -124,13 +141,14 @@ def prefill_candidates(problem: OmniServeProblem, budget: int) -> list[int]:
 
 
 def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float | None = None,
-                  progress: Progress = no_progress, deadline: Deadline | None = None
+                  progress: Progress = no_progress, deadline: Deadline | None = None, *,
+                  evals: dict[PolicyParams, Evaluation] | None = None
                   ) -> tuple[PolicyParams, dict[str, Any]]:
     """Return (params with the BE prefill bound of `prefill_candidates`, then the bound on BE in flight of
     `inflight_candidates`, each with the most BE throughput whose LS attainment is within LS_TOLERANCE of
     the engine serving LS alone; stats). Why these bounds exist: see PolicyParams. Candidates are
     simulated in order while `deadline` allows one more of the longest so far (the current setting is
-    kept where none was tried)."""
+    kept where none was tried). With `evals`, every candidate's recorded run is kept there (`_simulate`)."""
     deadline = deadline or Deadline()
     if ls_ref is None:
         with deadline.timing():
@@ -143,7 +161,7 @@ def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float
         tried: dict[str, float] = {}
         for k, v in enumerate(deadline.paced(cands, first_free=False)):
             progress(k / len(cands), f"omniserve: {field} = {v}")
-            f = run_policy(problem, replace(params, **{field: v}), record=False).figures
+            f = _simulate(problem, replace(params, **{field: v}), evals)
             tried[str(v)] = f["be_output_tokens_per_s"]
             if f["ls_attainment"] >= ls_ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
                 best, best_be = v, f["be_output_tokens_per_s"]
@@ -161,12 +179,13 @@ def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = Non
 
 def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: float,
                   progress: Progress = no_progress, layers_per_iteration: int = 1,
-                  deadline: Deadline | None = None) -> tuple[float, dict[str, Any]]:
+                  deadline: Deadline | None = None, *, evals: dict[PolicyParams, Evaluation] | None = None
+                  ) -> tuple[float, dict[str, Any]]:
     """Return (X, stats): the share X of HEADROOM_FRACTIONS of the GPU KV cache that BE may hold under
     policy `mode` with the most BE throughput whose LS attainment is within LS_TOLERANCE of the engine
     serving LS alone (X = 0 under the headroom policy), as Llumnix-style reservation is tuned. The
     shares are simulated in order while `deadline` allows one more of the longest so far (X = 0
-    where none was)."""
+    where none was). With `evals`, every candidate's recorded run is kept there (`_simulate`)."""
     deadline = deadline or Deadline()
     with deadline.timing():
         ref = run_policy(problem, PolicyParams("headroom", budget, target, 0.0),
@@ -175,8 +194,8 @@ def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: flo
     tried: dict[str, float] = {}
     for k, x in enumerate(deadline.paced(HEADROOM_FRACTIONS, first_free=False)):
         progress(k / len(HEADROOM_FRACTIONS), f"{mode}: BE share of GPU KV X = {x}")
-        f = run_policy(problem, PolicyParams(mode, budget, target, x, mode == "omniserve",
-                                             layers_per_iteration=layers_per_iteration), record=False).figures
+        f = _simulate(problem, PolicyParams(mode, budget, target, x, mode == "omniserve",
+                                            layers_per_iteration=layers_per_iteration), evals)
         tried[str(x)] = f["be_output_tokens_per_s"]
         if f["ls_attainment"] >= ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
             best, best_be = x, f["be_output_tokens_per_s"]
@@ -192,8 +211,9 @@ def solve_headroom(problem: OmniServeProblem, *, time_limit_s: float | None = No
     if be_gpu_fraction >= 0:
         return _plan(problem, PolicyParams("headroom", budget, target, min(1.0, be_gpu_fraction)))
     deadline = Deadline.after(time_limit_s, SEARCH_SHARE)
-    best, stats = best_fraction(problem, "headroom", budget, target, progress, deadline=deadline)
-    plan = _plan(problem, PolicyParams("headroom", budget, target, best))
+    evals: dict[PolicyParams, Evaluation] = {}
+    best, stats = best_fraction(problem, "headroom", budget, target, progress, deadline=deadline, evals=evals)
+    plan = _plan(problem, PolicyParams("headroom", budget, target, best), evals=evals)
     plan.solver = SolverInfo(name="headroom", stats=stats)
     return deadline.mark(plan, CUT_SHORT)
 

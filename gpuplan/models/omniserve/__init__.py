@@ -18,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuplan.models.base import Violation
 from gpuplan.models.omniserve.costs import MAX_BUDGET, build_latency, build_trace
-from gpuplan.models.omniserve.evaluate import MODES, run_policy
-from gpuplan.models.omniserve.policy import PolicyParams, admission_forecast
+from gpuplan.models.omniserve.evaluate import MODES, Evaluation, run_policy
+from gpuplan.models.omniserve.policy import PolicyParams, admission_floor_s, admission_forecast
 from gpuplan.models.omniserve.problem import OmniServeProblem
 from gpuplan.models.plan import Plan, figure_violations, stated_figures_violations
 from gpuplan.registry import ModelSpec, register_model
@@ -74,11 +74,13 @@ def params_of(plan: OmniServePlan) -> PolicyParams:
                         plan.be_inflight_max, plan.be_prefill_max)
 
 
-def fill_plan(problem: OmniServeProblem, plan: OmniServePlan, stats: dict[str, Any] | None = None) -> OmniServePlan:
-    """Simulate the plan's policy; fill its pools, schedule, admissions, predicted figures and objective
-    (BE output tokens per second within the LS window). `stats` (when given) receives the controller's
-    mean and P99 decision time per iteration (s; measured, so not a predicted figure)."""
-    ev = run_policy(problem, params_of(plan))
+def fill_plan(problem: OmniServeProblem, plan: OmniServePlan, stats: dict[str, Any] | None = None,
+              ev: Evaluation | None = None) -> OmniServePlan:
+    """Simulate the plan's policy (or take `ev`, a recorded `run_policy` of exactly the plan's parameters
+    on this problem, already simulated); fill its pools, schedule, admissions, predicted figures and
+    objective (BE output tokens per second within the LS window). `stats` (when given) receives the
+    controller's mean and P99 decision time per iteration (s; measured, so not a predicted figure)."""
+    ev = ev if ev is not None else run_policy(problem, params_of(plan))
     d = getattr(ev.policy, "decision_s", [])
     if stats is not None and d:
         import numpy as np
@@ -265,6 +267,7 @@ def admission_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list
     if plan.admissions and not plan.admission:
         out.append(Violation("ls_admission", "the plan states admission decisions but no admission control"))
     trace, _ = build_trace(problem)
+    lat = build_latency(problem)
     for a in plan.admissions:
         if len(a) != 8:
             out.append(Violation("ls_admission", f"admission record {a!r}; expected 8 numbers"))
@@ -273,10 +276,13 @@ def admission_violations(problem: OmniServeProblem, plan: OmniServePlan) -> list
         if not (float(i).is_integer() and 0 <= i < len(trace)) or trace.service[int(i)] != LS:
             out.append(Violation("ls_admission", f"admission record for request {i}, not an LS request of the trace"))
             continue
-        if per_iter < 1 or per_iter > plan.token_budget or t_est != plan.tpot_target_s or need < 1:
+        floor = admission_floor_s(lat, per_iter, need, plan.tpot_target_s) if per_iter >= 1 and need >= 1 else 0.0
+        if per_iter < 1 or per_iter > plan.token_budget or not floor * (1 - 1e-9) <= t_est <= plan.tpot_target_s \
+                or need < 1:
             out.append(Violation("ls_admission", f"request {i:.0f}: forward simulation at {per_iter} tokens per "
-                                 f"iteration of {t_est} s; the plan's budget is {plan.token_budget}, its target "
-                                 f"{plan.tpot_target_s} s"))
+                                 f"iteration of {t_est} s; expected at most the plan's budget {plan.token_budget} "
+                                 f"tokens, and an iteration from {floor:.6g} s (the dense modules for those tokens) "
+                                 f"to the plan's target {plan.tpot_target_s} s"))
             continue
         arrived = float(trace.arrival_s[int(i)])
         recomputed = admission_forecast(need, per_iter, t_est, t - arrived)

@@ -149,9 +149,13 @@ class MixedPolicy:
         run = [j for j in self.ls_run if state.prefilled[j] < state.prefill_target[j]]
         ahead = sum(int(state.prefill_target[j] - state.prefilled[j]) for j in run)
         ahead += sum(int(state.prefill_target[j] - state.prefilled[j]) for j in self.ls_wait)
-        decodes = len(self.ls_run) - len(run)
-        per_iter, t_est = admission_rate(self.lat, self.p.token_budget, decodes, self.p.tpot_target_s)
+        decoding = [j for j in self.ls_run if state.prefilled[j] >= state.prefill_target[j]]
+        decodes = len(decoding)
+        be_work = bool(self.be_wait or self.be_pre or self.be_gpu or len(self.cpu))
+        kv_read = float(state.kv_tokens(np.asarray(decoding, dtype=np.int64)).sum()) if decoding else 0.0
         need = ahead + int(state.prefill_target[i])
+        per_iter, t_est = admission_rate(self.lat, self.p.token_budget, decodes, self.p.tpot_target_s,
+                                         kv_read=kv_read, be_work=be_work, tokens_ahead=need)
         wait = state.now_s - float(state.requests.arrival_s[i])
         forecast = admission_forecast(need, per_iter, t_est, wait)
         ok = forecast <= self.problem.ls.ttft_slo_s
@@ -458,10 +462,27 @@ class MixedPolicy:
         return cands[:n], float(cum[n - 1]) if n else 0.0
 
 
-def admission_rate(lat: Latency, budget: int, ls_decodes: int, target_s: float) -> tuple[int, float]:
+def admission_rate(lat: Latency, budget: int, ls_decodes: int, target_s: float, *, kv_read: float = 0.0,
+                   be_work: bool = True, tokens_ahead: float | None = None) -> tuple[int, float]:
     """Return (LS prefill tokens per iteration, the forecast iteration time in s) the admission control's
-    forward simulation assumes: the budget left by the LS decodes, at the TPOT target."""
-    return max(1, budget - ls_decodes), float(target_s)
+    forward simulation assumes: the budget left by the LS decodes; while BE work is in the engine
+    (`be_work`: BE waiting, in prefill or decoding) at the TPOT target `target_s`, since the BE batch is
+    binary-searched up to it; else the latency model's iteration of that LS work (a prefill chunk of
+    min(tokens per iteration, `tokens_ahead`) tokens at position 0, the decodes, their decode attention
+    over `kv_read` KV tokens), at most the target."""
+    per_iter = max(1, budget - ls_decodes)
+    if be_work:
+        return per_iter, float(target_s)
+    chunk = per_iter if tokens_ahead is None else max(1, min(per_iter, int(math.ceil(tokens_ahead))))
+    alone = lat.iteration_s(chunk + ls_decodes, kv_read, lat.prefill_attention(np.array([chunk]), np.array([0.0])))
+    return per_iter, min(float(target_s), float(alone))
+
+
+def admission_floor_s(lat: Latency, per_iteration: float, tokens_ahead: float, target_s: float) -> float:
+    """Return the least forecast iteration time (s) an admission decision may state: the dense modules
+    for its prefill chunk alone (min(`per_iteration`, `tokens_ahead`) tokens), at most the target."""
+    chunk = max(1, min(int(per_iteration), int(math.ceil(tokens_ahead))))
+    return min(float(target_s), float(lat.dense(chunk)))
 
 
 def admission_forecast(tokens_ahead: float, per_iteration: float, iteration_s: float, waited_s: float) -> float:
