@@ -45,11 +45,16 @@ def test_device_figures_built_once_per_problem(monkeypatch: pytest.MonkeyPatch) 
     assert gpus_of(other)[0].peak_flops < first[0].peak_flops
 
 
-def test_splitwise_enumeration_is_fast_on_catalog_types() -> None:
+def test_splitwise_enumeration_validates_catalog_types_far_less(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A count, not a timing (the machines are shared): the enumeration validated a catalog entry
+    382,518 times on this cluster (7.5 s of CPU); the device figures alone now take 3, and what other
+    code still asks for comes to about 48,500."""
     prob = _catalog_problem()
-    started = time.process_time()
+    calls: list[str] = []
+    real = Cluster.type_of
+    monkeypatch.setattr(Cluster, "type_of", lambda self, name: calls.append(name) or real(self, name))
     cands = hs.splitwise_configurations(prob)
-    assert cands and time.process_time() - started < 4.0   # was 7.5 s CPU (22.7 s wall) on this machine
+    assert cands and len(calls) < 100_000
 
 
 @pytest.mark.parametrize("solver,enumerate_fn", [("splitwise", "splitwise_configurations"),
