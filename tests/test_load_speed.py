@@ -107,12 +107,18 @@ def jobs_10k(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
 
 def test_10k_distinct_jobs_parse_in_about_half_a_second(jobs_10k: tuple[dict[str, Any], Path]) -> None:
     doc, src = jobs_10k
-    started = time.process_time()  # CPU time: the shared machine's load does not count
-    data = gio.read_document(src)
-    parse_s = time.process_time() - started
-    assert _same(data, doc)
-    # 2.4 s CPU before the GC pause and the direct node construction, 0.55 s after (2-core machine)
-    assert parse_s < 1.5, f"parsing a 10,000-job input took {parse_s:.2f} s CPU"
+    # CPU time, the least of up to three parses: the shared VM's own speed swings by 60 % within a
+    # minute and CI's workers share its cores (one CI run took 2.06 s); the old parser needed 2.4 s
+    # every time (before the GC pause and the direct node construction), the current one 0.55 s
+    times = []
+    for _ in range(3):
+        started = time.process_time()
+        data = gio.read_document(src)
+        times.append(time.process_time() - started)
+        assert _same(data, doc)
+        if times[-1] < 1.5:
+            break
+    assert min(times) < 1.5, f"parsing a 10,000-job input took {', '.join(f'{t:.2f}' for t in times)} s CPU"
     problem = api.load_problem(src)
     assert sum(len(t.jobs) for t in problem.tenants) == 10_000
     assert problem.document() == api.load_problem(doc).document()
