@@ -2,8 +2,8 @@
 
 1. Clusters of catalog GPU types (the shipped examples declare most types inline): every cost-model
    call re-validated each device's catalog entry into a DeviceType, 380k pydantic validations for one
-   Splitwise-style enumeration on a 14-GPU cluster (23 s of a 5 s limit); the devices' figures are
-   now built once per (frozen) problem.
+   Splitwise-style enumeration on a 14-GPU cluster (23 s of a 5 s limit); a catalog type is now
+   validated once per name for every cluster (gpuplan.models.cluster).
 2. The HexGen-style and Splitwise-style searches started their time limit after enumerating their
    candidates, so a long enumeration overran the limit with status `feasible`.
 """
@@ -16,7 +16,7 @@ import pytest
 
 import gpuplan
 import gpuplan.solvers.hetis as hs
-from gpuplan.models.cluster import Cluster
+from gpuplan.models.cluster import DeviceType, _catalog_device_type
 from gpuplan.models.hetis.cost import gpus_of
 
 
@@ -31,30 +31,36 @@ def _catalog_problem() -> object:
         "search": {"low_per_s": 0.5, "high_per_s": 20, "rel_tol": 0.2}})
 
 
-def test_device_figures_built_once_per_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+def _count_validations(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Count DeviceType validations from here on, with the catalog's cache emptied."""
+    calls: list[object] = []
+    real = DeviceType.model_validate.__func__
+    monkeypatch.setattr(DeviceType, "model_validate",
+                        classmethod(lambda cls, obj, **kw: calls.append(obj) or real(cls, obj, **kw)))
+    _catalog_device_type.cache_clear()
+    return calls
+
+
+def test_catalog_types_are_validated_once_per_name(monkeypatch: pytest.MonkeyPatch) -> None:
     prob = _catalog_problem()
+    calls = _count_validations(monkeypatch)
     first = gpus_of(prob)
-    calls = []
-    real = Cluster.type_of
-    monkeypatch.setattr(Cluster, "type_of", lambda self, name: calls.append(name) or real(self, name))
     for _ in range(100):
         assert gpus_of(prob) == first
-    assert calls == []
+    assert len(calls) == 3                      # T4, H100, H100-PCIe
     assert [g.id for g in first] == [d.id for d in prob.cluster.devices]
     other = gpuplan.load_problem({**prob.document(), "dtype": "fp32"})   # another problem: its own figures
     assert gpus_of(other)[0].peak_flops < first[0].peak_flops
+    assert prob.cluster.type_of("T4") is other.cluster.type_of("t4")     # one frozen record shared
 
 
-def test_splitwise_enumeration_validates_catalog_types_far_less(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_splitwise_enumeration_validates_each_catalog_type_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A count, not a timing (the machines are shared): the enumeration validated a catalog entry
-    382,518 times on this cluster (7.5 s of CPU); the device figures alone now take 3, and what other
-    code still asks for comes to about 48,500."""
+    382,518 times on this cluster (7.5 s of CPU); each of its three catalog types is now validated once."""
     prob = _catalog_problem()
-    calls: list[str] = []
-    real = Cluster.type_of
-    monkeypatch.setattr(Cluster, "type_of", lambda self, name: calls.append(name) or real(self, name))
+    calls = _count_validations(monkeypatch)
     cands = hs.splitwise_configurations(prob)
-    assert cands and len(calls) < 100_000
+    assert cands and len(calls) == 3
 
 
 @pytest.mark.parametrize("solver,enumerate_fn", [("splitwise", "splitwise_configurations"),

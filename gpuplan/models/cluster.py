@@ -12,7 +12,7 @@ A cluster is written in one of four ways in a problem file:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -71,12 +71,20 @@ def device_type(name: str, overrides: dict[str, DeviceType] | None = None) -> De
     """
     if overrides and name in overrides:
         return overrides[name]
-    entry = catalog_entry(name)
-    if entry is None:
+    key = canonical_name(name)
+    if key is None:
         known = ", ".join(catalog_names() + sorted(overrides or {}))
         raise ValueError(f"a GPU type from the catalog ({known}) or one declared under device_types, "
                          f"not {name!r}")
-    return DeviceType.model_validate(entry)
+    return _catalog_device_type(key)
+
+
+@lru_cache(maxsize=None)
+def _catalog_device_type(key: str) -> DeviceType:
+    """Return the catalog's DeviceType for a canonical catalog name, validated once per name (the
+    catalog is fixed and DeviceType is frozen, so every cluster can share it; the layout searches ask
+    for a device's type tens of thousands of times)."""
+    return DeviceType.model_validate(catalog_entry(key))
 
 
 class Link(Schema):

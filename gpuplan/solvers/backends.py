@@ -149,6 +149,16 @@ def _silence_highs_banner() -> None:
         os.close(saved)
 
 
+def add_dense_rows(h: Any, A: Any, lower: Any, upper: Any) -> None:
+    """Add the rows lower <= A x <= upper of a dense matrix A to the highspy model `h`, in the row-wise
+    sparse form HiGHS takes (its non-zeros only; a model already solved keeps its warm start)."""
+    import numpy as np
+
+    nz = np.nonzero(A)
+    starts = np.searchsorted(nz[0], np.arange(len(A))).astype(np.int32)
+    h.addRows(len(A), lower, upper, len(nz[0]), starts, nz[1].astype(np.int32), A[nz])
+
+
 def small_lp(cost: Any, A_ub: Any, b_ub: Any, A_eq: Any, b_eq: Any, lower: Any,
              upper: Any) -> tuple[float, list[float]] | None:
     """Return (the minimum of cost x, x) of the dense LP A_ub x <= b_ub, A_eq x = b_eq,
@@ -170,9 +180,7 @@ def small_lp(cost: Any, A_ub: Any, b_ub: Any, A_eq: Any, b_eq: Any, lower: Any,
     h.setOptionValue("output_flag", False)
     h.addVars(n, np.maximum(np.asarray(lower, dtype=float), -inf), np.minimum(np.asarray(upper, dtype=float), inf))
     h.changeColsCost(n, np.arange(n, dtype=np.int32), np.asarray(cost, dtype=float))
-    nz = np.nonzero(A)
-    starts = np.searchsorted(nz[0], np.arange(len(A))).astype(np.int32)
-    h.addRows(len(A), row_lo, row_hi, len(nz[0]), starts, nz[1].astype(np.int32), A[nz])
+    add_dense_rows(h, A, row_lo, row_hi)
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None

@@ -59,6 +59,8 @@ def lower_bound(problem: StragglersProblem, speedup: Literal["limit", "h"] = "li
 
 
 LP_CACHE_SIZE = 64
+# by hand rather than functools.lru_cache: the time limit is not part of the key (an optimum found under
+# any limit is the optimum), and a call that fails under a short limit must leave nothing behind
 _LP_CACHE: dict[tuple[str, str, int], float] = {}
 
 

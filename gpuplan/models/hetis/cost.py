@@ -17,7 +17,6 @@ profile's measured ones) through gpuplan.sim.latency's module models:
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Sequence
@@ -45,36 +44,15 @@ class Gpu:
     peak_flops: float
 
 
-_GPUS: dict[int, tuple[Any, tuple[Gpu, ...]]] = {}   # id(problem) -> (weak reference, its devices)
-
-
-def _device_figures(problem: Any) -> tuple[Gpu, ...]:
-    """Return the problem's devices with their figures, built once per problem object: a catalog type
-    is validated into a DeviceType on every `type_of` call, and the layout searches ask for the
-    devices tens of thousands of times (problems are frozen, so the figures cannot change)."""
-    key = id(problem)
-    hit = _GPUS.get(key)
-    if hit is not None and hit[0]() is problem:
-        return hit[1]
-    types: dict[str, Any] = {}
-    out = []
-    for d in problem.cluster.devices:
-        t = types.get(d.type) or types.setdefault(d.type, problem.cluster.type_of(d.type))
-        out.append(Gpu(d.id, d.node, d.type, float(t.memory_bytes), float(t.memory_bandwidth_GBps) * 1e9,
-                       float(t.peak(problem.dtype)) * 1e12))
-    figures = tuple(out)
-    try:
-        ref = weakref.ref(problem, lambda _r, k=key: _GPUS.pop(k, None))
-    except TypeError:          # an object without weak references: not cached
-        return figures
-    _GPUS[key] = (ref, figures)
-    return figures
-
-
 def gpus_of(problem: Any) -> list[Gpu]:
     """Return every device of the problem's cluster with its figures (dtype: the problem's), in device
-    order (a new list; the Gpu records are frozen)."""
-    return list(_device_figures(problem))
+    order."""
+    out = []
+    for d in problem.cluster.devices:
+        t = problem.cluster.type_of(d.type)
+        out.append(Gpu(d.id, d.node, d.type, float(t.memory_bytes), float(t.memory_bandwidth_GBps) * 1e9,
+                       float(t.peak(problem.dtype)) * 1e12))
+    return out
 
 
 def stage_weight_bytes(cfg: TransformerConfig, dtype: str, layers: int, tp: int, first: bool, last: bool) -> float:

@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuplan.solvers.backends import add_dense_rows
+
 
 def demand(V: np.ndarray, usable: np.ndarray, price: np.ndarray, budget: np.ndarray, gpus: np.ndarray
            ) -> np.ndarray:
@@ -209,14 +211,8 @@ def combine_demands(points: MarketPoints, V: np.ndarray, usable: np.ndarray, gpu
     h.addVars(Q + 1, np.zeros(Q + 1), np.ones(Q + 1))
     h.changeColsCost(Q + 1, cols, -eff)
 
-    def add(A: np.ndarray, lower: np.ndarray, upper: np.ndarray) -> None:
-        """Add the dense rows lower <= A lam <= upper to the model (warm start kept)."""
-        idx = np.nonzero(A)
-        starts = np.searchsorted(idx[0], np.arange(len(A))).astype(np.int32)
-        h.addRows(len(A), lower, upper, len(idx[0]), starts, idx[1].astype(np.int32), A[idx])
-
-    add(np.vstack([use, np.ones((1, Q + 1))]), np.append(np.full(len(capacity), -highspy.kHighsInf), 1.0),
-        np.append(capacity, 1.0))
+    add_dense_rows(h, np.vstack([use, np.ones((1, Q + 1))]),
+                   np.append(np.full(len(capacity), -highspy.kHighsInf), 1.0), np.append(capacity, 1.0))
     rows = np.zeros(0, dtype=int)
     lam = np.zeros(Q + 1)
     for _ in range(max_rounds):
@@ -239,7 +235,7 @@ def combine_demands(points: MarketPoints, V: np.ndarray, usable: np.ndarray, gpu
         new = risk[bad[np.argsort(slack[bad] / np.maximum(si_ref[risk[bad]], 1e-12))[:per_round]]]
         rows = np.concatenate([rows, new])                 # the most violated first, `per_round` at most
         A = np.column_stack([u[new] for u in points.utility] + [si_ref[new]]) - si_ref[new, None]
-        add(A, np.zeros(len(new)), np.full(len(new), highspy.kHighsInf))
+        add_dense_rows(h, A, np.zeros(len(new)), np.full(len(new), highspy.kHighsInf))
     else:
         return None, stats
     stats["market_si_rows"] = int(len(rows))
