@@ -125,10 +125,11 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7, wait_s: float
             lines += [f"  {n}" for n in notes]
             lines.append(f"  iteration: plan {plan.iteration_time_s:.4f} s ({_pct(plan.iteration_time_s / meas - 1)}), "
                          f"plan on idle cores {out['predicted_idle_cpu_iteration_s']:.4f} s "
-                         f"({_pct(out['predicted_idle_cpu_iteration_s'] / meas - 1)}), the same with each stage's compute as timed "
-                         f"before the run {out['predicted_cpu_timed_stages_iteration_s']:.4f} s "
-                         f"({_pct(out['predicted_cpu_timed_stages_iteration_s'] / meas - 1)}), plan with its stages' "
-                         f"sharing measured before the run "
+                         f"({_pct(out['predicted_idle_cpu_iteration_s'] / meas - 1)}), plan with its stages' sharing measured "
+                         f"before the run at the profile's compute speed "
+                         f"{out['predicted_cpu_profile_speed_iteration_s']:.4f} s "
+                         f"({_pct(out['predicted_cpu_profile_speed_iteration_s'] / meas - 1)}), the same with each "
+                         f"stage's compute at the speed timed before the run (the prediction for this machine) "
                          f"{out['predicted_cpu_iteration_s']:.4f} s ({_pct(out['predicted_cpu_iteration_s'] / meas - 1)}); "
                          f"measured median {meas:.4f} s, fastest {out['measured_fastest_iteration_s']:.4f} s, "
                          f"steps {[round(x, 4) for x in out['measured_step_s']]}")
@@ -151,7 +152,7 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7, wait_s: float
                              f"backward {out.get(f'stage{k}_backward_now_s', 0) * 1e3:.2f}")
             lines.append(f"  machine: {out['verdict']}")
             err = out["predicted_cpu_iteration_s"] / meas - 1
-            prof_speed = out["predicted_cpu_timed_stages_iteration_s"]
+            prof_speed = out["predicted_cpu_profile_speed_iteration_s"]
             rows.append([s, shape, plan.num_microbatches, plan.iteration_time_s, out["predicted_idle_cpu_iteration_s"],
                          prof_speed, out["predicted_cpu_iteration_s"], meas, out["measured_fastest_iteration_s"],
                          _pct(plan.iteration_time_s / meas - 1),
@@ -164,11 +165,11 @@ def section_c(stages: tuple[int, ...] = (2, 3, 4), steps: int = 7, wait_s: float
     lines.append(table_text(Table(
         "profile-solve-run, predicted vs measured iteration (s, median step); plan: the plan's own DAG time; "
         "idle cores: the plan with its workers sharing this machine's idle cores; shared = the prediction for this "
-        "machine (gpuplan.runtime.poseidon): the plan with the core-sharing rates of its own stages measured just "
-        "before the run; timed stages: the same with each stage's compute as the probe timed its modules alone "
-        "(a diagnostic); target within 15 % (shared)",
-        ["stages", "plan", "m", "plan_s", "idle-cores_s", "timed-stages_s", "shared_s", "measured_s", "fastest_s",
-         "error (plan)", "error (idle cores)", "error (timed stages)", "error (shared)", "within 15%", "load before", "load during (max)", "others CPU before",
+        "machine (gpuplan.runtime.poseidon): the plan with the core-sharing rates of its own stages and their "
+        "compute speed (the probe's timing of their modules over the layer table's) measured just before the run; "
+        "profile speed: the same at the profile's compute speed; target within 15 % (shared)",
+        ["stages", "plan", "m", "plan_s", "idle-cores_s", "profile-speed_s", "shared_s", "measured_s", "fastest_s",
+         "error (plan)", "error (idle cores)", "error (profile speed)", "error (shared)", "within 15%", "load before", "load during (max)", "others CPU before",
          "others CPU during", "step spread", "contended", "worst stage compute error (CPU time)"], rows)))
     judged = [r for r in rows if not str(r[13]).startswith("not judged")]
     met = sum(1 for r in judged if r[13] == "yes")

@@ -152,10 +152,10 @@ def section_b(quick: bool, wait_s: float = 120.0) -> None:
                 continue
             err = got["predicted_here_error"]
             rows.append([f"{stages} devices: {shape} v={comp.poseidon.interleave}",  # type: ignore[attr-defined]
-                         got["predicted_iteration_s"], got["predicted_timed_stages_iteration_s"],
+                         got["predicted_iteration_s"], got["predicted_here_profile_speed_iteration_s"],
                          got["predicted_here_iteration_s"], got["retimed_iteration_s"],
                          got["measured_iteration_s"], f"{100 * got['error']:+.1f}%",
-                         f"{100 * got['predicted_timed_stages_error']:+.1f}%",
+                         f"{100 * got['predicted_here_profile_speed_error']:+.1f}%",
                          f"{100 * got['predicted_here_error']:+.1f}%",
                          f"{100 * got['predicted_here_plan_reduce_error']:+.1f}%", f"{100 * got['retimed_error']:+.1f}%",
                          " ".join(f"{a:.2f}/{b:.2f}" for a, b in got["compute_ratios"]),
@@ -164,17 +164,18 @@ def section_b(quick: bool, wait_s: float = 120.0) -> None:
                          "not judged (contended)" if got.get("contended") else "yes" if abs(err) <= 0.15 else "NO"])
     print(table_text(Table("(b) this machine (gloo, CPU): composed plan measured vs predicted (error = (predicted - "
                            "measured) / measured)",
-                           ["plan", "predicted s", "timed stages s", "for this machine s", "re-timed s",
-                            "measured s", "error", "timed-stages error", "for-this-machine error",
+                           ["plan", "predicted s", "profile speed s", "for this machine s", "re-timed s",
+                            "measured s", "error", "profile-speed error", "for-this-machine error",
                             "with the plan's all-reduce error", "re-timed error",
                             "stage compute now/profile F/B", "cold F/B, wake ms", "contended",
                             "for-this-machine within 15%"], rows)))
     print("  for this machine: the composed schedule on this machine's cores (sharing rates of the plan's own "
-          "stages, cold calls, wake-up, late sleeps, each data-parallel group's gradient reduction alone and next to "
-          "the other stages' compute; all measured before the run); with the plan's all-reduce: the same with the "
-          "plan's all-reduce figure after the last block instead of the measured reduction; timed stages (a diagnostic): the "
-          "same with each chunk's compute as the probe timed its modules alone (per virtual stage, forward/backward "
-          "ratio over the profile's figure for the same modules)")
+          "stages, each chunk's compute at the speed the probe timed its modules at (per virtual stage, forward/"
+          "backward ratio over the profile's figure for the same modules), cold calls, wake-up, late sleeps, each "
+          "data-parallel group's gradient reduction alone and next to the other stages' compute; all measured before "
+          "the run); with the plan's all-reduce: the same with the plan's all-reduce figure after the last block "
+          "instead of the measured reduction; profile speed: the prediction for this machine at the profile's "
+          "compute speed")
     for n in notes:
         print(f"  {n}")
 

@@ -149,6 +149,10 @@ class LayerTable(Schema):
                                           "CPU profiling, not inflated by other jobs on a shared machine)")
     threads: int | None = Field(default=None, ge=1, description="torch threads per process the costs were "
                                 "measured with (CPU); runs of the plan use the same")
+    calls: Literal["back-to-back", "after-wait"] = Field(
+        default="back-to-back", description="how each timed call was made: back-to-back (CUDA; older CPU "
+        "profiles) or after-wait: each call after an idle wait as long as the previous call took, as a "
+        "pipeline stage's ops follow a receive or an emulated sleep (CPU)")
     slowdowns: dict[str, float] = Field(default_factory=dict, description="device type -> the factor by which "
                                         "a run emulates it on the measured device (1 for a measured type); "
                                         "set when a problem's declared types are mapped onto a profile")

@@ -12,6 +12,7 @@ vocabulary, shorter sequences); the table says so (`scaled_from`, `scaling_note`
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -149,8 +150,39 @@ def _parts(cfg: TransformerConfig, batch: int, seq: int, device: Any, tdtype: An
             _Part("head", hd, act, lambda x: gpt.lm_loss(hd(x), targets))]
 
 
+def calls_for(device: Any) -> str:
+    """Return how the layer table times calls on `device`: "after-wait" on CPU, "back-to-back" on CUDA."""
+    return "back-to-back" if str(device).startswith("cuda") else "after-wait"
+
+
+def after_wait(fn: Callable[[], Any], setup: Callable[[], Any] | None, device: Any
+               ) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Return (fn, setup) for `timing.measure` that time `fn` the way the layer table times calls on
+    `device`: on CPU each call follows `setup` and then an idle wait as long as the previous timed call
+    took (wall time), as each forward and backward of a pipeline stage follows a receive or an
+    emulated sleep; on a virtual machine's cores such a call took 25-40 % more CPU time than
+    back-to-back calls (gpt-tiny blocks, 1 and 4 per call; docs/profiling.md). On CUDA unchanged
+    (kernel launches run ahead of the GPU)."""
+    last = [0.0]
+    wait = calls_for(device) == "after-wait"
+
+    def timed() -> None:
+        t0 = time.perf_counter()
+        fn()
+        last[0] = time.perf_counter() - t0
+
+    def prepare() -> None:
+        if setup is not None:
+            setup()
+        if wait:
+            time.sleep(last[0])
+
+    return timed, prepare
+
+
 def _time_part(part: _Part, device: Any, repeats: int) -> tuple[Any, Any]:
-    """Return (forward Spread, backward Spread) of one application of a part, in seconds."""
+    """Return (forward Spread, backward Spread) of one application of a part, in seconds (each call
+    timed as `after_wait` says)."""
     import torch
 
     held: dict[str, Any] = {}
@@ -166,9 +198,10 @@ def _time_part(part: _Part, device: Any, repeats: int) -> tuple[Any, Any]:
         held["y"], held["g"] = y, torch.ones_like(y)
 
     clock = clock_for(device)
-    fwd = measure(forward, device=device, warmup=2, repeats=repeats, setup=setup_forward, clock=clock)
-    bwd = measure(lambda: held["y"].backward(held["g"]), device=device, warmup=2, repeats=repeats,
-                  setup=setup_backward, clock=clock)
+    fn, setup = after_wait(forward, setup_forward, device)
+    fwd = measure(fn, setup=setup, device=device, warmup=2, repeats=repeats, clock=clock)
+    fn, setup = after_wait(lambda: held["y"].backward(held["g"]), setup_backward, device)
+    bwd = measure(fn, setup=setup, device=device, warmup=2, repeats=repeats, clock=clock)
     held.clear()
     if part.chain > 1:
         fwd, bwd = _per_application(fwd, part.chain), _per_application(bwd, part.chain)
@@ -200,16 +233,34 @@ def _activation_bytes(part: _Part, device: Any) -> tuple[int, int | None]:
     return int(after - before - out_bytes + in_bytes), int(peak)
 
 
+def _combine(spreads: list[Any]) -> tuple[float, float]:
+    """Return (median of the rounds' medians in s, relative spread): the wider of one round's spread
+    and that of the rounds' medians."""
+    medians = [sp.median_s for sp in spreads]
+    across = spread_of(medians).rel_spread if len(medians) > 1 else 0.0
+    return spread_of(medians).median_s, max(across, max(sp.rel_spread for sp in spreads))
+
+
 def _per_application(spread: Any, chain: int) -> Any:
     """Return a Spread of `chain` chained applications divided into one application's share."""
     return spread.model_copy(update={"median_s": spread.median_s / chain, "min_s": spread.min_s / chain,
                                      "max_s": spread.max_s / chain})
 
 
+def rounds_for(device: Any) -> int:
+    """Return in how many rounds, spread over the whole layer profile, each part is timed on `device`:
+    4 on CPU, whose speed on a shared virtual machine drifts by 20 % and more within seconds (one
+    round is a snapshot of a few tens of milliseconds), 1 on CUDA."""
+    return 1 if str(device).startswith("cuda") else 4
+
+
 def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int = 5,
                 progress: Callable[[str], None] | None = None, stage_calls: bool = True) -> LayerTable:
     """Return the LayerTable of `plan` measured on `device` (times in s, activations in bytes).
 
+    Every part at every shape is timed in `rounds_for(device)` rounds of `repeats` calls, the rounds
+    going over all shapes in turn; its figure is the median of the rounds' medians, its spread the
+    wider of one round's spread and the rounds' medians' spread.
     With `stage_calls`, also the pipeline runtime's overhead per forward and per backward call of a
     stage (`gpuplan.profiling.stage_calls`, at the smallest micro-batch and sequence, where the
     difference of two timings is least blurred by the compute's own noise), in seconds.
@@ -218,19 +269,27 @@ def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int 
 
     tdtype = getattr(torch, TORCH_DTYPES[plan.dtype])
     chain = 2 if str(device).startswith("cuda") else 4
-    costs = []
-    for mb in plan.micro_batches:
-        for seq in plan.seq_lens:
+    shapes = [(mb, seq) for mb in plan.micro_batches for seq in plan.seq_lens]
+    timed: dict[tuple[int, int, str], list[tuple[Any, Any]]] = {}
+    held: dict[tuple[int, int, str], tuple[int, int | None]] = {}  # activation bytes, peak bytes
+    rounds = rounds_for(device)
+    for r in range(rounds):
+        for mb, seq in shapes:
             if progress is not None:
-                progress(f"layers: micro-batch {mb}, sequence {seq}")
+                progress(f"layers: micro-batch {mb}, sequence {seq}"
+                         + (f" (round {r + 1} of {rounds})" if rounds > 1 else ""))
+            # built again each round: one shape's modules in memory at a time (a catalog shape on CUDA)
             for part in _parts(plan.config, mb, seq, device, tdtype, chain):
-                fwd, bwd = _time_part(part, device, repeats)
-                act, peak = _activation_bytes(part, device)
-                costs.append(LayerCost(device_type=device_type, part=part.name, micro_batch=mb, seq_len=seq,  # type: ignore[arg-type]
-                                       forward_s=fwd.median_s, backward_s=bwd.median_s, activation_bytes=act,
-                                       forward_spread=fwd.rel_spread, backward_spread=bwd.rel_spread,
-                                       peak_bytes=peak))
-    calls = {}
+                timed.setdefault((mb, seq, part.name), []).append(_time_part(part, device, repeats))
+                if r == 0:
+                    held[(mb, seq, part.name)] = _activation_bytes(part, device)
+    costs = []
+    for (mb, seq, name), (act, peak) in held.items():
+        fwd, bwd = (_combine([t[i] for t in timed[(mb, seq, name)]]) for i in (0, 1))
+        costs.append(LayerCost(device_type=device_type, part=name, micro_batch=mb, seq_len=seq,  # type: ignore[arg-type]
+                               forward_s=fwd[0], backward_s=bwd[0], activation_bytes=act,
+                               forward_spread=fwd[1], backward_spread=bwd[1], peak_bytes=peak))
+    overheads = {}
     if stage_calls:
         from gpuplan.profiling.stage_calls import stage_call_overhead
 
@@ -238,10 +297,10 @@ def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int 
             progress("layers: pipeline runtime overhead per stage call")
         over = stage_call_overhead(plan.config, min(plan.micro_batches), min(plan.seq_lens), device, tdtype,
                                    clock=clock_for(device))
-        calls = {"stage_call_forward_s": over.forward_s, "stage_call_backward_s": over.backward_s}
+        overheads = {"stage_call_forward_s": over.forward_s, "stage_call_backward_s": over.backward_s}
     return LayerTable(model=plan.config.name, config=plan.config.model_dump(mode="json"),
                       scaled_from=plan.scaled_from, scaling_note=plan.note, dtype=plan.dtype, costs=costs,
-                      clock=clock_for(device), **calls)
+                      clock=clock_for(device), calls=calls_for(device), **overheads)
 
 
 def predicted_stack_s(table: LayerTable, layers: int, micro_batch: int, seq_len: int) -> float:
@@ -304,7 +363,8 @@ def validate_stacks(table: LayerTable, device: Any, *, stacks: tuple[int, ...] =
         per_layer.append(fwd.median_s + bwd.median_s)
         per_layer_min = min(per_layer_min, fwd.min_s + bwd.min_s)
         for k, step in steps.items():
-            spread = measure(step, device=device, warmup=1, repeats=repeats, clock=clock_for(device))
+            fn, setup = after_wait(step, None, device)
+            spread = measure(fn, setup=setup, device=device, warmup=1, repeats=repeats, clock=clock_for(device))
             measured[k].append(spread.median_s)
             measured_min[k] = min(measured_min[k], spread.min_s)
             spreads[k] = max(spreads.get(k, 0.0), spread.rel_spread)

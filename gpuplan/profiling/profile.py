@@ -183,7 +183,9 @@ def run_profile(options: ProfileOptions = ProfileOptions(), progress: Progress =
     if kind == "cpu":
         notes.append(f"no GPU profiled: the CPU counts as {options.cpu_ranks} devices of "
                      f"{types[0].threads} thread(s) each (gloo processes)"
-                     + ("; matmul, copy and layers timed by process CPU time" if types[0].threads == 1 else ""))
+                     + ("; matmul, copy and layers timed by process CPU time" if types[0].threads == 1 else "")
+                     + "; each layer call timed after an idle wait as long as the call before it (as a "
+                       "pipeline stage's ops follow a receive)")
     collectives: list[CollectiveProfile] = []
     links: list[ProfileLink] = []
     n = len(measured) if kind == "cuda" else options.cpu_ranks

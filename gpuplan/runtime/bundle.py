@@ -245,17 +245,18 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
     measured_iteration_s (median step), predicted_iteration_s (the bundle's composed prediction),
     predicted_here_iteration_s (the same for this machine: `shared_cores_time_s` with the core sharing of
     the plan's own stages measured just before the launch (`gpuplan.profiling.stage_speed`; `sharing`
-    overrides it), and, when the workers
+    overrides it), each block's compute scaled by its chunk's "compute_ratios" entry (the chunk's modules
+    timed alone by the same probe, each call after a wait as the layer table times them, over the
+    table's figure for them: the speed of this machine's cores now; 1 with `sharing` given or for a
+    scaled model), and, when the workers
     outnumber the cores, the extra CPU time of a call after a wait on busy cores, cold_forward_s /
     cold_backward_s, and the wake-up delay wake_s; the emulated stages' sleeps use no core and end
     sleep_late_s late; each data-parallel group's gradient reduction, reduce_s per stage (alone_s, busy_s)
     from `measure_reduce_s`, in place of the plan's all-reduce figure; all measured just before the
     launch), predicted_here_plan_reduce_iteration_s (the same with the plan's all-reduce after the last
     block), phases ({rank: per measured step, `bundle_mixed.phase_times`}),
-    predicted_timed_stages_iteration_s (a
-    diagnostic: the same with each block's compute scaled by its chunk's "compute_ratios" entry, the
-    chunk's modules timed alone by the same probe over the layer table's figure for them; 1 with
-    `sharing` given or for a scaled model),
+    predicted_here_profile_speed_iteration_s (the prediction for this machine at the profile's compute
+    speed: compute ratios 1),
     retimed_iteration_s (the schedule's order re-timed with the blocks measured in the run), per-block
     measured vs planned durations, losses, "report" (tables) and "warnings" (each > 15 % off).
     Stages of equal dp run through torch.distributed.pipelining's action-list runtime; stages of
@@ -356,16 +357,16 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                                                                                        else 1] - 1.0)
                  for b in tprob.blocks}  # type: ignore[attr-defined]
     pipeline_ends: list[float] = []
-    here = {"wake_s": wake, "extra_s": extra, "workers": dps, "factors": spec["factors"], "sleep_s": late}
+    here = {"wake_s": wake, "extra_s": now_extra, "workers": dps, "factors": spec["factors"], "sleep_s": late}
     predicted_plan_reduce = shared_cores_time_s(tprob, orders_of(tessel.schedule), rates, tails,  # type: ignore[attr-defined]
                                                 ends=pipeline_ends, **here)  # type: ignore[arg-type]
     predicted_here = predicted_plan_reduce if reduce_s is None else shared_cores_time_s(
         tprob, orders_of(tessel.schedule), rates, optimizer_tails, reduce_s=reduce_s,  # type: ignore[attr-defined]
         **here)  # type: ignore[arg-type]
-    predicted_timed = shared_cores_time_s(  # a diagnostic: the blocks at the probe's timing of their chunks
+    predicted_profile_speed = shared_cores_time_s(  # the same at the profile's compute speed
         tprob, orders_of(tessel.schedule), rates,  # type: ignore[attr-defined]
         tails if reduce_s is None else optimizer_tails, reduce_s=reduce_s,
-        **{**here, "extra_s": now_extra})  # type: ignore[arg-type]
+        **{**here, "extra_s": extra})  # type: ignore[arg-type]
     from gpuplan.runtime.bundle_mixed import worker as mixed_worker
 
     with contention.ContentionMonitor() as monitor:
@@ -393,8 +394,8 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
                            "sleep_late_s": late,
                            "predicted_here_iteration_s": predicted_here,
                            "predicted_here_error": rel_error(predicted_here, measured),
-                           "predicted_timed_stages_iteration_s": predicted_timed,
-                           "predicted_timed_stages_error": rel_error(predicted_timed, measured),
+                           "predicted_here_profile_speed_iteration_s": predicted_profile_speed,
+                           "predicted_here_profile_speed_error": rel_error(predicted_profile_speed, measured),
                            "compute_ratios": [ratios[k] for k in range(len(spec["ranges"]))],
                            "probe_others_share": None if speeds is None else speeds.others_share,
                            "probe_attempts": 0 if speeds is None else speeds.attempts,
@@ -411,10 +412,10 @@ def run_bundle(directory: str | Path, *, steps: int = 3, warmup: int = 1, seed: 
         out["grads"] = {k: torch.from_numpy(v) for r in results for k, v in r["grads"].items()}
     out.update(contention.report(before, monitor.window, step_s))
     rows = [["composed prediction (the bundle)", predicted, measured, pct(rel_error(predicted, measured))],
-            ["the same for this machine (its stages' core sharing, cold calls, wake-up; measured before the run)",
-             predicted_here, measured, pct(rel_error(predicted_here, measured))],
-            ["the same with each chunk's compute as timed before the run (diagnostic)", predicted_timed, measured,
-             pct(rel_error(predicted_timed, measured))],
+            ["the same for this machine (its stages' core sharing and compute speed, cold calls, wake-up; "
+             "measured before the run)", predicted_here, measured, pct(rel_error(predicted_here, measured))],
+            ["the same at the profile's compute speed", predicted_profile_speed, measured,
+             pct(rel_error(predicted_profile_speed, measured))],
             ["the schedule re-timed with this run's blocks (checks the order)", retimed, measured,
              pct(rel_error(retimed, measured))]]
     brows = [[b.name, b.kind, b.devices[0], b.duration_s * 1e3, durations[b.name] * 1e3,

@@ -345,14 +345,14 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     the workers sharing this machine's cores, by `contended_iteration_s`, from figures known before
     the run. Just before the launch `gpuplan.profiling.stage_speed.measure_stage_speeds` times the
     plan's own stage modules in as many processes as the run has: the stages looping together give
-    the sharing rates (the speed of a worker while k compute; `sharing` overrides them). The same
-    probe times each stage's modules alone, each call after a wait, by process CPU time; the ratio of
-    that figure to the layer table's for the same modules is reported ("compute_ratios",
+    the sharing rates (the speed of a worker while k compute; `sharing` overrides them), and each
+    stage's modules timed alone, each call after a wait, by process CPU time, as the layer table
+    times them, give the speed of this machine's cores now: each stage's compute is the plan's
+    times that figure over the layer table's for the same modules ("compute_ratios",
     "stageK_forward_ratio" / "stageK_backward_ratio"; 1 with `sharing` given, without a layer table,
-    or for a scaled model) and "predicted_cpu_timed_stages_iteration_s" is the prediction with the
-    stages' compute scaled by it (a diagnostic: over five quiet runs here it was within 15 % on 10 of 15
-    plans against the prediction's 6, but overshot by 29-35 % in the run where the cores ran at the profile's
-    speed; docs/poseidon.md). When the workers outnumber the cores, each forward and backward call there also costs the
+    or for a scaled model). A shared virtual machine's cores drift by 20 % and more between a profile
+    and a run minutes later (docs/poseidon.md); "predicted_cpu_profile_speed_iteration_s" is the same
+    prediction at the profile's speed (compute ratios 1). When the workers outnumber the cores, each forward and backward call there also costs the
     extra CPU time of a call after a wait on cores others kept busy (`measure_cold_op_s`, measured
     just before the launch; "cold_forward_s" / "cold_backward_s", s; 0 with `sharing` given), and a
     stage waiting idle for a message starts after the scheduler's wake-up delay on busy cores
@@ -431,15 +431,16 @@ def run_plan(problem: PoseidonProblem, plan: PoseidonPlan, *, command: list[str]
     out["compute_ratios"] = ratios
     out["probe_others_share"] = None if speeds is None else speeds.others_share
     out["probe_attempts"] = 0 if speeds is None else speeds.attempts
+    # the prediction for this machine: each stage's compute at the speed the probe timed it at
     out["predicted_cpu_iteration_s"] = contended_iteration_s(
-        [st.forward_s + cold[0] * f for st, f in zip(stages, spec["factors"])],
-        [st.backward_s + cold[1] * f for st, f in zip(stages, spec["factors"])], p2p, tails,
-        plan.num_microbatches, plan.schedule, spec["factors"], stage_rates, record=replay, wake_s=wake,
-        sleep_s=late)
-    # a diagnostic: the same with each stage's compute scaled to the probe's timing of its modules
-    out["predicted_cpu_timed_stages_iteration_s"] = contended_iteration_s(
         [st.forward_s * r[0] + cold[0] * f for st, f, r in zip(stages, spec["factors"], ratios)],
         [st.backward_s * r[1] + cold[1] * f for st, f, r in zip(stages, spec["factors"], ratios)], p2p, tails,
+        plan.num_microbatches, plan.schedule, spec["factors"], stage_rates, record=replay, wake_s=wake,
+        sleep_s=late)
+    # the same at the profile's speed
+    out["predicted_cpu_profile_speed_iteration_s"] = contended_iteration_s(
+        [st.forward_s + cold[0] * f for st, f in zip(stages, spec["factors"])],
+        [st.backward_s + cold[1] * f for st, f in zip(stages, spec["factors"])], p2p, tails,
         plan.num_microbatches, plan.schedule, spec["factors"], stage_rates, wake_s=wake, sleep_s=late)
     out["predicted_cpu_over_measured"] = out["predicted_cpu_iteration_s"] / iteration
     # the same on idle cores (min(1, cores / k) for k workers computing): what a quiet machine gives
@@ -496,12 +497,12 @@ def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -
              pct(rel_error(plan.iteration_time_s, measured))],
             [f"plan with {workers} workers sharing {cores} idle cores", out["predicted_idle_cpu_iteration_s"],
              measured, pct(rel_error(out["predicted_idle_cpu_iteration_s"], measured))],
-            [f"plan with {workers} workers sharing {cores} cores (its stages' sharing rates measured before the "
-             f"run: the prediction for this machine)",
+            [f"plan with {workers} workers sharing {cores} cores (its stages' sharing rates and compute speed "
+             f"measured before the run: the prediction for this machine)",
              out["predicted_cpu_iteration_s"], measured, pct(rel_error(out["predicted_cpu_iteration_s"], measured))],
-            ["the same with each stage's compute as timed before the run (diagnostic)",
-             out.get("predicted_cpu_timed_stages_iteration_s", out["predicted_cpu_iteration_s"]), measured,
-             pct(rel_error(out.get("predicted_cpu_timed_stages_iteration_s", out["predicted_cpu_iteration_s"]),
+            ["the same at the profile's compute speed",
+             out.get("predicted_cpu_profile_speed_iteration_s", out["predicted_cpu_iteration_s"]), measured,
+             pct(rel_error(out.get("predicted_cpu_profile_speed_iteration_s", out["predicted_cpu_iteration_s"]),
                            measured))],
             ["plan (DAG) vs the fastest step", plan.iteration_time_s, out["measured_fastest_iteration_s"],
              pct(rel_error(plan.iteration_time_s, out["measured_fastest_iteration_s"]))]]
@@ -730,7 +731,7 @@ def measure_layer_costs(config: TransformerConfig, *, seq_len: int, micro_batche
         row["backward_s"] = statistics.median(r["backward_s"] for r in rows)
         costs.append(LayerCost.model_validate(row))
     return LayerTable(model=config.name, config=config.model_dump(mode="json"), dtype="fp32", costs=costs,
-                      scaling_note=f"measured on this CPU: {processes} process(es) at once, {threads} thread(s) each")
+                      calls="after-wait", scaling_note=f"measured on this CPU: {processes} process(es) at once, {threads} thread(s) each")
 
 
 def cpu_problem(config: TransformerConfig, *, seq_len: int, global_batch: int, types: dict[str, tuple[int, float]],
