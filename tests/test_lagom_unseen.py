@@ -46,3 +46,26 @@ def test_search_baselines_hold_a_time_limit(solver: str) -> None:
     assert plan.status is Status.TIME_LIMIT
     assert "time limit" in plan.message
     assert api.check(prob, plan) == []
+
+
+def test_the_search_leaves_room_for_building_its_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building the plan after the search (make_plan: whole-iteration evaluations, the timeline, emit)
+    was not reserved, so lagom ran 2.47-2.96 s under a 2 s limit on 400 ops: the search's budget is now
+    the limit less PLAN_EVALUATIONS evaluations timed at the start, and make_plan makes no more."""
+    import time
+
+    from gpuplan.models.lagom import Compiled, make_plan
+    from gpuplan.solvers import lagom as sl
+
+    prob = _large()
+    comp = prob.compiled
+    default = [comp.nccl_default(i) for i in range(len(comp.ops))]
+    calls: list[int] = []
+    real = Compiled.iteration_us
+    monkeypatch.setattr(Compiled, "iteration_us", lambda self, s: calls.append(1) or real(self, s))
+    base = {k: [sl.OpSetting(op=o.name, **vars(t)) for o, t in zip(comp.ops, default)] for k in ("a", "b")}
+    make_plan(prob, default, baselines=base)
+    assert len(calls) <= sl.PLAN_EVALUATIONS
+    monkeypatch.setattr(Compiled, "iteration_us", lambda self, s: time.sleep(0.1) or 0.0)
+    assert sl.search_budget_s(prob, 1.0) <= 1.0 - sl.PLAN_EVALUATIONS * 0.1
+    assert sl.search_budget_s(prob, None) is None

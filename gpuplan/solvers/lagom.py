@@ -7,6 +7,7 @@ grid counts one per grid point).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -368,8 +369,26 @@ def autoccl(problem: LagomProblem, deadline: Deadline | None = None,
     return out + [comp.nccl_default(i) for i in range(len(out), len(comp.ops))], {"evaluations": evals}
 
 
-SEARCH_SHARE = 0.6  # of a time limit for Lagom's own search; the AutoCCL-style baseline in the plan gets the rest
-PLAN_SHARE = 0.8  # of a time limit for a baseline's or the exhaustive search; the rest builds the plan
+SEARCH_SHARE = 0.75  # of the search budget for Lagom's own search; the AutoCCL-style baseline in the plan gets the rest
+PLAN_SHARE = 0.8  # of a time limit for a baseline's or the exhaustive search, at the least; the rest builds the plan
+PLAN_EVALUATIONS = 6  # what building a plan costs, in whole-iteration evaluations (make_plan: one for the
+# settings, one per baseline, the timeline's per-window pass and emit), kept free of the search
+
+
+def search_budget_s(problem: LagomProblem, time_limit_s: float | None) -> float | None:
+    """Return the seconds from now a search may take so that building its plan still fits in
+    `time_limit_s` (None without a limit): the limit less PLAN_EVALUATIONS times one whole-iteration
+    evaluation timed now (NCCL's defaults), at most PLAN_SHARE of it, less the time this call took (the
+    problem's first compilation included; on 400 ops a plan took 1.1 s, half a 2 s limit)."""
+    if time_limit_s is None:
+        return None
+    entered = time.perf_counter()
+    comp = problem.compiled
+    started = time.perf_counter()
+    comp.iteration_us([comp.nccl_default(i) for i in range(len(comp.ops))])
+    now = time.perf_counter()
+    reserve = PLAN_EVALUATIONS * (now - started)
+    return max(0.0, min(PLAN_SHARE * time_limit_s, time_limit_s - reserve) - (now - entered))
 
 
 def _plan(problem: LagomProblem, name: str, settings: list[Theta], stats: dict[str, Any], status: Status,
@@ -387,8 +406,9 @@ def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, see
     Under `time_limit_s` the search gets SEARCH_SHARE of it and the AutoCCL-style baseline the rest (left
     out of the plan when it does not finish); the status is then time_limit if the search stopped early."""
     comp = problem.compiled
-    whole = Deadline.after(time_limit_s, PLAN_SHARE)
-    search_deadline = Deadline.after(time_limit_s, SEARCH_SHARE)
+    budget = search_budget_s(problem, time_limit_s)
+    whole = Deadline.after(budget)
+    search_deadline = Deadline.after(budget, SEARCH_SHARE)
     settings, stats = priority_search(problem, passes=int(passes), progress=progress, polish=bool(polish),
                                       deadline=search_deadline)
     auto, auto_stats = autoccl(problem, whole)
@@ -409,7 +429,7 @@ def solve_exhaustive(problem: LagomProblem, *, time_limit_s: float | None = None
                      progress: Progress | None = None, **_: Any) -> LagomPlan:
     """The optimum over the full grid, window by window. Under `time_limit_s` (s) the windows the limit
     leaves out keep NCCL's default and the plan is time_limit instead of optimal."""
-    deadline = Deadline.after(time_limit_s, PLAN_SHARE)
+    deadline = Deadline.after(search_budget_s(problem, time_limit_s))
     settings, stats = exhaustive(problem, deadline)
     plan = _plan(problem, "exhaustive", settings, stats, Status.TIME_LIMIT if deadline.cut else Status.OPTIMAL)
     if deadline.cut:
@@ -429,7 +449,7 @@ def solve_autoccl(problem: LagomProblem, *, time_limit_s: float | None = None, s
                   progress: Progress | None = None, **_: Any) -> LagomPlan:
     """AutoCCL-style coordinate descent on communication time alone, ignoring the compute slowdown. Under
     `time_limit_s` (s) the ops the limit leaves out keep NCCL's default and the plan is time_limit."""
-    deadline = Deadline.after(time_limit_s, PLAN_SHARE)
+    deadline = Deadline.after(search_budget_s(problem, time_limit_s))
     settings, stats = autoccl(problem, deadline, partial=True)
     assert settings is not None  # partial: every op has a setting
     plan = _plan(problem, "autoccl", settings, stats, Status.TIME_LIMIT if deadline.cut else Status.FEASIBLE)
