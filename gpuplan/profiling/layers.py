@@ -236,9 +236,8 @@ def _activation_bytes(part: _Part, device: Any) -> tuple[int, int | None]:
 def _combine(spreads: list[Any]) -> tuple[float, float]:
     """Return (median of the rounds' medians in s, relative spread): the wider of one round's spread
     and that of the rounds' medians."""
-    medians = [sp.median_s for sp in spreads]
-    across = spread_of(medians).rel_spread if len(medians) > 1 else 0.0
-    return spread_of(medians).median_s, max(across, max(sp.rel_spread for sp in spreads))
+    across = spread_of([sp.median_s for sp in spreads])
+    return across.median_s, max(across.rel_spread, max(sp.rel_spread for sp in spreads))
 
 
 def _per_application(spread: Any, chain: int) -> Any:
@@ -271,7 +270,7 @@ def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int 
     chain = 2 if str(device).startswith("cuda") else 4
     shapes = [(mb, seq) for mb in plan.micro_batches for seq in plan.seq_lens]
     timed: dict[tuple[int, int, str], list[tuple[Any, Any]]] = {}
-    held: dict[tuple[int, int, str], tuple[int, int | None]] = {}  # activation bytes, peak bytes
+    activations: dict[tuple[int, int, str], tuple[int, int | None]] = {}  # bytes kept, peak bytes
     rounds = rounds_for(device)
     for r in range(rounds):
         for mb, seq in shapes:
@@ -282,9 +281,9 @@ def layer_table(plan: LayerPlan, device: Any, device_type: str, *, repeats: int 
             for part in _parts(plan.config, mb, seq, device, tdtype, chain):
                 timed.setdefault((mb, seq, part.name), []).append(_time_part(part, device, repeats))
                 if r == 0:
-                    held[(mb, seq, part.name)] = _activation_bytes(part, device)
+                    activations[(mb, seq, part.name)] = _activation_bytes(part, device)
     costs = []
-    for (mb, seq, name), (act, peak) in held.items():
+    for (mb, seq, name), (act, peak) in activations.items():
         fwd, bwd = (_combine([t[i] for t in timed[(mb, seq, name)]]) for i in (0, 1))
         costs.append(LayerCost(device_type=device_type, part=name, micro_batch=mb, seq_len=seq,  # type: ignore[arg-type]
                                forward_s=fwd[0], backward_s=bwd[0], activation_bytes=act,

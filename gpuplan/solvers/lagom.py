@@ -370,7 +370,7 @@ def autoccl(problem: LagomProblem, deadline: Deadline | None = None,
 
 
 SEARCH_SHARE = 0.75  # of the search budget for Lagom's own search; the AutoCCL-style baseline in the plan gets the rest
-PLAN_SHARE = 0.8  # of a time limit for a baseline's or the exhaustive search, at the least; the rest builds the plan
+PLAN_SHARE = 0.8  # of a time limit for a search, at most; the rest (or more: search_budget_s) builds the plan
 PLAN_EVALUATIONS = 6  # what building a plan costs, in whole-iteration evaluations (make_plan: one for the
 # settings, one per baseline, the timeline's per-window pass and emit), kept free of the search
 
@@ -403,8 +403,9 @@ def _plan(problem: LagomProblem, name: str, settings: list[Theta], stats: dict[s
 def solve_lagom(problem: LagomProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Progress | None = None, passes: int = 3, polish: bool = True, **_: Any) -> LagomPlan:
     """Lagom's priority-based search; the plan also carries NCCL's default and the AutoCCL-style settings.
-    Under `time_limit_s` the search gets SEARCH_SHARE of it and the AutoCCL-style baseline the rest (left
-    out of the plan when it does not finish); the status is then time_limit if the search stopped early."""
+    Under `time_limit_s` the search gets SEARCH_SHARE of `search_budget_s` and the AutoCCL-style baseline
+    the rest of it (left out of the plan when it does not finish); the status is then time_limit if the
+    search stopped early."""
     comp = problem.compiled
     budget = search_budget_s(problem, time_limit_s)
     whole = Deadline.after(budget)
