@@ -13,6 +13,7 @@ from gpuplan.models.base import Problem, Violation, validate
 from gpuplan.models.plan import (SCHEMA_VERSION, Plan, SolverInfo, Status, infeasible_contradictions,
                                  non_finite_violations, plan_from_document, read_plan_document)
 from gpuplan.registry import Progress, no_progress
+from gpuplan.sim.core import solve_clock
 
 
 class PlanRejected(GpuplanError):
@@ -71,6 +72,9 @@ def plan_problem(plan: Plan, problem: Problem | str | Path | dict[str, Any] | No
     return load_problem(plan.problem, plan.kind)
 
 
+OVERRUN = 1.1  # a plan whose solve took longer than this times its time limit says so in its message
+
+
 def solve(kind_or_problem: str | Problem | Path | dict[str, Any], problem: Any = None, *,
           solver: str | None = None, time_limit_s: float | None = None, seed: int = 0,
           progress: Progress | None = None, **options: Any) -> Plan:
@@ -92,11 +96,16 @@ def solve(kind_or_problem: str | Problem | Path | dict[str, Any], problem: Any =
     plan_type = registry.model(prob.kind).plan_type
     started = time.perf_counter()
     try:
-        plan = spec.fn(prob, time_limit_s=time_limit_s, seed=seed, progress=progress or no_progress,
-                       **{**spec.options, **options})
+        with solve_clock(time_limit_s):  # every simulation of the solve stops at the limit (SimulationCut)
+            plan = spec.fn(prob, time_limit_s=time_limit_s, seed=seed, progress=progress or no_progress,
+                           **{**spec.options, **options})
     except InfeasibleError as exc:
         plan = plan_type(kind=prob.kind, status=Status.INFEASIBLE, message=str(exc))
     wall = time.perf_counter() - started
+    if time_limit_s is not None and wall > OVERRUN * time_limit_s and plan.status is not Status.INFEASIBLE:
+        past = (f"the solve took {wall:.3g} s, past its time limit of {time_limit_s:g} s: the least work that "
+                "makes one plan (a search stops at the limit; raise it for more of the search)")
+        plan.message = f"{plan.message}; {past}" if plan.message else past
     stats = dict(plan.solver.stats) if plan.solver else {}
     plan.solver = SolverInfo(name=spec.name, options={**spec.options, **options}, seed=seed,
                              time_limit_s=time_limit_s, wall_time_s=wall, stats=stats)

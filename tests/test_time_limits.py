@@ -1,7 +1,8 @@
 """A time limit returns the best plan found with its status, never only an error: every shipped example
 solved by its default solver under a limit far too short for the whole search gives a plan that passes
-check, and the searches made of steps that cannot be cut (Hetis' rate searches, OmniServe's parameter
-simulations, Lagom's per-op tuning) say time_limit and what they left out."""
+check, and the searches made of steps (Hetis' rate searches, OmniServe's parameter simulations, Lagom's
+per-op tuning) say time_limit and what they left out (tests/test_solve_clock.py: a search's simulation
+stops at the limit, the plan's own runs to its end)."""
 
 from __future__ import annotations
 

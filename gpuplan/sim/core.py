@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Generic, Iterable, Literal, TypeVar
+from typing import Any, Generic, Iterable, Iterator, Literal, TypeVar
 
 import numpy as np
+
+from gpuplan.errors import SolverError
 
 T = TypeVar("T")
 
@@ -68,6 +73,101 @@ class EventQueue(Generic[T]):
 
     def __bool__(self) -> bool:
         return bool(self._heap)
+
+
+# ------------------------------------------------------------------ the solve's clock
+
+
+class SimulationCut(SolverError):
+    """A search's simulation reached the solve's time limit before it finished (`solve_clock`): its
+    figures do not exist, and the search drops the candidate it was rating (`Deadline.attempt`)."""
+
+
+@dataclass
+class SolveClock:
+    """The time limit the simulations of one solve's search obey, on the `time.perf_counter` clock (inf:
+    none). Only simulations inside `searching` are cut: they stop at `at - longest_s` (`longest_s` the
+    longest simulation finished so far, seconds; before any has finished, half-way to `at`), so that the
+    simulation of the chosen plan's own figures, which always runs to its end, still fits after them;
+    or at `at` where the search says the plan it would return now needs no simulation of its own
+    (`searching(reserve=False)`). A solve thus overruns its limit only by the least work that makes one
+    plan."""
+
+    at: float = math.inf
+    longest_s: float = 0.0
+    reserves: list[bool] = field(default_factory=list)  # one per `searching` block open, innermost last
+
+    @property
+    def search_depth(self) -> int:
+        """Return how many `searching` blocks are open."""
+        return len(self.reserves)
+
+    def stop_at(self, now: float) -> float:
+        """Return when a simulation started at `now` must stop (perf_counter seconds; inf: never)."""
+        if not self.reserves or self.at == math.inf:
+            return math.inf
+        if not self.reserves[-1]:
+            return self.at
+        return self.at - self.longest_s if self.longest_s else now + 0.5 * (self.at - now)
+
+
+_CLOCK: ContextVar[SolveClock] = ContextVar("gpuplan_solve_clock", default=SolveClock())
+
+
+@contextmanager
+def solve_clock(time_limit_s: float | None) -> Iterator[SolveClock]:
+    """Run the block as one solve whose searches' simulations stop by `time_limit_s` seconds from now
+    (none: never; see SolveClock); yields the clock."""
+    clock = SolveClock(math.inf if time_limit_s is None else time.perf_counter() + time_limit_s)
+    token = _CLOCK.set(clock)
+    try:
+        yield clock
+    finally:
+        _CLOCK.reset(token)
+
+
+@contextmanager
+def searching(reserve: bool = True) -> Iterator[None]:
+    """Run the block as part of a search: its simulations stop by the solve's time limit, keeping room for
+    the chosen plan's own simulation unless `reserve` is False (SolveClock)."""
+    clock = _CLOCK.get()
+    clock.reserves.append(reserve)
+    try:
+        yield
+    finally:
+        clock.reserves.pop()
+
+
+class SimulationWatch:
+    """One simulation's check against the solve's clock: `tick` once per iteration (the clock is read
+    every 32), `done` at the end (it records the simulation's length). Inside a search it raises
+    SimulationCut when the stop passes, or at once when the longest simulation so far would not end
+    before it."""
+
+    EVERY = 32
+
+    def __init__(self, what: str) -> None:
+        self.clock, self.what, self.n = _CLOCK.get(), what, 0
+        self.started = time.perf_counter()
+        self.stop = self.clock.stop_at(self.started)
+        if self.started + self.clock.longest_s > self.stop:
+            keep = ", and the chosen plan's own simulation must follow" if self.clock.reserves[-1] else ""
+            raise SimulationCut(f"a simulation of {what} would not end in the time limit (the longest so far took "
+                                f"{self.clock.longest_s:.2g} s, {max(0.0, self.clock.at - self.started):.2g} s are "
+                                f"left{keep})")
+
+    def tick(self) -> None:
+        """Count one iteration; raise SimulationCut when the clock has passed the stop."""
+        self.n += 1
+        if self.n % self.EVERY == 0 and self.stop < math.inf:
+            now = time.perf_counter()
+            if now > self.stop:
+                raise SimulationCut(f"the time limit stopped a simulation of {self.what} after "
+                                    f"{now - self.started:.2g} s")
+
+    def done(self) -> None:
+        """Record that the simulation finished (its length, for the room a search keeps)."""
+        self.clock.longest_s = max(self.clock.longest_s, time.perf_counter() - self.started)
 
 
 def rng(seed: int) -> np.random.Generator:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from gpuplan.sim.core import summary
+from gpuplan.sim.core import SimulationWatch, summary
 
 LS, BE = 0, 1  # service classes: latency-sensitive, best-effort
 
@@ -200,8 +200,10 @@ def simulate(requests: Requests, policy: Policy, *, max_iterations: int = 50_000
     """Run `policy` over `requests`; return the SimResult. Deterministic: no randomness of its own.
 
     Stops when every request finished or was rejected and the policy has nothing to run, when the
-    clock passes `horizon_s`, or after `max_iterations` (a policy bug guard).
+    clock passes `horizon_s`, or after `max_iterations` (a policy bug guard). Raises SimulationCut when
+    the solve's time limit passes first (gpuplan.sim.core.solve_clock).
     """
+    watch = SimulationWatch(f"{len(requests)} requests")
     state = EngineState(requests)
     n = len(requests)
     arrivals = requests.arrival_s
@@ -219,10 +221,12 @@ def simulate(requests: Requests, policy: Policy, *, max_iterations: int = 50_000
             state.now_s = max(state.now_s, float(arrivals[next_arrival]))
             continue
         apply_iteration(state, requests, policy, it)
+        watch.tick()
         if record_info and it.info is not None:
             infos.append({"start_s": state.now_s - it.duration_s, "duration_s": it.duration_s, **it.info})
         if state.now_s > horizon_s:
             break
+    watch.done()
     out = requests.output_tokens
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (state.finish_s - state.first_token_s) / np.maximum(out - 1, 1), 0.0)

@@ -6,7 +6,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.plan import Status
@@ -25,6 +25,7 @@ class Deadline:
     at: float = math.inf
     cut: bool = False
     step_s: float = 0.0  # the longest step `paced` has timed
+    why: str = ""  # what stopped the last step `attempt` lost to the solve's time limit
 
     @classmethod
     def after(cls, time_limit_s: float | None, share: float = 1.0) -> "Deadline":
@@ -60,12 +61,27 @@ class Deadline:
             with self.timing():
                 yield item
 
+    def attempt(self, fn: Callable[..., T], *args: Any, reserve: bool = True) -> T | None:
+        """Return fn(*args) run as a step of a search (gpuplan.sim.core.searching: its simulations stop at
+        the solve's time limit, keeping room for the chosen plan's own unless `reserve` is False: the
+        plan the search would return now has its figures already); None, with the cut recorded, when
+        the limit stopped one of its simulations (SimulationCut)."""
+        from gpuplan.sim.core import SimulationCut, searching
+
+        try:
+            with searching(reserve):
+                return fn(*args)
+        except SimulationCut as exc:
+            self.cut, self.why = True, str(exc)
+            return None
+
     def mark(self, plan: Any, what: str) -> Any:
         """Return `plan` with status time_limit and a message saying the search stopped after `what` when
         a step was cut; unchanged otherwise."""
         if self.cut:
             plan.status = Status.TIME_LIMIT
-            cut = f"the time limit stopped the search after {what}; the plan is the best of those"
+            why = f" ({self.why})" if self.why else ""
+            cut = f"the time limit stopped the search after {what}{why}; the plan is the best of those"
             plan.message = f"{cut}; {plan.message}" if plan.message else cut
         return plan
 

@@ -398,7 +398,9 @@ def _rate_candidate(problem: HetisProblem, proxy: float, reps: list[Replica], de
     found = rate_search(problem, hetis_layout_plan(problem, reps))
     if not deadline.allows(0.0):
         return _Rating(found, proxy, reps, "water-filling", False)
-    static = static_search(problem, reps)
+    static = deadline.attempt(static_search, problem, reps)
+    if static is None:  # the solve's time limit: rated by its water-filling search alone
+        return _Rating(found, proxy, reps, "water-filling", False)
     if static[0] > found[0]:  # pooling does not pay on this layout: keep its static engine
         return _Rating(static, proxy, reps, "tensor-parallel", True)
     return _Rating(found, proxy, reps, "water-filling", True)
@@ -407,7 +409,9 @@ def _rate_candidate(problem: HetisProblem, proxy: float, reps: list[Replica], de
 def stage_a_search(problem: HetisProblem, deadline: Deadline | None = None) -> StageA:
     """Return Stage A's result (StageA) over the candidates (stage_a_candidates, in their order) rated
     until `deadline` (none: all): a candidate starts only when the longest so far still fits before it,
-    and the first always runs. The ratings are kept per problem (the solvers that share Stage
+    and the first always runs to its end (a plan needs one); the solve's time limit stops a later one's
+    simulations (gpuplan.sim.core.solve_clock: they keep room for the chosen plan's own). The ratings are
+    kept per problem (the solvers that share Stage
     A, and a later call with more time, reuse them instead of repeating the simulations)."""
     key = stage_a_key(problem)
     if key not in _STAGE_A_RATED:
@@ -418,7 +422,13 @@ def stage_a_search(problem: HetisProblem, deadline: Deadline | None = None) -> S
     deadline = deadline or Deadline()
     rated = list(kept)
     for proxy, reps in deadline.paced(cands[len(kept):], first_free=not kept):
-        rated.append(_rate_candidate(problem, proxy, reps, deadline))
+        # the first is rated in full whatever the limit (a plan needs one); the solve's time limit
+        # stops a later one's simulations (SimulationCut, Deadline.attempt)
+        rating = deadline.attempt(_rate_candidate, problem, proxy, reps, deadline) if rated else \
+            _rate_candidate(problem, proxy, reps, deadline)
+        if rating is None:
+            break
+        rated.append(rating)
         if rated[-1].full:
             kept.append(rated[-1])
     best = max(r.found[0] for r in rated)
@@ -624,7 +634,8 @@ def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPla
                         limit: int = SIMULATED_CANDIDATES, deadline: Deadline | None = None) -> HetisPlan:
     """Return the plan of the candidate (proxy, plan) with the largest simulated max rate among the
     `limit` best by the proxy, simulated in that order until `deadline` (a candidate starts only when
-    the longest so far still fits; the first always runs; status time_limit when some were left out)."""
+    the longest so far still fits and the solve's time limit does not stop its simulations; the first
+    always runs to its end; status time_limit when some were left out)."""
     if not cands:
         raise InfeasibleError(_why_not(problem))
     cands.sort(key=lambda c: -c[0])
@@ -634,8 +645,13 @@ def _best_by_simulation(problem: HetisProblem, cands: list[tuple[float, HetisPla
     done = 0
     for k, (_, plan) in enumerate(deadline.paced(todo)):
         progress(k / limit, f"simulating candidate {k + 1}")
-        found = static_search(problem, plan.replicas) if plan.dispatch == "tensor-parallel" else \
-            rate_search(problem, plan)
+        search = static_search if plan.dispatch == "tensor-parallel" else rate_search
+        arg = plan.replicas if plan.dispatch == "tensor-parallel" else plan
+        # the first is rated in full whatever the limit (a plan needs one); the solve's time limit stops
+        # a later one's simulations
+        found = deadline.attempt(search, problem, arg) if best is not None else search(problem, arg)
+        if found is None:
+            break
         done += 1
         if found[0] > best_found[0]:
             best, best_found = plan, found

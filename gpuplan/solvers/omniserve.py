@@ -151,9 +151,12 @@ def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float
     kept where none was tried). With `evals`, every candidate's recorded run is kept there (`_simulate`)."""
     deadline = deadline or Deadline()
     if ls_ref is None:
+        if deadline.cut:  # the time limit already stopped an earlier simulation (the reference, say)
+            return params, {"ls_only_attainment": None}
         with deadline.timing():
-            ls_ref = run_policy(problem, PolicyParams("headroom", params.token_budget, params.tpot_target_s, 0.0),
-                                record=False).figures["ls_attainment"]
+            ls_ref = deadline.attempt(_ls_only_attainment, problem, params.token_budget, params.tpot_target_s)
+        if ls_ref is None:  # the solve's time limit stopped the reference: the current setting is kept
+            return params, {"ls_only_attainment": None}
     stats: dict[str, Any] = {"ls_only_attainment": ls_ref}
     for field, cands in (("be_prefill_max", prefill_candidates(problem, params.token_budget)),
                          ("be_inflight_max", inflight_candidates(problem) if problem.pools() else [0])):
@@ -161,7 +164,10 @@ def best_controls(problem: OmniServeProblem, params: PolicyParams, ls_ref: float
         tried: dict[str, float] = {}
         for k, v in enumerate(deadline.paced(cands, first_free=False)):
             progress(k / len(cands), f"omniserve: {field} = {v}")
-            f = _simulate(problem, replace(params, **{field: v}), evals)
+            f = deadline.attempt(_simulate, problem, replace(params, **{field: v}), evals,
+                                 reserve=evals is None or params not in evals)
+            if f is None:  # the solve's time limit stopped this candidate's simulation
+                break
             tried[str(v)] = f["be_output_tokens_per_s"]
             if f["ls_attainment"] >= ls_ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
                 best, best_be = v, f["be_output_tokens_per_s"]
@@ -177,6 +183,12 @@ def solve_sarathi(problem: OmniServeProblem, *, time_limit_s: float | None = Non
     return _plan(problem, PolicyParams("sarathi", budget, target))
 
 
+def _ls_only_attainment(problem: OmniServeProblem, budget: int, target: float) -> float:
+    """Return the LS SLO attainment of the engine serving LS alone (headroom with X = 0): the reference
+    the BE controls are tuned against."""
+    return float(run_policy(problem, PolicyParams("headroom", budget, target, 0.0), record=False).figures["ls_attainment"])
+
+
 def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: float,
                   progress: Progress = no_progress, layers_per_iteration: int = 1,
                   deadline: Deadline | None = None, *, evals: dict[PolicyParams, Evaluation] | None = None
@@ -187,15 +199,20 @@ def best_fraction(problem: OmniServeProblem, mode: str, budget: int, target: flo
     shares are simulated in order while `deadline` allows one more of the longest so far (X = 0
     where none was). With `evals`, every candidate's recorded run is kept there (`_simulate`)."""
     deadline = deadline or Deadline()
-    with deadline.timing():
-        ref = run_policy(problem, PolicyParams("headroom", budget, target, 0.0),
-                         record=False).figures["ls_attainment"]
     best, best_be = 0.0, -1.0
     tried: dict[str, float] = {}
+    with deadline.timing():
+        ref = deadline.attempt(_ls_only_attainment, problem, budget, target)
+    if ref is None:  # the solve's time limit stopped the reference: X = 0, nothing compared
+        return best, {"ls_only_attainment": None, "be_tokens_per_s_by_x": tried}
     for k, x in enumerate(deadline.paced(HEADROOM_FRACTIONS, first_free=False)):
         progress(k / len(HEADROOM_FRACTIONS), f"{mode}: BE share of GPU KV X = {x}")
-        f = _simulate(problem, PolicyParams(mode, budget, target, x, mode == "omniserve",
-                                            layers_per_iteration=layers_per_iteration), evals)
+        # once the best so far is a simulated candidate, the plan reuses its run: no room kept for another
+        f = deadline.attempt(_simulate, problem, PolicyParams(mode, budget, target, x, mode == "omniserve",
+                                                              layers_per_iteration=layers_per_iteration), evals,
+                             reserve=best_be < 0)
+        if f is None:  # the solve's time limit stopped this candidate's simulation
+            break
         tried[str(x)] = f["be_output_tokens_per_s"]
         if f["ls_attainment"] >= ref - LS_TOLERANCE and f["be_output_tokens_per_s"] > best_be:
             best, best_be = x, f["be_output_tokens_per_s"]

@@ -40,6 +40,7 @@ from gpuplan.models.hetis.cost import (AttentionCost, StageCost, attention_cost,
                                        kv_capacity, kv_fractions_tp, link_of, prefill_attention_stage_s,
                                        stage_costs)
 from gpuplan.models.hetis.dispatch import DispatchInstance, water_filling
+from gpuplan.sim.core import SimulationWatch
 from gpuplan.sim.latency import kv_bytes_per_token
 from gpuplan.sim.serving import EngineState, Iteration, Requests, SimResult, apply_iteration, simulate
 
@@ -565,6 +566,7 @@ def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.
         runs.append(_PooledRun(sub, pos, HetisEnginePolicy(problem, spec, len(sub), pool, k), EngineState(sub)))
     budget = 50_000_000
     stalled: set[int] = set()
+    watch = SimulationWatch(f"{len(idx)} requests on {len(engines)} pooled engines")
     while budget > 0:
         live = [r for r in runs if not r.done]
         if not live:
@@ -596,6 +598,7 @@ def _run_pooled(problem: Any, engines: list[EngineSpec], req: Requests, idx: np.
         stalled.clear()
         budget -= 1
         apply_iteration(st, sub, pol, it)
+        watch.tick()
     for run in runs:
         if not len(run.requests):
             continue
@@ -617,7 +620,9 @@ def _add_stats(stats: dict[str, float], iterations: int, preemptions: int, pol: 
 
 
 def simulate_plan(problem: Any, plan: Any, req: Requests) -> tuple[SimResult, dict[str, float]]:
-    """Return (SimResult over all of `req`, engine statistics) of a plan's layout serving the trace."""
+    """Return (SimResult over all of `req`, engine statistics) of a plan's layout serving the trace.
+    Raises SimulationCut when the solve's time limit passes first (gpuplan.sim.core.solve_clock)."""
+    watch = SimulationWatch(f"{len(req)} requests")  # the whole plan's length, for the room a search keeps
     n = len(req)
     stats: dict[str, float] = {}
     both = [r for r in plan.replicas if r.phase == "both"]
@@ -645,6 +650,7 @@ def simulate_plan(problem: Any, plan: Any, req: Requests) -> tuple[SimResult, di
     end = float(np.nanmax(finish)) if np.any(np.isfinite(finish)) else float(req.arrival_s[-1]) if n else 0.0
     res = SimResult(req, first - req.arrival_s, tpot, finish, rejected, end, int(stats.get("iterations", 0)), 0.0,
                     int(stats.get("preemptions", 0)), [])
+    watch.done()
     return res, stats
 
 
