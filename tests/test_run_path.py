@@ -24,8 +24,9 @@ OTHER = TransformerConfig(name="other", num_layers=4, hidden=96, heads=4, ffn_hi
 
 
 def cpu_profile(model: TransformerConfig = TINY, *, ranks: int = 2, emulate: tuple[EmulatedType, ...] = (),
-                layer_s: float = 0.004) -> Profile:
-    """A CPU profile like `gpuplan profile --device cpu` writes, with a layer table of `model`."""
+                layer_s: float = 0.004, calls: str = "after-wait") -> Profile:
+    """A CPU profile like `gpuplan profile --device cpu` writes, with a layer table of `model` (its calls
+    timed after waits, as the profiler times them on CPU; "back-to-back" as older profiles did)."""
     costs = [LayerCost(device_type="cpu", part=part, micro_batch=mb, seq_len=16, forward_s=f * mb,
                        backward_s=2 * f * mb, activation_bytes=1e5)
              for mb in (1, 2, 4) for part, f in (("layer", layer_s), ("embedding", 1e-5), ("head", 0.001))]
@@ -34,7 +35,7 @@ def cpu_profile(model: TransformerConfig = TINY, *, ranks: int = 2, emulate: tup
                                                     matmul_tflops={"fp32": 0.05}, threads=1)],
                    nodes=[ProfileNode(name="h", devices={"cpu": ranks})],
                    layers=[LayerTable(model=model.name, config=model.model_dump(mode="json"), costs=costs,
-                                      clock="cpu")],
+                                      clock="cpu", calls=calls)],
                    emulated=list(emulate))
 
 
@@ -227,6 +228,11 @@ def test_run_report_puts_predicted_next_to_measured_and_warns_past_15_percent() 
     plan2 = api.solve(unmeasured, num_stages=2)
     _, warnings = _report(unmeasured, plan2, _fake_run(unmeasured, plan2, 1.0))
     assert any("not measured layers" in w for w in warnings)
+    # a CPU profile whose layer calls were timed back to back (older profiles) says to profile again
+    old = P.with_profile(two_types(TINY), cpu_profile(TINY, emulate=SLOW2X, calls="back-to-back"))
+    plan3 = api.solve(old, num_stages=2)
+    _, warnings = _report(old, plan3, _fake_run(old, plan3, 1.05))
+    assert len(warnings) == 1 and "timed its calls back to back" in warnings[0] and "profile again" in warnings[0]
 
 
 def test_core_sharing_replay_records_each_op() -> None:

@@ -548,6 +548,12 @@ def _report(problem: PoseidonProblem, plan: PoseidonPlan, out: dict[str, Any]) -
     if out["scaling"] != "none":
         warnings.append(f"the run executes a scaled model ({out['scaling']}), not the planned one: predicted and "
                         f"measured times are not comparable")
+    if problem.layer_costs is not None and problem.layer_costs.clock == "cpu" and \
+            problem.layer_costs.calls == "back-to-back":
+        warnings.append("the profile's CPU layer table timed its calls back to back (a profile older than the "
+                        "after-wait timing, docs/profiling.md): a pipeline's calls each follow a wait and cost "
+                        "25-40 % more CPU time on such machines, so the plan is too fast; profile again "
+                        "(gpuplan profile) and solve with the new profile")
     if problem.layer_costs is None:
         warnings.append("the plan's costs come from declared peak TFLOP/s, not measured layers: solve with "
                         "--profile for a prediction of this machine")
