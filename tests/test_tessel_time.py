@@ -186,8 +186,8 @@ def test_exact_shares_its_limit_with_the_tessel_hint(monkeypatch: pytest.MonkeyP
         time.sleep(1.0)  # a hint that takes a second of the limit
         return real_tessel(problem, **kw)  # type: ignore[arg-type]
 
-    def cpsat(*args: object, **kw: object) -> object:
-        seen["cpsat_limit_s"] = kw["time_limit_s"]
+    def cpsat(*args: object, **kw: object) -> object:  # CP-SAT's wall limit is capped at the deadline
+        seen["cpsat_limit_s"] = min(float(kw["time_limit_s"]), float(kw["deadline"]) - time.perf_counter())  # type: ignore[arg-type]
         return real_cpsat(*args, **kw)  # type: ignore[arg-type]
     monkeypatch.setattr(solvers, "solve_tessel", slow_tessel)
     monkeypatch.setattr(solvers, "schedule_cpsat", cpsat)

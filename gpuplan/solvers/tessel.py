@@ -29,6 +29,7 @@ from gpuplan.units import UPPER_LIMITS
 
 EXACT_MAX_INSTANCES = 600
 EXACT_HINT_SHARE = 0.4  # of exact's time limit, the share Tessel's hint may use (its guard's limit)
+EXACT_FINISH_SHARE = 0.05  # of exact's time limit, kept for simulating and assembling the plan after CP-SAT
 # CP-SAT deterministic-time units per second of one free core, on the repetend models: measured 0.41-0.59
 # units per CPU second (4-8 devices, budgets 0.5-2 units) on the project's 2-core machine; the low end, so
 # that a budget of X units takes at most about X / DET_PER_WALL_S seconds on an idle core
@@ -585,13 +586,14 @@ def holding_pairs(problem: TesselProblem, t: Ticks, device: int) -> list[tuple[s
 
 def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int], int], horizon: int, *,
                    free: set[int] | None, time_limit_s: float, seed: int, workers: int,
-                   deterministic: bool = False) -> tuple[Order, Any]:
+                   deterministic: bool = False, deadline: float = math.inf) -> tuple[Order, Any]:
     """Solve the whole N-micro-batch schedule with CP-SAT (intervals, no-overlap, reservoir memory).
 
     `base` gives tick starts: a hint for free micro-batches, and the positions of the others, which
     move together by one shift (free=None frees all: the exact model). deterministic=True bounds
     CP-SAT's deterministic time with one worker instead of the wall clock. Returns per-device orders and
-    the CP-SAT result. Raises InfeasibleError when no schedule within `horizon` ticks exists.
+    the CP-SAT result. Raises InfeasibleError when no schedule within `horizon` ticks exists. `deadline`
+    (perf_counter s) caps CP-SAT's wall limit at what is left once the model is built.
     """
     from ortools.sat.python import cp_model
 
@@ -653,7 +655,8 @@ def schedule_cpsat(problem: TesselProblem, t: Ticks, base: dict[tuple[str, int],
     if deterministic:  # one worker, deterministic time: the same answer on every run
         res = solve_cpsat(m, time_limit_s=None, deterministic_limit=time_limit_s, seed=seed, workers=1)
     else:
-        res = solve_cpsat(m, time_limit_s=time_limit_s, seed=seed, workers=workers)
+        left = max(0.01, min(time_limit_s, deadline - time.perf_counter()))
+        res = solve_cpsat(m, time_limit_s=left, seed=seed, workers=workers)
     val = res.solver.value
     ticks: list[list[tuple[int, str, int]]] = [[] for _ in range(problem.devices)]
     for (n, i), v in start.items():
@@ -981,8 +984,9 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
     without one CP-SAT searches alone within the sequential horizon (N times the sum of all durations).
     predicted["proven_bound_s"] is the makespan bound (s) CP-SAT proved (or the model's lower bound),
     so the gap of any schedule to the optimum is known even when the time limit stops the search.
-    Under time_limit_s (wall s) Tessel's hint runs under EXACT_HINT_SHARE of it and CP-SAT gets what
-    is left (at least a tenth); without one, Tessel runs unlimited and CP-SAT gets 30 s."""
+    Under time_limit_s (wall s, counted from the start) Tessel's hint runs under EXACT_HINT_SHARE of it
+    and CP-SAT gets what the hint, the baselines and building its model left, less EXACT_FINISH_SHARE
+    for assembling the plan; without one, Tessel runs unlimited and CP-SAT gets 30 s."""
     started = time.perf_counter()
     limit = float(time_limit_s or 30.0)
     t = integerize(problem)
@@ -1005,9 +1009,10 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
         base, horizon = {}, problem.microbatches * sum(t.dur.values())
     progress(0.3, "exact CP-SAT schedule")
     try:
-        left = limit if time_limit_s is None else max(0.1 * limit, limit - (time.perf_counter() - started))
-        orders, res = schedule_cpsat(problem, t, base, horizon, free=None, time_limit_s=left, seed=seed,
-                                     workers=workers)
+        # the limit counts from the start: CP-SAT gets what the hint and the model building left
+        deadline = math.inf if time_limit_s is None else started + (1 - EXACT_FINISH_SHARE) * limit
+        orders, res = schedule_cpsat(problem, t, base, horizon, free=None, time_limit_s=limit, seed=seed,
+                                     workers=workers, deadline=deadline)
     except SolverError:  # nothing better found in time: the hint stands, unproven
         if hint is None:
             raise
