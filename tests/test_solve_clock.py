@@ -51,7 +51,7 @@ def test_a_search_keeps_room_for_one_more_simulation() -> None:
         with searching(), pytest.raises(SimulationCut, match="would not end"):
             simulate(_long_trace(), _policy())
         clock.longest_s = 0.0
-    assert clock.search_depth == 0
+    assert clock.reserves == [] and clock.open_stop is None
 
 
 def test_attempt_records_the_cut_and_returns_none() -> None:
@@ -81,3 +81,19 @@ def test_a_plan_made_past_its_limit_says_so() -> None:
     assert plan.status.value == "time_limit"
     assert "past its time limit of 0.001 s" in plan.message
     assert api.check(None, plan) == []
+
+
+def test_an_engine_run_inside_a_plans_simulation_shares_its_stop() -> None:
+    """A Hetis plan simulates engine by engine: the engines' runs are parts of the plan's simulation, so
+    they stop where it stops and only the whole is recorded as a simulation's length."""
+    from gpuplan.sim.core import SimulationWatch
+
+    with solve_clock(10.0) as clock, searching():
+        whole = SimulationWatch("a plan")
+        time.sleep(0.01)
+        part = SimulationWatch("one engine")
+        assert part.stop == whole.stop < clock.at
+        part.done()
+        assert clock.longest_s == 0.0 and clock.open_stop == whole.stop
+        whole.done()
+        assert clock.longest_s >= 0.01 and clock.open_stop is None

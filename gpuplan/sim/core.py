@@ -96,11 +96,7 @@ class SolveClock:
     at: float = math.inf
     longest_s: float = 0.0
     reserves: list[bool] = field(default_factory=list)  # one per `searching` block open, innermost last
-
-    @property
-    def search_depth(self) -> int:
-        """Return how many `searching` blocks are open."""
-        return len(self.reserves)
+    open_stop: float | None = None  # the stop of the simulation running in a search (its parts share it)
 
     def stop_at(self, now: float) -> float:
         """Return when a simulation started at `now` must stop (perf_counter seconds; inf: never)."""
@@ -136,20 +132,29 @@ def searching(reserve: bool = True) -> Iterator[None]:
         yield
     finally:
         clock.reserves.pop()
+        clock.open_stop = None  # a simulation the block left unfinished (cut, or an error) is over
 
 
 class SimulationWatch:
     """One simulation's check against the solve's clock: `tick` once per iteration (the clock is read
     every 32), `done` at the end (it records the simulation's length). Inside a search it raises
     SimulationCut when the stop passes, or at once when the longest simulation so far would not end
-    before it."""
+    before it. A watch opened while another runs (an engine's run inside a whole plan's) is part of
+    that simulation: it shares its stop and records nothing."""
 
     EVERY = 32
 
     def __init__(self, what: str) -> None:
         self.clock, self.what, self.n = _CLOCK.get(), what, 0
         self.started = time.perf_counter()
+        running = self.clock.open_stop
+        self.part = running is not None
+        if running is not None:
+            self.stop = running
+            return
         self.stop = self.clock.stop_at(self.started)
+        if self.stop < math.inf:
+            self.clock.open_stop = self.stop
         if self.started + self.clock.longest_s > self.stop:
             keep = ", and the chosen plan's own simulation must follow" if self.clock.reserves[-1] else ""
             raise SimulationCut(f"a simulation of {what} would not end in the time limit (the longest so far took "
@@ -167,7 +172,9 @@ class SimulationWatch:
 
     def done(self) -> None:
         """Record that the simulation finished (its length, for the room a search keeps)."""
-        self.clock.longest_s = max(self.clock.longest_s, time.perf_counter() - self.started)
+        if not self.part:
+            self.clock.open_stop = None
+            self.clock.longest_s = max(self.clock.longest_s, time.perf_counter() - self.started)
 
 
 def rng(seed: int) -> np.random.Generator:
