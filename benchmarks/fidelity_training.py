@@ -3,7 +3,9 @@
 Each row of benchmarks/data/published_training_runs.yaml (source, model shape, GPUs, TP/PP/DP,
 micro-batch, recomputation, interleaving, sequence parallelism, global batch, the published figure)
 is evaluated as a FIXED configuration through the public API (`gpuplan.evaluate_config`) on a
-DGX A100 cluster of the stated size; nothing is fitted to these numbers.
+DGX A100 cluster of the stated size; nothing is fitted to these numbers. The h100_runs of the same
+file (NeMo 24.07 on DGX H100: fp8, distributed optimizer) are evaluated the same way and printed after
+them, as predicted / published tokens per second per GPU.
 
 ratio = predicted throughput / published throughput (>1: the model is too fast). For rows
 published in teraFLOP/s per GPU the predicted figure uses the paper's own FLOP count (Narayanan et
@@ -76,6 +78,59 @@ def evaluate_row(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
             "need_GiB": need / 2**30, "cap_GiB": cap / 2**30, "bubble": plan.predicted["bubble_fraction"]}
 
 
+def h100_problem(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """Return the poseidon problem document of one Hopper run (h100_runs: the model by catalog name or
+    shape, NeMo's execution settings from h100_defaults)."""
+    return {"kind": "poseidon",
+            "cluster": {"gpus": {d["gpu"]: row["gpus"]}, "gpus_per_node": d["gpus_per_node"],
+                        "inter_node": {"bandwidth_GBps": f"{d['nic_Gbps']} Gbps", "latency_s": "5 us",
+                                       "nics_per_node": d["nics_per_node"]}},
+            "model": row["model"], "global_batch": row["global_batch"], "seq_len": row["seq_len"], "dtype": d["dtype"],
+            "flash_attention": d["flash_attention"], "sequence_parallel": row["tp"] > 1,
+            "distributed_optimizer": d["distributed_optimizer"], "overlap_dp_allreduce": d["overlap_dp_allreduce"],
+            "blocking_p2p": d["blocking_p2p"], "max_tp": 8, "max_stages": max(16, row["pp"]),
+            "max_microbatches": 4096, "max_interleave": max(4, row["interleave"])}
+
+
+def evaluate_h100_row(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """Return the predicted figures of one Hopper run: iteration time (s), tokens per second per GPU,
+    ratio to the published figure, MFU (against the fp8 peak), memory need per GPU (GiB) and capacity."""
+    import gpuplan
+
+    problem = gpuplan.load_problem(h100_problem(row, d))
+    dp = row["gpus"] // (row["tp"] * row["pp"])
+    config = {"tp": row["tp"], "pp": row["pp"], "dp": dp, "mb": row["micro_batch"], "recompute": d["recompute"],
+              "interleave": row["interleave"]}
+    plan = gpuplan.evaluate_config(problem, config, check_memory=False)
+    t = plan.iteration_time_s
+    tokens = row["global_batch"] * row["seq_len"] / t / row["gpus"]
+    return {"dp": dp, "t": t, "predicted": tokens, "ratio": tokens / row["published"], "mfu": plan.predicted["mfu"],
+            "need_GiB": max(s.memory_bytes for s in plan.stages) / 2**30,
+            "cap_GiB": problem.cluster.type_of(d["gpu"]).memory_bytes / 2**30, "m": plan.num_microbatches}
+
+
+def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
+    """Return the printed lines of the Hopper fp8 runs (one per run, then a summary) and their ratios."""
+    d, rows = doc["h100_defaults"], doc["h100_runs"]
+    lines = [f"Hopper, fp8 (NeMo 24.07 on DGX H100; {d['dtype']}, distributed optimizer, flash attention, no "
+             "recomputation); ratio = predicted / published tokens per second per GPU",
+             f"{'source':<14}{'model':<13}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} "
+             f"{'published':>10}{'predicted':>10}{'ratio':>7}  within15%  MFU(fp8) mem/GPU"]
+    ratios = []
+    for row in rows:
+        r = evaluate_h100_row(row, d)
+        ratios.append(r["ratio"])
+        ok = abs(r["ratio"] - 1.0) <= TOLERANCE
+        mem = f"{r['need_GiB']:.0f}/{r['cap_GiB']:.0f} GiB" + ("" if r["need_GiB"] <= r["cap_GiB"] else " OVER")
+        lines.append(f"{row['source']:<14}{row['name']:<13}{row['gpus']:>5} {row['tp']:>2} {row['pp']:>3} {r['dp']:>3} "
+                     f"{row['micro_batch']:>3} {row['interleave']:>3} {row['seq_len']:>5} {row['published']:>10.0f}"
+                     f"{r['predicted']:>10.0f}{r['ratio']:>7.2f}  {'yes' if ok else 'NO':<9}  {r['mfu'] * 100:5.1f}%  {mem}")
+    inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
+    lines.append(f"Hopper fp8 within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, "
+                 f"geometric mean {_gmean(ratios):.3f}")
+    return lines, ratios
+
+
 def section_a() -> list[str]:
     """Return the printed lines of section (a): one per published run with its settings, the
     published and predicted figure, the ratio and whether it is within 15%, then a summary."""
@@ -101,6 +156,10 @@ def section_a() -> list[str]:
     inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
     lines.append(f"within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, "
                  f"geometric mean {_gmean(ratios):.3f}")
+    hopper, hopper_ratios = h100_lines(doc)
+    lines += hopper
+    every = ratios + hopper_ratios
+    lines.append(f"all sources: within 15% on {sum(abs(x - 1.0) <= TOLERANCE for x in every)}/{len(every)} runs")
     lines += pair_lines(doc)
     lines += layer_lines(doc)
     lines += miss_lines(doc)

@@ -146,7 +146,7 @@ def register(main: click.Group) -> None:
     group = subgroup(main, "evaluate", "Evaluate a fixed configuration with a model's cost model.")
     params = list(INPUTS.params) + [
         click.Option(["--config"], required=True,
-                     help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false] or a "
+                     help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false,distopt=true] or a "
                           "YAML/JSON file with those keys."),
         click.Option(["--vs-search"], is_flag=True, help="Also solve with Poseidon's search and compare."),
         click.Option(["--time-limit", "time_limit"], type=Seconds(), default=None, help="Search time limit (s)."),

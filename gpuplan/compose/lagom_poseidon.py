@@ -25,7 +25,7 @@ from typing import Any
 
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.collectives import usable_nics
-from gpuplan.models.workload import DTYPE_BYTES, model_config
+from gpuplan.models.workload import DTYPE_BYTES, model_config, storage_dtype
 
 
 def _stage_index(stages: list[dict[str, Any]], m: int, stage: int | None) -> int:
@@ -60,7 +60,7 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
         seq = int(problem["seq_len"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"at from_poseidon.plan: the plan's embedded problem with model and seq_len ({exc})") from None
-    width = DTYPE_BYTES.get(problem.get("dtype", "bf16"), 2)
+    width = DTYPE_BYTES.get(storage_dtype(str(problem.get("dtype", "bf16"))), 2)
     stages = plan["stages"]
     m = int(plan.get("num_microbatches", 1))
     k = _stage_index(stages, m, stage)

@@ -62,7 +62,11 @@ def job_args(job: TrainingJob) -> list[str]:
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif job.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
-    if job.dtype == "bf16":
+    if job.distributed_optimizer:
+        args.append("--use-distributed-optimizer")
+    if job.dtype == "fp8":  # Transformer Engine's fp8 recipe: E4M3 forward, E5M2 gradients, bf16 elsewhere
+        args += ["--bf16", "--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"]
+    elif job.dtype == "bf16":
         args.append("--bf16")
     elif job.dtype == "fp16":
         args.append("--fp16")

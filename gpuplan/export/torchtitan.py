@@ -292,8 +292,19 @@ def stage_env_wrapper(job: TrainingJob) -> str:
 def _check_config(job: TrainingJob, module: str, function: str, notes: list[str]) -> None:
     """Raise ExportRefused for what torchtitan 0.3.0's Decoder.Config.update_from_config refuses at start
     under config `module:function`: a training.seq_len longer than the plan's model max_seq_len or the
-    config's RoPE length, weight tying with pipeline_parallel_degree > 1. A config outside CONFIGS is not
+    config's RoPE length, weight tying with pipeline_parallel_degree > 1; and fp8 training or the
+    distributed optimizer (ZeRO-1), which the export has no setting for. A config outside CONFIGS is not
     checked against torchtitan's limits (noted); return None."""
+    if job.dtype == "fp8":
+        raise ExportRefused("torchtitan", [
+            f"fp8 training: torchtitan {TORCHTITAN_VERSION} switches float8 linears on in its Python config "
+            "functions (a torchao converter), which this export does not write"])
+    if job.distributed_optimizer and job.dp > 1:
+        raise ExportRefused("torchtitan", [
+            f"the plan shards only the optimizer states over its {job.dp} data-parallel replicas (distributed "
+            f"optimizer, ZeRO stage 1); torchtitan {TORCHTITAN_VERSION} replicates them "
+            "(data_parallel_replicate_degree) or shards weights and gradients too (FSDP, "
+            "data_parallel_shard_degree), whose memory and all-gathers the plan does not model"])
     limits = [("the plan's model max_seq_len", model_max_seq_len(job))]
     known = next((c for c in CONFIGS if c.name == f"{module}:{function}"), None)
     if known is None:

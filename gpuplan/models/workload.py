@@ -15,6 +15,13 @@ from gpuplan.models.base import Schema
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
+def storage_dtype(dtype: str) -> str:
+    """Return the dtype a model trained in `dtype` keeps and communicates its weights, gradients and
+    activations in: bf16 for fp8 training (Transformer Engine's recipe: only the linear layers'
+    GEMMs run in fp8, on fp8 copies cast from bf16), else `dtype` itself."""
+    return "bf16" if dtype == "fp8" else dtype
+
+
 class TransformerConfig(Schema):
     """A decoder-only transformer's shape."""
 

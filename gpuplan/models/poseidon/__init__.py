@@ -37,7 +37,7 @@ from gpuplan.models.poseidon.cost import (RECOMPUTE_MODES, LayerOptions, LayerTi
 from gpuplan.models.poseidon.dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
                                          peak_chunks_in_flight, stage_order, topological_ops)
 from gpuplan.models.profile import LayerCost, LayerTable, Profile, cluster_document
-from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_by_name
+from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, model_by_name, storage_dtype
 
 __all__ = ["_flat_ops", "build_dag", "dag_longest_path_s", "iteration_time_fast", "stage_order", "topological_ops"]
 from gpuplan.registry import ModelSpec, register_model
@@ -68,10 +68,21 @@ class PoseidonProblem(Problem):
     its gradients after its last backward; true (PyTorch DDP, Megatron's --overlap-grad-reduce):
     gradient buckets are all-reduced during the last micro-batch's backward, and only what outlasts
     it, or at least the last bucket, stays exposed (`CostModel.dp_exposed_s`).
+    `distributed_optimizer` (Megatron-LM's --use-distributed-optimizer, ZeRO stage 1): each
+    data-parallel replica keeps the optimizer states (fp32 main weights and moments) of 1/dp of its
+    stage's parameters and updates only those; the gradient all-reduce becomes a reduce-scatter of
+    the gradients and, after the step, an all-gather of the updated weights (the same bus volume;
+    with `overlap_dp_allreduce` the all-gather overlaps the next forward, as --overlap-param-gather
+    does, and only its first bucket stays exposed).
+    `dtype` fp8 is fp8 training as Transformer Engine runs it (gpuplan.models.poseidon.cost): the
+    blocks' linear layers compute in fp8 (on fp8 copies of their weights, `FP8_WEIGHT_BYTES` per
+    parameter, and of their inputs, which are kept for the backward in fp8) while weights,
+    gradients, activations and communication stay bf16 (`storage_dtype`).
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
-    weights) + in-flight activations, within `memory_fraction` of the device memory.
+    weights; divided by dp with `distributed_optimizer`) + in-flight activations, within
+    `memory_fraction` of the device memory.
     """
 
     kind: Literal["poseidon"] = "poseidon"
@@ -79,7 +90,7 @@ class PoseidonProblem(Problem):
     model: TransformerConfig
     global_batch: int = Field(gt=0)
     seq_len: int = Field(gt=0)
-    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"
+    dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "bf16"
     optimizer_state_bytes_per_param: float = Field(default=12.0, ge=0)
     efficiency: float | None = Field(default=None, gt=0, le=1)
     matmul_sweep: dict[str, list[tuple[int, float]]] = Field(default_factory=dict)
@@ -89,6 +100,7 @@ class PoseidonProblem(Problem):
     sequence_parallel: bool = True
     blocking_p2p: bool = True  # Megatron-LM's p2p_communication._communicate (see `exchanges_s`)
     overlap_dp_allreduce: bool = False  # torch DDP / --overlap-grad-reduce (see `CostModel.dp_exposed_s`)
+    distributed_optimizer: bool = False  # --use-distributed-optimizer / ZeRO-1 (see `CostModel.param_bytes`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -111,8 +123,13 @@ class PoseidonProblem(Problem):
             raise ValueError(f"at seq_len: at most the model's maximum sequence length, {self.model.max_seq_len} "
                              f"tokens for {self.model.name}, not {self.seq_len}")
         for name in self.cluster.capacity():  # the time model reads each type's peak at the problem's dtype
+            if self.dtype == "fp8" and "fp8" not in self.cluster.type_of(name).peak_tflops:
+                raise ValueError(f"at dtype: fp8 training runs the linear layers on fp8 tensor cores (Ada, Hopper "
+                                 f"and later), which device type {name!r} does not have (it lists no fp8 peak under "
+                                 f"peak_tflops); use bf16 or fp16")
             try:
                 self.cluster.type_of(name).peak(self.dtype)
+                self.cluster.type_of(name).peak(storage_dtype(self.dtype))
             except ValueError as exc:
                 raise ValueError(f"at cluster.device_types.{name}.peak_tflops: {exc} (the problem's dtype is "
                                  f"{self.dtype})") from None
@@ -233,8 +250,8 @@ class CostModel:
     def __init__(self, problem: PoseidonProblem) -> None:
         self.p = problem
         self.cfg = problem.model
-        self.wbytes = DTYPE_BYTES[problem.dtype]
-        self.state_bytes_per_param = 2 * self.wbytes + problem.optimizer_state_bytes_per_param
+        self.wbytes = DTYPE_BYTES[storage_dtype(problem.dtype)]
+        self.state_bytes_per_param = 2 * self.wbytes + problem.optimizer_state_bytes_per_param  # at dp 1
         self.opts = LayerOptions(flash=problem.flash_attention, causal=problem.causal_attention,
                                  sequence_parallel=problem.sequence_parallel)
         self._times: dict[tuple[str, int, int], LayerTimes] = {}
@@ -333,12 +350,32 @@ class CostModel:
         return (self.dp_exposed_s(shape, n_layers, first, last, num_stages, math.inf)
                 + self.optimizer_step_s(shape, n_layers, first, last, num_stages))
 
+    def param_bytes(self, dp: int) -> float:
+        """Return the bytes a device keeps per parameter of its stage (after tp): weights and
+        gradients (`dtype`) and the optimizer states, these split over the `dp` replicas with
+        `distributed_optimizer` (ZeRO stage 1)."""
+        states = self.p.optimizer_state_bytes_per_param
+        return 2 * self.wbytes + (states / dp if self.p.distributed_optimizer else states)
+
+    def fp8_weight_bytes(self, n_layers: int, tp: int) -> float:
+        """Return the bytes of the fp8 weight copies (weight and its transpose, `FP8_WEIGHT_BYTES` per
+        parameter) of `n_layers` blocks on one device in fp8 training (0 otherwise)."""
+        return n_layers * self.cfg.layer_params() / tp * FP8_WEIGHT_BYTES if self.p.dtype == "fp8" else 0.0
+
     def optimizer_step_s(self, shape: StageShape, n_layers: int, first: bool, last: bool,
                          num_stages: int = 2) -> float:
         """Return the seconds of a stage's optimizer step: `optimizer_step_bytes_per_param` per
-        parameter (split by tp) streamed through HBM."""
+        parameter (split by tp) streamed through HBM. With `distributed_optimizer` each replica
+        unscales, clips and updates its 1/dp shard (and copies it into the 16-bit weights) and zeroes
+        its whole gradient buffer (4 B per parameter)."""
         params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
-        return memory_s(self.dev(shape.device_type), params * self.optimizer_step_bytes_per_param())
+        per = self.optimizer_step_bytes_per_param()
+        if self.p.distributed_optimizer and shape.dp > 1:
+            per = (per - GRAD_ZERO_BYTES) / shape.dp + GRAD_ZERO_BYTES
+        # fp8: the updated bf16 weights are cast into their fp8 copies once per iteration (read 2 B,
+        # write the copy and its transpose), cached across the micro-batches
+        cast = self.fp8_weight_bytes(n_layers, shape.tp) / FP8_WEIGHT_BYTES * (self.wbytes + FP8_WEIGHT_BYTES)
+        return memory_s(self.dev(shape.device_type), params * per + cast)
 
     def dp_exposed_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int,
                      window_s: float) -> float:
@@ -350,16 +387,27 @@ class CostModel:
         buckets of `DDP_BUCKET_BYTES` are all-reduced as their gradients become ready during the last
         micro-batch's backward (earlier micro-batches run under no_sync), one collective at a time,
         so what outlasts the window stays exposed, and at least the last bucket, which is ready only
-        when the backward ends: max(all-reduce of the last bucket, all-reduce - window_s)."""
+        when the backward ends: max(all-reduce of the last bucket, all-reduce - window_s).
+
+        With `distributed_optimizer` the all-reduce is a reduce-scatter of the gradients (exposed as
+        above) followed, after the step, by an all-gather of the updated weights: all of it without
+        overlap; with it (--overlap-param-gather) the next forward waits for the first bucket only."""
         key = (shape, n_layers, first, last, num_stages == 1)
         if key not in self._dp:
             size = self.stage_params(n_layers, first, last, num_stages) / shape.tp * self.wbytes
-            self._dp[key] = (self.dp_allreduce_s(shape, size),
-                             self.dp_allreduce_s(shape, min(size, DDP_BUCKET_BYTES)))
-        full, bucket = self._dp[key]
+            bucket_size = min(size, DDP_BUCKET_BYTES)
+            if self.p.distributed_optimizer:
+                self._dp[key] = (self.dp_collective_s(shape, "reduce_scatter", size),
+                                 self.dp_collective_s(shape, "reduce_scatter", bucket_size),
+                                 self.dp_collective_s(shape, "all_gather", size),
+                                 self.dp_collective_s(shape, "all_gather", bucket_size))
+            else:
+                self._dp[key] = (self.dp_collective_s(shape, "all_reduce", size),
+                                 self.dp_collective_s(shape, "all_reduce", bucket_size), 0.0, 0.0)
+        full, bucket, gather, gather_bucket = self._dp[key]
         if not self.p.overlap_dp_allreduce:
-            return full
-        return max(bucket, full - window_s)
+            return full + gather
+        return max(bucket, full - window_s) + gather_bucket
 
     def dp_overlap_extra_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int,
                            window_s: float) -> float:
@@ -389,12 +437,18 @@ class CostModel:
 
     def dp_allreduce_s(self, shape: StageShape, size_bytes: float) -> float:
         """Return the seconds of the stage's data-parallel gradient all-reduce of `size_bytes` per
-        device: NCCL's model over one data-parallel group (models.collectives: rings on every rail,
-        achieved NVLink bandwidth)."""
+        device (`dp_collective_s`)."""
+        return self.dp_collective_s(shape, "all_reduce", size_bytes)
+
+    def dp_collective_s(self, shape: StageShape, op: str, size_bytes: float) -> float:
+        """Return the seconds of collective `op` ("all_reduce", "reduce_scatter", "all_gather") of
+        `size_bytes` per device (the whole vector, as nccl-tests counts it) over the stage's
+        data-parallel group: NCCL's model (models.collectives: rings on every rail, achieved NVLink
+        bandwidth); 0 without data parallelism."""
         if shape.dp <= 1:
             return 0.0
         group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
-        return float(self._coll.collective_time_s(self.p.cluster, "all_reduce", size_bytes, group, self.wbytes))
+        return float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, group, self.wbytes))
 
     def intra(self, dtype: str) -> tuple[float, float]:
         """Return (GB/s, latency s) of the slowest intra-node link among nodes holding `dtype`."""
@@ -464,7 +518,12 @@ class CostModel:
         if mode == "full":
             return b * self.p.seq_len * self.cfg.hidden * self.wbytes / (tp if sp else 1)
         flash = self.p.flash_attention or mode == "selective"
-        return self.cfg.layer_activation_bytes(b, self.p.seq_len, tp, flash=flash, sequence_parallel=sp)
+        kept = self.cfg.layer_activation_bytes(b, self.p.seq_len, tp, flash=flash, sequence_parallel=sp)
+        if self.p.dtype == "fp8":  # the four linear layers' inputs are kept as their 1-byte fp8 copies
+            c = self.cfg
+            tokens = b * self.p.seq_len
+            kept -= tokens * (2 * c.hidden / (tp if sp else 1) + (c.heads * c.dhead + c.ffn_hidden) / tp)
+        return kept
 
     def boundary_bytes(self, b: int) -> float:
         """Return the bytes of the activations sent between stages for one micro-batch of `b`."""
@@ -478,6 +537,15 @@ class CostModel:
 # PyTorch DDP's default gradient bucket (bucket_cap_mb=25): the last bucket's all-reduce cannot
 # overlap the backward (`CostModel.dp_exposed_s`).
 DDP_BUCKET_BYTES = 25 * 2**20
+
+# Bytes per parameter the optimizer step spends zeroing the fp32 gradient buffer for the next
+# iteration (`CostModel.optimizer_step_bytes_per_param`): every replica zeroes its whole buffer, also
+# under the distributed optimizer, which shards the rest of the step.
+GRAD_ZERO_BYTES = 4.0
+
+# Bytes per block parameter of the fp8 weight copies Transformer Engine caches in fp8 training: the
+# fp8 weight (1) and its transpose (1), which the forward and the input-gradient GEMMs read.
+FP8_WEIGHT_BYTES = 2.0
 
 
 @lru_cache(maxsize=65536)
@@ -516,7 +584,8 @@ def stage_memory(cm: CostModel, shape: StageShape, n_layers: int, b: int, index:
     mode = recompute_mode(recompute)
     first, last = index == 0, index == num_stages - 1
     params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
-    mem = params * cm.state_bytes_per_param + (cm.logits_bytes(shape.tp, b) if last else 0.0)
+    mem = (params * cm.param_bytes(shape.dp) + cm.fp8_weight_bytes(n_layers, shape.tp)
+           + (cm.logits_bytes(shape.tp, b) if last else 0.0))
     mem += (in_flight(cm.p.schedule, index, num_stages, m, interleave) * n_layers
             * cm.activation_bytes(shape.tp, b, mode))
     if mode == "full":

@@ -24,7 +24,8 @@ from gpuplan.models.plan import SolverInfo, Status
 _ALIASES = {"mb": "micro_batch", "mbs": "micro_batch", "micro_batch_size": "micro_batch", "vp": "interleave",
             "virtual_pipeline": "interleave", "sp": "sequence_parallel", "flash": "flash_attention",
             "t": "tp", "p": "pp", "d": "dp", "ddp_overlap": "overlap_dp_allreduce",
-            "overlap_grad_reduce": "overlap_dp_allreduce"}
+            "overlap_grad_reduce": "overlap_dp_allreduce", "distopt": "distributed_optimizer",
+            "use_distributed_optimizer": "distributed_optimizer", "zero1": "distributed_optimizer"}
 
 
 class ParallelConfig(Schema):
@@ -32,7 +33,9 @@ class ParallelConfig(Schema):
     sequences per micro-batch, recomputation mode (one for every stage, or one per stage),
     `interleave` chunks per stage; `layers` per stage (default equal); `sequence_parallel` /
     `flash_attention` / `overlap_dp_allreduce` (the DDP in use overlaps the gradient all-reduce with
-    the backward: PyTorch DDP, Megatron's --overlap-grad-reduce) override the problem's assumptions."""
+    the backward: PyTorch DDP, Megatron's --overlap-grad-reduce) / `distributed_optimizer`
+    (Megatron's --use-distributed-optimizer: optimizer states sharded over dp, ZeRO stage 1) override
+    the problem's assumptions."""
 
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
@@ -44,6 +47,7 @@ class ParallelConfig(Schema):
     sequence_parallel: bool | None = None
     flash_attention: bool | None = None
     overlap_dp_allreduce: bool | None = None
+    distributed_optimizer: bool | None = None
     device_type: str | None = None
 
 
@@ -95,14 +99,12 @@ def parse_config(source: str | Path | dict[str, Any] | ParallelConfig) -> Parall
 
 def config_problem(problem: PoseidonProblem, config: ParallelConfig) -> PoseidonProblem:
     """Return `problem` with the config's execution assumptions (sequence parallelism, flash
-    attention, data-parallel all-reduce overlap) and its recomputation mode fixed for every stage."""
+    attention, data-parallel all-reduce overlap, distributed optimizer) and its recomputation mode
+    fixed for every stage."""
     update: dict[str, Any] = {"recompute": config.recompute if isinstance(config.recompute, str) else "auto"}
-    if config.sequence_parallel is not None:
-        update["sequence_parallel"] = config.sequence_parallel
-    if config.flash_attention is not None:
-        update["flash_attention"] = config.flash_attention
-    if config.overlap_dp_allreduce is not None:
-        update["overlap_dp_allreduce"] = config.overlap_dp_allreduce
+    for field in ("sequence_parallel", "flash_attention", "overlap_dp_allreduce", "distributed_optimizer"):
+        if getattr(config, field) is not None:
+            update[field] = getattr(config, field)
     return PoseidonProblem.model_validate({**problem.model_dump(), **update})
 
 

@@ -26,6 +26,14 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   TP collectives) in backward; "selective" (Korthikanti et al. 2022) re-runs only the attention core
   (QK^T, softmax, dropout, AV); with flash attention that core is already recomputed inside the
   flash backward, so selective costs nothing extra and saves nothing extra.
+* fp8 training (`dtype` fp8: Transformer Engine's recipe, E4M3 forward / E5M2 gradients): the four
+  linear layers' GEMMs of a block (forward, input gradient, weight gradient) run on fp8 tensor cores
+  with 1-byte operands and 16-bit outputs (the weight gradient into fp32 main gradients), at the
+  type's fp8 ceiling (`FP8_CEILING`), the two gradient GEMMs slower by `FP8_SPLIT_ACCUMULATION`
+  (they accumulate with fp32 promotion); each linear's input (forward) and output gradient (backward)
+  pass through a cast-transpose kernel that reads them in bf16 and writes the fp8 copy and its
+  transpose (`FP8_CAST_BYTES` per element). Attention, element-wise ops, the embedding and the
+  output head stay in bf16 (`storage_dtype`).
 * Tensor parallelism (Megatron): two all-reduces of the layer's activations per direction, or with
   sequence parallelism two all-gathers and two reduce-scatters of the same total bus volume; not
   overlapped with compute.
@@ -38,7 +46,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from gpuplan.models.cluster import DeviceType
-from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig
+from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, storage_dtype
 
 if TYPE_CHECKING:
     from gpuplan.models.profile import LayerTable
@@ -60,6 +68,25 @@ GEMM_CEILING: dict[str, float] = {"A100-80GB": 267.9 / 312, "A100-40GB": 267.9 /
                                   "H100-PCIe": 256.4 / 312}
 ARCH_CEILING: dict[str, float] = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
 DEFAULT_CEILING = 0.8
+
+# Largest-GEMM ceiling of fp8 GEMMs per architecture, over the dense fp8 datasheet peak: tile-lang's
+# FP8 matmul benchmark (benchmark/matmul_fp8/README.md) on an H800 SXM (H100 SXM's 132 SMs and
+# clocks, 1978.9 TFLOP/s dense fp8) records 1,461 and 1,507 TFLOP/s at M = N = K = 8192 in its two
+# runs; the larger is taken, as the bf16 ceilings are the best measured. Architectures without an
+# fp8 measurement use their bf16 ceiling.
+FP8_CEILING: dict[str, float] = {"hopper": 1507.0 / 1978.9}
+
+# Slowdown of fp8 GEMMs that accumulate with promotion to fp32 ("split accumulator", cuBLASLt's
+# CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0) against fast accumulation: Transformer Engine's recipe runs the
+# forward GEMM with fast accumulation and the input- and weight-gradient GEMMs split (as torchao's
+# float8 training does); torchao users measure fast accumulation 1.1-1.2x faster (pytorch/ao issue
+# 2377): the middle, 1.15, is taken.
+FP8_SPLIT_ACCUMULATION = 1.15
+
+# Bytes per element of Transformer Engine's cast-transpose of a linear layer's input (forward) or
+# output gradient (backward) in fp8 training: read the bf16 tensor (2), write its fp8 copy (1) and
+# the transposed fp8 copy the weight gradient reads (1). First principles.
+FP8_CAST_BYTES = 4.0
 
 # Streaming multiprocessors per catalog type (vendor whitepapers / datasheets).
 SM_COUNT: dict[str, int] = {"K80": 13, "P100": 56, "V100": 80, "V100-32GB": 80, "T4": 40, "A10": 72, "L4": 58,
@@ -84,11 +111,14 @@ MAIN_GRAD_BYTES = 8.0
 TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
 
 
-def gemm_ceiling(dev: DeviceType) -> float:
-    """Return the fraction of the dense peak the largest GEMMs reach on `dev` (1.0 for measured types,
-    whose peak is already the measured best)."""
+def gemm_ceiling(dev: DeviceType, dtype: str = "bf16") -> float:
+    """Return the fraction of the dense `dtype` peak the largest GEMMs reach on `dev` (1.0 for measured
+    types, whose peak is already the measured best; fp8: `FP8_CEILING` of the architecture when
+    measured, else the 16-bit ceiling)."""
     if dev.measured:
         return 1.0
+    if dtype == "fp8" and dev.arch in FP8_CEILING:
+        return FP8_CEILING[dev.arch]
     return GEMM_CEILING.get(dev.name, ARCH_CEILING.get(dev.arch, DEFAULT_CEILING))
 
 
@@ -140,7 +170,7 @@ def gemm_efficiency(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: 
     """
     if sweep:
         return max(1e-6, min(1.0, sweep_fraction(sweep, (M * N * K) ** (1.0 / 3.0))))
-    return roofline_efficiency(dev, dtype, M, N, K, gemm_ceiling(dev)) * wave_efficiency(dev, M, N, batch)
+    return roofline_efficiency(dev, dtype, M, N, K, gemm_ceiling(dev, dtype)) * wave_efficiency(dev, M, N, batch)
 
 
 def serial_epilogue(dev: DeviceType) -> bool:
@@ -173,7 +203,7 @@ def gemm_s(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: int = 1,
         if out_bytes is None:
             return t
         return max(t, memory_s(dev, batch * ((M * K + K * N) * w + M * N * ob)))
-    math_s = flops / (peak * gemm_ceiling(dev) * wave_efficiency(dev, M, N, batch))
+    math_s = flops / (peak * gemm_ceiling(dev, dtype) * wave_efficiency(dev, M, N, batch))
     operands_s = memory_s(dev, batch * (M * K + K * N) * w)
     return max(math_s, operands_s) + memory_s(dev, batch * M * N * ob)
 
@@ -238,8 +268,12 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     fp32 main gradients (`MAIN_GRAD_BYTES` per element). Without flash attention the kernels are
     Megatron-LM's explicit path: the QKV bias added by its own kernel (`matmul` then `+ bias`), the
     fused scale-mask-softmax kernel and a separate dropout kernel over the scores, and the context
-    layer's permute copy back to [s, b, h].
+    layer's permute copy back to [s, b, h]. In fp8 training the four linear layers run fp8 GEMMs
+    with their cast-transposes (see the module's notes) and everything else runs in `storage_dtype`.
     """
+    lin = dtype  # the linear layers' GEMM dtype
+    dtype = storage_dtype(dtype)
+    fp8 = lin == "fp8"
     w = DTYPE_BYTES[dtype]
     T, h, d = b * seq, cfg.hidden, cfg.dhead
     qkv = (cfg.heads + 2 * cfg.kv) * d // tp
@@ -254,8 +288,13 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
 
     def linear(n_in: int, n_out: int) -> tuple[float, float]:
         # forward [T, n_in] x [n_in, n_out]; backward: input gradient and weight gradient (fp32 main grad)
-        wgrad = gemm_s(dev, dtype, n_out, n_in, T, 1, sweep, out_bytes=MAIN_GRAD_BYTES)
-        return g(T, n_out, n_in), g(T, n_in, n_out) + wgrad
+        wgrad = gemm_s(dev, lin, n_out, n_in, T, 1, sweep, out_bytes=MAIN_GRAD_BYTES)
+        if not fp8:
+            return g(T, n_out, n_in), g(T, n_in, n_out) + wgrad
+        # fp8 operands, 16-bit outputs; the input's and the output gradient's cast-transposes
+        fwd = gemm_s(dev, lin, T, n_out, n_in, 1, sweep, out_bytes=w) + memory_s(dev, T * n_in * FP8_CAST_BYTES)
+        dgrad = gemm_s(dev, lin, T, n_in, n_out, 1, sweep, out_bytes=w)
+        return fwd, FP8_SPLIT_ACCUMULATION * (dgrad + wgrad) + memory_s(dev, T * n_out * FP8_CAST_BYTES)
 
     def elem(fwd_bytes_per_token: float, bwd_factor: float = 2.0) -> tuple[float, float]:
         f = memory_s(dev, T * fwd_bytes_per_token)
@@ -331,7 +370,8 @@ def head_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: 
                sweep: Sequence[tuple[int, float]] | None = None) -> tuple[float, float]:
     """Return (forward_s, backward_s) of the output projection onto the vocabulary (split by tp) and
     the fp32 vocabulary-parallel cross-entropy over its logits (memory-bound, Megatron-LM's kernel
-    sequence: bytes per logit in `ce_bytes_per_logit`)."""
+    sequence: bytes per logit in `ce_bytes_per_logit`); in `storage_dtype` (bf16 in fp8 training)."""
+    dtype = storage_dtype(dtype)
     T, V = b * seq, max(1, cfg.vocab // tp)
     f = gemm_s(dev, dtype, T, V, cfg.hidden, 1, sweep)
     bwd = (gemm_s(dev, dtype, T, cfg.hidden, V, 1, sweep)
@@ -368,8 +408,8 @@ def softmax_bytes_per_score(w: int, seq: int, causal: bool) -> tuple[float, floa
 
 def embedding_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, b: int, seq: int) -> tuple[float, float]:
     """Return (forward_s, backward_s) of the token (+ position) embedding lookup: memory-bound gathers
-    and the scatter-add of its gradient."""
-    size = b * seq * cfg.hidden * DTYPE_BYTES[dtype]
+    and the scatter-add of its gradient (in `storage_dtype`)."""
+    size = b * seq * cfg.hidden * DTYPE_BYTES[storage_dtype(dtype)]
     return memory_s(dev, 2.0 * size), memory_s(dev, 3.0 * size)
 
 
