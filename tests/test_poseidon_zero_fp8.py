@@ -217,3 +217,17 @@ def test_every_published_hopper_configuration_fits_the_models_memory() -> None:
         r = F.evaluate_h100_row(row, doc["h100_defaults"])
         assert r["need_GiB"] <= r["cap_GiB"], row["name"]
         assert 0.5 < r["ratio"] < 2.0, row["name"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_lagom_tunes_the_reduce_scatter_and_all_gather_of_the_distributed_optimizer(overlap: bool) -> None:
+    from gpuplan.compose.lagom_poseidon import workload_from_poseidon
+
+    plain = gpuplan.evaluate_config(problem(overlap_dp_allreduce=overlap), CONFIG)
+    zero = gpuplan.evaluate_config(problem(overlap_dp_allreduce=overlap, distributed_optimizer=True), CONFIG)
+    ops = {o["name"]: o for o in workload_from_poseidon(zero.model_dump(mode="json"))["ops"]}
+    base = {o["name"]: o for o in workload_from_poseidon(plain.model_dump(mode="json"))["ops"]}
+    assert base["dp-grads"]["collective"] == "all_reduce" and "dp-params" not in base
+    assert ops["dp-grads"]["collective"] == "reduce_scatter" and ops["dp-params"]["collective"] == "all_gather"
+    assert ops["dp-grads"]["size_bytes"] == ops["dp-params"]["size_bytes"] == base["dp-grads"]["size_bytes"]
+    assert ops["dp-params"]["overlaps"] == ("fwd-mb0" if overlap else None)

@@ -97,8 +97,17 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
         dp_nodes = nodes if dp % nodes == 0 else 1
         net = {"inter_GBps": inter, "nics": group_nics(cluster, list(st.get("nodes", [])), dp // dp_nodes)}
         groups["dp"] = {"ranks": dp, "nodes": dp_nodes, **(net if dp_nodes > 1 else {})}
-        ops.append({"name": "dp-grads", "collective": "all_reduce", "size_bytes": cfg.layer_params() / tp * width,
-                    "group": "dp", "overlaps": f"bwd-mb{m - 1}", "count": layers})
+        grads = cfg.layer_params() / tp * width
+        if problem.get("distributed_optimizer"):
+            # ZeRO-1: the gradients are reduce-scattered under the last backward and the updated weights
+            # all-gathered, under the next iteration's first forward with --overlap-param-gather
+            ops.append({"name": "dp-grads", "collective": "reduce_scatter", "size_bytes": grads, "group": "dp",
+                        "overlaps": f"bwd-mb{m - 1}", "count": layers})
+            ops.append({"name": "dp-params", "collective": "all_gather", "size_bytes": grads, "group": "dp",
+                        "overlaps": "fwd-mb0" if problem.get("overlap_dp_allreduce") else None, "count": layers})
+        else:
+            ops.append({"name": "dp-grads", "collective": "all_reduce", "size_bytes": grads, "group": "dp",
+                        "overlaps": f"bwd-mb{m - 1}", "count": layers})
     if not ops:
         raise ValueError(f"at from_poseidon.stage: stage {k} communicates nothing (tp=1, dp=1, one stage)")
     return {"name": f"poseidon stage {k} of {len(stages)} ({cfg.name}, tp={tp}, dp={dp}, m={m})",

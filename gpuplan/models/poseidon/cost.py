@@ -16,7 +16,8 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   twice the forward's bytes. `layer_ops` lists each operation of a block with its times.
 * Attention: flash attention (fused, scores never stored) when `flash`; its forward FLOPs are
   4 b s^2 (heads x head_dim) / tp, halved when `causal` (the kernel skips masked blocks), its
-  backward 2.5x the forward (five matmuls instead of two: it recomputes the scores). Without flash,
+  backward 2.5x the forward (five matmuls instead of two: it recomputes the scores), at the rates
+  measured for cuDNN's kernel on Hopper (`FLASH_HOPPER_TFLOPS`), else at the GEMM rate. Without flash,
   Megatron-LM's explicit path (2021-22): QK^T and AV batched GEMMs over the full square, the fused
   scale-mask-softmax kernel (causal: it reads the lower triangle only) and a separate dropout kernel
   over b (heads/tp) s^2 scores, the QKV bias added by its own kernel, the context layer's permute
@@ -82,6 +83,20 @@ FP8_CEILING: dict[str, float] = {"hopper": 1507.0 / 1978.9}
 # float8 training does); torchao users measure fast accumulation 1.1-1.2x faster (pytorch/ao issue
 # 2377): the middle, 1.15, is taken.
 FP8_SPLIT_ACCUMULATION = 1.15
+
+# Fused (flash) attention on Hopper as measured: cuDNN's kernel, which Transformer Engine prefers on
+# Hopper, in bf16 with head dim 128 on an H100 80GB SXM5 (Shah et al., "FlashAttention-3", 2024,
+# figures "Attention forward speed, head dim 128" with and without the causal mask, and "Attention
+# backward speed, head dim 128"), TFLOP/s per sequence length, FLOPs counted as FlashAttention
+# counts them (causal: half; backward: 2.5x the forward). Interpolated in log sequence length,
+# clamped at the ends, as fractions of the dense bf16 peak (989.4). Other architectures keep the
+# GEMM rate of (s, s, head_dim) x heads.
+FLASH_SEQ: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+FLASH_HOPPER_TFLOPS: dict[str, tuple[float, ...]] = {
+    "forward": (497.0, 574.0, 617.0, 609.0, 600.0, 595.0),
+    "forward_causal": (315.0, 410.0, 484.0, 518.0, 529.0, 539.0),
+    "backward": (305.0, 408.0, 465.0, 499.0, 518.0, 516.0)}
+FLASH_HOPPER_PEAK = 989.4
 
 # Bytes per element of Transformer Engine's cast-transpose of a linear layer's input (forward) or
 # output gradient (backward) in fp8 training: read the bf16 tensor (2), write its fp8 copy (1) and
@@ -171,6 +186,19 @@ def gemm_efficiency(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: 
     if sweep:
         return max(1e-6, min(1.0, sweep_fraction(sweep, (M * N * K) ** (1.0 / 3.0))))
     return roofline_efficiency(dev, dtype, M, N, K, gemm_ceiling(dev, dtype)) * wave_efficiency(dev, M, N, batch)
+
+
+def flash_fractions(dev: DeviceType, seq: int, causal: bool) -> tuple[float, float] | None:
+    """Return the (forward, backward) fractions of the dense 16-bit peak that fused attention reaches
+    at `seq` tokens on `dev` as measured (`FLASH_HOPPER_TFLOPS`: Hopper), or None where no measurement
+    applies (other architectures, measured or unknown types: the GEMM rate stands)."""
+    if dev.measured or dev.arch != "hopper":
+        return None
+    fwd = FLASH_HOPPER_TFLOPS["forward_causal" if causal else "forward"]
+    pts_f = [(n, f / FLASH_HOPPER_PEAK) for n, f in zip(FLASH_SEQ, fwd)]
+    pts_b = [(n, f / FLASH_HOPPER_PEAK) for n, f in zip(FLASH_SEQ, FLASH_HOPPER_TFLOPS["backward"])]
+    at = max(FLASH_SEQ[0], min(FLASH_SEQ[-1], seq))  # clamped at both ends
+    return sweep_fraction(pts_f, at), sweep_fraction(pts_b, at)
 
 
 def serial_epilogue(dev: DeviceType) -> bool:
@@ -315,9 +343,13 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     if opts.flash:
         flops = 4.0 * b * seq * seq * heads * d * (0.5 if opts.causal else 1.0)
         rate = dev.peak(dtype) * 1e12 * gemm_efficiency(dev, dtype, seq, seq, d, b * heads, sweep)
+        rate_f = rate_b = rate
+        measured = flash_fractions(dev, seq, opts.causal) if not sweep else None
+        if measured is not None:
+            rate_f, rate_b = (dev.peak(dtype) * 1e12 * f for f in measured)
         io = 4.0 * T * heads * d * w  # Q, K, V read, O written
-        ops.append(OpTime("flash attention", max(flops / rate, memory_s(dev, io)),
-                          max(2.5 * flops / rate, memory_s(dev, 2.0 * io + T * heads * d * w))))
+        ops.append(OpTime("flash attention", max(flops / rate_f, memory_s(dev, io)),
+                          max(2.5 * flops / rate_b, memory_s(dev, 2.0 * io + T * heads * d * w))))
     else:
         bh = b * heads
         scores = float(bh * seq * seq)
