@@ -179,9 +179,14 @@ def test_megatron_gets_the_distributed_optimizer_and_fp8(h100_bundle: Path) -> N
     args = megatron.export(h100_bundle)["args"]
     assert "--use-distributed-optimizer" in args
     assert args[args.index("--fp8-format") + 1] == "hybrid" and "--bf16" in args and "--fp16" not in args
+    assert "--overlap-grad-reduce" not in args and "--overlap-param-gather" not in args
     job = training_job(h100_bundle, "Megatron-LM")
     plain = megatron.job_args(dataclasses.replace(job, dtype="bf16", distributed_optimizer=False))
     assert "--use-distributed-optimizer" not in plain and "--fp8-format" not in plain
+    overlapped = megatron.job_args(dataclasses.replace(job, overlap_dp_allreduce=True))
+    assert "--overlap-grad-reduce" in overlapped and "--overlap-param-gather" in overlapped
+    ddp = megatron.job_args(dataclasses.replace(job, overlap_dp_allreduce=True, distributed_optimizer=False))
+    assert "--overlap-grad-reduce" in ddp and "--overlap-param-gather" not in ddp
 
 
 def test_torchtitan_refuses_what_its_export_cannot_switch_on(h100_bundle: Path, tmp_path: Path) -> None:

@@ -57,6 +57,7 @@ class TrainingJob:
     stage_gpus: list[list[int]] = field(default_factory=list)  # each stage's global GPU ids in the cluster
     cluster: dict[str, Any] = field(default_factory=dict)  # the plan's problem's cluster, as written in the plan
     distributed_optimizer: bool = False  # optimizer states sharded over dp (ZeRO-1), the problem's field
+    overlap_dp_allreduce: bool = False  # gradient reduction overlapped with the backward, the problem's field
 
     @property
     def num_stages(self) -> int:
@@ -137,7 +138,8 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        nccl_env=env, predicted_iteration_s=float(manifest["predicted"]["iteration_time_s"]),
                        notes=notes, stage_gpus=[[int(g) for g in s.get("gpu_ids", [])] for s in stages],
                        cluster=dict(problem.get("cluster") or {}),
-                       distributed_optimizer=bool(problem.get("distributed_optimizer", False)))
+                       distributed_optimizer=bool(problem.get("distributed_optimizer", False)),
+                       overlap_dp_allreduce=bool(problem.get("overlap_dp_allreduce", False)))
 
 
 @dataclass

@@ -64,6 +64,10 @@ def job_args(job: TrainingJob) -> list[str]:
         args += ["--recompute-granularity", "selective"]
     if job.distributed_optimizer:
         args.append("--use-distributed-optimizer")
+    if job.overlap_dp_allreduce:  # the plan's time hides the gradient reduction (and the weights' gather)
+        args.append("--overlap-grad-reduce")
+        if job.distributed_optimizer:
+            args.append("--overlap-param-gather")
     if job.dtype == "fp8":  # Transformer Engine's fp8 recipe: E4M3 forward, E5M2 gradients, bf16 elsewhere
         args += ["--bf16", "--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"]
     elif job.dtype == "bf16":
