@@ -11,6 +11,8 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import gpuplan
 from gpuplan import api
@@ -236,3 +238,21 @@ def test_lagom_tunes_the_reduce_scatter_and_all_gather_of_the_distributed_optimi
     assert ops["dp-grads"]["collective"] == "reduce_scatter" and ops["dp-params"]["collective"] == "all_gather"
     assert ops["dp-grads"]["size_bytes"] == ops["dp-params"]["size_bytes"] == base["dp-grads"]["size_bytes"]
     assert ops["dp-params"]["overlaps"] == ("fwd-mb0" if overlap else None)
+
+
+@settings(max_examples=15, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2]), mb=st.sampled_from([1, 2]),
+       overlap=st.booleans(), dtype=st.sampled_from(["bf16", "fp8"]))
+def test_sharding_the_states_never_costs_memory_or_step_time(tp: int, pp: int, mb: int, overlap: bool,
+                                                            dtype: str) -> None:
+    """Whatever the configuration: the distributed optimizer keeps at most the memory of replicated
+    states (strictly less with dp > 1) and its step takes no longer; forward and backward are the same."""
+    dp = 16 // (tp * pp)
+    config = {"tp": tp, "pp": pp, "dp": dp, "mb": mb, "recompute": "full"}
+    plain = gpuplan.evaluate_config(problem(overlap_dp_allreduce=overlap, dtype=dtype), config, check_memory=False)
+    zero = gpuplan.evaluate_config(problem(overlap_dp_allreduce=overlap, dtype=dtype, distributed_optimizer=True),
+                                   config, check_memory=False)
+    for a, b in zip(plain.stages, zero.stages):
+        assert b.memory_bytes < a.memory_bytes if dp > 1 else b.memory_bytes == a.memory_bytes
+        assert b.optimizer_s <= a.optimizer_s
+        assert (b.forward_s, b.backward_s) == (a.forward_s, a.backward_s)
