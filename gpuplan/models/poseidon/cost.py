@@ -316,12 +316,13 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
 
     def linear(n_in: int, n_out: int) -> tuple[float, float]:
         # forward [T, n_in] x [n_in, n_out]; backward: input gradient and weight gradient (fp32 main grad)
-        wgrad = gemm_s(dev, lin, n_out, n_in, T, 1, sweep, out_bytes=MAIN_GRAD_BYTES)
+        wgrad = gemm_s(dev, lin, n_out, n_in, T, 1, None if fp8 else sweep, out_bytes=MAIN_GRAD_BYTES)
         if not fp8:
             return g(T, n_out, n_in), g(T, n_in, n_out) + wgrad
-        # fp8 operands, 16-bit outputs; the input's and the output gradient's cast-transposes
-        fwd = gemm_s(dev, lin, T, n_out, n_in, 1, sweep, out_bytes=w) + memory_s(dev, T * n_in * FP8_CAST_BYTES)
-        dgrad = gemm_s(dev, lin, T, n_in, n_out, 1, sweep, out_bytes=w)
+        # fp8 operands, 16-bit outputs; the input's and the output gradient's cast-transposes (a profile's
+        # matmul sweep, or the flat `efficiency`, is of 16-bit matmuls: the fp8 GEMMs keep the fp8 ceiling)
+        fwd = gemm_s(dev, lin, T, n_out, n_in, 1, None, out_bytes=w) + memory_s(dev, T * n_in * FP8_CAST_BYTES)
+        dgrad = gemm_s(dev, lin, T, n_in, n_out, 1, None, out_bytes=w)
         return fwd, FP8_SPLIT_ACCUMULATION * (dgrad + wgrad) + memory_s(dev, T * n_out * FP8_CAST_BYTES)
 
     def elem(fwd_bytes_per_token: float, bwd_factor: float = 2.0) -> tuple[float, float]:
