@@ -256,3 +256,24 @@ def test_sharding_the_states_never_costs_memory_or_step_time(tp: int, pp: int, m
         assert b.memory_bytes < a.memory_bytes if dp > 1 else b.memory_bytes == a.memory_bytes
         assert b.optimizer_s <= a.optimizer_s
         assert (b.forward_s, b.backward_s) == (a.forward_s, a.backward_s)
+
+
+def test_evaluate_states_its_assumptions_and_searches_under_them(tmp_path: Path) -> None:
+    """`gpuplan evaluate poseidon --vs-search` compares the configuration with the search under the
+    same execution assumptions: a config that shards the optimizer states is compared with a search
+    that may too (without it, llama2-7b at tp 1 does not fit an 80 GB GPU at all)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gpuplan.cli import main
+
+    doc = tmp_path / "h100.yaml"
+    doc.write_text("kind: poseidon\ncluster: {preset: dgx-h100x2}\nmodel: llama2-7b\nglobal_batch: 64\n"
+                   "seq_len: 2048\ndtype: fp8\nmax_stages: 2\n", encoding="utf-8")
+    r = CliRunner().invoke(main, ["evaluate", "poseidon", str(doc), "--config", "tp=1,pp=1,dp=16,mb=1,distopt=true",
+                                  "--vs-search", "--time-limit", "30", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert "sharded over dp" in out["assumptions"] and "dtype fp8" in out["assumptions"]
+    assert out["search"]["status"] == "optimal" and out["search"]["config_over_search"] >= 1 - 1e-9

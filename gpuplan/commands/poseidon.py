@@ -92,6 +92,20 @@ INPUTS = ProblemInputs("poseidon", [
                "(or CLUSTER is a whole poseidon problem file).")
 
 
+def assumptions(problem: Any) -> str:
+    """Return the execution assumptions a Poseidon prediction rests on, in one line: dtype, optimizer
+    states, data-parallel overlap, attention kernel, sequence parallelism, pipeline exchanges."""
+    return "; ".join([
+        f"dtype {problem.dtype}" + (" (fp8 linear GEMMs, the rest bf16)" if problem.dtype == "fp8" else ""),
+        "optimizer states sharded over dp (distributed optimizer)" if problem.distributed_optimizer
+        else "optimizer states replicated",
+        "gradient reduction overlapped with the backward" if problem.overlap_dp_allreduce
+        else "gradient reduction after the backward",
+        "flash attention" if problem.flash_attention else "explicit attention (scores in memory)",
+        "sequence parallelism" if problem.sequence_parallel else "no sequence parallelism",
+        "blocking pipeline exchanges" if problem.blocking_p2p else "overlapped pipeline exchanges"])
+
+
 def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_limit: float | None,
                        allow_over_memory: bool, json_out: str | None = None, **values: Any) -> None:
     """Evaluate one fixed configuration; print its figures (and the search's plan with --vs-search), or
@@ -108,13 +122,15 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
         plan = api.evaluate_config(problem, config, check_memory=not allow_over_memory)
         fixed = api.plan_problem(plan)
         figures = {"configuration": plan.solver.options if plan.solver else {},
+                   "assumptions": assumptions(fixed),  # type: ignore[arg-type]
                    "iteration_time_s": plan.iteration_time_s,
                    **{k: plan.predicted[k] for k in ("throughput_samples_per_s", "tokens_per_s",
                                                      "model_tflops_per_gpu", "mfu", "bubble_fraction")}}
         search: dict[str, Any] | None = None
         rows: list[list[Any]] = [[k, v] for k, v in figures.items()]
-        if vs_search:
-            best = api.solve(problem, time_limit_s=time_limit)
+        if vs_search:  # under the configuration's execution assumptions, with the problem's recomputation
+            searched = fixed.model_copy(update={"recompute": api.load_problem(problem).recompute})  # type: ignore[union-attr]
+            best = api.solve(searched, time_limit_s=time_limit)
             if best.ok:
                 shape = (" | ".join(f"{s.device_type}:{s.tp}x{s.dp}:{s.num_layers}L:{s.recompute}"
                                     for s in best.stages) + f" m={best.num_microbatches}")
