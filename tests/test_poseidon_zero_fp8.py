@@ -277,3 +277,22 @@ def test_evaluate_states_its_assumptions_and_searches_under_them(tmp_path: Path)
     out = json.loads(r.output)
     assert "sharded over dp" in out["assumptions"] and "dtype fp8" in out["assumptions"]
     assert out["search"]["status"] == "optimal" and out["search"]["config_over_search"] >= 1 - 1e-9
+
+
+def test_cli_options_set_the_precision_and_the_optimizer_sharding(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gpuplan.cli import main
+
+    args = ["evaluate", "poseidon", "dgx-h100x2", "llama2-7b", "--batch", "64", "--seq", "2048",
+            "--config", "tp=1,pp=1,dp=16,mb=1", "-o", str(tmp_path / "p.json")]
+    r = CliRunner().invoke(main, args + ["--dtype", "fp8", "--distributed-optimizer"])
+    assert r.exit_code == 0, r.output
+    problem = gpuplan.load_plan(tmp_path / "p.json").problem
+    assert problem["dtype"] == "fp8" and problem["distributed_optimizer"] is True  # type: ignore[index]
+    r = CliRunner().invoke(main, args + ["--no-distributed-optimizer"])
+    assert r.exit_code == 2 and "needs" in r.output and "GiB per device" in r.output
+    r = CliRunner().invoke(main, ["solve", "poseidon", "dgx-a100x4", "llama2-7b", "--batch", "64", "--seq", "2048",
+                                  "--dtype", "fp8", "-o", str(tmp_path / "q.json")])
+    assert r.exit_code == 2 and "field 'dtype'" in r.output and "A100-80GB" in r.output
+    assert not (tmp_path / "q.json").exists()

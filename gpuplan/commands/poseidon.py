@@ -31,7 +31,8 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 
 
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
-          max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, **_: Any) -> Problem:
+          max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, dtype: str | None = None,
+          distributed_optimizer: bool | None = None, **_: Any) -> Problem:
     """Return the PoseidonProblem the command-line arguments describe."""
     from gpuplan.api import load_problem
 
@@ -46,7 +47,8 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         mdoc, _ = _document(model)
         problem["model"] = mdoc.get("model", mdoc) if isinstance(mdoc, dict) else mdoc
     for key, value in (("global_batch", batch), ("seq_len", seq), ("schedule", schedule),
-                       ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave)):
+                       ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave),
+                       ("dtype", dtype), ("distributed_optimizer", distributed_optimizer)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -88,6 +90,10 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--max-tp", "max_tp"], type=int, default=None, help="Largest tensor-parallel degree."),
     click.Option(["--max-interleave", "max_interleave"], type=int, default=None,
                  help="Most model chunks per stage (Megatron's interleaved 1F1B; 1: none)."),
+    click.Option(["--dtype"], type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), default=None,
+                 help="Training precision (fp8: Transformer Engine's, the linear layers in fp8)."),
+    click.Option(["--distributed-optimizer/--no-distributed-optimizer", "distributed_optimizer"], default=None,
+                 help="Optimizer states sharded over the data-parallel replicas (ZeRO-1), or replicated."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 

@@ -124,9 +124,9 @@ class PoseidonProblem(Problem):
                              f"tokens for {self.model.name}, not {self.seq_len}")
         for name in self.cluster.capacity():  # the time model reads each type's peak at the problem's dtype
             if self.dtype == "fp8" and "fp8" not in self.cluster.type_of(name).peak_tflops:
-                raise ValueError(f"at dtype: fp8 training runs the linear layers on fp8 tensor cores (Ada, Hopper "
-                                 f"and later), which device type {name!r} does not have (it lists no fp8 peak under "
-                                 f"peak_tflops); use bf16 or fp16")
+                raise ValueError(f"at dtype: bf16 or fp16 on device type {name!r}, not fp8: fp8 training runs the "
+                                 f"linear layers on fp8 tensor cores (Ada, Hopper and later), which it lacks (it "
+                                 f"lists no fp8 peak under peak_tflops)")
             try:
                 self.cluster.type_of(name).peak(self.dtype)
                 self.cluster.type_of(name).peak(storage_dtype(self.dtype))
