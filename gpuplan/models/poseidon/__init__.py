@@ -251,7 +251,6 @@ class CostModel:
         self.p = problem
         self.cfg = problem.model
         self.wbytes = DTYPE_BYTES[storage_dtype(problem.dtype)]
-        self.state_bytes_per_param = 2 * self.wbytes + problem.optimizer_state_bytes_per_param  # at dp 1
         self.opts = LayerOptions(flash=problem.flash_attention, causal=problem.causal_attention,
                                  sequence_parallel=problem.sequence_parallel)
         self._times: dict[tuple[str, int, int], LayerTimes] = {}

@@ -1143,7 +1143,7 @@ def _smallest_microbatch(problem: PoseidonProblem) -> int:
 def _why_infeasible(problem: PoseidonProblem) -> str:
     b = _smallest_microbatch(problem)
     cm = CostModel(problem)
-    states = problem.model.layer_params() * problem.model.num_layers * cm.state_bytes_per_param
+    states = problem.model.layer_params() * problem.model.num_layers * cm.param_bytes(1)
     room = sum(problem.cluster.type_of(d.type).memory_bytes for d in problem.cluster.devices) * problem.memory_fraction
     if b > 1 and states < room:  # the micro-batch space, not the model's size, is what no stage can hold
         G, M = problem.global_batch, problem.max_microbatches
@@ -1154,7 +1154,7 @@ def _why_infeasible(problem: PoseidonProblem) -> str:
                 f"({b} x {problem.seq_len} tokens of activations per in-flight micro-batch); use a global batch "
                 f"with more divisors or raise max_microbatches (to {G} for micro-batches of one sequence)")
     cfg = problem.model
-    per_layer = cfg.layer_params() * cm.state_bytes_per_param
+    per_layer = cfg.layer_params() * cm.param_bytes(1)
     best_cap = max(problem.cluster.type_of(t).memory_bytes for t in problem.cluster.capacity()) * problem.memory_fraction
     total_devices = len(problem.cluster.devices)
     return (f"no plan of the search space fits: {cfg.num_layers} layers of {cfg.layer_params() / 1e6:.1f} M parameters "
