@@ -38,13 +38,18 @@ def narayanan_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) 
     return 96.0 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
+def cluster_of(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """Return the cluster document of one published run: its GPUs of the defaults' type in nodes of
+    gpus_per_node, nics_per_node NICs of nic_Gbps each."""
+    return {"gpus": {d["gpu"]: row["gpus"]}, "gpus_per_node": d["gpus_per_node"],
+            "inter_node": {"bandwidth_GBps": f"{d['nic_Gbps']} Gbps", "latency_s": "5 us",
+                           "nics_per_node": d["nics_per_node"]}}
+
+
 def problem_of(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     """Return the poseidon problem document of one published run."""
     h = row["hidden"]
-    return {"kind": "poseidon",
-            "cluster": {"gpus": {d["gpu"]: row["gpus"]}, "gpus_per_node": d["gpus_per_node"],
-                        "inter_node": {"bandwidth_GBps": f"{d['nic_Gbps']} Gbps", "latency_s": "5 us",
-                                       "nics_per_node": d["nics_per_node"]}},
+    return {"kind": "poseidon", "cluster": cluster_of(row, d),
             "model": {"name": f"gpt-{row['name'].split()[0].lower()}", "num_layers": row["layers"], "hidden": h,
                       "heads": row["heads"], "ffn_hidden": 4 * h, "vocab": d["vocab"], "gated_mlp": False,
                       "tied_embeddings": True, "max_seq_len": d["seq_len"]},
@@ -81,11 +86,7 @@ def evaluate_row(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
 def h100_problem(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     """Return the poseidon problem document of one Hopper run (h100_runs: the model by catalog name or
     shape, NeMo's execution settings from h100_defaults)."""
-    return {"kind": "poseidon",
-            "cluster": {"gpus": {d["gpu"]: row["gpus"]}, "gpus_per_node": d["gpus_per_node"],
-                        "inter_node": {"bandwidth_GBps": f"{d['nic_Gbps']} Gbps", "latency_s": "5 us",
-                                       "nics_per_node": d["nics_per_node"]}},
-            "model": row["model"], "global_batch": row["global_batch"], "seq_len": row["seq_len"], "dtype": d["dtype"],
+    return {"kind": "poseidon", "cluster": cluster_of(row, d), "model": row["model"], "global_batch": row["global_batch"], "seq_len": row["seq_len"], "dtype": d["dtype"],
             "flash_attention": d["flash_attention"], "sequence_parallel": row["tp"] > 1,
             "distributed_optimizer": d["distributed_optimizer"], "overlap_dp_allreduce": d["overlap_dp_allreduce"],
             "blocking_p2p": d["blocking_p2p"], "max_tp": 8, "max_stages": max(16, row["pp"]),

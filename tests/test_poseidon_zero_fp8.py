@@ -296,3 +296,11 @@ def test_cli_options_set_the_precision_and_the_optimizer_sharding(tmp_path: Path
                                   "--dtype", "fp8", "-o", str(tmp_path / "q.json")])
     assert r.exit_code == 2 and "field 'dtype'" in r.output and "A100-80GB" in r.output
     assert not (tmp_path / "q.json").exists()
+
+
+def test_the_cli_offers_every_dtype_the_problem_takes() -> None:
+    import typing
+
+    from gpuplan.commands.poseidon import TRAINING_DTYPES
+
+    assert set(TRAINING_DTYPES) == set(typing.get_args(P.PoseidonProblem.model_fields["dtype"].annotation))

@@ -80,6 +80,8 @@ def _require_sizes(problem: dict[str, Any], cluster: str, whole: bool) -> None:
                                f"no {k}" for k, f, w in missing), field=flag, expected=what)
 
 
+TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")  # PoseidonProblem.dtype's values (a test holds them equal)
+
 INPUTS = ProblemInputs("poseidon", [
     click.Argument(["cluster"]),
     click.Argument(["model"], required=False),
@@ -90,7 +92,7 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--max-tp", "max_tp"], type=int, default=None, help="Largest tensor-parallel degree."),
     click.Option(["--max-interleave", "max_interleave"], type=int, default=None,
                  help="Most model chunks per stage (Megatron's interleaved 1F1B; 1: none)."),
-    click.Option(["--dtype"], type=click.Choice(["bf16", "fp16", "fp32", "fp8"]), default=None,
+    click.Option(["--dtype"], type=click.Choice(TRAINING_DTYPES), default=None,
                  help="Training precision (fp8: Transformer Engine's, the linear layers in fp8)."),
     click.Option(["--distributed-optimizer/--no-distributed-optimizer", "distributed_optimizer"], default=None,
                  help="Optimizer states sharded over the data-parallel replicas (ZeRO-1), or replicated."),

@@ -343,11 +343,10 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     heads = max(1, cfg.heads // tp)
     if opts.flash:
         flops = 4.0 * b * seq * seq * heads * d * (0.5 if opts.causal else 1.0)
-        rate = dev.peak(dtype) * 1e12 * gemm_efficiency(dev, dtype, seq, seq, d, b * heads, sweep)
-        rate_f = rate_b = rate
-        measured = flash_fractions(dev, seq, opts.causal) if not sweep else None
-        if measured is not None:
-            rate_f, rate_b = (dev.peak(dtype) * 1e12 * f for f in measured)
+        fractions = None if sweep else flash_fractions(dev, seq, opts.causal)
+        if fractions is None:  # no measurement of the kernel: the GEMM rate of its score shape
+            fractions = (gemm_efficiency(dev, dtype, seq, seq, d, b * heads, sweep),) * 2
+        rate_f, rate_b = (dev.peak(dtype) * 1e12 * f for f in fractions)
         io = 4.0 * T * heads * d * w  # Q, K, V read, O written
         ops.append(OpTime("flash attention", max(flops / rate_f, memory_s(dev, io)),
                           max(2.5 * flops / rate_b, memory_s(dev, 2.0 * io + T * heads * d * w))))
