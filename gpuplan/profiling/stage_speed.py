@@ -13,7 +13,8 @@ This probe measures, in as many fresh processes as the run has workers, with the
   plan's layer ranges; tokens into the first stage, activations requiring a gradient into the others,
   the loss on the last) forward, then backward, each call followed by a sleep as long as it took, and
   times each call by process CPU time (waiting for a core does not count; wall time with more than one
-  torch thread, as the layer table's clock): seconds per call, per chunk;
+  torch thread, as the layer table's clock): seconds per call, per chunk, the median of several turns
+  (one turn alone was caught by the host's other work now and then: 2x a stage's speed);
 * `rates[k - 1]`: the speed of a worker (1.0 = alone) while k of them loop their own stage's forward and
   backward at once (ranks 0..k-1, wall time, median over the k): the core-sharing rates, with the
   plan's stages (the runner's earlier probe looped one generic block).
@@ -53,7 +54,7 @@ def _modules(cfg: TransformerConfig, chunks: list[tuple[int, int]], seed: int) -
 
 
 def _probe_worker(rank: int, world: int, config_doc: dict[str, Any], chunks_of: list[list[tuple[int, int]]],
-                  batches: list[int], seq_len: int, seed: int, window_s: float) -> dict[str, Any]:
+                  batches: list[int], seq_len: int, seed: int, window_s: float, rounds: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -101,14 +102,24 @@ def _probe_worker(rank: int, world: int, config_doc: dict[str, Any], chunks_of: 
     for c in range(len(chunks)):  # first calls: allocations, autograd's first pass
         call(c, False)
         call(c, False)
-    alone_f, alone_b, solo = [0.0] * len(chunks), [0.0] * len(chunks), 0.0
-    for turn in range(world):  # each rank alone, every call followed by a wait as long as it took
-        dist.barrier()
-        if turn == rank:
-            got, _ = loop(True)
-            alone_f = [statistics.median(f for f, _ in g) for g in got]
-            alone_b = [statistics.median(b for _, b in g) for g in got]
-            _, solo = loop(False)
+    # each rank alone, every call followed by a wait as long as it took; the ranks take turns for
+    # `rounds` rounds and each figure is the median over its rounds, so one window caught by a passing
+    # burst of the host's other work does not set a stage's speed
+    per_f: list[list[float]] = [[] for _ in chunks]
+    per_b: list[list[float]] = [[] for _ in chunks]
+    solos: list[float] = []
+    for _ in range(rounds):
+        for turn in range(world):
+            dist.barrier()
+            if turn == rank:
+                got, _ = loop(True)
+                for c, g in enumerate(got):
+                    per_f[c].append(statistics.median(f for f, _ in g))
+                    per_b[c].append(statistics.median(b for _, b in g))
+                solos.append(loop(False)[1])
+    alone_f = [statistics.median(x) for x in per_f]
+    alone_b = [statistics.median(x) for x in per_b]
+    solo = statistics.median(solos)
     per_pass = []
     for k in range(2, world + 1):  # k ranks loop their stage together, the others wait in gloo
         dist.barrier()
@@ -129,12 +140,13 @@ def rates_from(per_rank: list[dict[str, Any]]) -> list[float]:
 
 def measure_stage_speeds(config: TransformerConfig, chunks_of: list[list[tuple[int, int]]], *,
                          micro_batch: int | list[int], seq_len: int, threads: int = 1, seed: int = 0, window_s: float = 0.3,
-                         attempts: int = 2, wait_s: float = 30.0) -> StageSpeeds:
+                         attempts: int = 2, wait_s: float = 30.0, rounds: int = 3) -> StageSpeeds:
     """Return the StageSpeeds of the plan's stages on this machine now (see the module docstring):
     `chunks_of[r]` lists the layer ranges [first, last) rank r computes (one per pipeline chunk, as
     `gpuplan.runtime.gpt.stage` builds them), at `micro_batch` samples per call (one figure, or one per
     rank). Runs one fresh process per rank with `threads` torch
-    threads; about (2 x ranks) x `window_s` seconds of measurement after the start-up. Other processes'
+    threads; about (2 x `rounds` + 1) x ranks x `window_s` seconds of measurement after the start-up
+    (each rank's time alone: the median of `rounds` turns). Other processes'
     CPU share during the probe is recorded (`others_share`); when it reaches
     `gpuplan.runtime.contention.CONTENDED_SHARE`, the probe waits up to `wait_s` seconds for a quiet
     machine and measures again, `attempts` times at most, and returns the least contended attempt."""
@@ -156,7 +168,8 @@ def measure_stage_speeds(config: TransformerConfig, chunks_of: list[list[tuple[i
         with ContentionMonitor() as monitor:
             per = run_workers(_probe_worker, len(chunks_of),
                               args=(config.model_dump(mode="json"), [[list(c) for c in ch] for ch in chunks_of],
-                                    batches, seq_len, seed, window_s), threads=threads, timeout_s=600)
+                                    batches, seq_len, seed, window_s, max(1, rounds)), threads=threads,
+                              timeout_s=600)
         share = monitor.window.others_share
         got = StageSpeeds(forward_s=[r["forward_s"] for r in per], backward_s=[r["backward_s"] for r in per],
                           rates=rates_from(per), others_share=share, attempts=attempt)
