@@ -235,6 +235,42 @@ def _construct(loader: Any, root: Any) -> Any:
     return build(root)
 
 
+def _refuse_duplicate_keys(loader: Any, root: Any) -> None:
+    """Raise _Duplicate when a mapping of the composed node graph `root` names one plain key twice, for
+    the documents PyYAML's SafeConstructor builds (merge keys, timestamps, sets, ...), which keeps the
+    last value silently. Keys merged in with `<<` may be overridden (that is what merging is for), and
+    keys of other kinds (sequences, mappings) are left to the constructor. Iterative: a document's
+    nesting is bounded later by `check_document`, not by Python's recursion limit."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or node.id == "scalar":
+            continue
+        seen.add(id(node))
+        if node.id == "sequence":
+            stack.extend(node.value)
+            continue
+        keys: list[Any] = []
+        for key, value in node.value:
+            stack.append(value)
+            if key.id != "scalar" or key.tag == _TAG + "merge":
+                stack.append(key)
+                continue
+            if key.tag in (_STR, _TAG + "value"):  # SafeConstructor reads a `=` key as the string
+                k = key.value
+            elif key.tag in _KEY_TAGS:
+                try:
+                    k = loader.yaml_constructors[key.tag](loader, key)
+                except Exception:  # a key the constructor refuses: it says so with its own message
+                    continue
+            else:  # timestamps, binary, unknown tags: left to the constructor
+                continue
+            if any(type(e) is type(k) and e == k for e in keys):  # 1 and true are not one written key
+                raise _Duplicate(k, key.start_mark.line + 1)
+            keys.append(k)
+
+
 def _parse_yaml(text: str, file: str) -> Any:
     """Return the value of one YAML document (the safe schema: no tag runs code)."""
     loader = _Loader(text)
@@ -243,9 +279,11 @@ def _parse_yaml(text: str, file: str) -> Any:
         if node is None:
             return None
         try:
-            return _construct(loader, node)
-        except _Unusual:
-            return loader.construct_document(node)
+            try:
+                return _construct(loader, node)
+            except _Unusual:
+                _refuse_duplicate_keys(loader, node)
+                return loader.construct_document(node)
         except _Duplicate as dup:  # parse_document names the file
             key, line = dup.args
             raise ValueError(f"line {line}: key {key!r} appears twice in one mapping; expected each key once "

@@ -309,13 +309,25 @@ def test_a_validation_error_past_the_loaders_is_one_line() -> None:
     ("input.yaml", "kind: tessel\nname: a\nname: b\n", "yaml"),
     ("input.yaml", "kind: tessel\nshape: {forward_s: 1, forward_s: 2}\n", "yaml"),
     ("plan.json", '{"kind": "tessel", "schema_version": 1, "kind": "oef"}', "json"),
-], ids=["yaml-top", "yaml-nested", "json"])
+    # documents the fast constructor leaves to PyYAML (a timestamp, a merge key, a set)
+    ("input.yaml", "kind: tessel\nwhen: 2001-01-01\nname: a\nname: b\n", "yaml"),
+    ("input.yaml", "base: &b {x: 1}\nshape: {<<: *b, y: 1, y: 2}\n", "yaml"),
+    ("input.yaml", "a: !!set {x, x}\n", "yaml"),
+], ids=["yaml-top", "yaml-nested", "json", "fallback-timestamp", "fallback-merge", "fallback-set"])
 def test_a_key_written_twice_is_refused(tmp_path: Path, name: str, text: str, fmt: str) -> None:
     from gpuplan.io import parse_document
 
     with pytest.raises(InputError, match="appears twice in one") as err:
         parse_document(text, name, fmt=fmt)  # PyYAML and json kept the last value silently
     assert name in str(err.value)
+
+
+def test_a_merged_key_may_be_overridden() -> None:
+    from gpuplan.io import parse_document
+
+    # `<<` merges defaults that the mapping's own keys override: not a key written twice
+    assert parse_document("base: &b {x: 1, y: 1}\nm: {<<: *b, x: 2}\n", "case.yaml") == {
+        "base": {"x": 1, "y": 1}, "m": {"x": 2, "y": 1}}
 
 
 def test_equal_keys_of_different_types_are_not_duplicates() -> None:
