@@ -206,7 +206,7 @@ def test_nccl_env_files_are_shell_safe(tmp_path: Path) -> None:
     run.sh sources must give the shell the whole value, not run its second half as a command."""
     import subprocess
 
-    from gpuplan.export.torchtitan import env_file_text
+    from gpuplan.export.launcher import env_file_text
 
     value = "allreduce:ring;allgather:tree"
     env_file = tmp_path / "nccl.env"
@@ -374,3 +374,46 @@ def test_what_torchtitan_refuses_at_start_is_refused(tmp_path: Path) -> None:
         mp.setattr(torchtitan, "training_job", lambda bundle, trainer: job)
         with pytest.raises(ExportRefused, match="tied embeddings: qwen3:qwen3_debugmodel ties .* 2 stages"):
             torchtitan.export(bundle, tmp_path / "pp")
+
+
+def test_megatron_launch_dir_runs_pretrain_gpt_on_the_plans_nodes(two_nodes: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export megatron --launch-dir`: run.sh runs $MEGATRON_LM/pretrain_gpt.py under torchrun with the plan's
+    arguments and a short benchmark run, on mock data with the plan's vocabulary unless given data arguments;
+    per-stage NCCL settings go through the same wrapper as torchtitan's (Megatron ranks pp, dp, tp too)."""
+    import subprocess
+
+    from gpuplan.export import megatron
+
+    out = tmp_path / "mg"
+    result = megatron.export(two_nodes, out)
+    assert sorted(Path(f).name for f in result["files"]) == ["megatron.args", "nccl.env", "run.sh"]
+    assert (out / "megatron.args").read_text().split() == result["args"] + megatron.BENCHMARK_ARGS
+    vocab = training_job(two_nodes, "Megatron-LM").model["vocab"]
+    log = _run_sh(out / "run.sh", tmp_path, tmp_path, NODE_RANK="1", MASTER_ADDR="h0", MEGATRON_LM="/opt/mlm")
+    args = [line[4:] for line in log if line.startswith("ARG=")]
+    assert args[:8] == ["--nnodes", "2", "--nproc-per-node", "4", "--node-rank", "1", "--rdzv-backend", "static"]
+    start = args.index("/opt/mlm/pretrain_gpt.py")
+    assert args[start + 1:] == (result["args"] + megatron.BENCHMARK_ARGS + [
+        "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1),
+        "--make-vocab-size-divisible-by", "1"])
+    # data arguments given to run.sh replace the mock data and come last (Megatron keeps the last value)
+    script_args = ["--data-path", "/data/x", "--train-iters", "100"]
+    import os
+    env = {**os.environ, "NODE_RANK": "0", "MASTER_ADDR": "h0", "MEGATRON_LM": "/opt/mlm",
+           "LOG": str(tmp_path / "log2.txt"), "PATH": f"{tmp_path / 'fakebin'}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["sh", str(out / "run.sh"), *script_args], env=env, check=True, capture_output=True, text=True)
+    got = [line[4:] for line in (tmp_path / "log2.txt").read_text().splitlines() if line.startswith("ARG=")]
+    assert got[-4:] == script_args and "--mock-data" not in got
+    # without MEGATRON_LM: refused with a message, nothing run
+    env.pop("MEGATRON_LM")
+    r = subprocess.run(["sh", str(out / "run.sh")], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "set MEGATRON_LM" in r.stderr
+    # per-stage NCCL settings: the wrapper, with Megatron-LM's name in its notes
+    job = _per_stage_job(two_nodes)
+    monkeypatch.setattr(megatron, "training_job", lambda bundle, trainer: job)
+    staged = megatron.export(two_nodes, tmp_path / "mg2")
+    assert (tmp_path / "mg2" / "nccl_env.sh").is_file() and any("Megatron-LM's mesh order" in n
+                                                                for n in staged["notes"])
+    assert ('--no-python sh "$HERE/nccl_env.sh" "${PYTHON:-python}" "$MEGATRON_LM/pretrain_gpt.py"'
+            in (tmp_path / "mg2" / "run.sh").read_text())

@@ -357,9 +357,13 @@ def test_export_json(tmp_path: Path) -> None:
     code, text = invoke("export", "megatron", bundle, "--json")
     assert code == 0, text
     doc = json.loads(text)
-    assert set(doc) == {"command", "bundle", "output", "args", "env", "nodes", "notes"} and doc["command"] == "export megatron"
+    assert set(doc) == {"command", "bundle", "output", "args", "env", "nodes", "notes", "files"}
+    assert doc["command"] == "export megatron" and doc["files"] == []
     assert [n["ranks"] for n in doc["nodes"]] == [4] and doc["nodes"][0]["node"] == "h0"
     assert doc["args"][doc["args"].index("--tensor-model-parallel-size") + 1] == "2" and doc["output"] is None
+    code, text = invoke("export", "megatron", bundle, "--launch-dir", tmp_path / "mg", "--json")
+    assert code == 0, text
+    assert {Path(f).name for f in json.loads(text)["files"]} >= {"megatron.args", "run.sh"}
     out = tmp_path / "tt"
     code, text = invoke("export", "torchtitan", bundle, "-o", out, "--config", "llama3:llama3_debugmodel", "--json")
     assert code == 0, text

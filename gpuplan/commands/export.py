@@ -1,4 +1,4 @@
-"""`gpuplan export torchtitan BUNDLE -o DIR` and `gpuplan export megatron BUNDLE`: a training bundle as
+"""`gpuplan export torchtitan BUNDLE -o DIR` and `gpuplan export megatron BUNDLE [--launch-dir DIR]`: a training bundle as
 another trainer's job (gpuplan.export); a plan the trainer cannot express is refused (exit code 2)."""
 
 from __future__ import annotations
@@ -50,17 +50,21 @@ def register(main: click.Group) -> None:
     @click.argument("bundle", type=click.Path(file_okay=False, exists=True))
     @click.option("-o", "--output", type=OutputPath(), default=None,
                   help="Also write the arguments to this file (one per line).")
+    @click.option("--launch-dir", type=OutputDir(), default=None, metavar="DIR",
+                  help="Also write a launch directory: megatron.args, Lagom's NCCL env files and run.sh "
+                       "(torchrun of $MEGATRON_LM/pretrain_gpt.py on the plan's nodes and GPUs; mock data "
+                       "unless run.sh is given data arguments).")
     @_JSON
-    def megatron_cmd(bundle: str, output: str | None, json_out: str | None = None) -> None:
+    def megatron_cmd(bundle: str, output: str | None, launch_dir: str | None, json_out: str | None = None) -> None:
         """Print Megatron-LM's command-line arguments for the bundle (pretrain_gpt.py), each stage's NCCL env
-        and each node's ranks and GPUs (CUDA_VISIBLE_DEVICES); --json prints {command, bundle, output, args,
-        env, nodes, notes}."""
+        and each node's ranks and GPUs (CUDA_VISIBLE_DEVICES); with --launch-dir also write run.sh and its
+        files there; --json prints {command, bundle, output, args, env, nodes, notes, files}."""
         from gpuplan.errors import GpuplanError
         from gpuplan.export import megatron
         from gpuplan.io import atomic_write_text
 
         try:
-            result = megatron.export(bundle)
+            result = megatron.export(bundle, launch_dir)
             if output:
                 atomic_write_text(output, "\n".join(result["args"]) + "\n")
         except GpuplanError as exc:
@@ -68,9 +72,12 @@ def register(main: click.Group) -> None:
             sys.exit(2)
         emit_json("export megatron", {"bundle": bundle, "output": output, "args": list(result["args"]),
                                       "env": {str(k): v for k, v in sorted(result["env"].items())},
-                                      "nodes": list(result["nodes"]), "notes": list(result["notes"])}, json_out)
+                                      "nodes": list(result["nodes"]), "notes": list(result["notes"]),
+                                      "files": list(result["files"])}, json_out)
         if json_out == STDOUT:
             return
+        for f in result["files"]:
+            click.echo(f"written {f}")
         click.echo(" ".join(shlex.quote(a) for a in result["args"]))
         for s, env in sorted(result["env"].items()):
             click.echo(f"stage {s} env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in sorted(env.items())))

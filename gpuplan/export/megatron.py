@@ -6,9 +6,18 @@ uneven layer split as `--pipeline-model-parallel-layout` (E the embedding, t a t
 the loss/head, | between stages, virtual stages in pipeline order with interleaving), recomputation, sequence parallelism and flash attention.
 
 `--max-position-embeddings` is the model's own position length (its max_seq_len); a plan whose sequence
-is longer is refused (Megatron-LM asserts max_position_embeddings >= seq_length). No launcher is written:
-the result's `nodes` give each node's rank count and the plan's GPUs of it (CUDA_VISIBLE_DEVICES), in the
-node order that puts each stage on its planned node (Megatron ranks tp innermost, pp outermost).
+is longer is refused (Megatron-LM asserts max_position_embeddings >= seq_length). The result's `nodes`
+give each node's rank count and the plan's GPUs of it (CUDA_VISIBLE_DEVICES), in the node order that puts
+each stage on its planned node (Megatron ranks tp innermost, pp outermost).
+
+With an output directory the export also writes the launch (`gpuplan.export.launcher`, as torchtitan's):
+`megatron.args` (the plan's arguments, then a short benchmark run's: `BENCHMARK_ARGS`), Lagom's NCCL env
+files (per stage through nccl_env.sh when they differ) and run.sh, which runs
+"$MEGATRON_LM/pretrain_gpt.py" under torchrun with the plan's node ranks and GPUs. Without arguments it
+trains on Megatron's mock data (`--mock-data`, the NullTokenizer with the plan's vocabulary), which is
+what a comparison of predicted and measured iteration time needs; arguments given to run.sh come last,
+so they add the data of a real run (`--data-path ... --tokenizer-type ...`) or override the benchmark's
+(`--train-iters 1000`: Megatron-LM's argparse keeps the last value).
 
 Megatron-LM runs its own 1F1B schedule: it has no way to load an arbitrary per-rank action list, so
 Tessel's schedule is not exported (the notes say so, and the export reports the 1F1B prediction).
@@ -16,10 +25,18 @@ Tessel's schedule is not exported (the notes say so, and the export reports the 
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
-from gpuplan.export.common import TrainingJob, check_seq_len, model_max_seq_len, node_launch, training_job
+from gpuplan.export import launcher
+from gpuplan.export.common import Launch, TrainingJob, check_seq_len, model_max_seq_len, node_launch, training_job
+from gpuplan.io import atomic_write_text, make_output_dir
+
+ARGS_FILE = "megatron.args"
+# A short run to time the plan: 20 iterations, each logged (Megatron-LM prints "elapsed time per
+# iteration (ms)"), no evaluation; the learning rate only has to be set.
+BENCHMARK_ARGS = ["--train-iters", "20", "--lr", "1.0e-4", "--log-interval", "1", "--eval-iters", "0"]
 
 
 def layout(job: TrainingJob) -> str:
@@ -77,10 +94,39 @@ def job_args(job: TrainingJob) -> list[str]:
     return args
 
 
-def export(bundle: str | Path) -> dict[str, Any]:
+def mock_data_args(job: TrainingJob, notes: list[str]) -> list[str]:
+    """Return the arguments that train on Megatron-LM's mock data with the plan's vocabulary: its
+    NullTokenizer has `--vocab-size` + 1 tokens (the last is the end of document), padded to a multiple
+    of `--make-vocab-size-divisible-by` x tp; with 1 the embedding holds the plan's vocabulary, or the
+    next multiple of tp (noted)."""
+    vocab = int(job.model["vocab"])
+    if vocab % job.tp:
+        notes.append(f"Megatron-LM pads the vocabulary to a multiple of tp {job.tp}: {vocab} -> "
+                     f"{-(-vocab // job.tp) * job.tp} rows in the embedding and the output head")
+    return ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(vocab - 1),
+            "--make-vocab-size-divisible-by", "1"]
+
+
+def run_script(job: TrainingJob, args: list[str], lay: Launch, env: dict[str, str] | None, data: list[str],
+               per_stage_env: bool = False) -> str:
+    """Return run.sh's text (`gpuplan.export.launcher.run_script`): torchrun of
+    "$MEGATRON_LM/pretrain_gpt.py" with `args`, then `data` when run.sh gets no arguments, else its
+    arguments ("$@")."""
+    header = [f"# gpuplan export megatron: predicted iteration {job.predicted_iteration_s:.6g} s "
+              "(Megatron-LM logs \"elapsed time per iteration (ms)\")",
+              "# MEGATRON_LM: your Megatron-LM checkout. Without arguments it trains on mock data; arguments",
+              "# are passed to pretrain_gpt.py last (real data: --data-path ... --tokenizer-type ...)."]
+    checks = [': "${MEGATRON_LM:?set MEGATRON_LM to your Megatron-LM checkout (the directory of pretrain_gpt.py)}"',
+              f'[ "$#" -gt 0 ] || set -- {" ".join(shlex.quote(a) for a in data)}']
+    trainer = '"$MEGATRON_LM/pretrain_gpt.py" ' + " ".join(shlex.quote(a) for a in args) + ' "$@"'
+    return launcher.run_script(header, launcher.train_tail(trainer, per_stage_env), lay, env, per_stage_env, checks)
+
+
+def export(bundle: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     """Return Megatron-LM's arguments for a bundle ({"args": [...], "env": {stage: {...}}, "world_size": N,
     "nodes": [{"node", "node_rank", "ranks", "cuda_visible_devices"}, ...] ([] when the plan names no placement),
-    "notes": [...]}); raises ExportRefused when Megatron-LM cannot express the plan."""
+    "notes": [...], "files": [...]}); with `out`, also write the launch directory there (megatron.args,
+    NCCL env files, run.sh; "files" lists them). Raises ExportRefused when Megatron-LM cannot express the plan."""
     job = training_job(bundle, "Megatron-LM")
     args = job_args(job)
     lay = node_launch(job, "Megatron-LM")
@@ -89,5 +135,15 @@ def export(bundle: str | Path) -> dict[str, Any]:
              for r, (n, c) in enumerate(zip(lay.nodes, lay.nproc))] if lay.devices else []
     notes.append("Megatron-LM runs its own 1F1B: Tessel's schedule "
                  f"({'zero-bubble split backward' if job.split_backward else 'plain backward'}) is not exported")
+    files: list[str] = []
+    if out is not None:
+        root = make_output_dir(out, "Megatron-LM export directory")
+        run_args = args + BENCHMARK_ARGS
+        atomic_write_text(root / ARGS_FILE, "\n".join(run_args) + "\n")
+        files.append(str(root / ARGS_FILE))
+        env, per_stage = launcher.write_nccl_env(job, root, "Megatron-LM", files, notes)
+        script = run_script(job, run_args, lay, env, mock_data_args(job, notes), per_stage)
+        atomic_write_text(root / launcher.RUN_SCRIPT, script)
+        files.append(str(root / launcher.RUN_SCRIPT))
     return {"args": args, "env": job.nccl_env, "world_size": job.num_stages * job.tp * job.dp, "nodes": nodes,
-            "notes": notes}
+            "notes": notes, "files": files}

@@ -39,14 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuplan.export import launcher
 from gpuplan.export.common import (ExportRefused, Launch, TrainingJob, check_seq_len, model_max_seq_len, node_launch,
                                    training_job)
+from gpuplan.export.launcher import RUN_SCRIPT, train_tail
 from gpuplan.io import atomic_write_text, make_output_dir
 
 SCHEDULE_CSV = "pp_schedule.csv"
 ARGS_FILE = "torchtitan.args"
-NCCL_ENV = "nccl.env"
-NCCL_WRAPPER = "nccl_env.sh"
 TORCHTITAN_VERSION = "0.3.0"
 
 # The fields of a model's shape the export compares (gpuplan's names; see gpuplan.models.workload).
@@ -168,12 +168,6 @@ def module_fqns(job: TrainingJob, module: str = "llama3") -> list[list[str]]:
     return out
 
 
-def env_file_text(env: dict[str, str]) -> str:
-    """Return an environment as lines `KEY='value'` a POSIX shell can source: each value quoted, since
-    Lagom joins per-collective settings with ';' (`NCCL_ALGO=allreduce:ring;allgather:tree`)."""
-    return "".join(f"{k}={shlex.quote(str(v))}\n" for k, v in sorted(env.items()))
-
-
 def schedule_csv(job: TrainingJob) -> str:
     """Return the schedule as torch's compute-only CSV text (row r: rank r's actions in order)."""
     return "".join(",".join(job.actions[r]) + "\n" for r in sorted(job.actions))
@@ -205,88 +199,24 @@ def launch(job: TrainingJob) -> Launch:
     return node_launch(job, "torchtitan")
 
 
-_HERE = 'HERE=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd) || exit 1'
-
-
 def _train_command(args: list[str], per_stage_env: bool) -> str:
     """Return torchrun's arguments after its own options: the trainer and its (shell-quoted) overrides, the
     schedule CSV named beside the script ("$HERE/pp_schedule.csv"), through nccl_env.sh when `per_stage_env`."""
     quoted = [shlex.quote(a) for a in args]
     if SCHEDULE_CSV in args:
         quoted[args.index(SCHEDULE_CSV)] = f'"$HERE/{SCHEDULE_CSV}"'
-    trainer = "-m torchtitan.train " + " ".join(quoted)
-    if per_stage_env:  # torchrun runs the wrapper on each rank; it runs the trainer with the stage's settings
-        return f'--no-python sh "$HERE/{NCCL_WRAPPER}" "${{PYTHON:-python}}" {trainer}'
-    return trainer
+    return train_tail("-m torchtitan.train " + " ".join(quoted), per_stage_env)
 
 
 def run_script(job: TrainingJob, args: list[str], lay: Launch, env: dict[str, str] | None,
                per_stage_env: bool = False) -> str:
-    """Return run.sh's text: the (multi-node) torchrun line, each node's ranks pinned to the plan's GPUs
-    (CUDA_VISIBLE_DEVICES, when the plan names them), exporting `env` (nccl.env) first when given, each
-    rank's stage settings through nccl_env.sh when `per_stage_env`. The script names its files by its own
-    directory and runs torchtitan in the caller's directory."""
-    lines = ["#!/bin/sh", f"# gpuplan export torchtitan: predicted iteration {job.predicted_iteration_s:.6g} s",
-             "# Run it from the directory torchtitan is to work in (its asset and output paths are relative to",
-             "# it); this script finds its own files beside itself, wherever the export directory was moved."]
-    if per_stage_env:
-        lines.append("# PYTHON: the interpreter with torchtitan installed (default: python on PATH)")
-    lines.append(_HERE)
-    if env:
-        lines += ['set -a  # export the NCCL settings of nccl.env to every rank', f'. "$HERE/{NCCL_ENV}"', "set +a"]
-    if lay.devices:
-        lines.append("export CUDA_DEVICE_ORDER=PCI_BUS_ID  # number GPUs as nvidia-smi does: the plan's GPU indices")
-    tail = _train_command(args, per_stage_env)
-    if len(lay.nodes) == 1:
-        if lay.devices:
-            lines.append(f"export CUDA_VISIBLE_DEVICES={lay.visible(0)}  # the plan's GPUs of {lay.nodes[0]}")
-        lines.append(f"torchrun --nproc-per-node {lay.world} {tail}")
-        return "\n".join(lines) + "\n"
-    lines += [f"# {len(lay.nodes)} nodes: run this on each with NODE_RANK set, MASTER_ADDR and MASTER_PORT those of node 0",
-              *[f"#   NODE_RANK={r}: {n} ({c} ranks)" for r, (n, c) in enumerate(zip(lay.nodes, lay.nproc))],
-              ': "${NODE_RANK:?set NODE_RANK}" "${MASTER_ADDR:?set MASTER_ADDR}" "${MASTER_PORT:=29500}"']
-    uneven = len(set(lay.nproc)) > 1
-    if uneven or lay.devices:
-        lines.append('case "$NODE_RANK" in')
-        for r, c in enumerate(lay.nproc):
-            sets = [f"NPROC={c}"] if uneven else []
-            sets += [f"CUDA_VISIBLE_DEVICES={lay.visible(r)}"] if lay.devices else []
-            lines.append(f"  {r}) {' '.join(sets)} ;;")
-        lines += ['  *) echo "NODE_RANK must be 0..' + str(len(lay.nodes) - 1) + '" >&2; exit 2 ;;', "esac"]
-        if lay.devices:
-            lines.append("export CUDA_VISIBLE_DEVICES  # this node's GPUs of the plan, in local-rank order")
-    nproc = '"$NPROC"' if uneven else str(lay.nproc[0])
-    # static rendezvous: torchrun honours --node-rank only with it (c10d orders nodes by host name), and the
-    # node rank is what puts each stage on the plan's nodes
-    lines.append(f'torchrun --nnodes {len(lay.nodes)} --nproc-per-node {nproc} --node-rank "$NODE_RANK" '
-                 f'--rdzv-backend static --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" {tail}')
-    return "\n".join(lines) + "\n"
-
-
-def stage_env_wrapper(job: TrainingJob) -> str:
-    """Return nccl_env.sh's text: run by torchrun on every rank, it sources the nccl-stage{k}.env of the
-    rank's pipeline stage (k = RANK / (tp dp): torchtitan's mesh order pp, dp, tp) and execs its arguments."""
-    ranks, last = job.tp * job.dp, job.num_stages - 1
-    lines = ["#!/bin/sh",
-             "# gpuplan export torchtitan: torchrun runs this on every rank (run.sh, --no-python). It exports the",
-             f"# Lagom NCCL settings of the rank's pipeline stage (RANK / {ranks}: torchtitan's mesh order pp, dp, tp)",
-             "# from nccl-stage{k}.env beside it, then runs its arguments (the trainer).",
-             _HERE,
-             'case "$RANK" in',
-             f"  ''|*[!0-9]*) echo \"{NCCL_WRAPPER}: RANK is '$RANK', not a rank: run it under torchrun\" >&2;"
-             " exit 2 ;;",
-             "esac",
-             f"STAGE=$((RANK / {ranks}))",
-             'case "$STAGE" in']
-    for k in range(job.num_stages):
-        if k in job.nccl_env:
-            lines.append(f'  {k}) set -a; . "$HERE/nccl-stage{k}.env"; set +a ;;')
-        else:
-            lines.append(f"  {k}) ;;  # Lagom set nothing for stage {k}")
-    lines += [f'  *) echo "{NCCL_WRAPPER}: RANK $RANK is in stage $STAGE; the plan has stages 0..{last}" >&2;'
-              " exit 2 ;;",
-              "esac", 'exec "$@"']
-    return "\n".join(lines) + "\n"
+    """Return run.sh's text (`gpuplan.export.launcher.run_script`) running torchtitan with `args`: each
+    node's ranks pinned to the plan's GPUs, exporting `env` (nccl.env) first when given, each rank's
+    stage settings through nccl_env.sh when `per_stage_env`."""
+    header = [f"# gpuplan export torchtitan: predicted iteration {job.predicted_iteration_s:.6g} s",
+              "# Run it from the directory torchtitan is to work in (its asset and output paths are relative to",
+              "# it); this script finds its own files beside itself, wherever the export directory was moved."]
+    return launcher.run_script(header, _train_command(args, per_stage_env), lay, env, per_stage_env)
 
 
 def _check_config(job: TrainingJob, module: str, function: str, notes: list[str]) -> None:
@@ -350,26 +280,7 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
     args = ["--module", module, "--config", function] + job_args(job, SCHEDULE_CSV, module)
     atomic_write_text(root / ARGS_FILE, "\n".join(args) + "\n")
     files = [str(csv_path), str(root / ARGS_FILE)]
-    envs = [job.nccl_env[s] for s in sorted(job.nccl_env)]
-    same = bool(envs) and len(envs) == job.num_stages and all(e == envs[0] for e in envs)
-    if same:
-        path = root / NCCL_ENV
-        atomic_write_text(path, env_file_text(envs[0]))
-        files.append(str(path))
-    else:
-        for s, env in sorted(job.nccl_env.items()):
-            path = root / f"nccl-stage{s}.env"
-            atomic_write_text(path, env_file_text(env))
-            files.append(str(path))
-        if job.nccl_env:
-            atomic_write_text(root / NCCL_WRAPPER, stage_env_wrapper(job))
-            files.append(str(root / NCCL_WRAPPER))
-            ranks = job.tp * job.dp
-            notes.append("Lagom's NCCL settings differ per stage: run.sh starts every rank through "
-                         f"{NCCL_WRAPPER}, which exports nccl-stage{{k}}.env on stage k's ranks (global ranks "
-                         f"{ranks}k .. {ranks}k+{ranks - 1}: torchtitan's mesh order) before running the trainer "
-                         "with $PYTHON (default: python)")
-    per_stage = bool(job.nccl_env) and not same
-    atomic_write_text(root / "run.sh", run_script(job, args, lay, envs[0] if same else None, per_stage))
-    files.append(str(root / "run.sh"))
+    env, per_stage = launcher.write_nccl_env(job, root, "torchtitan", files, notes)
+    atomic_write_text(root / RUN_SCRIPT, run_script(job, args, lay, env, per_stage))
+    files.append(str(root / RUN_SCRIPT))
     return {"files": files, "args": args, "notes": notes, "config": f"{module}:{function}"}
