@@ -132,6 +132,40 @@ def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
     return lines, ratios
 
 
+def titan_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
+    """Return the printed lines of torchtitan's FSDP2 runs (one per run, then a summary) and their
+    ratios: each run as FSDP over all its GPUs (tp 1, pp 1, one micro-batch of the local batch)."""
+    import gpuplan
+
+    d, rows = doc["titan_defaults"], doc["titan_runs"]
+    lines = [f"FSDP2 (torchtitan, 1D, eager, {d['dtype']}, on {d['gpu']}; network not published: "
+             f"{d['nics_per_node']} x {d['nic_Gbps']} Gb/s per node assumed); ratio = predicted / published "
+             "tokens per second per GPU",
+             f"{'source':<14}{'model':<13}{'GPUs':>5} {'local batch':>11} {'seq':>5} {'recomp':<9}"
+             f"{'published':>10}{'predicted':>10}{'ratio':>7}  within15%  MFU    mem/GPU"]
+    ratios = []
+    for row in rows:
+        problem = gpuplan.load_problem({"kind": "poseidon", "cluster": cluster_of(row, d), "model": row["model"],
+                                        "global_batch": row["gpus"] * row["local_batch"], "seq_len": row["seq_len"],
+                                        "dtype": d["dtype"], "flash_attention": d["flash_attention"],
+                                        "fsdp": d["fsdp"]})
+        plan = gpuplan.evaluate_config(problem, {"tp": 1, "pp": 1, "dp": row["gpus"], "mb": row["local_batch"],
+                                                 "recompute": row["recompute"]}, check_memory=False)
+        tokens = row["local_batch"] * row["seq_len"] / plan.iteration_time_s
+        ratio = tokens / row["published"]
+        ratios.append(ratio)
+        need = plan.stages[0].memory_bytes / 2**30
+        cap = problem.cluster.type_of(d["gpu"]).memory_bytes / 2**30
+        lines.append(f"{row['source']:<14}{row['name']:<13}{row['gpus']:>5} {row['local_batch']:>11} "
+                     f"{row['seq_len']:>5} {row['recompute']:<9}{row['published']:>10.0f}{tokens:>10.0f}"
+                     f"{ratio:>7.2f}  {'yes' if abs(ratio - 1.0) <= TOLERANCE else 'NO':<9}  "
+                     f"{plan.predicted['mfu'] * 100:4.1f}%  {need:.0f}/{cap:.0f} GiB" + ("" if need <= cap else " OVER"))
+    inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
+    lines.append(f"torchtitan FSDP within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max "
+                 f"{max(ratios):.2f}, geometric mean {_gmean(ratios):.3f}")
+    return lines, ratios
+
+
 def section_a() -> list[str]:
     """Return the printed lines of section (a): one per published run with its settings, the
     published and predicted figure, the ratio and whether it is within 15%, then a summary."""
@@ -159,7 +193,9 @@ def section_a() -> list[str]:
                  f"geometric mean {_gmean(ratios):.3f}")
     hopper, hopper_ratios = h100_lines(doc)
     lines += hopper
-    every = ratios + hopper_ratios
+    titan, titan_ratios = titan_lines(doc)
+    lines += titan
+    every = ratios + hopper_ratios + titan_ratios
     lines.append(f"all sources: within 15% on {sum(abs(x - 1.0) <= TOLERANCE for x in every)}/{len(every)} runs")
     lines += pair_lines(doc)
     lines += layer_lines(doc)

@@ -361,20 +361,12 @@ def test_weight_gradients_accumulate_into_fp32_main_grads() -> None:
     assert C.gemm_s(h100, "fp16", M, N, K, out_bytes=C.MAIN_GRAD_BYTES) >= C.gemm_s(h100, "fp16", M, N, K)
 
 
-def test_one_layer_of_the_22b_model_is_within_15_percent_of_korthikanti_table_4() -> None:
+def test_one_layer_of_the_22b_model_is_within_15_percent_of_korthikanti_table_4(fidelity_training) -> None:  # type: ignore[no-untyped-def]
     """Validation (no constant comes from these numbers): Korthikanti et al. 2022 Table 4, one layer
     of the 22B model on 8 A100s, forward and backward ms for each recomputation / SP setting."""
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        import fidelity_training as F
-    finally:
-        sys.path.remove(str(bench))
     import yaml
 
+    F = fidelity_training
     doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
     rows = F.layer_rows(doc)
     assert len(rows) == 5
@@ -384,25 +376,13 @@ def test_one_layer_of_the_22b_model_is_within_15_percent_of_korthikanti_table_4(
     assert any("softmax + dropout" in ln for ln in lines) and any("bus bandwidth" in ln for ln in lines)
 
 
-def _fidelity_training():  # type: ignore[no-untyped-def]
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        import fidelity_training as F
-    finally:
-        sys.path.remove(str(bench))
-    return F
-
-
 @pytest.mark.parametrize("S, v, k", [(2, 2, 1), (4, 3, 7), (3, 2, 2), (4, 2, 1), (8, 2, 2)])
-def test_megatron21_lockstep_schedule_matches_the_dag_without_exchange_time(S: int, v: int, k: int) -> None:
+def test_megatron21_lockstep_schedule_matches_the_dag_without_exchange_time(S: int, v: int, k: int,
+                                                                          fidelity_training) -> None:  # type: ignore[no-untyped-def]
     """The port of Megatron-LM 2021's interleaved schedule is deadlock-free, runs every chunk once in
     each direction, and with free exchanges and equal chunks takes the DAG's time (its warm-up of
     2 (S - 1 - r) + (v - 1) S absorbs the lockstep); blocking exchanges and unequal chunks only add."""
-    F = _fidelity_training()
+    F = fidelity_training
     m = S * k
     acts = [F.megatron21_interleaved_actions(r, S, v, m) for r in range(S)]
     for a in acts:
@@ -419,12 +399,12 @@ def test_megatron21_lockstep_schedule_matches_the_dag_without_exchange_time(S: i
     assert F.lockstep_time_s(S, v, m, fwd, bwd, 0.0, 0.0) >= dag - 1e-9
 
 
-def test_same_pipeline_pairs_of_the_two_sources() -> None:
+def test_same_pipeline_pairs_of_the_two_sources(fidelity_training) -> None:  # type: ignore[no-untyped-def]
     """The published runs hold two pipelines measured in both sources (530B and 1T: same model, tp,
     pp, micro-batch and micro-batches per pipeline); their published times differ by 9-10%."""
     import yaml
 
-    F = _fidelity_training()
+    F = fidelity_training
     doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
     pairs = F.same_pipeline_pairs(doc)
     assert sorted(a["name"] for a, _ in pairs) == ["1T", "530B"]

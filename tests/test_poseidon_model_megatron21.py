@@ -5,8 +5,6 @@ byte counts of the kernels (first principles), checked here against the formulas
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -89,22 +87,12 @@ def test_layer_ops_still_add_up(tp: int) -> None:
     assert t.selective_s == pytest.approx(sum(o.forward_s for o in ops if o.core), rel=1e-12)
 
 
-def _fidelity_training() -> ModuleType:
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
-    sys.path.insert(0, str(bench))
-    try:
-        import fidelity_training as F
-    finally:
-        sys.path.remove(str(bench))
-    return F
-
-
-def test_benchmark_names_what_was_checked_for_the_runs_outside_15_percent() -> None:
+def test_benchmark_names_what_was_checked_for_the_runs_outside_15_percent(fidelity_training: ModuleType) -> None:
     """The benchmark's account of the misses: per kind of operation the slowdown that alone would
     close each gap (a positive figure), and the 2021 code paths checked, with their sizes."""
     import yaml
 
-    F = _fidelity_training()
+    F = fidelity_training
     doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
     lines = F.miss_lines(doc)
     text = "\n".join(lines)

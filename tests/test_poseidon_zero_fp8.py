@@ -23,7 +23,6 @@ from gpuplan.export.common import training_job
 from gpuplan.models import poseidon as P
 from gpuplan.models.poseidon import cost as C
 from gpuplan.models.workload import model_config, scaled, storage_dtype
-from test_poseidon_fidelity import _fidelity_training
 
 
 def problem(gpus: int = 16, gpu: str = "H100", **extra: object) -> P.PoseidonProblem:
@@ -212,12 +211,12 @@ def test_lagom_sees_bf16_collectives_in_fp8_training(h100_bundle: Path) -> None:
 
 # ---- the published Hopper runs fit the model's memory ---------------------------------------------------
 
-def test_every_published_hopper_configuration_fits_the_models_memory() -> None:
+def test_every_published_hopper_configuration_fits_the_models_memory(fidelity_training) -> None:  # type: ignore[no-untyped-def]
     """A configuration that ran must fit in the model's memory: the NeMo fp8 rows with the distributed
     optimizer and fp8 linear inputs (without them several needed 104-169 GiB of an 80 GiB GPU)."""
     import yaml
 
-    F = _fidelity_training()
+    F = fidelity_training
     doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
     assert len(doc["h100_runs"]) == 7
     for row in doc["h100_runs"]:

@@ -32,7 +32,7 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
           max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, dtype: str | None = None,
-          distributed_optimizer: bool | None = None, **_: Any) -> Problem:
+          distributed_optimizer: bool | None = None, fsdp: bool | None = None, **_: Any) -> Problem:
     """Return the PoseidonProblem the command-line arguments describe."""
     from gpuplan.api import load_problem
 
@@ -48,7 +48,7 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         problem["model"] = mdoc.get("model", mdoc) if isinstance(mdoc, dict) else mdoc
     for key, value in (("global_batch", batch), ("seq_len", seq), ("schedule", schedule),
                        ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave),
-                       ("dtype", dtype), ("distributed_optimizer", distributed_optimizer)):
+                       ("dtype", dtype), ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -96,6 +96,9 @@ INPUTS = ProblemInputs("poseidon", [
                  help="Training precision (fp8: Transformer Engine's, the linear layers in fp8)."),
     click.Option(["--distributed-optimizer/--no-distributed-optimizer", "distributed_optimizer"], default=None,
                  help="Optimizer states sharded over the data-parallel replicas (ZeRO-1), or replicated."),
+    click.Option(["--fsdp/--no-fsdp", "fsdp"], default=None,
+                 help="Weights, gradients and optimizer states sharded over the data-parallel replicas "
+                      "(FSDP2 fully_shard per block, ZeRO-3: torchtitan's data_parallel_shard_degree)."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 
@@ -105,7 +108,9 @@ def assumptions(problem: Any) -> str:
     states, data-parallel overlap, attention kernel, sequence parallelism, pipeline exchanges."""
     return "; ".join([
         f"dtype {problem.dtype}" + (" (fp8 linear GEMMs, the rest bf16)" if problem.dtype == "fp8" else ""),
-        "optimizer states sharded over dp (distributed optimizer)" if problem.distributed_optimizer
+        "weights, gradients and optimizer states sharded over dp (FSDP: per-block gathers and "
+        "reduce-scatters beside the compute)" if problem.fsdp
+        else "optimizer states sharded over dp (distributed optimizer)" if problem.distributed_optimizer
         else "optimizer states replicated",
         "gradient reduction overlapped with the backward" if problem.overlap_dp_allreduce
         else "gradient reduction after the backward",
@@ -170,7 +175,7 @@ def register(main: click.Group) -> None:
     group = subgroup(main, "evaluate", "Evaluate a fixed configuration with a model's cost model.")
     params = list(INPUTS.params) + [
         click.Option(["--config"], required=True,
-                     help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false,distopt=true] or a "
+                     help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false,distopt=true,fsdp=true] or a "
                           "YAML/JSON file with those keys."),
         click.Option(["--vs-search"], is_flag=True, help="Also solve with Poseidon's search and compare."),
         click.Option(["--time-limit", "time_limit"], type=Seconds(), default=None, help="Search time limit (s)."),

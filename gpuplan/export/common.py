@@ -58,6 +58,7 @@ class TrainingJob:
     cluster: dict[str, Any] = field(default_factory=dict)  # the plan's problem's cluster, as written in the plan
     distributed_optimizer: bool = False  # optimizer states sharded over dp (ZeRO-1), the problem's field
     overlap_dp_allreduce: bool = False  # gradient reduction overlapped with the backward, the problem's field
+    fsdp: bool = False  # weights, gradients and states sharded over dp (FSDP2 / ZeRO-3), the problem's field
 
     @property
     def num_stages(self) -> int:
@@ -139,7 +140,8 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        notes=notes, stage_gpus=[[int(g) for g in s.get("gpu_ids", [])] for s in stages],
                        cluster=dict(problem.get("cluster") or {}),
                        distributed_optimizer=bool(problem.get("distributed_optimizer", False)),
-                       overlap_dp_allreduce=bool(problem.get("overlap_dp_allreduce", False)))
+                       overlap_dp_allreduce=bool(problem.get("overlap_dp_allreduce", False)),
+                       fsdp=bool(problem.get("fsdp", False)))
 
 
 @dataclass

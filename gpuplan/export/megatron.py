@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan.export import launcher
-from gpuplan.export.common import Launch, TrainingJob, check_seq_len, model_max_seq_len, node_launch, training_job
+from gpuplan.export.common import (ExportRefused, Launch, TrainingJob, check_seq_len, model_max_seq_len, node_launch,
+                                   training_job)
 from gpuplan.io import atomic_write_text, make_output_dir
 
 ARGS_FILE = "megatron.args"
@@ -51,8 +52,13 @@ def layout(job: TrainingJob) -> str:
 
 def job_args(job: TrainingJob) -> list[str]:
     """Return Megatron-LM's arguments for the job; raise ExportRefused when its sequence is longer than the
-    model's positions (`--max-position-embeddings`)."""
+    model's positions (`--max-position-embeddings`) or the plan uses FSDP (ZeRO-3) over dp > 1."""
     m = job.model
+    if job.fsdp and job.dp > 1:
+        raise ExportRefused("Megatron-LM", [
+            f"the plan shards weights, gradients and optimizer states over its {job.dp} data-parallel replicas "
+            "(FSDP, ZeRO-3); this export writes Megatron-LM's DDP and distributed-optimizer (ZeRO-1) settings "
+            "only, whose memory and communication differ from the plan's"])
     positions = model_max_seq_len(job)
     check_seq_len(job, "Megatron-LM", [("the plan's model max_seq_len, Megatron-LM's --max-position-embeddings",
                                         positions)])

@@ -8,7 +8,7 @@ nearest ones; `config="MODULE:FUNCTION"` names a config the user provides (its s
 It writes into a directory:
 
 - `torchtitan.args`: `--module M --config C` and one override per line: parallel degrees (pipeline,
-  tensor, data-parallel replicate), the per-stage module lists (`--parallelism.module_fqns_per_model_part`,
+  tensor, data-parallel replicate; or data-parallel shard, FSDP, when the plan's problem has `fsdp`), the per-stage module lists (`--parallelism.module_fqns_per_model_part`,
   one comma-separated list per stage: `tok_embeddings` and `layers.i` on the first, `norm`, `lm_head` on
   the last: torchtitan 0.3.0's Decoder attribute names, so uneven layer splits run as planned), the
   micro-batch size, the local batch and sequence length, and activation checkpointing as its subcommand
@@ -178,8 +178,8 @@ def job_args(job: TrainingJob, schedule_path: str = SCHEDULE_CSV, module: str = 
     CSV is named `schedule_path` (torchtitan opens it relative to its working directory)."""
     args = ["--parallelism.pipeline_parallel_degree", str(job.num_stages),
             "--parallelism.tensor_parallel_degree", str(job.tp),
-            "--parallelism.data_parallel_replicate_degree", str(job.dp),
-            "--parallelism.data_parallel_shard_degree", "1",
+            "--parallelism.data_parallel_replicate_degree", "1" if job.fsdp else str(job.dp),
+            "--parallelism.data_parallel_shard_degree", str(job.dp) if job.fsdp else "1",
             "--parallelism.pipeline_parallel_schedule", "1F1B" if job.interleave == 1 else "Interleaved1F1B",
             "--parallelism.pipeline_parallel_schedule_csv", schedule_path,
             "--parallelism.pipeline_parallel_microbatch_size", str(job.micro_batch_size),
@@ -229,7 +229,7 @@ def _check_config(job: TrainingJob, module: str, function: str, notes: list[str]
         raise ExportRefused("torchtitan", [
             f"fp8 training: torchtitan {TORCHTITAN_VERSION} switches float8 linears on in its Python config "
             "functions (a torchao converter), which this export does not write"])
-    if job.distributed_optimizer and job.dp > 1:
+    if job.distributed_optimizer and not job.fsdp and job.dp > 1:
         raise ExportRefused("torchtitan", [
             f"the plan shards only the optimizer states over its {job.dp} data-parallel replicas (distributed "
             f"optimizer, ZeRO stage 1); torchtitan {TORCHTITAN_VERSION} replicates them "

@@ -74,6 +74,12 @@ class PoseidonProblem(Problem):
     the gradients and, after the step, an all-gather of the updated weights (the same bus volume;
     with `overlap_dp_allreduce` the all-gather overlaps the next forward, as --overlap-param-gather
     does, and only its first bucket stays exposed).
+    `fsdp` (PyTorch FSDP2's fully_shard per block, torchtitan's data_parallel_shard_degree; ZeRO
+    stage 3): each data-parallel replica keeps 1/dp of its stage's weights, gradients and optimizer
+    states; every micro-batch all-gathers each block's weights before its forward and again before
+    its backward and reduce-scatters its gradients after it (fp32, torchtitan's default reduce dtype),
+    the next block's gather prefetched under the current block's compute (`CostModel.fsdp_layer_s`);
+    no gradient all-reduce remains, and the optimizer steps on the shard.
     `dtype` fp8 is fp8 training as Transformer Engine runs it (gpuplan.models.poseidon.cost): the
     blocks' linear layers compute in fp8 (on fp8 copies of their weights, `FP8_WEIGHT_BYTES` per
     parameter, and of their inputs, which are kept for the backward in fp8) while weights,
@@ -81,7 +87,8 @@ class PoseidonProblem(Problem):
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
-    weights; divided by dp with `distributed_optimizer`) + in-flight activations, within
+    weights; divided by dp with `distributed_optimizer`; weights and gradients too with `fsdp`, plus the
+    unsharded blocks FSDP works on) + in-flight activations, within
     `memory_fraction` of the device memory.
     """
 
@@ -101,6 +108,7 @@ class PoseidonProblem(Problem):
     blocking_p2p: bool = True  # Megatron-LM's p2p_communication._communicate (see `exchanges_s`)
     overlap_dp_allreduce: bool = False  # torch DDP / --overlap-grad-reduce (see `CostModel.dp_exposed_s`)
     distributed_optimizer: bool = False  # --use-distributed-optimizer / ZeRO-1 (see `CostModel.param_bytes`)
+    fsdp: bool = False  # FSDP2 / ZeRO-3 over each stage's data-parallel group (see `CostModel.fsdp_layer_s`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -354,7 +362,47 @@ class CostModel:
         gradients (`dtype`) and the optimizer states, these split over the `dp` replicas with
         `distributed_optimizer` (ZeRO stage 1)."""
         states = self.p.optimizer_state_bytes_per_param
+        if self.p.fsdp:  # FSDP2 keeps the fp32 shard (the states' main weight), its gradient and the moments
+            return (2 * self.wbytes + states) / dp
         return 2 * self.wbytes + (states / dp if self.p.distributed_optimizer else states)
+
+    def fsdp_working_bytes(self, tp: int) -> float:
+        """Return the bytes per device FSDP holds unsharded beside the shards (0 without `fsdp`): the
+        16-bit weights of the block being computed and of the next (prefetched), and one block's
+        gradient before its reduce-scatter (`FSDP_REDUCE_BYTES` per element)."""
+        if not self.p.fsdp:
+            return 0.0
+        return self.cfg.layer_params() / tp * (2 * self.wbytes + FSDP_REDUCE_BYTES)
+
+    def fsdp_layer_s(self, shape: StageShape, b: int) -> tuple[float, float]:
+        """Return (all_gather_s, reduce_scatter_s) of one block under `fsdp` over the stage's
+        data-parallel group (`dp_collective_s`): the gather of its 16-bit weights, the reduce-scatter
+        of its gradients in `FSDP_REDUCE_BYTES`; (0, 0) without `fsdp` or data parallelism."""
+        if not self.p.fsdp or shape.dp <= 1:
+            return 0.0, 0.0
+        key = ("fsdp", shape)
+        if key not in self._dp:
+            elems = self.cfg.layer_params() / shape.tp
+            self._dp[key] = (self.dp_collective_s(shape, "all_gather", elems * self.wbytes),
+                             self.dp_collective_s(shape, "reduce_scatter", elems * FSDP_REDUCE_BYTES))
+        return self._dp[key]
+
+    def stage_layer(self, shape: StageShape, b: int) -> tuple[float, float]:
+        """Return (forward_s, backward_s) of one block on stage `shape` at micro-batch `b`: `layer`, and
+        with `fsdp` each at least its communication, which runs beside the previous block's compute
+        (FSDP2 prefetches the next block's gather): forward max(f, gather), backward max(b, gather +
+        reduce-scatter). Recomputation's time adds to the backward after this."""
+        f, g = self.layer(shape.device_type, shape.tp, b)
+        ag, rs = self.fsdp_layer_s(shape, b)
+        return max(f, ag), max(g, ag + rs)
+
+    def stage_extras(self, shape: StageShape, b: int, first: bool, last: bool) -> tuple[float, float]:
+        """Return `extras` (embedding / head) of stage `shape`, and with `fsdp` what no compute hides in
+        each micro-batch: the gather of the first block's weights before the forward starts, and the
+        reduce-scatter of the last gradients after the backward ends."""
+        ef, eg = self.extras(shape.device_type, shape.tp, b, first, last)
+        ag, rs = self.fsdp_layer_s(shape, b)
+        return ef + ag, eg + rs
 
     def fp8_weight_bytes(self, n_layers: int, tp: int) -> float:
         """Return the bytes of the fp8 weight copies (weight and its transpose, `FP8_WEIGHT_BYTES` per
@@ -369,7 +417,9 @@ class CostModel:
         its whole gradient buffer (4 B per parameter)."""
         params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
         per = self.optimizer_step_bytes_per_param()
-        if self.p.distributed_optimizer and shape.dp > 1:
+        if self.p.fsdp and shape.dp > 1:  # the gradients are sharded too: all of the step on the shard
+            per = per / shape.dp
+        elif self.p.distributed_optimizer and shape.dp > 1:
             per = (per - GRAD_ZERO_BYTES) / shape.dp + GRAD_ZERO_BYTES
         # fp8: the updated bf16 weights are cast into their fp8 copies once per iteration (read 2 B,
         # write the copy and its transpose), cached across the micro-batches
@@ -391,6 +441,8 @@ class CostModel:
         With `distributed_optimizer` the all-reduce is a reduce-scatter of the gradients (exposed as
         above) followed, after the step, by an all-gather of the updated weights: all of it without
         overlap; with it (--overlap-param-gather) the next forward waits for the first bucket only."""
+        if self.p.fsdp:  # the reduce-scatters run per block inside each backward (`stage_extras`)
+            return 0.0
         key = (shape, n_layers, first, last, num_stages == 1)
         if key not in self._dp:
             size = self.stage_params(n_layers, first, last, num_stages) / shape.tp * self.wbytes
@@ -542,6 +594,10 @@ DDP_BUCKET_BYTES = 25 * 2**20
 # under the distributed optimizer, which shards the rest of the step.
 GRAD_ZERO_BYTES = 4.0
 
+# Bytes per gradient element FSDP reduce-scatters and holds unsharded until then: torchtitan's
+# default MixedPrecisionPolicy reduces in fp32 (mixed_precision_reduce = "float32").
+FSDP_REDUCE_BYTES = 4.0
+
 # Bytes per block parameter of the fp8 weight copies Transformer Engine caches in fp8 training: the
 # fp8 weight (1) and its transpose (1), which the forward and the input-gradient GEMMs read.
 FP8_WEIGHT_BYTES = 2.0
@@ -584,7 +640,7 @@ def stage_memory(cm: CostModel, shape: StageShape, n_layers: int, b: int, index:
     first, last = index == 0, index == num_stages - 1
     params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
     mem = (params * cm.param_bytes(shape.dp) + cm.fp8_weight_bytes(n_layers, shape.tp)
-           + (cm.logits_bytes(shape.tp, b) if last else 0.0))
+           + cm.fsdp_working_bytes(shape.tp) + (cm.logits_bytes(shape.tp, b) if last else 0.0))
     mem += (in_flight(cm.p.schedule, index, num_stages, m, interleave) * n_layers
             * cm.activation_bytes(shape.tp, b, mode))
     if mode == "full":
@@ -599,8 +655,8 @@ def stage_cost(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: i
     gradient all-reduce) is added to the first and last stages' all-reduce."""
     p = cm.p
     first, last = index == 0, index == num_stages - 1
-    f1, g1 = cm.layer(shape.device_type, shape.tp, b)
-    ef, eg = cm.extras(shape.device_type, shape.tp, b, first, last)
+    f1, g1 = cm.stage_layer(shape, b)
+    ef, eg = cm.stage_extras(shape, b, first, last)
     cap = cm.dev(shape.device_type).memory_bytes * p.memory_fraction
     want = recompute or p.recompute
     modes = RECOMPUTE_MODES if want == "auto" else (recompute_mode(want),)
@@ -667,7 +723,7 @@ def chunk_lists(cm: CostModel, shapes: list[StageShape], layers: list[int], cost
         return [c.forward_s for c in costs], [c.backward_s for c in costs]
     fwd, bwd = [0.0] * (S * v), [0.0] * (S * v)
     for s, (sh, c) in enumerate(zip(shapes, costs)):
-        ef, eg = cm.extras(sh.device_type, sh.tp, b[s], s == 0, s == S - 1)  # embedding or head (S > 1)
+        ef, eg = cm.stage_extras(sh, b[s], s == 0, s == S - 1)  # embedding or head (S > 1), FSDP's exposed
         of, ob = stage_call_s(cm.p.layer_costs, sh.device_type)  # every chunk is a call of its own
         for ch in range(v):
             fwd[ch * S + s] = (c.forward_s - ef - of) / v + of

@@ -25,7 +25,8 @@ _ALIASES = {"mb": "micro_batch", "mbs": "micro_batch", "micro_batch_size": "micr
             "virtual_pipeline": "interleave", "sp": "sequence_parallel", "flash": "flash_attention",
             "t": "tp", "p": "pp", "d": "dp", "ddp_overlap": "overlap_dp_allreduce",
             "overlap_grad_reduce": "overlap_dp_allreduce", "distopt": "distributed_optimizer",
-            "use_distributed_optimizer": "distributed_optimizer", "zero1": "distributed_optimizer"}
+            "use_distributed_optimizer": "distributed_optimizer", "zero1": "distributed_optimizer",
+            "zero3": "fsdp", "fully_shard": "fsdp", "data_parallel_shard": "fsdp"}
 
 
 class ParallelConfig(Schema):
@@ -34,8 +35,9 @@ class ParallelConfig(Schema):
     `interleave` chunks per stage; `layers` per stage (default equal); `sequence_parallel` /
     `flash_attention` / `overlap_dp_allreduce` (the DDP in use overlaps the gradient all-reduce with
     the backward: PyTorch DDP, Megatron's --overlap-grad-reduce) / `distributed_optimizer`
-    (Megatron's --use-distributed-optimizer: optimizer states sharded over dp, ZeRO stage 1) override
-    the problem's assumptions."""
+    (Megatron's --use-distributed-optimizer: optimizer states sharded over dp, ZeRO stage 1) / `fsdp`
+    (FSDP2's fully_shard: weights, gradients and states sharded over dp, ZeRO stage 3; torchtitan's
+    data_parallel_shard_degree) override the problem's assumptions."""
 
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
@@ -48,6 +50,7 @@ class ParallelConfig(Schema):
     flash_attention: bool | None = None
     overlap_dp_allreduce: bool | None = None
     distributed_optimizer: bool | None = None
+    fsdp: bool | None = None
     device_type: str | None = None
 
 
@@ -99,10 +102,10 @@ def parse_config(source: str | Path | dict[str, Any] | ParallelConfig) -> Parall
 
 def config_problem(problem: PoseidonProblem, config: ParallelConfig) -> PoseidonProblem:
     """Return `problem` with the config's execution assumptions (sequence parallelism, flash
-    attention, data-parallel all-reduce overlap, distributed optimizer) and its recomputation mode
+    attention, data-parallel all-reduce overlap, distributed optimizer, FSDP) and its recomputation mode
     fixed for every stage."""
     update: dict[str, Any] = {"recompute": config.recompute if isinstance(config.recompute, str) else "auto"}
-    for field in ("sequence_parallel", "flash_attention", "overlap_dp_allreduce", "distributed_optimizer"):
+    for field in ("sequence_parallel", "flash_attention", "overlap_dp_allreduce", "distributed_optimizer", "fsdp"):
         if getattr(config, field) is not None:
             update[field] = getattr(config, field)
     return PoseidonProblem.model_validate({**problem.model_dump(), **update})

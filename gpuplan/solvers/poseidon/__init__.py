@@ -136,8 +136,8 @@ def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool,
     key = (sh, b, first, last, flight, S == 1, v)
     cache = cm.__dict__.setdefault("_terms", {})
     if key not in cache:
-        f, g = cm.layer(sh.device_type, sh.tp, b)
-        ef, eg = cm.extras(sh.device_type, sh.tp, b, first, last)
+        f, g = cm.stage_layer(sh, b)
+        ef, eg = cm.stage_extras(sh, b, first, last)
         a0 = cm.tail_s(sh, 0, first, last, S)
         cap = cm.dev(sh.device_type).memory_bytes * cm.p.memory_fraction
         modes = RECOMPUTE_MODES if cm.p.recompute == "auto" else (cm.p.recompute,)
