@@ -12,7 +12,7 @@ It writes into a directory:
   one comma-separated list per stage: `tok_embeddings` and `layers.i` on the first, `norm`, `lm_head` on
   the last: torchtitan 0.3.0's Decoder attribute names, so uneven layer splits run as planned), the
   micro-batch size, the local batch and sequence length, and activation checkpointing as its subcommand
-  (`activation-checkpoint:full`),
+  (`activation-checkpoint:full`; the plan's selective recomputation as `none`: `titan_checkpointing`),
 - `pp_schedule.csv`: Tessel's schedule as torch.distributed.pipelining's compute-only CSV (one row
   per pipeline rank; F, I, W or B actions), named by `--parallelism.pipeline_parallel_schedule_csv`
   relative to the export directory (torchtitan opens it from its working directory; run.sh passes
@@ -189,8 +189,23 @@ def job_args(job: TrainingJob, schedule_path: str = SCHEDULE_CSV, module: str = 
             "--training.seq_len", str(job.seq_len)]
     if job.tp > 1:
         args.append("--parallelism.enable-sequence-parallel")
-    args.append(f"activation-checkpoint:{job.recompute}")  # a tyro subcommand: last
+    args.append(f"activation-checkpoint:{titan_checkpointing(job.recompute)}")  # a tyro subcommand: last
     return args
+
+
+def titan_checkpointing(recompute: str) -> str:
+    """Return torchtitan's activation-checkpoint subcommand for the plan's recomputation mode: "full" and
+    "none" as they are; the plan's "selective" (Megatron's: the attention core recomputed) as "none",
+    since torchtitan's attention is SDPA's fused kernel, which keeps no scores and recomputes them in
+    its backward anyway. torchtitan's own "selective" recomputes every other matmul and the element-wise
+    ops of each block: slower than the plan predicts (`SELECTIVE_NOTE`)."""
+    return "none" if recompute == "selective" else recompute
+
+
+SELECTIVE_NOTE = ("the plan's selective recomputation (Megatron's: the attention core) is exported as "
+                  "activation-checkpoint:none: torchtitan's fused SDPA attention already keeps no scores and "
+                  "recomputes them in its backward, while torchtitan's 'selective' would recompute every other "
+                  "matmul of each block, slower than the plan")
 
 
 def launch(job: TrainingJob) -> Launch:
@@ -270,6 +285,8 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
             notes.append(f"module {module!r} is not one gpuplan knows: the stage module lists use torchtitan's "
                          f"Decoder names ({', '.join(DECODER_NAMES)})")
     _check_config(job, module, function, notes)
+    if job.recompute == "selective":
+        notes.append(SELECTIVE_NOTE)
     lay = launch(job)
     notes += lay.notes
     root = make_output_dir(out, "torchtitan export directory")
