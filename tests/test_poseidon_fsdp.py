@@ -121,3 +121,25 @@ def test_torchtitans_published_fsdp_runs_fit_the_models_memory(fidelity_training
     lines, ratios = F.titan_lines(doc)
     assert len(ratios) == len(doc["titan_runs"]) == 3
     assert all(0.5 < r < 2.0 for r in ratios) and not any(line.endswith("OVER") for line in lines)
+
+
+def test_lagom_gets_fsdps_gathers_and_reduce_scatters(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The composed plan hands Lagom FSDP's own collectives: per micro-batch, every block's weight gather
+    beside the forward and the backward and its fp32 gradient reduce-scatter beside the backward; no
+    all-reduce. `gpuplan plan` composes and checks such a bundle."""
+    from gpuplan.compose import check_bundle, compose, write_bundle
+    from gpuplan.compose.lagom_poseidon import workload_from_poseidon
+
+    plan = gpuplan.evaluate_config(_doc(True), "tp=2,pp=2,dp=4,mb=1,recompute=full")
+    ops = {o["name"]: o for o in workload_from_poseidon(plan.model_dump(mode="json"))["ops"]}
+    m = plan.num_microbatches
+    elems = api.plan_problem(plan).model.layer_params() / 2
+    assert not any(o["collective"] == "all_reduce" and o["group"] == "dp" for o in ops.values())
+    for j in range(m):
+        assert ops[f"fsdp-gather-fwd-mb{j}"]["overlaps"] == f"fwd-mb{j}"
+        assert ops[f"fsdp-gather-bwd-mb{j}"]["size_bytes"] == elems * 2
+        assert ops[f"fsdp-grads-mb{j}"]["size_bytes"] == elems * FSDP_REDUCE_BYTES
+        assert ops[f"fsdp-grads-mb{j}"]["collective"] == "reduce_scatter"
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, compose(plan, time_limit_s=5))
+    assert check_bundle(bundle) == []

@@ -25,6 +25,7 @@ from typing import Any
 
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.collectives import usable_nics
+from gpuplan.models.poseidon import FSDP_REDUCE_BYTES
 from gpuplan.models.workload import DTYPE_BYTES, model_config, storage_dtype
 
 
@@ -98,7 +99,18 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
         net = {"inter_GBps": inter, "nics": group_nics(cluster, list(st.get("nodes", [])), dp // dp_nodes)}
         groups["dp"] = {"ranks": dp, "nodes": dp_nodes, **(net if dp_nodes > 1 else {})}
         grads = cfg.layer_params() / tp * width
-        if problem.get("distributed_optimizer"):
+        if problem.get("fsdp"):
+            # FSDP (ZeRO-3): each micro-batch gathers every block's weights beside the forward and again
+            # beside the backward, and reduce-scatters its gradients (fp32) beside the backward
+            for j in range(m):
+                ops.append({"name": f"fsdp-gather-fwd-mb{j}", "collective": "all_gather", "size_bytes": grads,
+                            "group": "dp", "overlaps": f"fwd-mb{j}", "count": layers})
+                ops.append({"name": f"fsdp-gather-bwd-mb{j}", "collective": "all_gather", "size_bytes": grads,
+                            "group": "dp", "overlaps": f"bwd-mb{j}", "count": layers})
+                ops.append({"name": f"fsdp-grads-mb{j}", "collective": "reduce_scatter",
+                            "size_bytes": cfg.layer_params() / tp * FSDP_REDUCE_BYTES, "group": "dp",
+                            "overlaps": f"bwd-mb{j}", "count": layers})
+        elif problem.get("distributed_optimizer"):
             # ZeRO-1: the gradients are reduce-scattered under the last backward and the updated weights
             # all-gathered, under the next iteration's first forward with --overlap-param-gather
             ops.append({"name": "dp-grads", "collective": "reduce_scatter", "size_bytes": grads, "group": "dp",
