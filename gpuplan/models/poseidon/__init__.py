@@ -360,7 +360,7 @@ class CostModel:
     def param_bytes(self, dp: int) -> float:
         """Return the bytes a device keeps per parameter of its stage (after tp): weights and
         gradients (`dtype`) and the optimizer states, these split over the `dp` replicas with
-        `distributed_optimizer` (ZeRO stage 1)."""
+        `distributed_optimizer` (ZeRO stage 1), all three with `fsdp` (ZeRO stage 3)."""
         states = self.p.optimizer_state_bytes_per_param
         if self.p.fsdp:  # FSDP2 keeps the fp32 shard (the states' main weight), its gradient and the moments
             return (2 * self.wbytes + states) / dp
@@ -374,7 +374,7 @@ class CostModel:
             return 0.0
         return self.cfg.layer_params() / tp * (2 * self.wbytes + FSDP_REDUCE_BYTES)
 
-    def fsdp_layer_s(self, shape: StageShape, b: int) -> tuple[float, float]:
+    def fsdp_layer_s(self, shape: StageShape) -> tuple[float, float]:
         """Return (all_gather_s, reduce_scatter_s) of one block under `fsdp` over the stage's
         data-parallel group (`dp_collective_s`): the gather of its 16-bit weights, the reduce-scatter
         of its gradients in `FSDP_REDUCE_BYTES`; (0, 0) without `fsdp` or data parallelism."""
@@ -393,7 +393,7 @@ class CostModel:
         (FSDP2 prefetches the next block's gather): forward max(f, gather), backward max(b, gather +
         reduce-scatter). Recomputation's time adds to the backward after this."""
         f, g = self.layer(shape.device_type, shape.tp, b)
-        ag, rs = self.fsdp_layer_s(shape, b)
+        ag, rs = self.fsdp_layer_s(shape)
         return max(f, ag), max(g, ag + rs)
 
     def stage_extras(self, shape: StageShape, b: int, first: bool, last: bool) -> tuple[float, float]:
@@ -401,7 +401,7 @@ class CostModel:
         each micro-batch: the gather of the first block's weights before the forward starts, and the
         reduce-scatter of the last gradients after the backward ends."""
         ef, eg = self.extras(shape.device_type, shape.tp, b, first, last)
-        ag, rs = self.fsdp_layer_s(shape, b)
+        ag, rs = self.fsdp_layer_s(shape)
         return ef + ag, eg + rs
 
     def fp8_weight_bytes(self, n_layers: int, tp: int) -> float:
