@@ -249,7 +249,7 @@ def _check_config(job: TrainingJob, module: str, function: str, notes: list[str]
             f"the plan shards only the optimizer states over its {job.dp} data-parallel replicas (distributed "
             f"optimizer, ZeRO stage 1); torchtitan {TORCHTITAN_VERSION} replicates them "
             "(data_parallel_replicate_degree) or shards weights and gradients too (FSDP, "
-            "data_parallel_shard_degree), whose memory and all-gathers the plan does not model"])
+            "data_parallel_shard_degree): plan with fsdp (--fsdp) to export FSDP"])
     limits = [("the plan's model max_seq_len", model_max_seq_len(job))]
     known = next((c for c in CONFIGS if c.name == f"{module}:{function}"), None)
     if known is None:
