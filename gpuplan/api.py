@@ -238,12 +238,13 @@ def evaluate_config(problem: Problem | str | Path | dict[str, Any], config: Any,
 
 def plan_training(cluster: Any, model: Any = None, *, batch: int | None = None, seq: int | None = None,
                   profile: Any = None, output: str | Path | None = None, time_limit_s: float = 20.0,
-                  seed: int = 0) -> Any:
+                  seed: int = 0, settings: dict[str, Any] | None = None) -> Any:
     """Plan one training job end to end: Poseidon's parallel plan, Tessel's schedule of its stages and
     Lagom's NCCL settings, iterated to a fixed point (gpuplan.compose). Returns the Composition (its
     `predicted` holds iteration times in seconds, `gains()` the table of each step's gain); with
-    `output` the bundle (three plans and a manifest) is written to that directory."""
+    `output` the bundle (three plans and a manifest) is written to that directory. `settings`: Poseidon
+    problem fields that override the problem's, e.g. {"dtype": "fp8", "fsdp": True}."""
     from gpuplan.compose import plan_training as _plan_training
 
     return _plan_training(cluster, model, batch=batch, seq=seq, profile=profile, output=output,
-                          time_limit_s=time_limit_s, seed=seed)
+                          time_limit_s=time_limit_s, seed=seed, settings=settings)

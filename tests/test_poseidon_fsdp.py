@@ -143,3 +143,26 @@ def test_lagom_gets_fsdps_gathers_and_reduce_scatters(tmp_path) -> None:  # type
     bundle = tmp_path / "bundle"
     write_bundle(bundle, compose(plan, time_limit_s=5))
     assert check_bundle(bundle) == []
+
+
+def test_plan_train_takes_the_data_parallel_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`gpuplan plan train --fsdp` (and --dtype, --distributed-optimizer) plans under those settings, so
+    the one-command path reaches what `solve poseidon` does."""
+    import json
+
+    from click.testing import CliRunner
+
+    from gpuplan.cli import main
+
+    out = tmp_path / "bundle"
+    r = CliRunner().invoke(main, ["plan", "train", "dgx-h100x2", "llama3-8b", "--batch", "32", "--seq", "2048",
+                                  "--fsdp", "--time-limit", "10", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    problem = json.loads((out / "poseidon.json").read_text())["problem"]
+    assert problem["fsdp"] is True and problem.get("distributed_optimizer", False) is False
+    r = CliRunner().invoke(main, ["plan", "train", "dgx-h100x2", "llama3-8b", "--batch", "32", "--seq", "2048",
+                                  "--dtype", "fp8", "--distributed-optimizer", "--time-limit", "10",
+                                  "-o", str(tmp_path / "b2")])
+    assert r.exit_code == 0, r.output
+    problem = json.loads((tmp_path / "b2" / "poseidon.json").read_text())["problem"]
+    assert problem["dtype"] == "fp8" and problem["distributed_optimizer"] is True and not problem.get("fsdp")

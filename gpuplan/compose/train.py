@@ -159,11 +159,12 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
 
 
 def training_problem(cluster: Any, model: Any = None, *, batch: int | None = None, seq: int | None = None,
-                     profile: Any = None) -> Any:
+                     profile: Any = None, settings: dict[str, Any] | None = None) -> Any:
     """Return the PoseidonProblem of a training job: `cluster` is a poseidon problem (file, mapping or
     Problem) or a cluster (file, mapping or preset name) with `model` a catalog name or mapping;
-    `batch` (sequences) and `seq` (tokens) override the problem's; `profile` (a file or Profile) puts
-    measured figures in place of the catalog's."""
+    `batch` (sequences) and `seq` (tokens) override the problem's, and so do the problem fields in
+    `settings` that are not None (e.g. dtype, distributed_optimizer, fsdp); `profile` (a file or
+    Profile) puts measured figures in place of the catalog's."""
     from pathlib import Path
 
     from gpuplan import api, registry
@@ -191,7 +192,7 @@ def training_problem(cluster: Any, model: Any = None, *, batch: int | None = Non
             doc["model"] = mdoc.get("model", mdoc)
         else:
             doc["model"] = model
-    for key, value in (("global_batch", batch), ("seq_len", seq)):
+    for key, value in (("global_batch", batch), ("seq_len", seq), *(settings or {}).items()):
         if value is not None:
             doc[key] = value
     doc["kind"] = "poseidon"
@@ -214,14 +215,15 @@ def training_problem(cluster: Any, model: Any = None, *, batch: int | None = Non
 
 def plan_training(cluster: Any, model: Any = None, *, batch: int | None = None, seq: int | None = None,
                   profile: Any = None, output: Any = None, time_limit_s: float = 20.0, seed: int = 0,
-                  lagom: bool = True, max_rounds: int = 4) -> Composition:
+                  lagom: bool = True, max_rounds: int = 4, settings: dict[str, Any] | None = None) -> Composition:
     """Plan one training job end to end (see `compose`) and, when `output` names a directory, write the
-    bundle there. Returns the Composition (predicted times in seconds). Raises InfeasibleError with
-    Poseidon's reason when no parallel plan fits."""
+    bundle there; `settings` are problem fields that override the problem's (`training_problem`).
+    Returns the Composition (predicted times in seconds). Raises InfeasibleError with Poseidon's
+    reason when no parallel plan fits."""
     from gpuplan import api
     from gpuplan.errors import InfeasibleError
 
-    problem = training_problem(cluster, model, batch=batch, seq=seq, profile=profile)
+    problem = training_problem(cluster, model, batch=batch, seq=seq, profile=profile, settings=settings)
     poseidon = api.solve(problem, solver="poseidon", time_limit_s=time_limit_s, seed=seed)
     if not poseidon.ok:
         raise InfeasibleError(f"no parallel plan: {poseidon.message}")
