@@ -148,7 +148,8 @@ def titan_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
         problem = gpuplan.load_problem({"kind": "poseidon", "cluster": cluster_of(row, d), "model": row["model"],
                                         "global_batch": row["gpus"] * row["local_batch"], "seq_len": row["seq_len"],
                                         "dtype": d["dtype"], "flash_attention": d["flash_attention"],
-                                        "fsdp": d["fsdp"]})
+                                        "fsdp": d["fsdp"], "eager_kernels": d["eager_kernels"],
+                                        "composite_norm": row["composite_norm"]})
         plan = gpuplan.evaluate_config(problem, {"tp": 1, "pp": 1, "dp": row["gpus"], "mb": row["local_batch"],
                                                  "recompute": row["recompute"]}, check_memory=False)
         tokens = row["local_batch"] * row["seq_len"] / plan.iteration_time_s

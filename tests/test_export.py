@@ -42,25 +42,27 @@ def _titan() -> tuple:  # type: ignore[type-arg]
     """Return torchtitan's config classes and tyro registry (skip when torchtitan is not installed)."""
     try:
         import tyro
-        from torchtitan.config import ConfigManager, ParallelismConfig, TrainingConfig
+        from torchtitan.config import CompileConfig, ConfigManager, ParallelismConfig, TrainingConfig
         from torchtitan.config.manager import custom_registry
         from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig, SelectiveAC
     except ImportError as exc:
         pytest.skip(f"torchtitan (pip install torchtitan==0.3.0) cannot be imported here: {exc}")
     ConfigManager()  # registers torchtitan's tyro rules (comma-separated lists)
-    return tyro, ParallelismConfig, TrainingConfig, ActivationCheckpointingConfig, SelectiveAC, custom_registry
+    return tyro, ParallelismConfig, TrainingConfig, ActivationCheckpointingConfig, SelectiveAC, custom_registry, CompileConfig
 
 
 def _parse_titan(args: list[str]):  # type: ignore[no-untyped-def]
     """Parse exported overrides with torchtitan's own config classes and tyro rules: the sections the
-    export writes (parallelism, training, activation_checkpoint) as torchtitan's Trainer.Config has them."""
+    export writes (parallelism, training, compile, activation_checkpoint) as torchtitan's Trainer.Config has
+    them."""
     import dataclasses
 
-    tyro, Par, Train, AC, SelectiveAC, registry = _titan()
+    tyro, Par, Train, AC, SelectiveAC, registry, Compile = _titan()
 
     Job = dataclasses.make_dataclass("Job", [
         ("parallelism", Par, dataclasses.field(default_factory=Par)),
         ("training", Train, dataclasses.field(default_factory=Train)),
+        ("compile", Compile, dataclasses.field(default_factory=Compile)),
         ("activation_checkpoint", AC, dataclasses.field(default_factory=SelectiveAC.Config))])
 
     rest = [a for a in args if a not in ("--module", "--config")]
@@ -98,6 +100,8 @@ def test_torchtitan_round_trip(tp_bundle: Path, tmp_path: Path) -> None:
     assert plan.stages[0].recompute == "selective" and job.activation_checkpoint is None  # type: ignore[attr-defined]
     assert any("activation-checkpoint:none" in n for n in result["notes"])
     assert job.training.local_batch_size * st[0].dp == 16 and job.training.seq_len == 1024
+    # the plan's times assume fused element-wise kernels: torch.compile gives them to torchtitan
+    assert job.compile.enable is True
     # named relative to the export directory (run.sh passes "$HERE/pp_schedule.csv"): the directory can move
     assert job.parallelism.pipeline_parallel_schedule_csv == "pp_schedule.csv"
     assert str(out) not in (out / "torchtitan.args").read_text()

@@ -122,11 +122,13 @@ def register(main: click.Group) -> None:
     @click.option("--fsdp/--no-fsdp", "fsdp", default=None,
                   help="Weights, gradients and optimizer states sharded over the data-parallel replicas "
                        "(FSDP2, ZeRO-3).")
+    @click.option("--eager-kernels/--fused-kernels", "eager_kernels", default=None,
+                  help="Element-wise ops as PyTorch's eager kernels (torchtitan without compile), or fused.")
     @json_flag(help="Print {command, bundle, plan_file, kind, predicted, gains, tables} as JSON (or write "
                     "it to FILE); see docs/index.md, Scripting.")
     def train(cluster: str, model: str | None, batch: int | None, seq: int | None, profile: str | None,
               output: str, time_limit: float, seed: int, dtype: str | None, distributed_optimizer: bool | None,
-              fsdp: bool | None, json_out: str | None = None) -> None:
+              fsdp: bool | None, eager_kernels: bool | None, json_out: str | None = None) -> None:
         """Poseidon's parallel plan, Tessel's schedule of its stages, Lagom's NCCL settings for the
         collectives beside that schedule (iterated to a fixed point); writes a bundle and prints each
         step's predicted gain. CLUSTER is a cluster file, preset or whole poseidon problem file; MODEL a
@@ -139,7 +141,8 @@ def register(main: click.Group) -> None:
         try:
             plan_training(cluster, model, batch=batch, seq=seq, profile=profile, output=output,
                           time_limit_s=time_limit, seed=seed,
-                          settings={"dtype": dtype, "distributed_optimizer": distributed_optimizer, "fsdp": fsdp})
+                          settings={"dtype": dtype, "distributed_optimizer": distributed_optimizer, "fsdp": fsdp,
+                                    "eager_kernels": eager_kernels})
         except InfeasibleError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(3)

@@ -32,7 +32,8 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
           max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, dtype: str | None = None,
-          distributed_optimizer: bool | None = None, fsdp: bool | None = None, **_: Any) -> Problem:
+          distributed_optimizer: bool | None = None, fsdp: bool | None = None, eager_kernels: bool | None = None,
+          **_: Any) -> Problem:
     """Return the PoseidonProblem the command-line arguments describe."""
     from gpuplan.api import load_problem
 
@@ -48,7 +49,8 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         problem["model"] = mdoc.get("model", mdoc) if isinstance(mdoc, dict) else mdoc
     for key, value in (("global_batch", batch), ("seq_len", seq), ("schedule", schedule),
                        ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave),
-                       ("dtype", dtype), ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp)):
+                       ("dtype", dtype), ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp),
+                       ("eager_kernels", eager_kernels)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -99,6 +101,9 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--fsdp/--no-fsdp", "fsdp"], default=None,
                  help="Weights, gradients and optimizer states sharded over the data-parallel replicas "
                       "(FSDP2 fully_shard per block, ZeRO-3: torchtitan's data_parallel_shard_degree)."),
+    click.Option(["--eager-kernels/--fused-kernels", "eager_kernels"], default=None,
+                 help="Element-wise ops as PyTorch's eager kernels (torchtitan without compile: rotary "
+                      "embedding in fp32, SwiGLU as silu then mul), or fused (Megatron-LM, torch.compile)."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 
@@ -116,6 +121,7 @@ def assumptions(problem: Any) -> str:
         else "gradient reduction after the backward",
         "flash attention" if problem.flash_attention else "explicit attention (scores in memory)",
         "sequence parallelism" if problem.sequence_parallel else "no sequence parallelism",
+        "eager element-wise kernels" if problem.eager_kernels else "fused element-wise kernels",
         "blocking pipeline exchanges" if problem.blocking_p2p else "overlapped pipeline exchanges"])
 
 
@@ -175,7 +181,8 @@ def register(main: click.Group) -> None:
     group = subgroup(main, "evaluate", "Evaluate a fixed configuration with a model's cost model.")
     params = list(INPUTS.params) + [
         click.Option(["--config"], required=True,
-                     help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false,distopt=true,fsdp=true] or a "
+                     help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false,distopt=true,fsdp=true,"
+                          "eager=true] or a "
                           "YAML/JSON file with those keys."),
         click.Option(["--vs-search"], is_flag=True, help="Also solve with Poseidon's search and compare."),
         click.Option(["--time-limit", "time_limit"], type=Seconds(), default=None, help="Search time limit (s)."),

@@ -11,7 +11,9 @@ It writes into a directory:
   tensor, data-parallel replicate; or data-parallel shard, FSDP, when the plan's problem has `fsdp`), the per-stage module lists (`--parallelism.module_fqns_per_model_part`,
   one comma-separated list per stage: `tok_embeddings` and `layers.i` on the first, `norm`, `lm_head` on
   the last: torchtitan 0.3.0's Decoder attribute names, so uneven layer splits run as planned), the
-  micro-batch size, the local batch and sequence length, and activation checkpointing as its subcommand
+  micro-batch size, the local batch and sequence length, `--compile.enable` unless the plan assumed
+  PyTorch's eager kernels (`eager_kernels`: its times assume fused element-wise kernels, which
+  torch.compile gives torchtitan), and activation checkpointing as its subcommand
   (`activation-checkpoint:full`; the plan's selective recomputation as `none`: `titan_checkpointing`),
 - `pp_schedule.csv`: Tessel's schedule as torch.distributed.pipelining's compute-only CSV (one row
   per pipeline rank; F, I, W or B actions), named by `--parallelism.pipeline_parallel_schedule_csv`
@@ -189,6 +191,8 @@ def job_args(job: TrainingJob, schedule_path: str = SCHEDULE_CSV, module: str = 
             "--training.seq_len", str(job.seq_len)]
     if job.tp > 1:
         args.append("--parallelism.enable-sequence-parallel")
+    if not job.eager_kernels:  # the plan's times assume fused element-wise kernels: torch.compile fuses them
+        args.append("--compile.enable")
     args.append(f"activation-checkpoint:{titan_checkpointing(job.recompute)}")  # a tyro subcommand: last
     return args
 

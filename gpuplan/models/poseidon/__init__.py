@@ -31,7 +31,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
-from gpuplan.models.poseidon.cost import (RECOMPUTE_MODES, LayerOptions, LayerTimes, blocking_exchanges,
+from gpuplan.models.poseidon.cost import (MAIN_GRAD_BYTES, RECOMPUTE_MODES, LayerOptions, LayerTimes,
+                                          blocking_exchanges,
                                           embedding_times, head_times, layer_times, memory_s, model_flops_per_sample,
                                           stage_call_s)
 from gpuplan.models.poseidon.dag import (_flat_ops, build_dag, dag_longest_path_s, iteration_time_fast,
@@ -109,6 +110,8 @@ class PoseidonProblem(Problem):
     overlap_dp_allreduce: bool = False  # torch DDP / --overlap-grad-reduce (see `CostModel.dp_exposed_s`)
     distributed_optimizer: bool = False  # --use-distributed-optimizer / ZeRO-1 (see `CostModel.param_bytes`)
     fsdp: bool = False  # FSDP2 / ZeRO-3 over each stage's data-parallel group (see `CostModel.fsdp_layer_s`)
+    eager_kernels: bool = False  # PyTorch eager element-wise kernels, as torchtitan runs without compile
+    composite_norm: bool = False  # RMSNorm as PyTorch's separate eager kernels (torchtitan 2024's "rmsnorm")
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -260,7 +263,9 @@ class CostModel:
         self.cfg = problem.model
         self.wbytes = DTYPE_BYTES[storage_dtype(problem.dtype)]
         self.opts = LayerOptions(flash=problem.flash_attention, causal=problem.causal_attention,
-                                 sequence_parallel=problem.sequence_parallel)
+                                 sequence_parallel=problem.sequence_parallel, eager=problem.eager_kernels,
+                                 composite_norm=problem.composite_norm,
+                                 wgrad_out_bytes=self.wbytes if problem.fsdp else MAIN_GRAD_BYTES)
         self._times: dict[tuple[str, int, int], LayerTimes] = {}
         self._layer: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._dev: dict[str, Any] = {}
@@ -390,11 +395,27 @@ class CostModel:
     def stage_layer(self, shape: StageShape, b: int) -> tuple[float, float]:
         """Return (forward_s, backward_s) of one block on stage `shape` at micro-batch `b`: `layer`, and
         with `fsdp` each at least its communication, which runs beside the previous block's compute
-        (FSDP2 prefetches the next block's gather): forward max(f, gather), backward max(b, gather +
-        reduce-scatter). Recomputation's time adds to the backward after this."""
+        (FSDP2 prefetches the next block's gather): forward max(f + copies, gather), backward max(b +
+        copies, gather + reduce-scatter), the copies being FSDP2's own kernels on the compute stream
+        (`fsdp_copies_s`). Recomputation's time adds to the backward after this."""
         f, g = self.layer(shape.device_type, shape.tp, b)
         ag, rs = self.fsdp_layer_s(shape)
-        return max(f, ag), max(g, ag + rs)
+        if ag == rs == 0.0:
+            return f, g
+        cf, cb = self.fsdp_copies_s(shape)
+        return max(f + cf, ag), max(g + cb, ag + rs)
+
+    def fsdp_copies_s(self, shape: StageShape) -> tuple[float, float]:
+        """Return the (forward, backward) seconds of the copies FSDP2 runs on the compute stream per
+        block and micro-batch (torch.distributed.fsdp's foreach_all_gather_copy_out and
+        foreach_reduce's copy-in, both on the current stream): after each gather the gathered buffer
+        is copied into the block's unsharded weights (read + write 16-bit, forward and backward), and
+        before each reduce-scatter the 16-bit gradients are copied, cast to `FSDP_REDUCE_BYTES`, into
+        its input buffer (backward). (0, 0) where `fsdp_layer_s` is."""
+        elems = self.cfg.layer_params() / shape.tp
+        dev = self.dev(shape.device_type)
+        out = memory_s(dev, elems * 2 * self.wbytes)
+        return out, out + memory_s(dev, elems * (self.wbytes + FSDP_REDUCE_BYTES))
 
     def stage_extras(self, shape: StageShape, b: int, first: bool, last: bool) -> tuple[float, float]:
         """Return `extras` (embedding / head) of stage `shape`, and with `fsdp` what no compute hides in

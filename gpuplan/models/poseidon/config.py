@@ -26,7 +26,7 @@ _ALIASES = {"mb": "micro_batch", "mbs": "micro_batch", "micro_batch_size": "micr
             "t": "tp", "p": "pp", "d": "dp", "ddp_overlap": "overlap_dp_allreduce",
             "overlap_grad_reduce": "overlap_dp_allreduce", "distopt": "distributed_optimizer",
             "use_distributed_optimizer": "distributed_optimizer", "zero1": "distributed_optimizer",
-            "zero3": "fsdp", "fully_shard": "fsdp", "data_parallel_shard": "fsdp"}
+            "zero3": "fsdp", "fully_shard": "fsdp", "data_parallel_shard": "fsdp", "eager": "eager_kernels"}
 
 
 class ParallelConfig(Schema):
@@ -37,7 +37,8 @@ class ParallelConfig(Schema):
     the backward: PyTorch DDP, Megatron's --overlap-grad-reduce) / `distributed_optimizer`
     (Megatron's --use-distributed-optimizer: optimizer states sharded over dp, ZeRO stage 1) / `fsdp`
     (FSDP2's fully_shard: weights, gradients and states sharded over dp, ZeRO stage 3; torchtitan's
-    data_parallel_shard_degree) override the problem's assumptions."""
+    data_parallel_shard_degree) / `eager_kernels` (PyTorch eager element-wise kernels, as torchtitan without
+    compile) / `composite_norm` (RMSNorm as separate eager kernels) override the problem's assumptions."""
 
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
@@ -51,6 +52,8 @@ class ParallelConfig(Schema):
     overlap_dp_allreduce: bool | None = None
     distributed_optimizer: bool | None = None
     fsdp: bool | None = None
+    eager_kernels: bool | None = None
+    composite_norm: bool | None = None
     device_type: str | None = None
 
 
@@ -102,10 +105,11 @@ def parse_config(source: str | Path | dict[str, Any] | ParallelConfig) -> Parall
 
 def config_problem(problem: PoseidonProblem, config: ParallelConfig) -> PoseidonProblem:
     """Return `problem` with the config's execution assumptions (sequence parallelism, flash
-    attention, data-parallel all-reduce overlap, distributed optimizer, FSDP) and its recomputation mode
-    fixed for every stage."""
+    attention, data-parallel all-reduce overlap, distributed optimizer, FSDP, eager kernels, composite norm)
+    and its recomputation mode fixed for every stage."""
     update: dict[str, Any] = {"recompute": config.recompute if isinstance(config.recompute, str) else "auto"}
-    for field in ("sequence_parallel", "flash_attention", "overlap_dp_allreduce", "distributed_optimizer", "fsdp"):
+    for field in ("sequence_parallel", "flash_attention", "overlap_dp_allreduce", "distributed_optimizer", "fsdp",
+                  "eager_kernels", "composite_norm"):
         if getattr(config, field) is not None:
             update[field] = getattr(config, field)
     return PoseidonProblem.model_validate({**problem.model_dump(), **update})

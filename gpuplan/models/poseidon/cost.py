@@ -35,6 +35,11 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   pass through a cast-transpose kernel that reads them in bf16 and writes the fp8 copy and its
   transpose (`FP8_CAST_BYTES` per element). Attention, element-wise ops, the embedding and the
   output head stay in bf16 (`storage_dtype`).
+* Eager kernels (`eager`: PyTorch without torch.compile, as torchtitan's Llama runs by default): the
+  rotary embedding on Q and K in complex fp32 (`eager_rope_bytes`; gated-MLP models, the Llama family:
+  others are taken as GPT-style, learned positions), SwiGLU as silu then mul, the input-gradient adds of
+  the separate wq / wk / wv and w1 / w3 linears, residual adds without dropout; the norm stays one fused
+  kernel unless `composite_norm` (`composite_norm_bytes`). Byte counts from torchtitan's code.
 * Tensor parallelism (Megatron): two all-reduces of the layer's activations per direction, or with
   sequence parallelism two all-gathers and two reduce-scatters of the same total bus volume; not
   overlapped with compute.
@@ -121,6 +126,26 @@ OVERLAPPED_EPILOGUE_ARCHS: tuple[str, ...] = ("hopper", "blackwell")
 # --gradient-accumulation-fusion: read + write 4 bytes). First principles; the unfused 2021 path
 # (write the 16-bit gradient, then a separate add) moves more, 2 + 2 + 8 = 12 bytes.
 MAIN_GRAD_BYTES = 8.0
+
+def eager_rope_bytes(w: int) -> float:
+    """Return the HBM bytes per element of Q or K that eager rotary embedding moves in one direction, as
+    torchtitan's Llama applies it (view_as_complex of x.float(), a complex multiply, type_as back):
+    the cast up (read w, write 4), the complex multiply in fp32 (read 4, write 4), the cast back (read 4,
+    write w); its backward runs the same three kernels in reverse."""
+    return (w + 4) + 8 + (4 + w)
+
+
+def composite_norm_bytes(w: int) -> tuple[float, float]:
+    """Return the (forward, backward) HBM bytes per element of an RMSNorm run as PyTorch's separate
+    eager kernels in fp32, as torchtitan's 2024 `rmsnorm` wrote it (x.float(); x * rsqrt(x.pow(2).mean(-1)
+    + eps); .type_as(x) * weight) on `w`-byte activations: forward the cast up (w + 4), pow (8), the mean's
+    read (4), the scaling (8), the cast back (4 + w), the weight multiply (2w); backward autograd's
+    kernels: the weight multiply's input gradient (2w) and weight gradient (multiply 3w, sum w), the cast
+    (w + 4), the scaling's two gradients (8; multiply 12 and row sum 4), the mean's expanded gradient (4),
+    pow's (12), their sum (12) and the cast back (4 + w). First principles from the code; the row-wise
+    statistics are negligible."""
+    return 4 * w + 28, 8 * w + 60
+
 
 # Output tiles cuBLAS / CUTLASS use for large 16-bit GEMMs on Ampere and Hopper (threadblock tiles).
 TILES: tuple[tuple[int, int], ...] = ((128, 256), (256, 128), (128, 128))
@@ -244,11 +269,18 @@ def memory_s(dev: DeviceType, size_bytes: float) -> float:
 @dataclass(frozen=True)
 class LayerOptions:
     """Execution assumptions of one transformer block: flash attention, causal mask skipping inside
-    flash, Megatron sequence parallelism."""
+    flash, Megatron sequence parallelism, PyTorch eager element-wise kernels (`eager`: see
+    `layer_ops`) instead of fused ones, the norm as PyTorch's composite ops (`composite_norm`:
+    `composite_norm_bytes`) instead of one fused kernel, and the bytes a weight-gradient GEMM's epilogue moves per
+    element (`wgrad_out_bytes`: `MAIN_GRAD_BYTES` into fp32 main gradients; FSDP2 writes the
+    16-bit gradient, 2)."""
 
     flash: bool = True
     causal: bool = True
     sequence_parallel: bool = True
+    eager: bool = False
+    composite_norm: bool = False
+    wgrad_out_bytes: float = MAIN_GRAD_BYTES
 
 
 @dataclass(frozen=True)
@@ -292,12 +324,13 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     `tp`, in execution order, each with its forward and backward seconds (see `OpTime`).
 
     `tp_collective_s(op, size_bytes)` gives the seconds of one collective ("all_reduce",
-    "all_gather", "reduce_scatter") over the block's TP group. Weight-gradient GEMMs accumulate into
-    fp32 main gradients (`MAIN_GRAD_BYTES` per element). Without flash attention the kernels are
+    "all_gather", "reduce_scatter") over the block's TP group. Without flash attention the kernels are
     Megatron-LM's explicit path: the QKV bias added by its own kernel (`matmul` then `+ bias`), the
     fused scale-mask-softmax kernel and a separate dropout kernel over the scores, and the context
     layer's permute copy back to [s, b, h]. In fp8 training the four linear layers run fp8 GEMMs
     with their cast-transposes (see the module's notes) and everything else runs in `storage_dtype`.
+    With `opts.eager` the element-wise ops are PyTorch's eager kernels (the module's notes), with
+    `opts.composite_norm` the norms too; weight gradients move `opts.wgrad_out_bytes` per element.
     """
     lin = dtype  # the linear layers' GEMM dtype
     dtype = storage_dtype(dtype)
@@ -316,7 +349,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
 
     def linear(n_in: int, n_out: int) -> tuple[float, float]:
         # forward [T, n_in] x [n_in, n_out]; backward: input gradient and weight gradient (fp32 main grad)
-        wgrad = gemm_s(dev, lin, n_out, n_in, T, 1, None if fp8 else sweep, out_bytes=MAIN_GRAD_BYTES)
+        wgrad = gemm_s(dev, lin, n_out, n_in, T, 1, None if fp8 else sweep, out_bytes=opts.wgrad_out_bytes)
         if not fp8:
             return g(T, n_out, n_in), g(T, n_in, n_out) + wgrad
         # fp8 operands, 16-bit outputs; the input's and the output gradient's cast-transposes (a profile's
@@ -332,8 +365,19 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     ops: list[OpTime] = []
     # layer norm: read + write h per token (x2 in the block; replicated unless SP); backward ~2x
     ln = elem(2 * h * w / sp)
+    if opts.composite_norm:
+        ln = tuple(memory_s(dev, T * h * n / sp) for n in composite_norm_bytes(w))  # type: ignore[assignment]
     ops.append(OpTime("layer norm (attention)", *ln))
     ops.append(OpTime("QKV GEMM", *linear(h, qkv)))
+    kv_out = cfg.kv * d // tp
+    if opts.eager:
+        # three linears read the normed input (all-gathered under SP): autograd adds their input
+        # gradients (two adds: read 2h, write h each)
+        acc = memory_s(dev, T * 2 * 3 * h * w)
+        ops.append(OpTime("Q, K, V input-gradient adds (eager)", 0.0, acc))
+        if cfg.gated_mlp:  # the Llama family: rotary embedding in complex fp32 on Q and K
+            rope = memory_s(dev, T * (q_out + kv_out) * eager_rope_bytes(w))
+            ops.append(OpTime("rotary embedding (eager)", rope, rope))
     if explicit:
         # bias added by its own kernel: read + write the QKV output; backward: the bias gradient
         # reduction reads the output gradient once, and the split of the QKV output into Q, K and V
@@ -356,7 +400,6 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         # QK^T writes the scores; backward dQ = dS K and dK = dS^T Q (K = seq)
         # (torch.baddbmm with alpha = 1/norm_factor: autograd's formula scales dQ and dK by alpha in
         # two element-wise kernels, read + write each)
-        kv_out = cfg.kv * d // tp
         ops.append(OpTime("attention scores QK^T", g(seq, seq, d, bh),
                           2.0 * g(seq, d, seq, bh) + memory_s(dev, 2.0 * T * (q_out + kv_out) * w), core=True))
         # Megatron's fused scale+mask+softmax (`softmax_bytes_per_score`: the causal kernel reads the
@@ -371,14 +414,26 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         f = memory_s(dev, T * q_out * w * 2)  # [b, np, s, hn] -> [s, b, np, hn] copy, both ways
         ops.append(OpTime("context permute copy", f, f))
     ops.append(OpTime("attention output GEMM", *linear(q_out, h)))
-    # bias + dropout + residual: read 2h, write h, 1-byte mask h (replicated unless SP)
-    bda = elem((3 * h * w + h) / sp)
-    ops.append(OpTime("bias+dropout+residual (attention)", *bda))
+    if opts.eager:
+        # residual add: read 2h, write h; backward: the residual's gradient joins the branch's (one add)
+        residual = (memory_s(dev, T * 3 * h * w / sp),) * 2
+        ops.append(OpTime("residual add (attention, eager)", *residual))
+    else:
+        # bias + dropout + residual: read 2h, write h, 1-byte mask h (replicated unless SP)
+        residual = elem((3 * h * w + h) / sp)
+        ops.append(OpTime("bias+dropout+residual (attention)", *residual))
     ops.append(OpTime("layer norm (MLP)", *ln))
     ops.append(OpTime("MLP in GEMM", *linear(h, ffn_in)))
-    ops.append(OpTime("bias + GeLU / SwiGLU", *elem((ffn_in + ffn) * w)))
+    if opts.eager and cfg.gated_mlp:
+        # F.silu(w1(x)) * w3(x): silu (read f, write f) then mul (read 2f, write f); backward: the mul's
+        # two gradients (read 2f, write f each), silu's (read 2f, write f); w1's and w3's input
+        # gradients added (read 2h, write h)
+        ops.append(OpTime("SwiGLU: silu, mul (eager)", memory_s(dev, T * 5 * ffn * w),
+                          memory_s(dev, T * (9 * ffn * w + 3 * h * w))))
+    else:
+        ops.append(OpTime("bias + GeLU / SwiGLU", *elem((ffn_in + ffn) * w)))
     ops.append(OpTime("MLP out GEMM", *linear(ffn, h)))
-    ops.append(OpTime("bias+dropout+residual (MLP)", *bda))
+    ops.append(OpTime("residual add (MLP, eager)" if opts.eager else "bias+dropout+residual (MLP)", *residual))
     size = T * h * w
     if tp > 1:
         comm = (2.0 * (tp_collective_s("all_gather", size) + tp_collective_s("reduce_scatter", size))
