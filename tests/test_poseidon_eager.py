@@ -12,7 +12,10 @@ import pytest
 import gpuplan
 from gpuplan import api
 from gpuplan.export import torchtitan
+from gpuplan.models import collectives
+from gpuplan.models.lagom import cost as lagom_cost
 from gpuplan.models.poseidon import FSDP_REDUCE_BYTES, CostModel, StageShape
+from gpuplan.models.lagom.cost import window_time_us
 from gpuplan.models.poseidon import cost as C
 
 FAST = {"gpus": {"A100-80GB": 16}, "gpus_per_node": 8,
@@ -98,7 +101,14 @@ def test_fsdp_copies_run_on_the_compute_stream_and_gradients_are_16_bit() -> Non
     copy_out = C.memory_s(dev, elems * 4)
     copy_in = C.memory_s(dev, elems * (2 + FSDP_REDUCE_BYTES))
     assert cm.fsdp_copies_s(shape) == pytest.approx((copy_out, copy_out + copy_in), rel=1e-12)
-    assert cm.stage_layer(shape, 1) == pytest.approx((f + copy_out, g + copy_out + copy_in), rel=1e-12)
+    # the block's compute beside its collectives, timed as Lagom times a window: the compute runs 1/s as
+    # fast while a collective with slowdown s runs
+    s_f, s_ag, s_rs = cm.fsdp_slowdowns(shape, 1)
+    assert 1.0 < s_f and 1.0 < s_ag and 1.0 < s_rs
+    fwd = window_time_us((f + copy_out) * 1e6, ag * 1e6, ag / s_f * 1e6) * 1e-6
+    bwd = window_time_us((g + copy_out + copy_in) * 1e6, (ag + rs) * 1e6, (ag / s_ag + rs / s_rs) * 1e6) * 1e-6
+    assert cm.stage_layer(shape, 1) == pytest.approx((fwd, bwd), rel=1e-12)
+    assert fwd > f + copy_out and bwd > g + copy_out + copy_in
     # the weight-gradient GEMMs write 16-bit gradients (no fp32 main gradient): FSDP's blocks compute faster
     assert cm.opts.wgrad_out_bytes == 2 and CostModel(_problem()).opts.wgrad_out_bytes == C.MAIN_GRAD_BYTES  # type: ignore[arg-type]
     assert g < CostModel(_problem()).layer("A100-80GB", 1, 1)[1]  # type: ignore[arg-type]
@@ -111,3 +121,24 @@ def test_torchtitan_export_compiles_a_plan_that_assumed_fused_kernels() -> None:
     assert "--compile.enable" in torchtitan.job_args(job)
     assert "--compile.enable" not in torchtitan.job_args(dataclasses.replace(job, eager_kernels=True))
     assert torchtitan.job_args(job)[-1].startswith("activation-checkpoint:")  # the subcommand stays last
+
+
+def test_overlap_slowdown_is_lagoms_interference_at_nccls_default() -> None:
+    problem = _problem(fsdp=True)
+    cl = problem.cluster  # type: ignore[attr-defined]
+    group, size = list(range(16)), 4e8
+    slow = [collectives.overlap_slowdown(cl, "all_gather", size, group, phi) for phi in (0.0, 0.2, 0.5, 1.0)]
+    assert all(x > 1.0 for x in slow) and slow == sorted(slow)  # memory-bound work suffers more
+    link = collectives.lagom_link(cl, group)
+    c = lagom_cost.Consts()
+    a, p, nc, nt, chunk = lagom_cost.nccl_default("all_gather", size, link, c)
+    dev = lagom_cost.Device(108, cl.type_of("A100-80GB").memory_bandwidth_GBps, 40 * 2**20)  # A100: 108 SMs, 40 MiB L2
+    assert slow[1] == pytest.approx(float(lagom_cost.slowdown("all_gather", size, a, p, link, c, dev, 0.2, nc, nt,
+                                                              chunk)), rel=1e-12)
+    assert collectives.overlap_slowdown(cl, "all_gather", size, [0], 0.2) == 1.0  # one rank: nothing runs
+    cpu = {"name": "cpu", "memory_bytes": "4 GiB", "memory_bandwidth_GBps": 10, "peak_tflops": {"fp32": 0.05},
+           "intra_node_GBps": 2}
+    cpus = api.load_problem({"kind": "poseidon", "model": "llama3-8b", "global_batch": 4, "seq_len": 128,
+                             "cluster": {"device_types": {"cpu": cpu}, "nodes": [{"name": "c0", "gpus": {"cpu": 4}}]},
+                             }).cluster  # type: ignore[attr-defined]
+    assert collectives.overlap_slowdown(cpus, "all_gather", size, [0, 1, 2, 3], 0.2) == 1.0  # no NCCL model

@@ -6,8 +6,9 @@ micro-batch) and `num_microbatches`. For the chosen stage (default: the one with
 per iteration, the pipeline's bottleneck) it builds:
 
 - segments: the stage's forward and backward of every micro-batch (Poseidon's times, which already
-  hold its tensor-parallel all-reduces; their overlap-free cost is counted again below, so the
-  workload errs on the side of more communication),
+  hold its tensor-parallel all-reduces and, under FSDP, the blocks' gathers and reduce-scatters with
+  the slowdown they cause; their cost is counted again below, so the workload errs on the side of
+  more communication),
 - tensor-parallel all-reduces (tp > 1): two per layer and pass of b*s*h activations, exposed,
   `count` = layers of the stage,
 - pipeline sends (send_recv of b*s*h activations) to the next stage under the next micro-batch's

@@ -301,6 +301,31 @@ def lagom_link(cluster: Any, device_ids: Iterable[int], nccl_version: str | None
     return cost.link_from_topology(_topology(shape, nccl_version), shape.arch)
 
 
+def overlap_slowdown(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], memory_bound: float,
+                     dtype_bytes: int = 2, consts: cost.Consts | None = None) -> float:
+    """Return the factor (>= 1) by which computation on the group's GPUs slows while `op` runs beside
+    it at NCCL's default setting: Lagom's interference model (gpuplan.models.lagom.cost.slowdown: SMs
+    held by NCCL's CTAs, HBM bandwidth and L2 its transfer takes), `memory_bound` being the share of
+    the overlapped computation that is memory-bound. 1.0 where the group has no NCCL model (CPUs,
+    declared types, one rank) or its type no SM and L2 figures (gpuplan.models.lagom.GPU_EXTRA)."""
+    from gpuplan.models.lagom.problem import GPU_EXTRA
+
+    _check_op(op)
+    ids = tuple(device_ids)
+    link = lagom_link(cluster, ids)
+    if link is None or op not in cost.COLLECTIVES or size_bytes <= 0:
+        return 1.0
+    dt = cluster.type_of(cluster.devices[ids[0]].type)
+    extra = GPU_EXTRA.get(dt.name)
+    if extra is None:
+        return 1.0
+    c = consts or cost.Consts()
+    size = _elements(size_bytes, dtype_bytes)
+    a, p, nc, nthreads, chunk = cost.nccl_default(op, size, link, c)
+    dev = cost.Device(extra[0], dt.memory_bandwidth_GBps, extra[1])
+    return float(cost.slowdown(op, size, a, p, link, c, dev, memory_bound, nc, nthreads, chunk))
+
+
 def lagom_time_s(cluster: Any, op: str, size_bytes: float, device_ids: Iterable[int], dtype_bytes: int = 2,
                  consts: cost.Consts | None = None, algos: Iterable[str] | None = None,
                  nccl_version: str | None = None) -> float:

@@ -275,7 +275,7 @@ class CostModel:
 
         self._coll = collectives
         self._tp_coll: dict[tuple[str, int, str, float], float] = {}
-        self._dp: dict[tuple[Any, ...], tuple[float, float]] = {}
+        self._dp: dict[tuple[Any, ...], tuple[float, ...]] = {}
         self._scale = {"layer": 1.0, "embedding": 1.0, "head": 1.0}
         if problem.layer_costs is not None:
             for c in problem.layer_costs.costs:
@@ -338,7 +338,7 @@ class CostModel:
             if measured is not None:
                 f, g = measured
                 share = t.selective_s / t.forward_s if t.forward_s > 0 else 0.0
-                t = LayerTimes(f, g, t.tp_comm_s, share * f)
+                t = LayerTimes(f, g, t.tp_comm_s, share * f, t.memory_bound_forward, t.memory_bound_backward)
             self._times[key] = t
         return self._times[key]
 
@@ -390,20 +390,48 @@ class CostModel:
             elems = self.cfg.layer_params() / shape.tp
             self._dp[key] = (self.dp_collective_s(shape, "all_gather", elems * self.wbytes),
                              self.dp_collective_s(shape, "reduce_scatter", elems * FSDP_REDUCE_BYTES))
-        return self._dp[key]
+        ag, rs = self._dp[key]
+        return ag, rs
 
     def stage_layer(self, shape: StageShape, b: int) -> tuple[float, float]:
         """Return (forward_s, backward_s) of one block on stage `shape` at micro-batch `b`: `layer`, and
-        with `fsdp` each at least its communication, which runs beside the previous block's compute
-        (FSDP2 prefetches the next block's gather): forward max(f + copies, gather), backward max(b +
-        copies, gather + reduce-scatter), the copies being FSDP2's own kernels on the compute stream
-        (`fsdp_copies_s`). Recomputation's time adds to the backward after this."""
+        with `fsdp` the block's compute (with FSDP2's own copies on the compute stream, `fsdp_copies_s`)
+        beside its communication, which runs on its own stream (FSDP2 prefetches the next block's
+        gather): forward the gather, backward the gather and the reduce-scatter. As Lagom's windows
+        time it (gpuplan.models.lagom.cost.window_time_us), the compute runs 1/s as fast while a
+        collective with slowdown s (`fsdp_slowdowns`) runs, so a block takes D + max(0, C - sum d/s)
+        = max(D, C + sum d (1 - 1/s)), D the collectives' seconds d, C the compute's.
+        Recomputation's time adds to the backward after this."""
         f, g = self.layer(shape.device_type, shape.tp, b)
         ag, rs = self.fsdp_layer_s(shape)
         if ag == rs == 0.0:
             return f, g
         cf, cb = self.fsdp_copies_s(shape)
-        return max(f + cf, ag), max(g + cb, ag + rs)
+        s_f, s_ag, s_rs = self.fsdp_slowdowns(shape, b)
+        return (max(ag, f + cf + ag * (1.0 - 1.0 / s_f)),
+                max(ag + rs, g + cb + ag * (1.0 - 1.0 / s_ag) + rs * (1.0 - 1.0 / s_rs)))
+
+    def fsdp_slowdowns(self, shape: StageShape, b: int) -> tuple[float, float, float]:
+        """Return the factors (>= 1) by which a block's compute slows while FSDP's collectives run beside
+        it (models.collectives.overlap_slowdown: Lagom's interference model at NCCL's default setting):
+        the gather beside the forward, the gather and the reduce-scatter beside the backward, each at
+        the compute's memory-bound share (the block's element-wise ops and FSDP2's copies)."""
+        key = ("fsdp-slowdown", shape, b)
+        if key not in self._dp:
+            t = self.layer_times(shape.device_type, shape.tp, b)
+            cf, cb = self.fsdp_copies_s(shape)
+            f, g = t.forward_s, t.backward_s
+            phi_f = (t.memory_bound_forward * f + cf) / (f + cf) if f + cf > 0 else 0.0
+            phi_b = (t.memory_bound_backward * g + cb) / (g + cb) if g + cb > 0 else 0.0
+            group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+            elems = self.cfg.layer_params() / shape.tp
+            slow = self._coll.overlap_slowdown
+            cl = self.p.cluster
+            self._dp[key] = (slow(cl, "all_gather", elems * self.wbytes, group, phi_f, self.wbytes),
+                             slow(cl, "all_gather", elems * self.wbytes, group, phi_b, self.wbytes),
+                             slow(cl, "reduce_scatter", elems * FSDP_REDUCE_BYTES, group, phi_b, self.wbytes))
+        s_f, s_ag, s_rs = self._dp[key]
+        return s_f, s_ag, s_rs
 
     def fsdp_copies_s(self, shape: StageShape) -> tuple[float, float]:
         """Return the (forward, backward) seconds of the copies FSDP2 runs on the compute stream per

@@ -288,12 +288,15 @@ class LayerTimes:
     """Seconds of one block for one micro-batch on one TP rank: forward and backward compute (GEMMs,
     attention, element-wise), the TP collectives of one direction, and what selective recomputation
     re-runs: the attention core's forward (0 with flash attention, whose backward already
-    recomputes it and is costed so)."""
+    recomputes it and is costed so); the memory-bound shares of the forward and backward compute
+    (what is not tensor-core work, `OpTime.math`)."""
 
     forward_s: float
     backward_s: float
     tp_comm_s: float
     selective_s: float
+    memory_bound_forward: float = 0.0
+    memory_bound_backward: float = 0.0
 
     def recompute_s(self, mode: str) -> float:
         """Return the seconds recomputation `mode` adds to the block's backward."""
@@ -308,13 +311,14 @@ class LayerTimes:
 class OpTime:
     """Seconds of one operation of a block (one micro-batch, one TP rank): its forward and its
     backward; `core` marks the attention core that selective recomputation re-runs, `comm` the TP
-    collectives."""
+    collectives, `math` the tensor-core work (GEMMs, attention); every other op is memory-bound."""
 
     name: str
     forward_s: float
     backward_s: float
     core: bool = False
     comm: bool = False
+    math: bool = False
 
 
 def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
@@ -368,7 +372,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     if opts.composite_norm:
         ln = tuple(memory_s(dev, T * h * n / sp) for n in composite_norm_bytes(w))  # type: ignore[assignment]
     ops.append(OpTime("layer norm (attention)", *ln))
-    ops.append(OpTime("QKV GEMM", *linear(h, qkv)))
+    ops.append(OpTime("QKV GEMM", *linear(h, qkv), math=True))
     kv_out = cfg.kv * d // tp
     if opts.eager:
         # three linears read the normed input (all-gathered under SP): autograd adds their input
@@ -393,7 +397,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         rate_f, rate_b = (dev.peak(dtype) * 1e12 * f for f in fractions)
         io = 4.0 * T * heads * d * w  # Q, K, V read, O written
         ops.append(OpTime("flash attention", max(flops / rate_f, memory_s(dev, io)),
-                          max(2.5 * flops / rate_b, memory_s(dev, 2.0 * io + T * heads * d * w))))
+                          max(2.5 * flops / rate_b, memory_s(dev, 2.0 * io + T * heads * d * w)), math=True))
     else:
         bh = b * heads
         scores = float(bh * seq * seq)
@@ -401,7 +405,8 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         # (torch.baddbmm with alpha = 1/norm_factor: autograd's formula scales dQ and dK by alpha in
         # two element-wise kernels, read + write each)
         ops.append(OpTime("attention scores QK^T", g(seq, seq, d, bh),
-                          2.0 * g(seq, d, seq, bh) + memory_s(dev, 2.0 * T * (q_out + kv_out) * w), core=True))
+                          2.0 * g(seq, d, seq, bh) + memory_s(dev, 2.0 * T * (q_out + kv_out) * w), core=True,
+                          math=True))
         # Megatron's fused scale+mask+softmax (`softmax_bytes_per_score`: the causal kernel reads the
         # lower triangle only) then the dropout kernel (read, write output + 1-byte mask; backward:
         # read grad + mask, write)
@@ -410,10 +415,10 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
                           memory_s(dev, scores * (sm_b + 2 * w + 1)), core=True))
         # AV reads the probabilities; backward dV = P^T dO (K = seq) and dP = dO V^T (writes s^2)
         ops.append(OpTime("attention context AV", g(seq, d, seq, bh), g(seq, d, seq, bh) + g(seq, seq, d, bh),
-                          core=True))
+                          core=True, math=True))
         f = memory_s(dev, T * q_out * w * 2)  # [b, np, s, hn] -> [s, b, np, hn] copy, both ways
         ops.append(OpTime("context permute copy", f, f))
-    ops.append(OpTime("attention output GEMM", *linear(q_out, h)))
+    ops.append(OpTime("attention output GEMM", *linear(q_out, h), math=True))
     if opts.eager:
         # residual add: read 2h, write h; backward: the residual's gradient joins the branch's (one add)
         residual = (memory_s(dev, T * 3 * h * w / sp),) * 2
@@ -423,7 +428,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         residual = elem((3 * h * w + h) / sp)
         ops.append(OpTime("bias+dropout+residual (attention)", *residual))
     ops.append(OpTime("layer norm (MLP)", *ln))
-    ops.append(OpTime("MLP in GEMM", *linear(h, ffn_in)))
+    ops.append(OpTime("MLP in GEMM", *linear(h, ffn_in), math=True))
     if opts.eager and cfg.gated_mlp:
         # F.silu(w1(x)) * w3(x): silu (read f, write f) then mul (read 2f, write f); backward: the mul's
         # two gradients (read 2f, write f each), silu's (read 2f, write f); w1's and w3's input
@@ -432,7 +437,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
                           memory_s(dev, T * (9 * ffn * w + 3 * h * w))))
     else:
         ops.append(OpTime("bias + GeLU / SwiGLU", *elem((ffn_in + ffn) * w)))
-    ops.append(OpTime("MLP out GEMM", *linear(ffn, h)))
+    ops.append(OpTime("MLP out GEMM", *linear(ffn, h), math=True))
     ops.append(OpTime("residual add (MLP, eager)" if opts.eager else "bias+dropout+residual (MLP)", *residual))
     size = T * h * w
     if tp > 1:
@@ -449,8 +454,11 @@ def layer_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b:
     the sums of `layer_ops` (compute forward and backward, TP collectives of one direction, the
     attention core's forward)."""
     ops = layer_ops(cfg, dev, dtype, tp, b, seq, opts, tp_collective_s, sweep)
-    return LayerTimes(sum(o.forward_s for o in ops if not o.comm), sum(o.backward_s for o in ops if not o.comm),
-                      sum(o.forward_s for o in ops if o.comm), sum(o.forward_s for o in ops if o.core))
+    f, g = sum(o.forward_s for o in ops if not o.comm), sum(o.backward_s for o in ops if not o.comm)
+    mf = sum(o.forward_s for o in ops if not (o.comm or o.math))
+    mb = sum(o.backward_s for o in ops if not (o.comm or o.math))
+    return LayerTimes(f, g, sum(o.forward_s for o in ops if o.comm), sum(o.forward_s for o in ops if o.core),
+                      mf / f if f > 0 else 0.0, mb / g if g > 0 else 0.0)
 
 
 def head_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
