@@ -117,11 +117,13 @@ def assumptions(problem: Any) -> str:
         "reduce-scatters beside the compute)" if problem.fsdp
         else "optimizer states sharded over dp (distributed optimizer)" if problem.distributed_optimizer
         else "optimizer states replicated",
-        "gradient reduction overlapped with the backward" if problem.overlap_dp_allreduce
+        "gradient reduce-scatters per block" if problem.fsdp
+        else "gradient reduction overlapped with the backward" if problem.overlap_dp_allreduce
         else "gradient reduction after the backward",
         "flash attention" if problem.flash_attention else "explicit attention (scores in memory)",
         "sequence parallelism" if problem.sequence_parallel else "no sequence parallelism",
-        "eager element-wise kernels" if problem.eager_kernels else "fused element-wise kernels",
+        ("eager element-wise kernels" if problem.eager_kernels else "fused element-wise kernels")
+        + ("; RMSNorm as separate fp32 kernels" if problem.composite_norm else ""),
         "blocking pipeline exchanges" if problem.blocking_p2p else "overlapped pipeline exchanges"])
 
 
