@@ -485,29 +485,47 @@ class CostModel:
         buckets of `DDP_BUCKET_BYTES` are all-reduced as their gradients become ready during the last
         micro-batch's backward (earlier micro-batches run under no_sync), one collective at a time,
         so what outlasts the window stays exposed, and at least the last bucket, which is ready only
-        when the backward ends: max(all-reduce of the last bucket, all-reduce - window_s).
+        when the backward ends. While the other buckets (h seconds) run beside the backward, its
+        compute runs 1/s as fast (`dp_slowdowns`: Lagom's interference at NCCL's default setting), so
+        as Lagom's windows time it the iteration waits bucket + max(h - window_s, h (1 - 1/s)) after
+        the backward's own compute (with s = 1: max(last bucket, all-reduce - window_s)).
 
         With `distributed_optimizer` the all-reduce is a reduce-scatter of the gradients (exposed as
         above) followed, after the step, by an all-gather of the updated weights: all of it without
-        overlap; with it (--overlap-param-gather) the next forward waits for the first bucket only."""
+        overlap; with it (--overlap-param-gather) the next forward waits for the first bucket only,
+        and its compute slows beside the other buckets as above."""
         if self.p.fsdp:  # the reduce-scatters run per block inside each backward (`stage_extras`)
             return 0.0
         key = (shape, n_layers, first, last, num_stages == 1)
         if key not in self._dp:
             size = self.stage_params(n_layers, first, last, num_stages) / shape.tp * self.wbytes
             bucket_size = min(size, DDP_BUCKET_BYTES)
-            if self.p.distributed_optimizer:
-                self._dp[key] = (self.dp_collective_s(shape, "reduce_scatter", size),
-                                 self.dp_collective_s(shape, "reduce_scatter", bucket_size),
-                                 self.dp_collective_s(shape, "all_gather", size),
-                                 self.dp_collective_s(shape, "all_gather", bucket_size))
-            else:
-                self._dp[key] = (self.dp_collective_s(shape, "all_reduce", size),
-                                 self.dp_collective_s(shape, "all_reduce", bucket_size), 0.0, 0.0)
-        full, bucket, gather, gather_bucket = self._dp[key]
+            reduce = "reduce_scatter" if self.p.distributed_optimizer else "all_reduce"
+            gather, gather_bucket = ((self.dp_collective_s(shape, "all_gather", size),
+                                      self.dp_collective_s(shape, "all_gather", bucket_size))
+                                     if self.p.distributed_optimizer else (0.0, 0.0))
+            self._dp[key] = (self.dp_collective_s(shape, reduce, size), self.dp_collective_s(shape, reduce, bucket_size),
+                             gather, gather_bucket, *self.dp_slowdowns(shape, reduce, bucket_size))
+        full, bucket, gather, gather_bucket, s_reduce, s_gather = self._dp[key]
         if not self.p.overlap_dp_allreduce:
             return full + gather
-        return max(bucket, full - window_s) + gather_bucket
+        hidden, hidden_gather = full - bucket, gather - gather_bucket
+        return (bucket + max(hidden - window_s, hidden * (1.0 - 1.0 / s_reduce))
+                + gather_bucket + hidden_gather * (1.0 - 1.0 / s_gather))
+
+    def dp_slowdowns(self, shape: StageShape, reduce: str, bucket_bytes: float) -> tuple[float, float]:
+        """Return the factors (>= 1) by which the compute slows beside one gradient bucket's `reduce`
+        (during the backward) and beside one bucket's weight all-gather (during the next forward,
+        distributed optimizer), as `models.collectives.overlap_slowdown` gives them at a block's
+        memory-bound share; (1, 1) without `overlap_dp_allreduce` or data parallelism."""
+        if not self.p.overlap_dp_allreduce or shape.dp <= 1 or bucket_bytes <= 0:
+            return 1.0, 1.0
+        t = self.layer_times(shape.device_type, shape.tp, 1)
+        group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+        slow, cl = self._coll.overlap_slowdown, self.p.cluster
+        return (slow(cl, reduce, bucket_bytes, group, t.memory_bound_backward, self.wbytes),
+                slow(cl, "all_gather", bucket_bytes, group, t.memory_bound_forward, self.wbytes)
+                if self.p.distributed_optimizer else 1.0)
 
     def dp_overlap_extra_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int,
                            window_s: float) -> float:
