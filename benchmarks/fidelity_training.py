@@ -167,6 +167,44 @@ def titan_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
     return lines, ratios
 
 
+def compile_lines(doc: dict[str, Any]) -> list[str]:
+    """Return the printed lines of torch.compile's published gain in torchtitan (eager -> compiled
+    tokens per second) next to the model's (fused over eager kernels with the composite norm), at both
+    ends of the GPU's unknown peak and of the runs' recomputation (none and full bracket torchtitan's
+    per-op selective AC)."""
+    import gpuplan
+    from gpuplan.models.cluster import device_type
+
+    c = doc["titan_compile"]
+    g = c["gpu"]
+    base = device_type(g["base"]).model_dump()
+    lines = [f"torch.compile's gain in torchtitan ({c['model']}, FSDP, local batch {c['local_batch']}, {c['seq_len']} "
+             f"tokens, {g['base']} {g['memory_bytes']} at {g['memory_bandwidth_GBps']} GB/s, peak "
+             f"{min(g['peaks']):g}-{max(g['peaks']):g} TFLOP/s): published compiled / eager vs predicted fused / eager"]
+    for run in c["runs"]:
+        gains = []
+        for peak in g["peaks"]:
+            dt = dict(base, memory_bandwidth_GBps=g["memory_bandwidth_GBps"], memory_bytes=g["memory_bytes"],
+                      peak_tflops={**base["peak_tflops"], "bf16": peak})
+            cluster = {"device_types": {g["base"]: dt}, "gpus": {g["base"]: run["gpus"]}, "gpus_per_node": 8,
+                       "inter_node": {"bandwidth_GBps": "400 Gbps", "latency_s": "5 us", "nics_per_node": 8}}
+            for recompute in ("none", "full"):
+                t = {}
+                for eager in (False, True):
+                    problem = gpuplan.load_problem({
+                        "kind": "poseidon", "cluster": cluster, "model": c["model"], "seq_len": c["seq_len"],
+                        "global_batch": run["gpus"] * c["local_batch"], "fsdp": True, "eager_kernels": eager,
+                        "composite_norm": eager})
+                    t[eager] = gpuplan.evaluate_config(problem, {"tp": 1, "pp": 1, "dp": run["gpus"], "mb": c["local_batch"],
+                                                                 "recompute": recompute}, check_memory=False).iteration_time_s
+                gains.append(t[True] / t[False])
+        published = run["compiled"] / run["eager"]
+        lines.append(f"  {run['gpus']:>4} GPUs: published {published:.3f} ({run['eager']} -> {run['compiled']} tokens/s/GPU), "
+                     f"predicted {min(gains):.3f}-{max(gains):.3f}, predicted / published "
+                     f"{min(gains) / published:.3f}-{max(gains) / published:.3f}")
+    return lines
+
+
 def section_a() -> list[str]:
     """Return the printed lines of section (a): one per published run with its settings, the
     published and predicted figure, the ratio and whether it is within 15%, then a summary."""
@@ -198,6 +236,7 @@ def section_a() -> list[str]:
     lines += titan
     every = ratios + hopper_ratios + titan_ratios
     lines.append(f"all sources: within 15% on {sum(abs(x - 1.0) <= TOLERANCE for x in every)}/{len(every)} runs")
+    lines += compile_lines(doc)
     lines += pair_lines(doc)
     lines += layer_lines(doc)
     lines += miss_lines(doc)
