@@ -139,6 +139,7 @@ def test_out_of_domain_values_are_refused_through_the_api(kind: str) -> None:
     ("lagom", "lagom", "passes", -1, "an integer >= 1, or 0 (no priority pass"),
     ("stragglers", "srptms-c", "eps", -0.1, "a finite number >= 0 (default 0.1)"),
     ("stragglers", "dolly", "small_tasks", -1, "an integer >= 1, or 0 (no job is cloned) (default 10)"),
+    ("stragglers", "srpt-r", "max_copies", 10**8, "an integer in [1, 4096] (default 8)"),
     ("stragglers", "mantri", "delta", math.inf, "a number in [0, 1] (default 0.25)"),
     ("psrl", "psrl", "perturb_rounds", -1, "an integer >= 0 (default 40)"),
     ("aurora", "aurora", "payload", "bogus", "one of 'delta', 'dense'"),

@@ -41,3 +41,24 @@ def test_spent_time_limit_leaves_the_bound_out_and_says_so() -> None:
     assert "lp_bound_s" not in stats and "time limit" in stats["lp_bound_note"]
     plan = gpuplan.solve(problem, solver="fifo", time_limit_s=0.0, seed=0)
     assert gpuplan.check(problem, plan) == []
+
+
+def test_building_the_lp_spends_the_limit_too() -> None:
+    """Was: building and canonicalising the LP (and cvxpy's first import) ran outside the limit; HiGHS
+    alone had it. Now HiGHS gets what the build left, and a limit the build outlasts leaves the bound out."""
+    import cvxpy  # noqa: F401  (warm: the cold-import rule is not what this test is about)
+
+    L._LP_CACHE.clear()
+    problem = gpuplan.load_problem(_jobs(4))
+    with pytest.raises(ValueError, match="building the LP took the whole"):
+        L.lower_bound(problem, "limit", time_limit_s=1e-6)
+    assert L.lower_bound(problem, "limit", time_limit_s=30.0) > 0  # a real limit still solves it
+
+
+def test_a_cold_cvxpy_import_is_not_started_under_a_short_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, "cvxpy", raising=False)  # as if never imported (restored after)
+    L._LP_CACHE.clear()
+    with pytest.raises(ValueError, match="first import"):
+        L.lower_bound(gpuplan.load_problem(_jobs(3)), "limit", time_limit_s=L.COLD_IMPORT_S / 2)

@@ -34,7 +34,9 @@ from gpuplan.sim.core import EventQueue, rng as make_rng
 ARRIVE, FINISH, TICK, PROBE = 0, 1, 2, 3
 EPS = 1e-9
 MAX_EVENTS = 50_000_000  # a run past this many events is a bug, not a workload
-MAX_COPIES = integer(1)  # the rule of every policy's `max_copies`: 0 copies would leave a task unrun
+# the rule of every policy's `max_copies`: 0 copies would leave a task unrun, and more copies of one task
+# than a large cluster's slots could never run (the simulator allocates per copy)
+MAX_COPIES = integer(1, 4096)
 PROBABILITY = number(0, 1)  # the rule of a probability, quantile or fraction of the slots
 
 
