@@ -88,3 +88,25 @@ def test_exact_hint_leaves_cpsat_the_rest_of_the_limit(monkeypatch: pytest.Monke
     api.solve(prob, solver="exact", time_limit_s=2)
     assert seen["hint"] <= 1.0
     assert seen["hint_ran_s"] + seen["cpsat"] <= 2.0
+
+
+def test_a_limit_the_hint_spent_returns_the_hint_without_starting_cp_sat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Was: CP-SAT got at least 0.05 s whatever was left, so a 0.1 s limit ran 0.16 s warm."""
+    problem = _problem()
+    calls: list[Any] = []
+    monkeypatch.setattr(backends, "solve_cpsat", lambda *a, **k: calls.append(k) or pytest.fail("CP-SAT started"))
+    monkeypatch.setattr(solvers, "MIN_CPSAT_S", 1e9)  # nothing the hint leaves is enough
+    plan = api.solve(problem, solver="exact", time_limit_s=5.0)
+    assert plan.status is Status.TIME_LIMIT and "spent on the hint" in (plan.message or "") and not calls
+    assert api.check(problem, plan) == []
+
+
+def test_a_limit_shorter_than_or_tools_first_import_returns_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, "ortools.sat.python.cp_model", raising=False)  # as if never imported
+    problem = _problem()
+    plan = api.solve(problem, solver="exact", time_limit_s=solvers.COLD_IMPORT_S / 2)
+    assert plan.status is Status.TIME_LIMIT and "first import" in (plan.message or "")
+    assert "ortools.sat.python.cp_model" not in sys.modules  # not imported on the way
+    assert api.check(problem, plan) == []

@@ -19,6 +19,7 @@ delta-naive        sparse delta from the trainer to every worker, most streams, 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Any
 
@@ -271,6 +272,15 @@ def exact_applicable(problem: AuroraProblem) -> str | None:
     return None
 
 
+# seconds OR-Tools' CP-SAT module takes to import the first time (0.3 s measured on a 2-core machine, most
+# of it pandas, which it imports): under a shorter limit the exact solver does not start it
+COLD_IMPORT_S = 0.5
+
+# seconds below which CP-SAT is not started under a time limit (its own start-up is a few ms); the
+# heuristic's plan, the CP-SAT hint, is returned instead with status time_limit
+MIN_CPSAT_S = 0.01
+
+
 def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, seed: int = 0,
                 progress: Progress = no_progress, workers: int = 2) -> AuroraPlan:
     """Return the step-time-optimal plan of the CP-SAT model (tree, fan-out-shared rates, integer split).
@@ -278,9 +288,18 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     Times are integers in microseconds; every rate an edge can take (link/stream cap or uplink/f)
     is one of a finite set of levels, so D/R and b/r are table look-ups. Under `time_limit_s` (wall s)
     the heuristic's hint gets at most half of it and CP-SAT what is left; when CP-SAT stops before a
-    proof with a plan slower than its hint (or with none), the hint's plan is returned (time_limit).
+    proof with a plan slower than its hint (or with none), the hint's plan is returned (time_limit), as
+    it is at once under a limit shorter than OR-Tools' first import (`COLD_IMPORT_S`) when no solve has
+    imported it yet.
     """
     started = time.perf_counter()
+    if time_limit_s is not None and time_limit_s < COLD_IMPORT_S and "ortools.sat.python.cp_model" not in sys.modules:
+        hint = solve_aurora(problem, time_limit_s=time_limit_s / 2, search=True)
+        plan = hint.model_copy(update={"status": Status.TIME_LIMIT, "message": (
+            f"OR-Tools' first import (about {COLD_IMPORT_S:g} s here, pandas with it) would outlast the "
+            f"{time_limit_s:.3g} s limit; the heuristic's plan is shown")})
+        plan.solver = SolverInfo(name="exact", stats={"heuristic_step_s": hint.predicted["step_time_s"]})
+        return plan
     from ortools.sat.python import cp_model
 
     from gpuplan.solvers.backends import solve_cpsat
@@ -367,9 +386,12 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
         m.AddHint(n[c], hint.rollout.get(names[c - 1], 0))
 
     progress(None, "CP-SAT")
+    left = 60.0 if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
     try:
-        left = 60.0 if time_limit_s is None else max(0.05, time_limit_s - (time.perf_counter() - started))
-        res = solve_cpsat(m, time_limit_s=left, seed=seed, workers=workers)
+        if left < MIN_CPSAT_S:  # the hint and the model took the limit: CP-SAT could not even start
+            raise SolverError(f"the time limit was spent on the hint and the model ({left:.3g} s left)")
+        # less 5% for reading the solution and assembling the plan, as Tessel's exact does
+        res = solve_cpsat(m, time_limit_s=left if time_limit_s is None else 0.95 * left, seed=seed, workers=workers)
     except SolverError as exc:  # no solution in the limit: the heuristic's plan stands, unproven
         if time_limit_s is None:
             raise
