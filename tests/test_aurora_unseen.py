@@ -106,7 +106,7 @@ def test_a_limit_shorter_than_or_tools_first_import_returns_the_hint(monkeypatch
 
     monkeypatch.delitem(sys.modules, "ortools.sat.python.cp_model", raising=False)  # as if never imported
     problem = _problem()
-    plan = api.solve(problem, solver="exact", time_limit_s=solvers.COLD_IMPORT_S / 2)
+    plan = api.solve(problem, solver="exact", time_limit_s=backends.COLD_IMPORT_S["ortools.sat.python.cp_model"] / 2)
     assert plan.status is Status.TIME_LIMIT and "first import" in (plan.message or "")
     assert "ortools.sat.python.cp_model" not in sys.modules  # not imported on the way
     assert api.check(problem, plan) == []

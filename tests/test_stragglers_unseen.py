@@ -8,6 +8,7 @@ import pytest
 
 import gpuplan
 from gpuplan.solvers import stragglers_lp as L
+from gpuplan.solvers.backends import COLD_IMPORT_S
 
 
 def _jobs(n: int) -> dict[str, Any]:
@@ -61,4 +62,4 @@ def test_a_cold_cvxpy_import_is_not_started_under_a_short_limit(monkeypatch: pyt
     monkeypatch.delitem(sys.modules, "cvxpy", raising=False)  # as if never imported (restored after)
     L._LP_CACHE.clear()
     with pytest.raises(ValueError, match="first import"):
-        L.lower_bound(gpuplan.load_problem(_jobs(3)), "limit", time_limit_s=L.COLD_IMPORT_S / 2)
+        L.lower_bound(gpuplan.load_problem(_jobs(3)), "limit", time_limit_s=COLD_IMPORT_S["cvxpy"] / 2)

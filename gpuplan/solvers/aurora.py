@@ -19,7 +19,6 @@ delta-naive        sparse delta from the trainer to every worker, most streams, 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import Any
 
@@ -272,10 +271,6 @@ def exact_applicable(problem: AuroraProblem) -> str | None:
     return None
 
 
-# seconds OR-Tools' CP-SAT module takes to import the first time (0.3 s measured on a 2-core machine, most
-# of it pandas, which it imports): under a shorter limit the exact solver does not start it
-COLD_IMPORT_S = 0.5
-
 # seconds below which CP-SAT is not started under a time limit (its own start-up is a few ms); the
 # heuristic's plan, the CP-SAT hint, is returned instead with status time_limit
 MIN_CPSAT_S = 0.01
@@ -289,20 +284,19 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     is one of a finite set of levels, so D/R and b/r are table look-ups. Under `time_limit_s` (wall s)
     the heuristic's hint gets at most half of it and CP-SAT what is left; when CP-SAT stops before a
     proof with a plan slower than its hint (or with none), the hint's plan is returned (time_limit), as
-    it is at once under a limit shorter than OR-Tools' first import (`COLD_IMPORT_S`) when no solve has
-    imported it yet.
+    it is at once under a limit shorter than OR-Tools' first import when no solve has imported it yet
+    (`backends.cold_import_outlasts`).
     """
+    from gpuplan.solvers.backends import cold_import_outlasts, solve_cpsat
+
     started = time.perf_counter()
-    if time_limit_s is not None and time_limit_s < COLD_IMPORT_S and "ortools.sat.python.cp_model" not in sys.modules:
-        hint = solve_aurora(problem, time_limit_s=time_limit_s / 2, search=True)
-        plan = hint.model_copy(update={"status": Status.TIME_LIMIT, "message": (
-            f"OR-Tools' first import (about {COLD_IMPORT_S:g} s here, pandas with it) would outlast the "
-            f"{time_limit_s:.3g} s limit; the heuristic's plan is shown")})
+    if (why := cold_import_outlasts("ortools.sat.python.cp_model", time_limit_s)) is not None:
+        hint = solve_aurora(problem, time_limit_s=time_limit_s / 2 if time_limit_s else None, search=True)
+        plan = hint.model_copy(update={"status": Status.TIME_LIMIT,
+                                       "message": f"{why}; the heuristic's plan is shown"})
         plan.solver = SolverInfo(name="exact", stats={"heuristic_step_s": hint.predicted["step_time_s"]})
         return plan
     from ortools.sat.python import cp_model
-
-    from gpuplan.solvers.backends import solve_cpsat
 
     US = 1e6
     names = problem.worker_names()

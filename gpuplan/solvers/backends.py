@@ -13,6 +13,22 @@ from gpuplan.models.plan import Status
 
 T = TypeVar("T")
 
+# Seconds a solver library takes to import the first time on a 2-core machine, measured: OR-Tools' CP-SAT
+# module 0.3 s (most of it pandas, which it imports), cvxpy 0.4-0.5 s; rounded up. Under a shorter time
+# limit a solver that can answer without the library does so (`cold_import_outlasts`).
+COLD_IMPORT_S = {"ortools.sat.python.cp_model": 0.5, "cvxpy": 1.0}
+
+
+def cold_import_outlasts(module: str, time_limit_s: float | None) -> str | None:
+    """Return why importing `module` (a key of `COLD_IMPORT_S`) would outlast `time_limit_s` seconds, or
+    None when there is no limit, the module is imported already, or its first import fits."""
+    import sys
+
+    cost = COLD_IMPORT_S[module]
+    if time_limit_s is None or module in sys.modules or time_limit_s >= cost:
+        return None
+    return f"{module.split('.')[0]}'s first import (about {cost:g} s here) would outlast the {time_limit_s:.3g} s left"
+
 
 @dataclass
 class Deadline:

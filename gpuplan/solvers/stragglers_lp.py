@@ -20,7 +20,6 @@ pick fast copies by restarting (Mantri, ESE).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from typing import Any, Literal
 
@@ -59,10 +58,6 @@ def lower_bound(problem: StragglersProblem, speedup: Literal["limit", "h"] = "li
     return _LP_CACHE[key]
 
 
-# seconds cvxpy's first import takes on a 2-core machine (0.4-0.5 s measured): under a shorter time limit
-# the bound is left out rather than overrun the limit
-COLD_IMPORT_S = 1.0
-
 LP_CACHE_SIZE = 64
 # by hand rather than functools.lru_cache: the time limit is not part of the key (an optimum found under
 # any limit is the optimum), and a call that fails under a short limit must leave nothing behind
@@ -73,10 +68,11 @@ def _solve_lp(doc: str, speedup: str, intervals: int, time_limit_s: float | None
     """Return the LP's optimum (s, shaded by the solver tolerance); `time_limit_s` counts from this call:
     building and canonicalising the LP spend it too, and HiGHS gets what is left. Raises ValueError when
     nothing is left for HiGHS or it does not reach the optimum."""
+    from gpuplan.solvers.backends import cold_import_outlasts
+
     started = time.perf_counter()
-    if time_limit_s is not None and time_limit_s < COLD_IMPORT_S and "cvxpy" not in sys.modules:
-        raise ValueError(f"cvxpy's first import (about {COLD_IMPORT_S:g} s here) would outlast the "
-                         f"{time_limit_s:.3g} s left")
+    if (why := cold_import_outlasts("cvxpy", time_limit_s)) is not None:
+        raise ValueError(why)
     import cvxpy as cp
 
     problem = StragglersProblem.model_validate_json(doc)
