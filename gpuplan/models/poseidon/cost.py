@@ -127,6 +127,7 @@ OVERLAPPED_EPILOGUE_ARCHS: tuple[str, ...] = ("hopper", "blackwell")
 # (write the 16-bit gradient, then a separate add) moves more, 2 + 2 + 8 = 12 bytes.
 MAIN_GRAD_BYTES = 8.0
 
+
 def eager_rope_bytes(w: int) -> float:
     """Return the HBM bytes per element of Q or K that eager rotary embedding moves in one direction, as
     torchtitan's Llama applies it (view_as_complex of x.float(), a complex multiply, type_as back):
@@ -271,9 +272,9 @@ class LayerOptions:
     """Execution assumptions of one transformer block: flash attention, causal mask skipping inside
     flash, Megatron sequence parallelism, PyTorch eager element-wise kernels (`eager`: see
     `layer_ops`) instead of fused ones, the norm as PyTorch's composite ops (`composite_norm`:
-    `composite_norm_bytes`) instead of one fused kernel, and the bytes a weight-gradient GEMM's epilogue moves per
-    element (`wgrad_out_bytes`: `MAIN_GRAD_BYTES` into fp32 main gradients; FSDP2 writes the
-    16-bit gradient, 2)."""
+    `composite_norm_bytes`) instead of one fused kernel, and the bytes a weight-gradient GEMM's
+    epilogue moves per element (`wgrad_out_bytes`: `MAIN_GRAD_BYTES` into fp32 main gradients;
+    FSDP2 writes the 16-bit gradient, 2)."""
 
     flash: bool = True
     causal: bool = True
@@ -352,7 +353,8 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         return gemm_s(dev, dtype, M, N, K, batch, sweep)
 
     def linear(n_in: int, n_out: int) -> tuple[float, float]:
-        # forward [T, n_in] x [n_in, n_out]; backward: input gradient and weight gradient (fp32 main grad)
+        # forward [T, n_in] x [n_in, n_out]; backward: input gradient and weight gradient (its epilogue
+        # moves opts.wgrad_out_bytes per element: fp32 main gradients, or FSDP2's 16-bit gradient)
         wgrad = gemm_s(dev, lin, n_out, n_in, T, 1, None if fp8 else sweep, out_bytes=opts.wgrad_out_bytes)
         if not fp8:
             return g(T, n_out, n_in), g(T, n_in, n_out) + wgrad
@@ -370,7 +372,8 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     # layer norm: read + write h per token (x2 in the block; replicated unless SP); backward ~2x
     ln = elem(2 * h * w / sp)
     if opts.composite_norm:
-        ln = tuple(memory_s(dev, T * h * n / sp) for n in composite_norm_bytes(w))  # type: ignore[assignment]
+        norm_f, norm_b = composite_norm_bytes(w)
+        ln = (memory_s(dev, T * h * norm_f / sp), memory_s(dev, T * h * norm_b / sp))
     ops.append(OpTime("layer norm (attention)", *ln))
     ops.append(OpTime("QKV GEMM", *linear(h, qkv), math=True))
     kv_out = cfg.kv * d // tp
