@@ -240,6 +240,12 @@ class StageShape:
         return self._hash  # type: ignore[attr-defined, no-any-return]
 
 
+def dp_group(shape: StageShape) -> list[int]:
+    """Return the device ids of one data-parallel group of `shape`: the first TP rank of each replica
+    (every group of the stage has the same shape, so one stands for all)."""
+    return [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+
+
 def recompute_mode(value: Any) -> str:
     """Return the recomputation mode ("none", "selective", "full") a plan or config value names; a
     boolean reads as full (True) / none (False). Raises ValueError on anything else."""
@@ -423,7 +429,7 @@ class CostModel:
             f, g = t.forward_s, t.backward_s
             phi_f = (t.memory_bound_forward * f + cf) / (f + cf) if f + cf > 0 else 0.0
             phi_b = (t.memory_bound_backward * g + cb) / (g + cb) if g + cb > 0 else 0.0
-            group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+            group = dp_group(shape)
             elems = self.cfg.layer_params() / shape.tp
             slow = self._coll.overlap_slowdown
             cl = self.p.cluster
@@ -521,7 +527,7 @@ class CostModel:
         if not self.p.overlap_dp_allreduce or shape.dp <= 1 or bucket_bytes <= 0:
             return 1.0, 1.0
         t = self.layer_times(shape.device_type, shape.tp, 1)
-        group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+        group = dp_group(shape)
         slow, cl = self._coll.overlap_slowdown, self.p.cluster
         return (slow(cl, reduce, bucket_bytes, group, t.memory_bound_backward, self.wbytes),
                 slow(cl, "all_gather", bucket_bytes, group, t.memory_bound_forward, self.wbytes)
@@ -565,7 +571,7 @@ class CostModel:
         bandwidth); 0 without data parallelism."""
         if shape.dp <= 1:
             return 0.0
-        group = [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
+        group = dp_group(shape)
         return float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, group, self.wbytes))
 
     def intra(self, dtype: str) -> tuple[float, float]:
