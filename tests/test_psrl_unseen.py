@@ -63,3 +63,19 @@ def test_exact_hint_and_cpsat_share_the_time_limit(monkeypatch: pytest.MonkeyPat
     plan = gpuplan.solve(problem, solver="exact", time_limit_s=1.0, seed=0)
     assert plan.ok and gpuplan.check(problem, plan) == []
     assert seen["hint"] <= 0.5 and seen["hint"] + seen["cpsat"] <= 1.0 + S.MIN_CPSAT_S
+
+
+def test_exact_under_a_limit_shorter_than_or_tools_first_import_returns_the_greedy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Was: in a fresh process `exact` imported OR-Tools (about 0.3 s) whatever the limit: 0.68 s at 0.3 s."""
+    import sys
+
+    from gpuplan.solvers import backends
+
+    monkeypatch.delitem(sys.modules, backends.CP_MODEL, raising=False)  # as if never imported
+    problem = gpuplan.load_problem("examples/psrl/small-agent.yaml")
+    plan = gpuplan.solve(problem, solver="exact", time_limit_s=backends.COLD_IMPORT_S[backends.CP_MODEL] / 2, seed=0)
+    assert plan.status.value == "time_limit" and "first import" in (plan.message or "")
+    assert backends.CP_MODEL not in sys.modules  # not imported on the way
+    assert plan.objective == pytest.approx(gpuplan.solve(problem, seed=0).objective)  # the greedy's plan
+    assert gpuplan.check(problem, plan) == []

@@ -287,10 +287,10 @@ def solve_exact(problem: AuroraProblem, *, time_limit_s: float | None = None, se
     it is at once under a limit shorter than OR-Tools' first import when no solve has imported it yet
     (`backends.cold_import_outlasts`).
     """
-    from gpuplan.solvers.backends import cold_import_outlasts, solve_cpsat
+    from gpuplan.solvers.backends import CP_MODEL, cold_import_outlasts, solve_cpsat
 
     started = time.perf_counter()
-    if (why := cold_import_outlasts("ortools.sat.python.cp_model", time_limit_s)) is not None:
+    if (why := cold_import_outlasts(CP_MODEL, time_limit_s)) is not None:
         hint = solve_aurora(problem, time_limit_s=time_limit_s / 2 if time_limit_s else None, search=True)
         plan = hint.model_copy(update={"status": Status.TIME_LIMIT,
                                        "message": f"{why}; the heuristic's plan is shown"})

@@ -13,19 +13,27 @@ from gpuplan.models.plan import Status
 
 T = TypeVar("T")
 
+CP_MODEL = "ortools.sat.python.cp_model"  # the module CP-SAT models are built with
+
 # Seconds a solver library takes to import the first time on a 2-core machine, measured: OR-Tools' CP-SAT
 # module 0.3 s (most of it pandas, which it imports), cvxpy 0.4-0.5 s; rounded up. Under a shorter time
 # limit a solver that can answer without the library does so (`cold_import_outlasts`).
-COLD_IMPORT_S = {"ortools.sat.python.cp_model": 0.5, "cvxpy": 1.0}
+COLD_IMPORT_S = {CP_MODEL: 0.5, "cvxpy": 1.0}
+
+
+def cold_import_s(module: str) -> float:
+    """Return the seconds importing `module` (a key of `COLD_IMPORT_S`) is expected to take now: its
+    first import's `COLD_IMPORT_S`, or 0 once it is imported."""
+    import sys
+
+    return 0.0 if module in sys.modules else COLD_IMPORT_S[module]
 
 
 def cold_import_outlasts(module: str, time_limit_s: float | None) -> str | None:
     """Return why importing `module` (a key of `COLD_IMPORT_S`) would outlast `time_limit_s` seconds, or
     None when there is no limit, the module is imported already, or its first import fits."""
-    import sys
-
-    cost = COLD_IMPORT_S[module]
-    if time_limit_s is None or module in sys.modules or time_limit_s >= cost:
+    cost = cold_import_s(module)
+    if time_limit_s is None or cost == 0.0 or time_limit_s >= cost:
         return None
     return f"{module.split('.')[0]}'s first import (about {cost:g} s here) would outlast the {time_limit_s:.3g} s left"
 

@@ -689,18 +689,23 @@ def solve_exact(problem: PsrlProblem, *, time_limit_s: float | None = None, seed
     """Return the CP-SAT optimum of the placement model: x[s,w] sample on worker, y[v,w] node computed,
     t[v,w] node received (some other worker computes it), y[v,w] only where one of w's samples passes
     through v (no helper computing for others), min Z >= every worker's load; memory by forbidding x
-    where a sample's path does not fit. Hinted with the greedy's plan."""
-    from ortools.sat.python import cp_model
+    where a sample's path does not fit. Hinted with the greedy's plan, which is returned (time_limit) when
+    what it left of `time_limit_s` is shorter than OR-Tools' first import (`backends.cold_import_outlasts`)."""
+    from gpuplan.solvers.backends import CP_MODEL, cold_import_outlasts, solve_cpsat
 
-    from gpuplan.solvers.backends import solve_cpsat
+    budget_s = time_limit_s if time_limit_s is not None else 30.0
+    started = time.perf_counter()
+    hint = solve_psrl(problem, time_limit_s=hint_time_limit_s(budget_s))
+    if time_limit_s is not None and (why := cold_import_outlasts(CP_MODEL, budget_s - (time.perf_counter() - started))):
+        hint.status, hint.message = Status.TIME_LIMIT, f"{why}; the greedy's plan is shown"
+        hint.solver = SolverInfo(name="exact", stats={"greedy_makespan_s": hint.objective})
+        return hint
+    from ortools.sat.python import cp_model
 
     fits = _need_fit(problem)
     f = problem.built
     W = len(problem.rates)
     used = [v for v, u in enumerate(f.used()) if u]
-    budget_s = time_limit_s if time_limit_s is not None else 30.0
-    started = time.perf_counter()
-    hint = solve_psrl(problem, time_limit_s=hint_time_limit_s(budget_s))
     scale = TIME_UNITS_PER_S
     while hint.objective is not None and hint.objective * scale > 1e9:
         scale /= 10

@@ -23,7 +23,7 @@ from gpuplan.models.tessel import (Entry, Order, Repetend, TesselPlan, TesselPro
                                    memory_peaks, simulate, topological_order, lower_bound_s, DeadlockError)
 from gpuplan.option_rules import MAX_WORKERS, flag, integer, number
 from gpuplan.registry import register_solver
-from gpuplan.solvers.backends import solve_cpsat
+from gpuplan.solvers.backends import CP_MODEL, cold_import_s, cold_import_outlasts, solve_cpsat
 from gpuplan.solvers import tessel_classic as classic
 from gpuplan.units import UPPER_LIMITS
 
@@ -830,14 +830,17 @@ def solve_tessel(problem: TesselProblem, *, time_limit_s: float | None = None, s
         plan.solver = SolverInfo(name="tessel", stats=stats)
         progress(1.0, "done")
         return plan
-    try:
-        pat, more = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, progress=progress,
-                                  latency_search_s=latency_search_s, clock=clock)
-        stats.update(more)
-    except SolverError:
-        if not (floor and base_plan is not None and clock.cut):
-            raise
-        pat = None  # the guard stopped the search before any repetend: the floor stands
+    floored = floor and base_plan is not None
+    pat: Pattern | None = None  # stays None when the guard stops the search before any repetend: the floor stands
+    # (under a limit shorter than CP-SAT's first import in this process, the search is not started)
+    if not floored or clock.allows("OR-Tools' first import", cold_import_s(CP_MODEL)):
+        try:
+            pat, more = find_repetend(problem, t, time_limit_s=limit * 0.8, seed=seed, progress=progress,
+                                      latency_search_s=latency_search_s, clock=clock)
+            stats.update(more)
+        except SolverError:
+            if not (floored and clock.cut):
+                raise
     stats["repetend_search_s"] = time.perf_counter() - started
     schedule: list[list[Entry]] | None = None
     # the unrolled repetend is one more schedule of N micro-batches: with a floor in hand, only if time allows
@@ -1007,28 +1010,33 @@ def solve_exact(problem: TesselProblem, *, time_limit_s: float | None = None, se
         horizon = int(hint.makespan_s / t.tick_s * 1.02) + max(t.dur.values())
     else:
         base, horizon = {}, problem.microbatches * sum(t.dur.values())
+
+    def hint_plan(hint: TesselPlan, status: Status, message: str = "") -> TesselPlan:
+        plan = make_plan(problem, hint.schedule, "exact", status, message=message)
+        plan.predicted["proven_bound_s"] = plan.predicted["lower_bound_s"]
+        plan.solver = SolverInfo(name="exact", stats={"hint_from": hint_from, "tessel_hint": tessel_hint,
+                                                      "bound_s": plan.predicted["lower_bound_s"]})
+        return plan
+
+    if hint is not None and hint.makespan_s <= lower_bound_s(problem) * (1 + 1e-9):
+        return hint_plan(hint, Status.OPTIMAL)  # the hint meets the lower bound: nothing for CP-SAT to prove
+    # the limit counts from the start: CP-SAT gets what the hint and the model building left
+    deadline = math.inf if time_limit_s is None else started + (1 - EXACT_FINISH_SHARE) * limit
+    if hint is not None and (why := cold_import_outlasts(CP_MODEL, None if time_limit_s is None else
+                                                         deadline - time.perf_counter())):
+        return hint_plan(hint, Status.TIME_LIMIT, f"{why}; the hint ({hint_from}) is shown")
     progress(0.3, "exact CP-SAT schedule")
     try:
-        # the limit counts from the start: CP-SAT gets what the hint and the model building left
-        deadline = math.inf if time_limit_s is None else started + (1 - EXACT_FINISH_SHARE) * limit
         orders, res = schedule_cpsat(problem, t, base, horizon, free=None, time_limit_s=limit, seed=seed,
                                      workers=workers, deadline=deadline)
     except SolverError:  # nothing better found in time: the hint stands, unproven
         if hint is None:
             raise
-        plan = make_plan(problem, hint.schedule, "exact", Status.TIME_LIMIT,
-                         message=f"CP-SAT found no schedule in the limit; the hint ({hint_from}) is shown")
-        plan.predicted["proven_bound_s"] = plan.predicted["lower_bound_s"]
-        plan.solver = SolverInfo(name="exact", stats={"hint_from": hint_from,
-                                                      "bound_s": plan.predicted["lower_bound_s"]})
-        return plan
+        return hint_plan(hint, Status.TIME_LIMIT,
+                         f"CP-SAT found no schedule in the limit; the hint ({hint_from}) is shown")
     except InfeasibleError as exc:
         if hint is not None:  # only the horizon is infeasible: the hint is already the best schedule
-            plan = make_plan(problem, hint.schedule, "exact", Status.FEASIBLE)
-            plan.predicted["proven_bound_s"] = plan.predicted["lower_bound_s"]
-            plan.solver = SolverInfo(name="exact", stats={"hint_from": hint_from,
-                                                          "bound_s": plan.predicted["lower_bound_s"]})
-            return plan
+            return hint_plan(hint, Status.FEASIBLE)
         raise InfeasibleError(f"no schedule of {problem.microbatches} micro-batches fits the memory limits "
                               f"{[problem.limit(d) for d in range(problem.devices)]} bytes within "
                               f"{horizon * t.tick_s:g} s (one micro-batch after the other)") from exc
