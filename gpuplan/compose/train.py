@@ -69,22 +69,33 @@ def _solve_tessel(problem: Any, time_limit_s: float, seed: int, previous: Plan |
     plan = api.solve(problem, solver="tessel", time_limit_s=time_limit_s, seed=seed)
     if previous is None or not plan.ok:
         return plan
+    tails_s = tails_s or [0.0] * problem.devices
+    kept = _retimed(problem, previous, plan, "the previous round's order, re-timed (shorter than the new search's)")
+    if kept is None or composed_time_s(kept.schedule, tails_s) >= composed_time_s(plan.schedule, tails_s) - 1e-12:  # type: ignore[attr-defined]
+        return plan
+    return kept
+
+
+def _retimed(problem: Any, previous: Plan, solved: Plan | None, why: str) -> Plan | None:
+    """Return `previous`'s per-device order re-timed with `problem`'s durations, as a checked Tessel plan of
+    `problem` (solver info from `solved` when given), or None when that order deadlocks or fails the check."""
+    from gpuplan import api
+    from gpuplan.io import digest
+    from gpuplan.models.plan import SolverInfo, Status
+    from gpuplan.models.tessel import DeadlockError, make_plan, simulate
+
     try:
         again = simulate(problem, orders_of(previous.schedule))  # type: ignore[attr-defined]
     except DeadlockError:
-        return plan
+        return None
     kept = make_plan(problem, again, previous.schedule_name, Status.FEASIBLE)  # type: ignore[attr-defined]
-    tails_s = tails_s or [0.0] * problem.devices
-    longer = composed_time_s(kept.schedule, tails_s) >= composed_time_s(plan.schedule, tails_s) - 1e-12  # type: ignore[attr-defined]
-    if longer:
-        return plan
-    kept.solver = SolverInfo(name=plan.solver.name if plan.solver else "tessel", seed=seed,
-                             time_limit_s=time_limit_s, wall_time_s=plan.solver.wall_time_s if plan.solver else 0.0,
-                             stats={"schedule_from": "the previous round's order, re-timed (shorter than the "
-                                                     "new search's)"})
+    info = solved.solver if solved is not None else previous.solver
+    kept.solver = SolverInfo(name=info.name if info else "tessel", seed=info.seed if info else 0,
+                             time_limit_s=info.time_limit_s if info else None,
+                             wall_time_s=info.wall_time_s if info else 0.0, stats={"schedule_from": why})
     kept.problem = problem.document()
     kept.input_digest = digest(kept.problem)
-    return plan if api.check(problem, kept) else kept
+    return None if api.check(problem, kept) else kept
 
 
 def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_rounds: int = 4,
@@ -112,21 +123,25 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
     if skipped:
         notes.append(f"stages {skipped}: no NCCL settings to tune (a device type without NCCL, or nothing to "
                      "communicate); their times stay as predicted")
+    lagom_docs: dict[int, dict[str, Any]] = {}  # the stage documents `lagom_plans` were solved on
+    first_problem, first_sched, first_plans = problem, sched, lagom_plans  # round 1's plans are for this pair
     while lagom and rounds < max_rounds:
         rounds += 1
         t0 = time.perf_counter()
-        new_scales, plans = [], {}
+        new_scales, plans, lagom_docs = [], {}, {}
         for s in range(n):
             ldoc = lagom_document(doc, s, problem, sched.schedule)  # type: ignore[attr-defined]
             if ldoc is None:
                 new_scales.append(1.0)
                 continue
             plan, default_s = _solve_lagom(ldoc, seed)
-            plans[s] = plan
+            plans[s], lagom_docs[s] = plan, ldoc
             tuned_s = float(plan.iteration_s)  # type: ignore[attr-defined]
             new_scales.append(min(1.0, tuned_s / default_s) if default_s > 0 else 1.0)
         timings["lagom_s"] += time.perf_counter() - t0
         lagom_plans = plans
+        if rounds == 1:
+            first_plans = dict(plans)
         if all(abs(a - b) <= 1e-6 for a, b in zip(new_scales, scales)) and rounds > 1:
             converged = True
             break
@@ -141,6 +156,32 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
         if same_order:
             converged = True
             break
+    if lagom and not converged:  # the last Tessel round changed the order: Lagom for that order, and the
+        # order re-timed (not searched again) with the scales Lagom gives it, so plans, scales and schedule agree
+        t0 = time.perf_counter()
+        last_scales = []
+        for s in range(n):
+            ldoc = lagom_document(doc, s, problem, sched.schedule)  # type: ignore[attr-defined]
+            if ldoc is None:
+                lagom_plans.pop(s, None)
+                last_scales.append(1.0)
+                continue
+            if ldoc != lagom_docs.get(s):
+                lagom_plans[s], default_s = _solve_lagom(ldoc, seed)
+                lagom_docs[s] = ldoc
+                tuned_s = float(lagom_plans[s].iteration_s)  # type: ignore[attr-defined]
+                last_scales.append(min(1.0, tuned_s / default_s) if default_s > 0 else 1.0)
+            else:
+                last_scales.append(scales[s])
+        timings["lagom_s"] += time.perf_counter() - t0
+        retimed_problem = tessel_problem(doc, last_scales)
+        retimed = _retimed(retimed_problem, sched, None, "the last round's order, re-timed with the scales Lagom "
+                                                         "gives it (no fixed point within the rounds)")
+        if retimed is not None:
+            problem, sched, scales = retimed_problem, retimed, last_scales
+        else:  # cannot happen for an order that ran; keep a consistent pair: the first schedule, unscaled
+            problem, sched, scales = first_problem, first_sched, [1.0] * n
+            lagom_plans = first_plans
     final_t = composed_time_s(sched.schedule, stage_tails_s(doc, scales))  # type: ignore[attr-defined]
     if final_t > base_t:  # a tail the split schedule ends later on: keep the default schedule and times
         notes.append(f"the composed schedule ({final_t:.6g} s) was slower than 1F1B ({base_t:.6g} s) once the "
@@ -149,7 +190,8 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
         lagom_plans = {s: _solve_lagom(d, seed)[0] for s in range(n)
                        if (d := lagom_document(doc, s, problem, sched.schedule)) is not None} if lagom else {}  # type: ignore[attr-defined]
     if lagom and not converged:
-        notes.append(f"the Tessel/Lagom iteration stopped after {rounds} rounds without a fixed point")
+        notes.append(f"the Tessel/Lagom iteration stopped after {rounds} rounds without a fixed point: the last "
+                     "order is kept, with Lagom's plans for it and its blocks re-timed at their scales")
     predicted = {"iteration_time_s": final_t, "baseline_iteration_time_s": base_t,
                  "tessel_iteration_time_s": tessel_t,
                  "poseidon_iteration_time_s": float(doc.get("iteration_time_s", 0.0)),
