@@ -1,5 +1,7 @@
 """Fused attention on Hopper runs at cuDNN's measured rates (FlashAttention-3 paper, H100 SXM5, head dim
-128); elsewhere at the GEMM rate of its score shape. The op's time is checked against those formulas."""
+128) times the sustained over the burst matmul rate of the same die (H200 SXM, mamf-finder: MSMF 708.5,
+MAMF 841.9 TFLOP/s); elsewhere at the GEMM rate of its score shape. The op's time is checked against
+those formulas."""
 
 from __future__ import annotations
 
@@ -30,8 +32,9 @@ def test_hopper_flash_runs_at_the_measured_rates(seq: int, causal: bool) -> None
     flops = 4.0 * b * seq * seq * cfg.heads * cfg.dhead * (0.5 if causal else 1.0)
     peak = device_type("H100").peak("bf16")
     op = flash_op("H100", seq, causal)
-    assert op.forward_s == pytest.approx(flops / (peak * 1e12 * fwd_tf / C.FLASH_HOPPER_PEAK), rel=1e-9)
-    assert op.backward_s == pytest.approx(2.5 * flops / (peak * 1e12 * bwd_tf / C.FLASH_HOPPER_PEAK), rel=1e-9)
+    sustained = 708.5 / 841.9  # a training step runs at the power limit, the benchmark at the boost clock
+    assert op.forward_s == pytest.approx(flops / (peak * 1e12 * fwd_tf * sustained / 989.4), rel=1e-9)
+    assert op.backward_s == pytest.approx(2.5 * flops / (peak * 1e12 * bwd_tf * sustained / 989.4), rel=1e-9)
 
 
 def test_between_and_beyond_the_measured_lengths() -> None:
@@ -42,7 +45,8 @@ def test_between_and_beyond_the_measured_lengths() -> None:
     h100 = device_type("H100")
     assert C.flash_fractions(h100, 256, True) == C.flash_fractions(h100, 512, True)
     assert C.flash_fractions(h100, 32768, False) == C.flash_fractions(h100, 16384, False)
-    assert C.flash_fractions(h100, 512, True) == pytest.approx((315 / 989.4, 305 / 989.4))
+    assert C.flash_fractions(h100, 512, True) == pytest.approx((315 / 989.4 * 708.5 / 841.9,
+                                                                305 / 989.4 * 708.5 / 841.9))
 
 
 def test_other_architectures_keep_the_gemm_rate() -> None:

@@ -139,9 +139,10 @@ def test_fp8_runs_only_the_linear_gemms_in_fp8() -> None:
     dgrad = C.gemm_s(dev, "fp8", T, h, qkv, out_bytes=2)
     assert f8["QKV GEMM"].backward_s == pytest.approx(
         C.FP8_SPLIT_ACCUMULATION * (dgrad + wgrad) + C.memory_s(dev, T * qkv * C.FP8_CAST_BYTES), rel=1e-12)
-    # the ceiling: a large fp8 GEMM reaches the measured fraction of the fp8 peak, not the bf16 one
-    assert C.gemm_ceiling(dev, "fp8") == pytest.approx(1507.0 / 1978.9)
-    assert C.gemm_ceiling(dev, "bf16") == pytest.approx(792.1 / 989)
+    # the ceiling: a large fp8 GEMM reaches the measured sustained fraction of the fp8 peak, not the bf16 one
+    # (mamf-finder's MSMF on H200 SXM, H100 SXM's die and power limit: fp8 1288.7, bf16 708.5 TFLOP/s)
+    assert C.gemm_ceiling(dev, "fp8") == pytest.approx(1288.7 / 1978.9)
+    assert C.gemm_ceiling(dev, "bf16") == pytest.approx(708.5 / 989.4)
 
 
 def test_fp8_memory_keeps_bf16_weights_fp8_copies_and_fp8_linear_inputs() -> None:
