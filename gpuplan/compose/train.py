@@ -48,12 +48,13 @@ class Composition:
 
 
 def _solve_lagom(doc: dict[str, Any], seed: int) -> tuple[Plan, float]:
-    """Return Lagom's plan for a stage document and NCCL's default iteration time (s) on it (the plan's
-    own `nccl-default` baseline)."""
+    """Return Lagom's plan for a stage document and the stage's compute scale it gives: its tuned over NCCL's
+    default iteration time on the same workload (the plan's own `nccl-default` baseline), at most 1."""
     from gpuplan import api
 
     plan = api.solve(api.load_problem(doc, "lagom"), solver="lagom", seed=seed)
-    return plan, float(plan.predicted["iteration_s_nccl_default"])
+    default_s = float(plan.predicted["iteration_s_nccl_default"])
+    return plan, min(1.0, float(plan.iteration_s) / default_s) if default_s > 0 else 1.0  # type: ignore[attr-defined]
 
 
 def _solve_tessel(problem: Any, time_limit_s: float, seed: int, previous: Plan | None = None,
@@ -71,7 +72,10 @@ def _solve_tessel(problem: Any, time_limit_s: float, seed: int, previous: Plan |
         return plan
     tails_s = tails_s or [0.0] * problem.devices
     kept = _retimed(problem, previous, plan, "the previous round's order, re-timed (shorter than the new search's)")
-    if kept is None or composed_time_s(kept.schedule, tails_s) >= composed_time_s(plan.schedule, tails_s) - 1e-12:  # type: ignore[attr-defined]
+    if kept is None:
+        return plan
+    longer = composed_time_s(kept.schedule, tails_s) >= composed_time_s(plan.schedule, tails_s) - 1e-12  # type: ignore[attr-defined]
+    if longer:
         return plan
     return kept
 
@@ -134,10 +138,9 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
             if ldoc is None:
                 new_scales.append(1.0)
                 continue
-            plan, default_s = _solve_lagom(ldoc, seed)
-            plans[s], lagom_docs[s] = plan, ldoc
-            tuned_s = float(plan.iteration_s)  # type: ignore[attr-defined]
-            new_scales.append(min(1.0, tuned_s / default_s) if default_s > 0 else 1.0)
+            plans[s], scale = _solve_lagom(ldoc, seed)
+            lagom_docs[s] = ldoc
+            new_scales.append(scale)
         timings["lagom_s"] += time.perf_counter() - t0
         lagom_plans = plans
         if rounds == 1:
@@ -167,10 +170,8 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
                 last_scales.append(1.0)
                 continue
             if ldoc != lagom_docs.get(s):
-                lagom_plans[s], default_s = _solve_lagom(ldoc, seed)
-                lagom_docs[s] = ldoc
-                tuned_s = float(lagom_plans[s].iteration_s)  # type: ignore[attr-defined]
-                last_scales.append(min(1.0, tuned_s / default_s) if default_s > 0 else 1.0)
+                lagom_plans[s], scale = _solve_lagom(ldoc, seed)
+                last_scales.append(scale)
             else:
                 last_scales.append(scales[s])
         timings["lagom_s"] += time.perf_counter() - t0
