@@ -11,9 +11,10 @@ ratio = predicted throughput / published throughput (>1: the model is too fast).
 published in teraFLOP/s per GPU the predicted figure uses the paper's own FLOP count (Narayanan et
 al. eq. 3); for rows published as iteration times, the ratio is published time / predicted time.
 
-Run alone: .venv/bin/python benchmarks/fidelity_training.py [--ablation] [--lockstep]
+Run alone: .venv/bin/python benchmarks/fidelity_training.py [--ablation] [--lockstep] [--crosscheck]
 (--ablation: what each term of the per-operation model contributes, each reverted alone;
---lockstep: the interleaved rows under Megatron 2021's own schedule with blocking exchanges)
+--lockstep: the interleaved rows under Megatron 2021's own schedule with blocking exchanges;
+--crosscheck: llm-foundry's MPT FSDP runs, printed and not judged: their attention kernel is not modelled)
 """
 
 from __future__ import annotations
@@ -643,6 +644,33 @@ def lockstep_lines() -> list[str]:
     return out
 
 
+def crosscheck_lines(doc: dict[str, Any]) -> list[str]:
+    """Return the printed lines of llm-foundry's MPT runs (mpt_crosscheck of the data file), each evaluated
+    as FSDP over its GPUs with eager kernels and flash attention: predicted / published tokens per second
+    per GPU. Not judged (the runs' Triton attention kernel is not in the model)."""
+    import gpuplan
+
+    d = doc["mpt_crosscheck"]
+    lines = ["cross-check, not judged: llm-foundry MPT (FSDP full shard, bf16, eager; their Triton attention "
+             "kernel is not modelled); ratio = predicted / published tokens per second per GPU",
+             f"{'model':<6}{'GPU':<10}{'seq':>5}{'GPUs':>5}{'mb':>4}{'acc':>4} {'ckpt':<6}{'published':>10}"
+             f"{'predicted':>10}{'ratio':>7}"]
+    for name, gpu, seq, gpus, mb, acc, ckpt, published in d["runs"]:
+        h, heads, layers = d["shapes"][name]
+        model = {"name": f"mpt-{name}", "num_layers": layers, "hidden": h, "heads": heads, "ffn_hidden": 4 * h,
+                 "vocab": d["vocab"], "gated_mlp": False, "tied_embeddings": True, "max_seq_len": seq}
+        problem = gpuplan.load_problem({"kind": "poseidon", "cluster": {"gpus": {gpu: gpus}, "gpus_per_node": 8},
+                                        "model": model, "global_batch": gpus * mb * acc, "seq_len": seq,
+                                        "dtype": "bf16", "flash_attention": True, "fsdp": True,
+                                        "eager_kernels": True})
+        plan = gpuplan.evaluate_config(problem, {"tp": 1, "pp": 1, "dp": gpus, "mb": mb,
+                                                 "recompute": "full" if ckpt else "none"}, check_memory=False)
+        tokens = mb * acc * seq / plan.iteration_time_s
+        lines.append(f"{name:<6}{gpu:<10}{seq:>5}{gpus:>5}{mb:>4}{acc:>4} {'yes' if ckpt else 'no':<6}"
+                     f"{published:>10.0f}{tokens:>10.0f}{tokens / published:>7.2f}")
+    return lines
+
+
 if __name__ == "__main__":
     for line in section_a():
         print(line, flush=True)
@@ -651,4 +679,7 @@ if __name__ == "__main__":
             print(line, flush=True)
     if "--lockstep" in sys.argv[1:]:
         for line in lockstep_lines():
+            print(line, flush=True)
+    if "--crosscheck" in sys.argv[1:]:
+        for line in crosscheck_lines(yaml.safe_load(DATA.read_text(encoding="utf-8"))):
             print(line, flush=True)

@@ -129,6 +129,19 @@ def test_torchtitans_published_fsdp_runs_fit_the_models_memory(fidelity_training
     assert all(0.5 < r < 2.0 for r in ratios) and not any(line.endswith("OVER") for line in lines)
 
 
+def test_the_mpt_crosscheck_evaluates_every_row(fidelity_training) -> None:  # type: ignore[no-untyped-def]
+    """fidelity_training --crosscheck: each llm-foundry row is a valid FSDP problem whose prediction stays
+    within a factor of two of the published throughput (the rows are printed, not judged)."""
+    import yaml
+
+    F = fidelity_training
+    doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
+    lines = F.crosscheck_lines(doc)
+    rows = lines[2:]
+    assert len(rows) == len(doc["mpt_crosscheck"]["runs"])
+    assert all(0.5 < float(line.split()[-1]) < 2.0 for line in rows)
+
+
 def test_lagom_gets_fsdps_gathers_and_reduce_scatters(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The composed plan hands Lagom FSDP's own collectives: per micro-batch, every block's weight gather
     beside the forward and the backward and its fp32 gradient reduce-scatter beside the backward; no
