@@ -384,3 +384,20 @@ def test_stage_call_overhead_pools_every_rank_calls() -> None:
     assert (out.alone_forward_s, out.alone_backward_s, out.ranks, out.calls) == (3.0, 7.0, 2, 4)
     faster = dict(first, pipeline_F=[1.0, 1.0])  # a pipeline call below the direct one is no overhead
     assert overhead_from([faster]).forward_s == 0.0
+
+
+def test_soak_runs_for_its_seconds_and_the_sweep_soaks_each_dtype_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA each dtype's matmul points follow a soak at the power limit (compute.SOAK_S); the soak runs
+    at least its seconds, and a sweep without soak_s runs none."""
+    from gpuplan.profiling import compute
+
+    started = time.perf_counter()
+    ran = compute.soak("cpu", "fp32", 64, 0.05)
+    assert ran >= 8 and time.perf_counter() - started >= 0.05
+    calls: list[tuple[str, int, float]] = []
+    monkeypatch.setattr(compute, "soak", lambda device, dtype, n, s: calls.append((dtype, n, s)) or 0)
+    compute.matmul_sweep("cpu", ["fp32", "bf16"], [16, 32], repeats=3, soak_s=0.5)
+    assert calls == [("fp32", compute.SOAK_N, 0.5), ("bf16", compute.SOAK_N, 0.5)]
+    calls.clear()
+    compute.matmul_sweep("cpu", ["fp32"], [16], repeats=3)
+    assert calls == []

@@ -15,6 +15,14 @@ from gpuplan.models.profile import MatmulPoint
 from gpuplan.profiling.timing import clock_for, measure
 
 CUDA_SIZES = [1024, 2048, 4096, 8192, 16384]
+# Before a CUDA dtype's points, matmuls of SOAK_N run back to back for SOAK_S seconds (SOAK_S_QUICK with
+# --quick): a training step keeps the tensor cores busy at the board's power limit, where the clock
+# settles below its boost point (on H200 SXM mamf-finder measures 708.5 bf16 TFLOP/s so sustained
+# against 841.9 in a short burst), and the points are taken at the rate the model uses for GPUs
+# (gpuplan.models.poseidon.cost.GEMM_CEILING), not a cold GPU's burst.
+SOAK_N = 8192
+SOAK_S = 5.0
+SOAK_S_QUICK = 2.0
 CPU_SIZES = [256, 512, 1024, 2048]
 CPU_SIZES_QUICK = [256, 512]
 
@@ -78,11 +86,37 @@ def matmul_point(device: Any, dtype: str, n: int, *, repeats: int = 5, budget_s:
     return MatmulPoint(dtype=dtype, n=n, tflops=2.0 * n ** 3 / timing.median_s / 1e12, timing=timing)
 
 
-def matmul_sweep(device: Any, dtypes: list[str], sizes: list[int], *, repeats: int = 5,
+def soak(device: Any, dtype: str, n: int, seconds: float) -> int:
+    """Run n x n matmuls in `dtype` on `device` back to back for at least `seconds` (waiting for the device
+    before the clock is read); return how many ran."""
+    import time
+
+    import torch
+
+    tdtype = getattr(torch, TORCH_DTYPES[dtype])
+    a = torch.randn(n, n, device=device, dtype=tdtype)
+    out = torch.empty(n, n, device=device, dtype=tdtype)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda *_: None)
+    ran, ends = 0, time.perf_counter() + seconds
+    while True:
+        for _ in range(8):  # a few kernels in flight between clock reads
+            torch.matmul(a, a, out=out)
+        ran += 8
+        sync(device)
+        if time.perf_counter() >= ends:
+            return ran
+
+
+def matmul_sweep(device: Any, dtypes: list[str], sizes: list[int], *, repeats: int = 5, soak_s: float = 0.0,
                  progress: Any = None) -> list[MatmulPoint]:
-    """Return one MatmulPoint per (dtype, size); `progress(message)` is called before each point."""
+    """Return one MatmulPoint per (dtype, size); `progress(message)` is called before each point. With
+    `soak_s` > 0 each dtype's points follow `soak_s` seconds of SOAK_N matmuls (see SOAK_S)."""
     points = []
     for dtype in dtypes:
+        if soak_s > 0:
+            if progress is not None:
+                progress(f"matmul {dtype}: {soak_s:g} s at the power limit before timing")
+            soak(device, dtype, SOAK_N, soak_s)
         for n in sizes:
             if progress is not None:
                 progress(f"matmul {dtype} n={n}")

@@ -94,7 +94,9 @@ def measure_device(device: str, *, quick: bool, name: str, catalog_name: str | N
         dtypes = ["fp32"]
     sizes = (compute.CUDA_SIZES[:3] if quick else compute.CUDA_SIZES) if is_cuda else \
         (compute.CPU_SIZES_QUICK if quick else compute.CPU_SIZES)
-    points = compute.matmul_sweep(device, dtypes, sizes, repeats=3 if quick else 5, progress=progress)
+    soak_s = (compute.SOAK_S_QUICK if quick else compute.SOAK_S) if is_cuda else 0.0
+    points = compute.matmul_sweep(device, dtypes, sizes, repeats=3 if quick else 5, soak_s=soak_s,
+                                  progress=progress)
     best = compute.best_tflops(points)
     if progress is not None:
         progress("memory bandwidth")
