@@ -128,7 +128,6 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
         notes.append(f"stages {skipped}: no NCCL settings to tune (a device type without NCCL, or nothing to "
                      "communicate); their times stay as predicted")
     lagom_docs: dict[int, dict[str, Any]] = {}  # the stage documents `lagom_plans` were solved on
-    first_problem, first_sched, first_plans = problem, sched, lagom_plans  # round 1's plans are for this pair
     while lagom and rounds < max_rounds:
         rounds += 1
         t0 = time.perf_counter()
@@ -143,8 +142,6 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
             new_scales.append(scale)
         timings["lagom_s"] += time.perf_counter() - t0
         lagom_plans = plans
-        if rounds == 1:
-            first_plans = dict(plans)
         if all(abs(a - b) <= 1e-6 for a, b in zip(new_scales, scales)) and rounds > 1:
             converged = True
             break
@@ -178,11 +175,9 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
         retimed_problem = tessel_problem(doc, last_scales)
         retimed = _retimed(retimed_problem, sched, None, "the last round's order, re-timed with the scales Lagom "
                                                          "gives it (no fixed point within the rounds)")
-        if retimed is not None:
-            problem, sched, scales = retimed_problem, retimed, last_scales
-        else:  # cannot happen for an order that ran; keep a consistent pair: the first schedule, unscaled
-            problem, sched, scales = first_problem, first_sched, [1.0] * n
-            lagom_plans = first_plans
+        # the same order under other block times: the same dependencies and memory, so it runs and checks
+        assert retimed is not None, "an order that ran did not run again at other block times"
+        problem, sched, scales = retimed_problem, retimed, last_scales
     final_t = composed_time_s(sched.schedule, stage_tails_s(doc, scales))  # type: ignore[attr-defined]
     if final_t > base_t:  # a tail the split schedule ends later on: keep the default schedule and times
         notes.append(f"the composed schedule ({final_t:.6g} s) was slower than 1F1B ({base_t:.6g} s) once the "
