@@ -90,7 +90,8 @@ def h100_problem(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     return {"kind": "poseidon", "cluster": cluster_of(row, d), "model": row["model"], "global_batch": row["global_batch"], "seq_len": row["seq_len"], "dtype": d["dtype"],
             "flash_attention": d["flash_attention"], "sequence_parallel": row["tp"] > 1,
             "distributed_optimizer": d["distributed_optimizer"], "overlap_dp_allreduce": d["overlap_dp_allreduce"],
-            "blocking_p2p": d["blocking_p2p"], "max_tp": 8, "max_stages": max(16, row["pp"]),
+            "blocking_p2p": d["blocking_p2p"], "tp_comm_overlap": row.get("tp_comm_overlap", False),
+            "max_tp": 8, "max_stages": max(16, row["pp"]),
             "max_microbatches": 4096, "max_interleave": max(4, row["interleave"])}
 
 
@@ -114,9 +115,10 @@ def evaluate_h100_row(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
 def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
     """Return the printed lines of the Hopper fp8 runs (one per run, then a summary) and their ratios."""
     d, rows = doc["h100_defaults"], doc["h100_runs"]
-    lines = [f"Hopper, fp8 (NeMo 24.07 on DGX H100; {d['dtype']}, distributed optimizer, flash attention, no "
-             "recomputation); ratio = predicted / published tokens per second per GPU",
-             f"{'source':<14}{'model':<13}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} "
+    lines = [f"Hopper, fp8 (NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 on DGX H100; {d['dtype']}, distributed "
+             "optimizer, flash attention, no recomputation; TP overlap (ov) as each row's recipe sets it); ratio = "
+             "predicted / published tokens per second per GPU",
+             f"{'source':<14}{'model':<13}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} ov "
              f"{'published':>10}{'predicted':>10}{'ratio':>7}  within15%  MFU(fp8) mem/GPU"]
     ratios = []
     for row in rows:
@@ -125,7 +127,8 @@ def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
         ok = abs(r["ratio"] - 1.0) <= TOLERANCE
         mem = f"{r['need_GiB']:.0f}/{r['cap_GiB']:.0f} GiB" + ("" if r["need_GiB"] <= r["cap_GiB"] else " OVER")
         lines.append(f"{row['source']:<14}{row['name']:<13}{row['gpus']:>5} {row['tp']:>2} {row['pp']:>3} {r['dp']:>3} "
-                     f"{row['micro_batch']:>3} {row['interleave']:>3} {row['seq_len']:>5} {row['published']:>10.0f}"
+                     f"{row['micro_batch']:>3} {row['interleave']:>3} {row['seq_len']:>5} "
+                     f"{'y' if row.get('tp_comm_overlap') else 'n':>2} {row['published']:>10.0f}"
                      f"{r['predicted']:>10.0f}{r['ratio']:>7.2f}  {'yes' if ok else 'NO':<9}  {r['mfu'] * 100:5.1f}%  {mem}")
     inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
     lines.append(f"Hopper fp8 within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, "

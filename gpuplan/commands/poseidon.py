@@ -33,7 +33,7 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
           max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, dtype: str | None = None,
           distributed_optimizer: bool | None = None, fsdp: bool | None = None, eager_kernels: bool | None = None,
-          **_: Any) -> Problem:
+          tp_comm_overlap: bool | None = None, **_: Any) -> Problem:
     """Return the PoseidonProblem the command-line arguments describe."""
     from gpuplan.api import load_problem
 
@@ -50,7 +50,7 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
     for key, value in (("global_batch", batch), ("seq_len", seq), ("schedule", schedule),
                        ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave),
                        ("dtype", dtype), ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp),
-                       ("eager_kernels", eager_kernels)):
+                       ("eager_kernels", eager_kernels), ("tp_comm_overlap", tp_comm_overlap)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -104,6 +104,9 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--eager-kernels/--fused-kernels", "eager_kernels"], default=None,
                  help="Element-wise ops as PyTorch's eager kernels (torchtitan without compile: rotary "
                       "embedding in fp32, SwiGLU as silu then mul), or fused (Megatron-LM, torch.compile)."),
+    click.Option(["--tp-comm-overlap/--no-tp-comm-overlap", "tp_comm_overlap"], default=None,
+                 help="TP all-gathers and reduce-scatters beside their GEMMs (Megatron's --tp-comm-overlap, "
+                      "Transformer Engine's userbuffers; needs sequence parallelism), or exposed."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 
@@ -121,7 +124,8 @@ def assumptions(problem: Any) -> str:
         else "gradient reduction overlapped with the backward" if problem.overlap_dp_allreduce
         else "gradient reduction after the backward",
         "flash attention" if problem.flash_attention else "explicit attention (scores in memory)",
-        "sequence parallelism" if problem.sequence_parallel else "no sequence parallelism",
+        ("sequence parallelism" + (", TP collectives beside their GEMMs" if problem.tp_comm_overlap else ""))
+        if problem.sequence_parallel else "no sequence parallelism",
         ("eager element-wise kernels" if problem.eager_kernels else "fused element-wise kernels")
         + ("; RMSNorm as separate fp32 kernels" if problem.composite_norm else ""),
         "blocking pipeline exchanges" if problem.blocking_p2p else "overlapped pipeline exchanges"])

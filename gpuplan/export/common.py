@@ -58,6 +58,7 @@ class TrainingJob:
     cluster: dict[str, Any] = field(default_factory=dict)  # the plan's problem's cluster, as written in the plan
     distributed_optimizer: bool = False  # optimizer states sharded over dp (ZeRO-1), the problem's field
     overlap_dp_allreduce: bool = False  # gradient reduction overlapped with the backward, the problem's field
+    tp_comm_overlap: bool = False  # TP collectives beside their GEMMs (TE userbuffers), the problem's field
     fsdp: bool = False  # weights, gradients and states sharded over dp (FSDP2 / ZeRO-3), the problem's field
     eager_kernels: bool = False  # the plan's times assume PyTorch's eager element-wise kernels (not fused)
 
@@ -142,6 +143,7 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        cluster=dict(problem.get("cluster") or {}),
                        distributed_optimizer=bool(problem.get("distributed_optimizer", False)),
                        overlap_dp_allreduce=bool(problem.get("overlap_dp_allreduce", False)),
+                       tp_comm_overlap=bool(problem.get("tp_comm_overlap", False)),
                        fsdp=bool(problem.get("fsdp", False)),
                        eager_kernels=bool(problem.get("eager_kernels", False)))
 

@@ -81,6 +81,8 @@ def job_args(job: TrainingJob) -> list[str]:
         args += ["--num-virtual-stages-per-pipeline-rank", str(job.interleave)]
     if job.tp > 1:
         args.append("--sequence-parallel")
+        if job.tp_comm_overlap:  # the plan's times hide the TP collectives beside their GEMMs (userbuffers)
+            args.append("--tp-comm-overlap")
     if job.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     elif job.recompute == "selective":

@@ -291,6 +291,10 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
     _check_config(job, module, function, notes)
     if job.recompute == "selective":
         notes.append(SELECTIVE_NOTE)
+    if job.tp_comm_overlap and job.tp > 1:
+        notes.append("the plan's times hide the TP collectives beside their GEMMs (Transformer Engine's userbuffers, "
+                     "the problem's tp_comm_overlap); torchtitan runs them exposed unless its async tensor "
+                     "parallelism (with torch.compile) is switched on, so expect the TP stages slower than predicted")
     lay = launch(job)
     notes += lay.notes
     root = make_output_dir(out, "torchtitan export directory")

@@ -81,6 +81,10 @@ class PoseidonProblem(Problem):
     its backward and reduce-scatters its gradients after it (fp32, torchtitan's default reduce dtype),
     the next block's gather prefetched under the current block's compute (`CostModel.fsdp_layer_s`);
     no gradient all-reduce remains, and the optimizer steps on the shard.
+    `tp_comm_overlap` (Megatron-LM's --tp-comm-overlap: Transformer Engine's userbuffers, as NeMo's and
+    Megatron-Bridge's H100 recipes run them; it needs `sequence_parallel`): each TP all-gather and
+    reduce-scatter runs beside the GEMM that needs or makes its tensor, and only what outlasts it stays
+    exposed (`cost.tp_overlap_s`); false: every TP collective is exposed.
     `dtype` fp8 is fp8 training as Transformer Engine runs it (gpuplan.models.poseidon.cost): the
     blocks' linear layers compute in fp8 (on fp8 copies of their weights, `FP8_WEIGHT_BYTES` per
     parameter, and of their inputs, which are kept for the backward in fp8) while weights,
@@ -112,6 +116,7 @@ class PoseidonProblem(Problem):
     fsdp: bool = False  # FSDP2 / ZeRO-3 over each stage's data-parallel group (see `CostModel.fsdp_layer_s`)
     eager_kernels: bool = False  # PyTorch eager element-wise kernels, as torchtitan runs without compile
     composite_norm: bool = False  # RMSNorm as PyTorch's separate eager kernels (torchtitan 2024's "rmsnorm")
+    tp_comm_overlap: bool = False  # TE userbuffers / --tp-comm-overlap (see `cost.tp_overlap_s`); needs SP
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -133,6 +138,11 @@ class PoseidonProblem(Problem):
         if self.seq_len > self.model.max_seq_len:
             raise ValueError(f"at seq_len: at most the model's maximum sequence length, {self.model.max_seq_len} "
                              f"tokens for {self.model.name}, not {self.seq_len}")
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ValueError("at tp_comm_overlap: false without sequence_parallel, or sequence_parallel true: "
+                             "Transformer Engine's TP overlap splits the all-gathers and reduce-scatters of "
+                             "sequence parallelism into chunks beside the GEMMs, and has nothing to overlap "
+                             "without it")
         for name in self.cluster.capacity():  # the time model reads each type's peak at the problem's dtype
             if self.dtype == "fp8" and "fp8" not in self.cluster.type_of(name).peak_tflops:
                 raise ValueError(f"at dtype: bf16 or fp16 on device type {name!r}, not fp8: fp8 training runs the "
@@ -271,7 +281,8 @@ class CostModel:
         self.opts = LayerOptions(flash=problem.flash_attention, causal=problem.causal_attention,
                                  sequence_parallel=problem.sequence_parallel, eager=problem.eager_kernels,
                                  composite_norm=problem.composite_norm,
-                                 wgrad_out_bytes=self.wbytes if problem.fsdp else MAIN_GRAD_BYTES)
+                                 wgrad_out_bytes=self.wbytes if problem.fsdp else MAIN_GRAD_BYTES,
+                                 tp_overlap=problem.tp_comm_overlap)
         self._times: dict[tuple[str, int, int], LayerTimes] = {}
         self._layer: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._dev: dict[str, Any] = {}

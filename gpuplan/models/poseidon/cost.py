@@ -42,7 +42,9 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   kernel unless `composite_norm` (`composite_norm_bytes`). Byte counts from torchtitan's code.
 * Tensor parallelism (Megatron): two all-reduces of the layer's activations per direction, or with
   sequence parallelism two all-gathers and two reduce-scatters of the same total bus volume; not
-  overlapped with compute.
+  overlapped with compute, unless `tp_overlap` (Transformer Engine's userbuffers overlap, Megatron's
+  `--tp-comm-overlap`, which needs sequence parallelism): each collective then runs beside the GEMM
+  that consumes or produces its tensor (`tp_overlap_s`).
 """
 
 from __future__ import annotations
@@ -288,7 +290,8 @@ class LayerOptions:
     `layer_ops`) instead of fused ones, the norm as PyTorch's composite ops (`composite_norm`:
     `composite_norm_bytes`) instead of one fused kernel, and the bytes a weight-gradient GEMM's
     epilogue moves per element (`wgrad_out_bytes`: `MAIN_GRAD_BYTES` into fp32 main gradients;
-    FSDP2 writes the 16-bit gradient, 2)."""
+    FSDP2 writes the 16-bit gradient, 2); `tp_overlap`: the TP collectives of sequence parallelism run
+    beside their GEMMs (`tp_overlap_s`)."""
 
     flash: bool = True
     causal: bool = True
@@ -296,6 +299,7 @@ class LayerOptions:
     eager: bool = False
     composite_norm: bool = False
     wgrad_out_bytes: float = MAIN_GRAD_BYTES
+    tp_overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -366,17 +370,23 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     def g(M: int, N: int, K: int, batch: int = 1) -> float:
         return gemm_s(dev, dtype, M, N, K, batch, sweep)
 
-    def linear(n_in: int, n_out: int) -> tuple[float, float]:
+    parts: dict[str, tuple[float, float, float]] = {}  # per linear: forward, input gradient, weight gradient
+
+    def linear(n_in: int, n_out: int, name: str) -> tuple[float, float]:
         # forward [T, n_in] x [n_in, n_out]; backward: input gradient and weight gradient (its epilogue
         # moves opts.wgrad_out_bytes per element: fp32 main gradients, or FSDP2's 16-bit gradient)
         wgrad = gemm_s(dev, lin, n_out, n_in, T, 1, None if fp8 else sweep, out_bytes=opts.wgrad_out_bytes)
         if not fp8:
-            return g(T, n_out, n_in), g(T, n_in, n_out) + wgrad
-        # fp8 operands, 16-bit outputs; the input's and the output gradient's cast-transposes (a profile's
-        # matmul sweep, or the flat `efficiency`, is of 16-bit matmuls: the fp8 GEMMs keep the fp8 ceiling)
-        fwd = gemm_s(dev, lin, T, n_out, n_in, 1, None, out_bytes=w) + memory_s(dev, T * n_in * FP8_CAST_BYTES)
-        dgrad = gemm_s(dev, lin, T, n_in, n_out, 1, None, out_bytes=w)
-        return fwd, FP8_SPLIT_ACCUMULATION * (dgrad + wgrad) + memory_s(dev, T * n_out * FP8_CAST_BYTES)
+            parts[name] = (g(T, n_out, n_in), g(T, n_in, n_out), wgrad)
+        else:
+            # fp8 operands, 16-bit outputs; the input's and the output gradient's cast-transposes (a profile's
+            # matmul sweep, or the flat `efficiency`, is of 16-bit matmuls: the fp8 GEMMs keep the fp8 ceiling)
+            fwd = gemm_s(dev, lin, T, n_out, n_in, 1, None, out_bytes=w) + memory_s(dev, T * n_in * FP8_CAST_BYTES)
+            dgrad = gemm_s(dev, lin, T, n_in, n_out, 1, None, out_bytes=w)
+            parts[name] = (fwd, FP8_SPLIT_ACCUMULATION * dgrad + memory_s(dev, T * n_out * FP8_CAST_BYTES),
+                           FP8_SPLIT_ACCUMULATION * wgrad)
+        f, dg, wg = parts[name]
+        return f, dg + wg
 
     def elem(fwd_bytes_per_token: float, bwd_factor: float = 2.0) -> tuple[float, float]:
         f = memory_s(dev, T * fwd_bytes_per_token)
@@ -389,7 +399,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         norm_f, norm_b = composite_norm_bytes(w)
         ln = (memory_s(dev, T * h * norm_f / sp), memory_s(dev, T * h * norm_b / sp))
     ops.append(OpTime("layer norm (attention)", *ln))
-    ops.append(OpTime("QKV GEMM", *linear(h, qkv), math=True))
+    ops.append(OpTime("QKV GEMM", *linear(h, qkv, "qkv"), math=True))
     kv_out = cfg.kv * d // tp
     if opts.eager:
         # three linears read the normed input (all-gathered under SP): autograd adds their input
@@ -435,7 +445,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
                           core=True, math=True))
         f = memory_s(dev, T * q_out * w * 2)  # [b, np, s, hn] -> [s, b, np, hn] copy, both ways
         ops.append(OpTime("context permute copy", f, f))
-    ops.append(OpTime("attention output GEMM", *linear(q_out, h), math=True))
+    ops.append(OpTime("attention output GEMM", *linear(q_out, h, "proj"), math=True))
     if opts.eager:
         # residual add: read 2h, write h; backward: the residual's gradient joins the branch's (one add)
         residual = (memory_s(dev, T * 3 * h * w / sp),) * 2
@@ -445,7 +455,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         residual = elem((3 * h * w + h) / sp)
         ops.append(OpTime("bias+dropout+residual (attention)", *residual))
     ops.append(OpTime("layer norm (MLP)", *ln))
-    ops.append(OpTime("MLP in GEMM", *linear(h, ffn_in), math=True))
+    ops.append(OpTime("MLP in GEMM", *linear(h, ffn_in, "fc1"), math=True))
     if opts.eager and cfg.gated_mlp:
         # F.silu(w1(x)) * w3(x): silu (read f, write f) then mul (read 2f, write f); backward: the mul's
         # two gradients (read 2f, write f each), silu's (read 2f, write f); w1's and w3's input
@@ -454,14 +464,45 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
                           memory_s(dev, T * (9 * ffn * w + 3 * h * w))))
     else:
         ops.append(OpTime("bias + GeLU / SwiGLU", *elem((ffn_in + ffn) * w)))
-    ops.append(OpTime("MLP out GEMM", *linear(ffn, h), math=True))
+    ops.append(OpTime("MLP out GEMM", *linear(ffn, h, "fc2"), math=True))
     ops.append(OpTime("residual add (MLP, eager)" if opts.eager else "bias+dropout+residual (MLP)", *residual))
     size = T * h * w
-    if tp > 1:
+    if tp > 1 and opts.tp_overlap and opts.sequence_parallel:
+        ops.append(OpTime("TP collectives (exposed beside GEMMs)",
+                          *tp_overlap_s(parts, tp, tp_collective_s("all_gather", size),
+                                        tp_collective_s("reduce_scatter", size)), comm=True))
+    elif tp > 1:
         comm = (2.0 * (tp_collective_s("all_gather", size) + tp_collective_s("reduce_scatter", size))
                 if opts.sequence_parallel else 2.0 * tp_collective_s("all_reduce", size))
         ops.append(OpTime("TP collectives", comm, comm, comm=True))
     return ops
+
+
+def tp_overlap_s(parts: dict[str, tuple[float, float, float]], tp: int, all_gather_s: float,
+                 reduce_scatter_s: float) -> tuple[float, float]:
+    """Return the (forward, backward) seconds the TP collectives of sequence parallelism add to a block
+    when each runs beside the GEMM that needs or makes its tensor, as Transformer Engine's userbuffers
+    overlap pairs them (Megatron's `--tp-comm-overlap`; the H100 settings of NeMo / Megatron-Bridge's
+    performance recipes): forward, the all-gather of the QKV and MLP-in inputs beside those GEMMs and the
+    reduce-scatter of the attention-output and MLP-out outputs beside theirs, each split in tp chunks
+    exchanged ring-wise with the GEMM's chunks ("ring_exchange": the GEMM's first or last chunk cannot
+    overlap, so a pair takes max(G, C + G / tp)); backward, the all-gather of the output gradients of
+    the attention-output and MLP-out layers beside their input-gradient GEMMs (ring exchange) and the
+    reduce-scatter of the QKV and MLP-in input gradients beside their weight-gradient GEMMs, which run
+    whole side by side ("bulk": max(G, C)). `parts` maps "qkv", "proj", "fc1", "fc2" to their
+    (forward, input-gradient, weight-gradient) seconds. The exchanges use copy engines or one or two
+    SMs, so the GEMMs' own slowdown beside them is not modelled. First principles from the pairing."""
+    def ring(gemm: float, comm: float) -> float:
+        return max(gemm, comm + gemm / tp) - gemm
+
+    def bulk(gemm: float, comm: float) -> float:
+        return max(gemm, comm) - gemm
+
+    fwd = (ring(parts["qkv"][0], all_gather_s) + ring(parts["proj"][0], reduce_scatter_s)
+           + ring(parts["fc1"][0], all_gather_s) + ring(parts["fc2"][0], reduce_scatter_s))
+    bwd = (ring(parts["fc2"][1], all_gather_s) + bulk(parts["fc1"][2], reduce_scatter_s)
+           + ring(parts["proj"][1], all_gather_s) + bulk(parts["qkv"][2], reduce_scatter_s))
+    return fwd, bwd
 
 
 def layer_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
