@@ -46,7 +46,11 @@ def _weight_fraction(problem: Any, stage: dict[str, Any]) -> float:
     bwd = float(stage.get("backward_s", 0.0))
     if bwd <= 0:
         return 0.0
-    recompute_s = float(stage.get("forward_s", 0.0)) if stage.get("recompute") == "full" else 0.0
+    from gpuplan.models.poseidon import recomputed_blocks
+
+    n = int(stage.get("last_layer", 0)) - int(stage.get("first_layer", 0))
+    share_full = recomputed_blocks(stage.get("recompute", "none"), n) / n if n > 0 else 0.0
+    recompute_s = float(stage.get("forward_s", 0.0)) * share_full  # the blocks that re-run their forward
     return max(0.0, min(0.5, 0.5 * share * max(0.0, bwd - recompute_s) / bwd))
 
 
@@ -74,8 +78,9 @@ def memory_caps_mb(plan: dict[str, Any]) -> list[float]:
     cm = CostModel(problem)
     out = []
     for s, st in enumerate(stages):
-        act_bytes = (int(st["last_layer"]) - int(st["first_layer"])) * cm.activation_bytes(
-            int(st.get("tp", 1)), int(st.get("micro_batch_size", 1)), st.get("recompute", "none"))
+        act_bytes = cm.stage_activation_bytes(int(st.get("tp", 1)), int(st.get("micro_batch_size", 1)),
+                                              st.get("recompute", "none"),
+                                              int(st["last_layer"]) - int(st["first_layer"]))
         cap_bytes = cm.dev(st["device_type"]).memory_bytes * problem.memory_fraction
         extra = math.floor((cap_bytes - float(st.get("memory_bytes", 0.0))) / act_bytes) if act_bytes > 0 else m
         out.append(float(min(m, base[s] + max(0, extra))))

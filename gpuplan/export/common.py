@@ -19,7 +19,12 @@ from typing import Any
 
 from gpuplan.errors import GpuplanError
 
-RECOMPUTE_ORDER = ("none", "selective", "full")
+def recompute_strength(label: str) -> tuple[int, int]:
+    """Return a key that orders recomputation labels by the memory they save: none < selective <
+    "full:K" (by K, the blocks of a stage fully recomputed) < full."""
+    if label.startswith("full:"):
+        return 2, int(label[5:])
+    return {"none": 0, "selective": 1, "full": 3}[label], 0
 
 
 class ExportRefused(GpuplanError):
@@ -125,7 +130,7 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
     tprob = api.plan_problem(tessel)
     actions = compute_only(tprob, tessel)  # type: ignore[arg-type]
     modes = [str(s.get("recompute", "none")) for s in stages]
-    recompute = max(modes, key=RECOMPUTE_ORDER.index)
+    recompute = max(modes, key=recompute_strength)
     notes = []
     if len(set(modes)) > 1:
         notes.append(f"the plan recomputes per stage ({modes}); the trainer has one setting for all stages, so "

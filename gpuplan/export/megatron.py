@@ -85,6 +85,10 @@ def job_args(job: TrainingJob) -> list[str]:
             args.append("--tp-comm-overlap")
     if job.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    elif job.recompute.startswith("full:"):  # K of each stage's blocks: Megatron counts them per model chunk
+        per_chunk = max(1, int(job.recompute[5:]) // max(1, job.interleave))
+        args += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                 str(per_chunk)]
     elif job.recompute == "selective":
         args += ["--recompute-granularity", "selective"]
     if job.distributed_optimizer:

@@ -202,7 +202,10 @@ def titan_checkpointing(recompute: str) -> str:
     "none" as they are; the plan's "selective" (Megatron's: the attention core recomputed) as "none",
     since torchtitan's attention is SDPA's fused kernel, which keeps no scores and recomputes them in
     its backward anyway. torchtitan's own "selective" recomputes every other matmul and the element-wise
-    ops of each block: slower than the plan predicts (`SELECTIVE_NOTE`)."""
+    ops of each block: slower than the plan predicts (`SELECTIVE_NOTE`). The plan's "full:K" (K of a
+    stage's blocks) as "full": torchtitan's config has no count of blocks (`PARTIAL_NOTE`)."""
+    if recompute.startswith("full:"):
+        return "full"
     return "none" if recompute == "selective" else recompute
 
 
@@ -210,6 +213,11 @@ SELECTIVE_NOTE = ("the plan's selective recomputation (Megatron's: the attention
                   "activation-checkpoint:none: torchtitan's fused SDPA attention already keeps no scores and "
                   "recomputes them in its backward, while torchtitan's 'selective' would recompute every other "
                   "matmul of each block, slower than the plan")
+
+
+PARTIAL_NOTE = ("the plan recomputes {k} blocks of a stage (the others keep their activations); torchtitan's "
+                "activation checkpointing has no count of blocks, so activation-checkpoint:full is exported: it "
+                "recomputes every block, using less memory and running slower than the plan predicts")
 
 
 def launch(job: TrainingJob) -> Launch:
@@ -291,6 +299,8 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
     _check_config(job, module, function, notes)
     if job.recompute == "selective":
         notes.append(SELECTIVE_NOTE)
+    if job.recompute.startswith("full:"):
+        notes.append(PARTIAL_NOTE.format(k=job.recompute[5:]))
     if job.tp_comm_overlap and job.tp > 1:
         notes.append("the plan's times hide the TP collectives beside their GEMMs (Transformer Engine's userbuffers, "
                      "the problem's tp_comm_overlap); torchtitan runs them exposed unless its async tensor "

@@ -175,7 +175,10 @@ class StagePlan(BaseModel):
     Layers [first_layer, last_layer) are transformer blocks; the first stage also holds the
     embedding, the last the output head (with the plan's `interleave` v > 1 the stage's blocks form v
     chunks: chunk c holds blocks [c L/v + first_layer/v, c L/v + last_layer/v), L the model's layers).
-    recompute: "none", "selective" (the attention core) or "full" (booleans read as full / none).
+    recompute: "none", "selective" (the attention core), "full" (every block re-runs its forward in the
+    backward) or "full:K" (only K of the stage's blocks do, the others keep their activations: Megatron's
+    --recompute-method block --recompute-num-layers K / v per chunk; K a multiple of the interleave);
+    booleans read as full / none.
     forward_s / backward_s: predicted seconds for one micro-batch over all the stage's chunks
     (backward includes what recomputation re-runs); p2p_s: seconds to send
     one micro-batch's activations to the next stage; allreduce_s: the data-parallel gradient
@@ -191,7 +194,7 @@ class StagePlan(BaseModel):
     first_layer: int = 0
     last_layer: int = 0
     micro_batch_size: int = 1
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: str = "none"
     forward_s: float = 0.0
     backward_s: float = 0.0
     p2p_s: float = 0.0
@@ -202,9 +205,7 @@ class StagePlan(BaseModel):
     @field_validator("recompute", mode="before")
     @classmethod
     def _recompute_mode(cls, v: Any) -> Any:
-        if isinstance(v, bool):
-            return "full" if v else "none"
-        return v
+        return recompute_label(v)
 
     @property
     def num_layers(self) -> int:
@@ -256,14 +257,39 @@ def dp_group(shape: StageShape) -> list[int]:
     return [shape.gpu_ids[r * shape.tp] for r in range(shape.dp)]
 
 
-def recompute_mode(value: Any) -> str:
-    """Return the recomputation mode ("none", "selective", "full") a plan or config value names; a
+def recompute_label(value: Any) -> str:
+    """Return the recomputation a plan or config value names, normalised: "none", "selective", "full"
+    or "full:K" (K >= 1 of the stage's blocks fully recomputed, the rest keeping their activations); a
     boolean reads as full (True) / none (False). Raises ValueError on anything else."""
     if isinstance(value, bool):
         return "full" if value else "none"
-    if isinstance(value, str) and value.lower() in RECOMPUTE_MODES:
-        return value.lower()
-    raise ValueError(f"a recomputation mode ({', '.join(RECOMPUTE_MODES)}), not {value!r}")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in RECOMPUTE_MODES:
+            return text
+        head, _, count = text.partition(":")
+        if head == "full" and count.isdigit() and int(count) >= 1:
+            return f"full:{int(count)}"
+    raise ValueError(f"a recomputation mode ({', '.join(RECOMPUTE_MODES)}, or full:K for K of a stage's blocks), "
+                     f"not {value!r}")
+
+
+def recompute_mode(value: Any) -> str:
+    """Return the recomputation mode ("none", "selective", "full") a plan or config value names ("full:K"
+    reads as full); a boolean reads as full (True) / none (False). Raises ValueError on anything else."""
+    return recompute_label(value).partition(":")[0]
+
+
+def recomputed_blocks(value: Any, n_layers: int) -> int:
+    """Return how many of a stage's `n_layers` blocks re-run their forward in the backward under
+    recomputation `value`: all under "full", min(K, n_layers) under "full:K", none otherwise (selective
+    re-runs only the attention core of every block)."""
+    label = recompute_label(value)
+    if label == "full":
+        return n_layers
+    if label.startswith("full:"):
+        return min(int(label[5:]), n_layers)
+    return 0
 
 
 class CostModel:
@@ -660,6 +686,14 @@ class CostModel:
             kept -= tokens * (2 * c.hidden / (tp if sp else 1) + (c.heads * c.dhead + c.ffn_hidden) / tp)
         return kept
 
+    def stage_activation_bytes(self, tp: int, b: int, recompute: Any, n_layers: int) -> float:
+        """Return the activation bytes `n_layers` blocks keep per in-flight micro-batch (per device) under
+        recomputation `recompute`: "full:K" keeps K blocks' inputs and the other blocks' activations."""
+        mode = recompute_mode(recompute)
+        k = recomputed_blocks(recompute, n_layers)
+        return k * self.activation_bytes(tp, b, "full") + (n_layers - k) * self.activation_bytes(
+            tp, b, "none" if mode == "full" else mode)
+
     def boundary_bytes(self, b: int) -> float:
         """Return the bytes of the activations sent between stages for one micro-batch of `b`."""
         return float(b * self.p.seq_len * self.cfg.hidden * self.wbytes)
@@ -725,17 +759,64 @@ def stage_memory(cm: CostModel, shape: StageShape, n_layers: int, b: int, index:
     params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
     mem = (params * cm.param_bytes(shape.dp) + cm.fp8_weight_bytes(n_layers, shape.tp)
            + cm.fsdp_working_bytes(shape.tp) + (cm.logits_bytes(shape.tp, b) if last else 0.0))
-    mem += (in_flight(cm.p.schedule, index, num_stages, m, interleave) * n_layers
-            * cm.activation_bytes(shape.tp, b, mode))
+    mem += (in_flight(cm.p.schedule, index, num_stages, m, interleave)
+            * cm.stage_activation_bytes(shape.tp, b, recompute, n_layers))
     if mode == "full":
         mem += cm.activation_bytes(shape.tp, b, "none")
     return mem
 
 
+def recompute_block_s(cm: CostModel, shape: StageShape, b: int, recompute: Any, n_layers: int) -> float:
+    """Return the seconds recomputation `recompute` adds to the backward of one block of a stage of
+    `n_layers` blocks, averaged over its blocks (under "full:K": K blocks' full recomputation over
+    n_layers); the search's walk and `stage_cost` both read it, so they agree to the last bit."""
+    mode = recompute_mode(recompute)
+    per = cm.recompute_s(shape.device_type, shape.tp, b, mode)
+    k = recomputed_blocks(recompute, n_layers)
+    if mode != "full" or k == n_layers or n_layers == 0:
+        return per
+    return k * per / n_layers
+
+
+def auto_recompute(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: int, num_stages: int,
+                   m: int, interleave: int = 1) -> tuple[str, float]:
+    """Return (recompute label, bytes per device) of the fastest recomputation that fits a stage of
+    `n_layers` blocks: none; else the cheaper of selective (if it fits) and full recomputation of the
+    fewest blocks that fit ("full:K", K a multiple of `interleave`, or "full" when that is every block);
+    when nothing fits, "full" and its bytes."""
+    cap = cm.dev(shape.device_type).memory_bytes * cm.p.memory_fraction
+    none = stage_memory(cm, shape, n_layers, b, index, num_stages, m, "none", interleave)
+    if none <= cap:
+        return "none", none
+    full = stage_memory(cm, shape, n_layers, b, index, num_stages, m, "full", interleave)
+    options: list[tuple[float, str, float]] = []
+    sel = stage_memory(cm, shape, n_layers, b, index, num_stages, m, "selective", interleave)
+    if sel <= cap:
+        options.append((recompute_block_s(cm, shape, b, "selective", n_layers), "selective", sel))
+    if full <= cap:
+        # each block recomputed instead of kept saves (none - full) activations per micro-batch in flight
+        saving = (none - full + cm.activation_bytes(shape.tp, b, "none")) / n_layers
+        k = n_layers if saving <= 0 else max(1, math.ceil((none + cm.activation_bytes(shape.tp, b, "none") - cap)
+                                                           / saving))
+        k = min(n_layers, -(-k // interleave) * interleave)
+        label = "full" if k >= n_layers else f"full:{k}"
+        mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, label, interleave)
+        while mem > cap and k < n_layers:  # rounding: one more chunk's worth of blocks
+            k = min(n_layers, k + interleave)
+            label = "full" if k >= n_layers else f"full:{k}"
+            mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, label, interleave)
+        options.append((recompute_block_s(cm, shape, b, label, n_layers), label, mem))
+    if not options:
+        return "full", full
+    _, label, mem = min(options, key=lambda o: o[0])
+    return label, mem
+
+
 def stage_cost(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: int, num_stages: int,
                m: int, recompute: str | None = None, interleave: int = 1, tied_s: float = 0.0) -> StageCost:
-    """Return the cost of a stage. `recompute` fixes the mode; None takes the problem's, and "auto"
-    the fastest mode that fits (none, then selective, then full). `tied_s` (the tied-embedding
+    """Return the cost of a stage. `recompute` fixes the mode ("full:K" too); None takes the problem's,
+    and "auto" the fastest that fits (`auto_recompute`: none, else the cheaper of selective and full
+    recomputation of the fewest blocks that fit). `tied_s` (the tied-embedding
     gradient all-reduce) is added to the first and last stages' all-reduce."""
     p = cm.p
     first, last = index == 0, index == num_stages - 1
@@ -743,15 +824,14 @@ def stage_cost(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: i
     ef, eg = cm.stage_extras(shape, b, first, last)
     cap = cm.dev(shape.device_type).memory_bytes * p.memory_fraction
     want = recompute or p.recompute
-    modes = RECOMPUTE_MODES if want == "auto" else (recompute_mode(want),)
-    mode, mem = modes[-1], 0.0
-    for mode in modes:
+    if want == "auto":
+        mode, mem = auto_recompute(cm, shape, n_layers, b, index, num_stages, m, interleave)
+    else:
+        mode = recompute_label(want)
         mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, mode, interleave)
-        if mem <= cap:
-            break
     of, ob = stage_call_s(p.layer_costs, shape.device_type)  # the pipeline runtime, once per call
     fwd = n_layers * f1 + ef + of
-    bwd = n_layers * (g1 + cm.recompute_s(shape.device_type, shape.tp, b, mode)) + eg + ob
+    bwd = n_layers * (g1 + recompute_block_s(cm, shape, b, mode, n_layers)) + eg + ob
     # the gradient all-reduce, or with overlap_dp_allreduce what outlasts the stage's last backward
     # (one chunk's: bwd / interleave)
     grad = cm.dp_exposed_s(shape, n_layers, first, last, num_stages, bwd / interleave)
@@ -1014,6 +1094,11 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
             out.append(Violation("memory", f"stage {s.index} ({s.device_type}, recompute {s.recompute}): needs "
                                  f"{need / 2**30:.2f} GiB per device, capacity {cap / 2**30:.2f} GiB",
                                  {"stage": s.index, "need_bytes": need, "capacity_bytes": cap}))
+        k = int(s.recompute[5:]) if s.recompute.startswith("full:") else 0
+        if k > s.num_layers or k % v:
+            out.append(Violation("recompute", f"stage {s.index}: recompute {s.recompute}: K must be at most the "
+                                 f"stage's {s.num_layers} blocks and a multiple of the interleave {v}",
+                                 {"stage": s.index}))
         if problem.recompute != "auto" and s.recompute != problem.recompute:
             out.append(Violation("recompute", f"stage {s.index}: recompute {s.recompute}, the problem fixes "
                                  f"{problem.recompute}", {"stage": s.index}))

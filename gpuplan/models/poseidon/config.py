@@ -10,15 +10,16 @@ equal share of the layers (or `layers`, one count per stage).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, ValidationError
 
 from gpuplan.errors import InfeasibleError, InputError
 from gpuplan.io import digest, read_document
 from gpuplan.models.base import Schema, input_error_from
-from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, evaluate, make_plan)
+from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, evaluate, make_plan,
+                                     recompute_label)
 from gpuplan.models.plan import SolverInfo, Status
 
 _ALIASES = {"mb": "micro_batch", "mbs": "micro_batch", "micro_batch_size": "micro_batch", "vp": "interleave",
@@ -29,9 +30,14 @@ _ALIASES = {"mb": "micro_batch", "mbs": "micro_batch", "micro_batch_size": "micr
             "zero3": "fsdp", "fully_shard": "fsdp", "data_parallel_shard": "fsdp", "eager": "eager_kernels"}
 
 
+# "none", "selective", "full" or "full:K" (K of the stage's blocks fully recomputed), normalised
+RecomputeLabel = Annotated[str, AfterValidator(recompute_label)]
+
+
 class ParallelConfig(Schema):
     """tp x pp x dp devices of `device_type` (default: the cluster's first type), `micro_batch`
-    sequences per micro-batch, recomputation mode (one for every stage, or one per stage),
+    sequences per micro-batch, recomputation mode (one for every stage, or one per stage; "full:K":
+    K of the stage's blocks fully recomputed, Megatron's --recompute-method block),
     `interleave` chunks per stage; `layers` per stage (default equal); `sequence_parallel` /
     `flash_attention` / `overlap_dp_allreduce` (the DDP in use overlaps the gradient all-reduce with
     the backward: PyTorch DDP, Megatron's --overlap-grad-reduce) / `distributed_optimizer`
@@ -44,7 +50,7 @@ class ParallelConfig(Schema):
     pp: int = Field(default=1, ge=1)
     dp: int | None = Field(default=None, ge=1)
     micro_batch: int = Field(default=1, ge=1)
-    recompute: Literal["none", "selective", "full"] | list[Literal["none", "selective", "full"]] = "none"
+    recompute: RecomputeLabel | list[RecomputeLabel] = "none"
     interleave: int = Field(default=1, ge=1)
     layers: list[int] | None = None
     sequence_parallel: bool | None = None
@@ -107,7 +113,8 @@ def config_problem(problem: PoseidonProblem, config: ParallelConfig) -> Poseidon
     """Return `problem` with the config's execution assumptions (sequence parallelism, flash
     attention, data-parallel all-reduce overlap, distributed optimizer, FSDP, eager kernels, composite norm)
     and its recomputation mode fixed for every stage."""
-    update: dict[str, Any] = {"recompute": config.recompute if isinstance(config.recompute, str) else "auto"}
+    one = isinstance(config.recompute, str) and ":" not in config.recompute  # "full:K" is a stage's, not a problem's
+    update: dict[str, Any] = {"recompute": config.recompute if one else "auto"}
     for field in ("sequence_parallel", "flash_attention", "overlap_dp_allreduce", "distributed_optimizer", "fsdp",
                   "eager_kernels", "composite_norm"):
         if getattr(config, field) is not None:

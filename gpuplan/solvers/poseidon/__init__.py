@@ -26,9 +26,9 @@ import numpy as np
 from gpuplan.errors import InfeasibleError, SolverError
 from gpuplan.models.base import COUNT_LIMITS
 from gpuplan.models.plan import SolverInfo, Status
-from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, exchanges_s,
-                                     in_flight, iteration_time_fast, make_plan, p2p_s,
-                                     stage_memory, tp_fits)
+from gpuplan.models.poseidon import (CostModel, PoseidonPlan, PoseidonProblem, StageShape, auto_recompute,
+                                     exchanges_s, in_flight, iteration_time_fast, make_plan, p2p_s,
+                                     recompute_block_s, stage_memory, tp_fits)
 from gpuplan.models.poseidon.cost import RECOMPUTE_MODES, blocking_exchanges
 from gpuplan.option_rules import MAX_WORKERS, flag, integer, one_of
 from gpuplan.registry import Progress, register_solver
@@ -193,15 +193,24 @@ def _tail_s(cm: CostModel, sh: StageShape, n: int, first: bool, last: bool, S: i
 TAIL_CACHE = 1 << 20
 
 
-def _extra_at(cm: CostModel, caps: tuple[int, ...], extra: tuple[float, ...], nmax: int) -> list[float]:
-    """Return, per block count n in 0..nmax, the recomputation seconds one block's backward gains in a
-    stage with memory caps `caps` and gains `extra` per mode (the first mode whose cap holds n), cached
-    on the cost model."""
-    cache = cm.__dict__.setdefault("_extra_at", {})
-    key = (caps, extra, nmax)
+def _recompute_extra(cm: CostModel, sh: StageShape, b: int, index: int, S: int, m: int, v: int, n: int,
+                     none_cap: int) -> float:
+    """Return the recomputation seconds one block's backward gains, on average, in stage `index` of `S`
+    holding `n` blocks: `recompute_block_s` of the problem's mode, or under "auto" of `auto_recompute`'s
+    choice (none up to `none_cap` blocks, the most that fit without recomputation), exactly as
+    `stage_cost` computes it; cached on the cost model (at most TAIL_CACHE entries)."""
+    want = cm.p.recompute
+    if want != "auto":
+        return recompute_block_s(cm, sh, b, want, n)
+    if n <= none_cap:
+        return 0.0
+    cache = cm.__dict__.setdefault("_recompute_extra", {})
+    key = (sh, b, index == 0, index == S - 1, in_flight(cm.p.schedule, index, S, m, v), S == 1, v, n)
     out = cache.get(key)
     if out is None:
-        out = cache[key] = [next((x for k, x in zip(caps, extra) if n <= k), 0.0) for n in range(nmax + 1)]
+        if len(cache) >= TAIL_CACHE:
+            cache.clear()
+        out = cache[key] = recompute_block_s(cm, sh, b, auto_recompute(cm, sh, n, b, index, S, m, v)[0], n)
     return out  # type: ignore[no-any-return]
 
 
@@ -259,7 +268,6 @@ class Structure:
         self._xch: list[float] | None = None  # built on the first DAG walk (most structures are pruned before)
         self._vxch: list[float] | None = None
         self._rt_cache: list[tuple[list[float], float]] | None = None
-        self._extra_at: list[list[float]] | None = None
         self._balanced: tuple[float, list[int]] | None = None
 
     @property
@@ -717,10 +725,9 @@ class Structure:
             return INF
         v = self.v
         fwd = [n * f for n, f in zip(layers, self.f)]
-        if self._extra_at is None:  # per stage and layer count: the recomputation seconds per block
-            self._extra_at = [_extra_at(self.cm, caps, extra, nmax)
-                              for caps, extra, nmax in zip(self.caps, self.extra, self.nmax)]
-        bwd = [n * (g + ex[n]) for n, g, ex in zip(layers, self.g, self._extra_at)]
+        none_cap = [caps[0] if self.cm.p.recompute == "auto" else -1 for caps in self.caps]
+        bwd = [n * (g + _recompute_extra(self.cm, sh, b, s, self.S, self.m, v, n, k))
+               for s, (n, g, sh, b, k) in enumerate(zip(layers, self.g, self.shapes, self.b, none_cap))]
         tail = [self.tail(s, n) for s, n in enumerate(layers)]
         if self.cm.p.overlap_dp_allreduce:  # as stage_cost: what outlasts the last backward (one chunk's)
             tail = [t + self.cm.dp_overlap_extra_s(sh, n, s == 0, s == self.S - 1, self.S, (x + e) / v)
