@@ -268,6 +268,7 @@ class Structure:
         self._xch: list[float] | None = None  # built on the first DAG walk (most structures are pruned before)
         self._vxch: list[float] | None = None
         self._rt_cache: list[tuple[list[float], float]] | None = None
+        self._extra_at: list[list[float | None]] | None = None
         self._balanced: tuple[float, list[int]] | None = None
 
     @property
@@ -725,9 +726,15 @@ class Structure:
             return INF
         v = self.v
         fwd = [n * f for n, f in zip(layers, self.f)]
-        none_cap = [caps[0] if self.cm.p.recompute == "auto" else -1 for caps in self.caps]
-        bwd = [n * (g + _recompute_extra(self.cm, sh, b, s, self.S, self.m, v, n, k))
-               for s, (n, g, sh, b, k) in enumerate(zip(layers, self.g, self.shapes, self.b, none_cap))]
+        if self._extra_at is None:  # per stage and block count: the recomputation seconds per block
+            self._extra_at = [[None] * (nmax + 1) for nmax in self.nmax]
+        bwd = []
+        for s, (n, g, row) in enumerate(zip(layers, self.g, self._extra_at)):
+            x = row[n]
+            if x is None:
+                none_cap = self.caps[s][0] if self.cm.p.recompute == "auto" else -1
+                x = row[n] = _recompute_extra(self.cm, self.shapes[s], self.b[s], s, self.S, self.m, v, n, none_cap)
+            bwd.append(n * (g + x))
         tail = [self.tail(s, n) for s, n in enumerate(layers)]
         if self.cm.p.overlap_dp_allreduce:  # as stage_cost: what outlasts the last backward (one chunk's)
             tail = [t + self.cm.dp_overlap_extra_s(sh, n, s == 0, s == self.S - 1, self.S, (x + e) / v)
