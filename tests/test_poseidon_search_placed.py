@@ -54,7 +54,7 @@ def test_a_structure_from_the_placed_terms_equals_the_one_from_its_shapes(types,
     prob = problem(types, counts, layers, batch, model, schedule, block)
     for placed, order, v, s in placed_structures(prob):
         built = placed.structure(order, v)
-        for key in ("shapes", "m", "v", "b", "f", "g", "ef", "eg", "a", "a0", "caps", "extra", "nmax", "c", "e",
+        for key in ("shapes", "m", "v", "b", "f", "g", "ef", "eg", "a", "a0", "caps", "nmax", "c", "e",
                     "p2p", "vp2p"):
             assert getattr(built, key) == getattr(s, key), key
         if s.feasible():

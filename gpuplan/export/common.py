@@ -19,6 +19,7 @@ from typing import Any
 
 from gpuplan.errors import GpuplanError
 
+
 def recompute_strength(label: str) -> tuple[int, int]:
     """Return a key that orders recomputation labels by the memory they save: none < selective <
     "full:K" (by K, the blocks of a stage fully recomputed) < full."""

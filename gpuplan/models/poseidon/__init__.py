@@ -794,7 +794,7 @@ def auto_recompute(cm: CostModel, shape: StageShape, n_layers: int, b: int, inde
     if sel <= cap:
         options.append((recompute_block_s(cm, shape, b, "selective", n_layers), "selective", sel))
     if full <= cap:
-        # each block recomputed instead of kept saves (none - full) activations per micro-batch in flight
+        # the bytes each block recomputed instead of kept saves: (none - full + the one block's buffer) / n
         saving = (none - full + cm.activation_bytes(shape.tp, b, "none")) / n_layers
         k = n_layers if saving <= 0 else max(1, math.ceil((none + cm.activation_bytes(shape.tp, b, "none") - cap)
                                                            / saving))

@@ -128,11 +128,11 @@ class Stats:
 
 def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool, flight: float, index: int,
                  S: int, m: int, v: int = 1
-                 ) -> tuple[float, float, float, float, float, float, tuple[int, ...], tuple[float, ...]]:
-    """Return (f, g, ef, eg, a, a0, caps, extra) of a stage (see Structure), cached on the cost model:
-    caps[i] / extra[i] the most blocks that fit (a multiple of the interleave v) and the seconds one
-    block's backward gains under the i-th recomputation mode the problem allows, fastest first (auto:
-    none, selective, full)."""
+                 ) -> tuple[float, float, float, float, float, float, tuple[int, ...]]:
+    """Return (f, g, ef, eg, a, a0, caps) of a stage (see Structure), cached on the cost model: caps[i]
+    the most blocks that fit (a multiple of the interleave v) under the i-th recomputation mode the
+    problem allows (auto: none, selective, full; what recomputation adds at each block count is
+    `_recompute_extra`'s)."""
     key = (sh, b, first, last, flight, S == 1, v)
     cache = cm.__dict__.setdefault("_terms", {})
     if key not in cache:
@@ -141,15 +141,14 @@ def _stage_terms(cm: CostModel, sh: StageShape, b: int, first: bool, last: bool,
         a0 = cm.tail_s(sh, 0, first, last, S)
         cap = cm.dev(sh.device_type).memory_bytes * cm.p.memory_fraction
         modes = RECOMPUTE_MODES if cm.p.recompute == "auto" else (cm.p.recompute,)
-        caps, extra = [], []
+        caps = []
         for mode in modes:
             base = stage_memory(cm, sh, 0, b, index, S, m, mode, v)
             per = stage_memory(cm, sh, 1, b, index, S, m, mode, v) - base
             most = min(cm.p.model.num_layers, int((cap - base) // per)) if cap >= base + per else 0
             caps.append(most // v * v)
-            extra.append(cm.recompute_s(sh.device_type, sh.tp, b, mode))
         slope = _min_slope(cm, sh, first, last, S, a0)
-        cache[key] = (f, g, ef, eg, max(0.0, slope), a0, tuple(caps), tuple(extra))
+        cache[key] = (f, g, ef, eg, max(0.0, slope), a0, tuple(caps))
     return cache[key]
 
 
@@ -249,7 +248,7 @@ class Structure:
         if terms is None:
             terms = [_stage_terms(cm, sh, self.b[s], s == 0, s == S - 1, in_flight(cm.p.schedule, s, S, m, v), s,
                                   S, m, v) for s, sh in enumerate(shapes)]
-        self.f, self.g, self.ef, self.eg, self.a, self.a0, self.caps, self.extra = (list(x) for x in zip(*terms))
+        self.f, self.g, self.ef, self.eg, self.a, self.a0, self.caps = (list(x) for x in zip(*terms))
         self.nmax = [max(c) for c in self.caps]
         tied = self._tied = cm.tied_s(shapes)
         self._tails: dict[tuple[int, int], float] = {}
@@ -1597,7 +1596,7 @@ class _PlacedW1:
             if out is None:
                 m = self.m
                 out = self._gterms[gkey] = [(m * (f + g) + a, m * (ef + eg) + a0, max(caps), f + g, ef + eg, a, a0)
-                                            for f, g, ef, eg, a, a0, caps, _ in self._raw(j, start, v)]
+                                            for f, g, ef, eg, a, a0, caps in self._raw(j, start, v)]
             self._terms[key] = out
         return out
 
