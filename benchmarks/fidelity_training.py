@@ -118,10 +118,11 @@ def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
     """Return the printed lines of the Hopper fp8 runs (one per run, then a summary) and their ratios."""
     d, rows = doc["h100_defaults"], doc["h100_runs"]
     lines = [f"Hopper, fp8 (NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 on DGX H100; {d['dtype']}, distributed "
-             "optimizer (FSDP where the row says), flash attention, no recomputation but Bridge's LLAMA3-8B (5 of 32 blocks); TP "
-             "overlap (ov) as each row's recipe sets it); ratio = "
+             "optimizer (FSDP where the row says), flash attention, recomputation and TP overlap (ov) as each row's "
+             "recipe sets them); ratio = "
              "predicted / published tokens per second per GPU",
              f"{'source':<14}{'model':<13}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} ov "
+             f"{'recomp':<7}"
              f"{'published':>10}{'predicted':>10}{'ratio':>7}  within15%  MFU(fp8) mem/GPU"]
     ratios = []
     for row in rows:
@@ -131,7 +132,8 @@ def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
         mem = f"{r['need_GiB']:.0f}/{r['cap_GiB']:.0f} GiB" + ("" if r["need_GiB"] <= r["cap_GiB"] else " OVER")
         lines.append(f"{row['source']:<14}{row['name']:<13}{row['gpus']:>5} {row['tp']:>2} {row['pp']:>3} {r['dp']:>3} "
                      f"{row['micro_batch']:>3} {row['interleave']:>3} {row['seq_len']:>5} "
-                     f"{'y' if row.get('tp_comm_overlap') else 'n':>2} {row['published']:>10.0f}"
+                     f"{'y' if row.get('tp_comm_overlap') else 'n':>2} {row.get('recompute', d['recompute']):<7}"
+                     f"{row['published']:>10.0f}"
                      f"{r['predicted']:>10.0f}{r['ratio']:>7.2f}  {'yes' if ok else 'NO':<9}  {r['mfu'] * 100:5.1f}%  {mem}")
     inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
     lines.append(f"Hopper fp8 within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, "

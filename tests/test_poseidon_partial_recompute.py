@@ -10,8 +10,8 @@ import math
 import pytest
 
 import gpuplan
-from gpuplan.models.poseidon import (CostModel, StageShape, auto_recompute, recompute_label, recomputed_blocks,
-                                     stage_cost, stage_memory)
+from gpuplan.models.poseidon import (CostModel, StageShape, auto_recompute, partial_blocks, recompute_label,
+                                     recomputed_blocks, stage_cost, stage_memory)
 
 # llama2-13b on 40 GB A100s: 20 blocks per stage do not fit without recomputation at the first stage
 TIGHT = {"kind": "poseidon", "cluster": {"gpus": {"A100-40GB": 16}, "gpus_per_node": 8}, "model": "llama2-13b",
@@ -27,6 +27,7 @@ def _stage(problem):  # type: ignore[no-untyped-def]
                                          (True, "full"), (False, "none"), ("selective", "selective")])
 def test_labels(text: object, label: str) -> None:
     assert recompute_label(text) == label
+    assert partial_blocks(text) == (5 if label == "full:5" else 0)
 
 
 @pytest.mark.parametrize("bad", ["full:0", "full:-1", "full:x", "partial", "none:3", 3])

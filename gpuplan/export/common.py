@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan.errors import GpuplanError
+from gpuplan.models.poseidon import partial_blocks, recompute_mode
 
 
 def recompute_strength(label: str) -> tuple[int, int]:
     """Return a key that orders recomputation labels by the memory they save: none < selective <
     "full:K" (by K, the blocks of a stage fully recomputed) < full."""
-    if label.startswith("full:"):
-        return 2, int(label[5:])
-    return {"none": 0, "selective": 1, "full": 3}[label], 0
+    k = partial_blocks(label)
+    return (2, k) if k else ({"none": 0, "selective": 1, "full": 3}[recompute_mode(label)], 0)
 
 
 class ExportRefused(GpuplanError):

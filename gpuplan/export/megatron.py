@@ -33,6 +33,7 @@ from gpuplan.export import launcher
 from gpuplan.export.common import (ExportRefused, Launch, TrainingJob, check_seq_len, model_max_seq_len, node_launch,
                                    training_job)
 from gpuplan.io import atomic_write_text, make_output_dir
+from gpuplan.models.poseidon import partial_blocks
 
 ARGS_FILE = "megatron.args"
 # A short run to time the plan: 20 iterations, each logged (Megatron-LM prints "elapsed time per
@@ -85,8 +86,8 @@ def job_args(job: TrainingJob) -> list[str]:
             args.append("--tp-comm-overlap")
     if job.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    elif job.recompute.startswith("full:"):  # K of each stage's blocks: Megatron counts them per model chunk
-        per_chunk = max(1, int(job.recompute[5:]) // max(1, job.interleave))
+    elif partial_blocks(job.recompute):  # K of each stage's blocks: Megatron counts them per model chunk
+        per_chunk = max(1, partial_blocks(job.recompute) // job.interleave)
         args += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                  str(per_chunk)]
     elif job.recompute == "selective":

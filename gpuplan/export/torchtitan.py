@@ -46,6 +46,7 @@ from gpuplan.export.common import (ExportRefused, Launch, TrainingJob, check_seq
                                    training_job)
 from gpuplan.export.launcher import RUN_SCRIPT, train_tail
 from gpuplan.io import atomic_write_text, make_output_dir
+from gpuplan.models.poseidon import partial_blocks
 
 SCHEDULE_CSV = "pp_schedule.csv"
 ARGS_FILE = "torchtitan.args"
@@ -204,7 +205,7 @@ def titan_checkpointing(recompute: str) -> str:
     its backward anyway. torchtitan's own "selective" recomputes every other matmul and the element-wise
     ops of each block: slower than the plan predicts (`SELECTIVE_NOTE`). The plan's "full:K" (K of a
     stage's blocks) as "full": torchtitan's config has no count of blocks (`PARTIAL_NOTE`)."""
-    if recompute.startswith("full:"):
+    if partial_blocks(recompute):
         return "full"
     return "none" if recompute == "selective" else recompute
 
@@ -299,8 +300,8 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
     _check_config(job, module, function, notes)
     if job.recompute == "selective":
         notes.append(SELECTIVE_NOTE)
-    if job.recompute.startswith("full:"):
-        notes.append(PARTIAL_NOTE.format(k=job.recompute[5:]))
+    if partial_blocks(job.recompute):
+        notes.append(PARTIAL_NOTE.format(k=partial_blocks(job.recompute)))
     if job.tp_comm_overlap and job.tp > 1:
         notes.append("the plan's times hide the TP collectives beside their GEMMs (Transformer Engine's userbuffers, "
                      "the problem's tp_comm_overlap); torchtitan runs them exposed unless its async tensor "

@@ -280,16 +280,20 @@ def recompute_mode(value: Any) -> str:
     return recompute_label(value).partition(":")[0]
 
 
+def partial_blocks(value: Any) -> int:
+    """Return K of a partial recomputation "full:K" (the stage's blocks fully recomputed), 0 for any other
+    mode."""
+    head, _, count = recompute_label(value).partition(":")
+    return int(count) if count else 0
+
+
 def recomputed_blocks(value: Any, n_layers: int) -> int:
     """Return how many of a stage's `n_layers` blocks re-run their forward in the backward under
     recomputation `value`: all under "full", min(K, n_layers) under "full:K", none otherwise (selective
     re-runs only the attention core of every block)."""
-    label = recompute_label(value)
-    if label == "full":
+    if recompute_label(value) == "full":
         return n_layers
-    if label.startswith("full:"):
-        return min(int(label[5:]), n_layers)
-    return 0
+    return min(partial_blocks(value), n_layers)
 
 
 class CostModel:
@@ -1094,7 +1098,7 @@ def check(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Violation]:
             out.append(Violation("memory", f"stage {s.index} ({s.device_type}, recompute {s.recompute}): needs "
                                  f"{need / 2**30:.2f} GiB per device, capacity {cap / 2**30:.2f} GiB",
                                  {"stage": s.index, "need_bytes": need, "capacity_bytes": cap}))
-        k = int(s.recompute[5:]) if s.recompute.startswith("full:") else 0
+        k = partial_blocks(s.recompute)
         if k > s.num_layers or k % v:
             out.append(Violation("recompute", f"stage {s.index}: recompute {s.recompute}: K must be at most the "
                                  f"stage's {s.num_layers} blocks and a multiple of the interleave {v}",
