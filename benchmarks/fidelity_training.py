@@ -4,8 +4,9 @@ Each row of benchmarks/data/published_training_runs.yaml (source, model shape, G
 micro-batch, recomputation, interleaving, sequence parallelism, global batch, the published figure)
 is evaluated as a FIXED configuration through the public API (`gpuplan.evaluate_config`) on a
 DGX A100 cluster of the stated size; nothing is fitted to these numbers. The h100_runs of the same
-file (NeMo 24.07 on DGX H100: fp8, distributed optimizer) are evaluated the same way and printed after
-them, as predicted / published tokens per second per GPU.
+file (NeMo 24.07 and Megatron-Bridge on DGX H100: fp8, distributed optimizer), its blackwell_runs
+(Megatron-Bridge on DGX B200 and GB200 NVL72) and torchtitan's FSDP2 runs are evaluated the same way
+and printed after them, as predicted / published tokens per second per GPU.
 
 ratio = predicted throughput / published throughput (>1: the model is too fast). For rows
 published in teraFLOP/s per GPU the predicted figure uses the paper's own FLOP count (Narayanan et
@@ -40,9 +41,10 @@ def narayanan_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) 
 
 
 def cluster_of(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
-    """Return the cluster document of one published run: its GPUs of the defaults' type in nodes of
-    gpus_per_node, nics_per_node NICs of nic_Gbps each."""
-    return {"gpus": {d["gpu"]: row["gpus"]}, "gpus_per_node": d["gpus_per_node"],
+    """Return the cluster document of one published run: its GPUs of the row's type (else the defaults')
+    in nodes of gpus_per_node, nics_per_node NICs of nic_Gbps each (the row's figure before the defaults')."""
+    return {"gpus": {row.get("gpu", d["gpu"]): row["gpus"]},
+            "gpus_per_node": row.get("gpus_per_node", d["gpus_per_node"]),
             "inter_node": {"bandwidth_GBps": f"{d['nic_Gbps']} Gbps", "latency_s": "5 us",
                            "nics_per_node": d["nics_per_node"]}}
 
@@ -111,17 +113,21 @@ def evaluate_h100_row(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     tokens = row["global_batch"] * row["seq_len"] / t / row["gpus"]
     return {"dp": dp, "t": t, "predicted": tokens, "ratio": tokens / row["published"], "mfu": plan.predicted["mfu"],
             "need_GiB": max(s.memory_bytes for s in plan.stages) / 2**30,
-            "cap_GiB": problem.cluster.type_of(d["gpu"]).memory_bytes / 2**30, "m": plan.num_microbatches}
+            "cap_GiB": problem.cluster.type_of(row.get("gpu", d["gpu"])).memory_bytes / 2**30, "m": plan.num_microbatches}
 
 
-def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
-    """Return the printed lines of the Hopper fp8 runs (one per run, then a summary) and their ratios."""
-    d, rows = doc["h100_defaults"], doc["h100_runs"]
-    lines = [f"Hopper, fp8 (NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 on DGX H100; {d['dtype']}, distributed "
+def h100_lines(doc: dict[str, Any], runs: str = "h100_runs") -> tuple[list[str], list[float]]:
+    """Return the printed lines of the fp8 runs listed under `runs` (h100_runs: Hopper; blackwell_runs:
+    B200 and GB200; one line per run, then a summary) and their ratios."""
+    d, rows = doc["h100_defaults"], doc[runs]
+    hopper = runs == "h100_runs"
+    title = ("Hopper, fp8 (NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 on DGX H100" if hopper else
+             "Blackwell, fp8 (Megatron-Bridge 25.09 / 25.11 on DGX B200 and GB200 NVL72")
+    lines = [f"{title}; {d['dtype']}, distributed "
              "optimizer (FSDP where the row says), flash attention, recomputation and TP overlap (ov) as each row's "
              "recipe sets them); ratio = "
              "predicted / published tokens per second per GPU",
-             f"{'source':<14}{'model':<13}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} ov "
+             f"{'source':<14}{'model':<13}{'GPU':<6}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} ov "
              f"{'recomp':<7}"
              f"{'published':>10}{'predicted':>10}{'ratio':>7}  within15%  MFU(fp8) mem/GPU"]
     ratios = []
@@ -130,14 +136,15 @@ def h100_lines(doc: dict[str, Any]) -> tuple[list[str], list[float]]:
         ratios.append(r["ratio"])
         ok = abs(r["ratio"] - 1.0) <= TOLERANCE
         mem = f"{r['need_GiB']:.0f}/{r['cap_GiB']:.0f} GiB" + ("" if r["need_GiB"] <= r["cap_GiB"] else " OVER")
-        lines.append(f"{row['source']:<14}{row['name']:<13}{row['gpus']:>5} {row['tp']:>2} {row['pp']:>3} {r['dp']:>3} "
+        lines.append(f"{row['source']:<14}{row['name']:<13}{row.get('gpu', d['gpu']):<6}{row['gpus']:>5} {row['tp']:>2} "
+                     f"{row['pp']:>3} {r['dp']:>3} "
                      f"{row['micro_batch']:>3} {row['interleave']:>3} {row['seq_len']:>5} "
                      f"{'y' if row.get('tp_comm_overlap') else 'n':>2} {row.get('recompute', d['recompute']):<7}"
                      f"{row['published']:>10.0f}"
                      f"{r['predicted']:>10.0f}{r['ratio']:>7.2f}  {'yes' if ok else 'NO':<9}  {r['mfu'] * 100:5.1f}%  {mem}")
     inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
-    lines.append(f"Hopper fp8 within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, "
-                 f"geometric mean {_gmean(ratios):.3f}")
+    lines.append(f"{'Hopper' if hopper else 'Blackwell'} fp8 within 15%: {inside}/{len(ratios)}; ratio min "
+                 f"{min(ratios):.2f}, max {max(ratios):.2f}, geometric mean {_gmean(ratios):.3f}")
     return lines, ratios
 
 
@@ -241,9 +248,11 @@ def section_a() -> list[str]:
                  f"geometric mean {_gmean(ratios):.3f}")
     hopper, hopper_ratios = h100_lines(doc)
     lines += hopper
+    blackwell, blackwell_ratios = h100_lines(doc, "blackwell_runs")
+    lines += blackwell
     titan, titan_ratios = titan_lines(doc)
     lines += titan
-    every = ratios + hopper_ratios + titan_ratios
+    every = ratios + hopper_ratios + blackwell_ratios + titan_ratios
     lines.append(f"all sources: within 15% on {sum(abs(x - 1.0) <= TOLERANCE for x in every)}/{len(every)} runs")
     lines += compile_lines(doc)
     lines += pair_lines(doc)

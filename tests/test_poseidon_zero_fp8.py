@@ -145,6 +145,44 @@ def test_fp8_runs_only_the_linear_gemms_in_fp8() -> None:
     assert C.gemm_ceiling(dev, "bf16") == pytest.approx(708.5 / 989.4)
 
 
+@pytest.mark.parametrize("gpu, split", [("H100", True), ("L40S", True), ("B200", False), ("GB200", False)])
+def test_fp8_gradient_gemms_promote_their_accumulator_only_before_blackwell(gpu: str, split: bool) -> None:
+    """Ada and Hopper accumulate fp8 products in about 22 bits, so Transformer Engine's gradient GEMMs
+    promote to fp32 (split accumulation, 1.15x); Blackwell's fp8 MMA accumulates in fp32 and cuBLASLt has
+    no fast-accumulation mode for it: its gradient GEMMs run at the forward GEMMs' rate."""
+    cm8 = P.CostModel(problem(dtype="fp8", gpu=gpu))
+    dev = cm8.dev(gpu)
+    ops = {o.name: o for o in C.layer_ops(cm8.cfg, dev, "fp8", 2, 2, 2048, cm8.opts, lambda op, s: 0.0)}
+    T, h = 2 * 2048, cm8.cfg.hidden
+    qkv = (cm8.cfg.heads + 2 * cm8.cfg.kv) * cm8.cfg.dhead // 2
+    wgrad = C.gemm_s(dev, "fp8", qkv, h, T, out_bytes=C.MAIN_GRAD_BYTES)
+    dgrad = C.gemm_s(dev, "fp8", T, h, qkv, out_bytes=2)
+    factor = C.FP8_SPLIT_ACCUMULATION if split else 1.0
+    assert ops["QKV GEMM"].backward_s == pytest.approx(
+        factor * (dgrad + wgrad) + C.memory_s(dev, T * qkv * C.FP8_CAST_BYTES), rel=1e-12)
+
+
+def test_blackwell_ceilings_are_b200s_sustained_rates() -> None:
+    """mamf-finder's MSMF on B200 SXM (994 W at 1339 MHz): bf16 1456.3 of 2250, fp8 2795.7 of 4500; B300,
+    GB200 and GB300 take Blackwell's fraction of their own datasheet peak."""
+    from gpuplan.models.cluster import device_type
+
+    for gpu in ("B200", "B300", "GB200", "GB300"):
+        dev = device_type(gpu)
+        assert C.gemm_ceiling(dev, "bf16") == pytest.approx(1456.3 / 2250)
+        assert C.gemm_ceiling(dev, "fp8") == pytest.approx(2795.7 / 4500)
+    assert C.wave_efficiency(device_type("B200"), 148 * 128, 256) == pytest.approx(1.0)  # one full wave of 148 SMs
+
+
+def test_a_blackwell_cluster_solves_and_passes_check() -> None:
+    prob = problem(gpus=16, gpu="B200", dtype="fp8", distributed_optimizer=True, max_stages=2)
+    plan = api.solve(prob, solver="poseidon", time_limit_s=20)
+    assert plan.ok and api.check(prob, plan) == []
+    h100 = api.solve(problem(gpus=16, gpu="H100", dtype="fp8", distributed_optimizer=True, max_stages=2),
+                     solver="poseidon", time_limit_s=20)
+    assert plan.iteration_time_s < h100.iteration_time_s
+
+
 def test_fp8_memory_keeps_bf16_weights_fp8_copies_and_fp8_linear_inputs() -> None:
     cm8, cm16 = P.CostModel(problem(dtype="fp8")), P.CostModel(problem(dtype="bf16"))
     assert cm8.wbytes == cm16.wbytes == 2 and storage_dtype("fp8") == "bf16"
@@ -224,8 +262,8 @@ def test_every_published_hopper_configuration_fits_the_models_memory(fidelity_tr
 
     F = fidelity_training
     doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
-    assert len(doc["h100_runs"]) == 10
-    for row in doc["h100_runs"]:
+    assert len(doc["h100_runs"]) == 10 and len(doc["blackwell_runs"]) == 4
+    for row in doc["h100_runs"] + doc["blackwell_runs"]:
         r = F.evaluate_h100_row(row, doc["h100_defaults"])
         assert r["need_GiB"] <= r["cap_GiB"], row["name"]
         assert 0.5 < r["ratio"] < 2.0, row["name"]

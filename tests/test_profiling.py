@@ -120,6 +120,7 @@ def test_to_profiles_computes_algbw_busbw_and_fit() -> None:
     ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"),
     ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("Tesla V100-SXM2-32GB", "V100-32GB"), ("NVIDIA H200", "H200"),
     ("NVIDIA GeForce RTX 4090", "RTX4090"), ("NVIDIA H100 PCIe", "H100-PCIe"), ("Tesla T4", "T4"),
+    ("NVIDIA B200", "B200"), ("NVIDIA GB200", "GB200"), ("NVIDIA B300 SXM6 AC", "B300"),
     ("Some Accelerator 9000", None)])
 def test_catalog_match(torch_name: str, expected: str | None) -> None:
     assert catalog_match(torch_name) == expected

@@ -6,8 +6,10 @@ A dtype a GPU has no tensor cores (or no native arithmetic) for is listed at the
 runs at: bf16 on Kepler, Pascal, Volta and Turing is computed in fp32 units, so it gets the fp32
 rate; fp16 on Kepler likewise.
 `intra_node_GBps` is the per-GPU unidirectional line rate to peers in the same node (NVLink
-links x 25 GB/s where the usual server has NVLink, PCIe otherwise); `nvlinks` is the number of
-NVLink links per GPU (0: PCIe only); `arch` is the GPU architecture (NCCL tunes per architecture).
+links x 25 GB/s, 50 GB/s from NVLink 5 (Blackwell), where the usual server has NVLink, PCIe
+otherwise); `nvlinks` is the number of NVLink links per GPU (0: PCIe only); `arch` is the GPU
+architecture (NCCL tunes per architecture). `catalog_chip` gives each type's streaming
+multiprocessors and L2 cache (the GEMM tile model and Lagom's contention model read them).
 """
 
 from __future__ import annotations
@@ -58,12 +60,42 @@ _SPECS: dict[str, tuple[float, float, dict[str, float], float, float | None, str
     # bidirectional to other GPUs (450 per direction).
     "GH200": (96, 4000, {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9}, 450, None,
               "hopper", 18),
+    # Blackwell, dense figures (half the datasheets' sparse ones), per GPU. B200 (DGX B200 datasheet: 8 GPUs,
+    # 1,440 GB HBM3e at 64 TB/s, fp8 72 PFLOP/s sparse): 180 GB, 8 TB/s, 80 fp32, 1125 tf32, 2250
+    # fp16/bf16, 4500 fp8; NVLink 5: 18 links x 50 GB/s = 900 GB/s per direction (1.8 TB/s per GPU).
+    "B200": (180, 8000, {"fp32": 80.0, "tf32": 1125.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0}, 900, None,
+             "blackwell", 18),
+    # B300 (Blackwell Ultra; DGX B300 datasheet): B200's dense fp16/bf16/fp8 rates, 288 GB HBM3e at 8 TB/s.
+    "B300": (288, 8000, {"fp32": 80.0, "tf32": 1125.0, "fp16": 2250.0, "bf16": 2250.0, "fp8": 4500.0}, 900, None,
+             "blackwell", 18),
+    # GB200 (GB200 NVL72 specifications, per Blackwell GPU of the superchip): 2500 fp16/bf16, 5000 fp8,
+    # 1250 tf32, 186 GB HBM3e at 8 TB/s; NVLink 5 to all 72 GPUs of the rack, 900 GB/s per direction.
+    "GB200": (186, 8000, {"fp32": 80.0, "tf32": 1250.0, "fp16": 2500.0, "bf16": 2500.0, "fp8": 5000.0}, 900,
+              None, "blackwell", 18),
+    # GB300 (GB300 NVL72 specifications): GB200's dense fp16/bf16/fp8 rates, 288 GB HBM3e at 8 TB/s.
+    "GB300": (288, 8000, {"fp32": 80.0, "tf32": 1250.0, "fp16": 2500.0, "bf16": 2500.0, "fp8": 5000.0}, 900,
+              None, "blackwell", 18),
+}
+
+# Streaming multiprocessors and L2 bytes per type (vendor whitepapers / datasheets; Blackwell: 148 SMs,
+# what a B200 reports as its multiprocessor count (NVIDIA's datasheets do not state it; taken for every
+# Blackwell type here), 126 MB L2 (GB200's, per GPU)).
+_CHIP: dict[str, tuple[int, int]] = {
+    "K80": (13, int(1.5 * 2**20)),       # one GK210 die: 13 SMX, 1.5 MiB L2
+    "P100": (56, 4 * 2**20), "V100": (80, 6 * 2**20), "V100-32GB": (80, 6 * 2**20), "T4": (40, 4 * 2**20),
+    "A10": (72, 6 * 2**20), "L4": (58, 48 * 2**20), "RTX4090": (128, 72 * 2**20), "L40S": (142, 96 * 2**20),
+    "A100-40GB": (108, 40 * 2**20), "A100-80GB": (108, 40 * 2**20), "H100": (132, 50 * 2**20),
+    "H100-PCIe": (114, 50 * 2**20), "H200": (132, 50 * 2**20),
+    "GH200": (132, 50 * 2**20),          # the H100 SXM configuration of GH100
+    "B200": (148, 126 * 10**6), "B300": (148, 126 * 10**6), "GB200": (148, 126 * 10**6),
+    "GB300": (148, 126 * 10**6),
 }
 
 ALIASES: dict[str, str] = {
     "A100": "A100-80GB", "A100-40G": "A100-40GB", "A100-80G": "A100-80GB", "A100_40GB": "A100-40GB",
     "A100_80GB": "A100-80GB", "V100-16GB": "V100", "V100_32GB": "V100-32GB", "RTX-4090": "RTX4090",
     "4090": "RTX4090", "H100-SXM": "H100", "H100-80GB": "H100", "H200-SXM": "H200", "GH200-96GB": "GH200",
+    "B200-SXM": "B200", "HGX-B200": "B200", "B300-SXM": "B300", "HGX-B300": "B300",
 }
 
 _UPPER: dict[str, str] = {k.upper(): k for k in _SPECS}
@@ -86,6 +118,13 @@ def canonical_name(name: str) -> str | None:
     """Return the catalog's spelling of a GPU type name, or None when it is not in the catalog."""
     n = name.strip().upper()
     return _UPPER.get(n) or _ALIAS_UPPER.get(n)
+
+
+def catalog_chip(name: str) -> tuple[int, int] | None:
+    """Return (streaming multiprocessors, L2 bytes) of catalog GPU type `name` (aliases allowed), or
+    None when it is not in the catalog."""
+    key = canonical_name(name)
+    return _CHIP[key] if key is not None else None
 
 
 def catalog_names() -> list[str]:

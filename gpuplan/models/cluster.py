@@ -96,7 +96,7 @@ class Link(Schema):
 
     bandwidth_GBps: GBps = Field(gt=0)
     latency_s: Seconds = Field(default=5e-6, ge=0)
-    nics_per_node: int = Field(default=1, ge=1, le=64)
+    nics_per_node: int = Field(default=1, ge=1, le=128)
 
     def transfer_s(self, size_bytes: float) -> float:
         """Return the time in seconds to move `size_bytes` over this link (alpha + size/beta)."""
@@ -109,7 +109,7 @@ class Node(Schema):
     name: str
     gpus: dict[str, int]
     intra_link: Link | None = None
-    nics: int | None = Field(default=None, ge=1, le=64)
+    nics: int | None = Field(default=None, ge=1, le=128)
 
     @field_validator("gpus")
     @classmethod
@@ -148,6 +148,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     # DGX H100: eight ConnectX-7 400 Gb/s compute NICs per node (DGX H100 user guide).
     "dgx-h100x2": {"nodes": [{"name": f"h{i}", "gpus": {"H100": 8}} for i in range(2)],
                    "inter_node": {"bandwidth_GBps": "400 Gbps", "latency_s": "5 us", "nics_per_node": 8}},
+    # DGX B200: eight ConnectX-7 400 Gb/s compute NICs per node (DGX B200 datasheet).
+    "dgx-b200x2": {"nodes": [{"name": f"b{i}", "gpus": {"B200": 8}} for i in range(2)],
+                   "inter_node": {"bandwidth_GBps": "400 Gbps", "latency_s": "5 us", "nics_per_node": 8}},
+    # GB200 NVL72 racks: each one NVLink domain of 72 GPUs (18 compute trays of 4, NVLink 5 switches between all of
+    # them, as NCCL's multi-node NVLink sees it: one node), one ConnectX-7 400 Gb/s NIC per GPU (four per
+    # tray; GB200 NVL72 specifications).
+    "gb200-nvl72x2": {"nodes": [{"name": f"nvl72-{i}", "gpus": {"GB200": 72}} for i in range(2)],
+                    "inter_node": {"bandwidth_GBps": "400 Gbps", "latency_s": "5 us", "nics_per_node": 72}},
     "gavel-36": {"gpus": {"V100": 36, "P100": 36, "K80": 36}, "gpus_per_node": 4},
     "mixed-a100-v100-t4": {"nodes": [{"name": "a0", "gpus": {"A100-80GB": 8}},
                                      {"name": "v0", "gpus": {"V100": 8}},

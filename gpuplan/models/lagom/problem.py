@@ -13,7 +13,7 @@ from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
 from gpuplan.models import nccl_tuning
 from gpuplan.models.base import Problem, Schema, coerced_bool, document_path, field_path
-from gpuplan.models.catalog import canonical_name, catalog_entry
+from gpuplan.models.catalog import canonical_name, catalog_chip, catalog_entry, catalog_names
 from gpuplan.models.lagom import cost
 from gpuplan.models.lagom.compiled import Compiled
 from gpuplan.models.lagom.cost import Consts
@@ -22,17 +22,9 @@ from gpuplan.models.profile import bus_factor
 from gpuplan.models.workload import model_config
 from gpuplan.units import GBps, Bytes, Seconds
 
-# SM count, L2 bytes, architecture, per GPU type (vendor datasheets); the rest comes from the catalog.
-# Every catalog GPU has an entry (a test holds it): a missing one fell back to an Ampere with 100 SMs.
+# SM count, L2 bytes, architecture, per catalog GPU type (the catalog's figures, `catalog_chip`).
 GPU_EXTRA: dict[str, tuple[int, float, str]] = {
-    "K80": (13, 1.5 * 2**20, "kepler"),      # one GK210 die: 13 SMX, 1.5 MiB L2
-    "P100": (56, 4 * 2**20, "pascal"),       # GP100 SXM2: 56 SMs, 4 MiB L2
-    "GH200": (132, 50 * 2**20, "hopper"),    # the H100 SXM configuration of GH100
-    "V100": (80, 6 * 2**20, "volta"), "V100-32GB": (80, 6 * 2**20, "volta"), "T4": (40, 4 * 2**20, "turing"),
-    "A10": (72, 6 * 2**20, "ampere"), "A100-40GB": (108, 40 * 2**20, "ampere"),
-    "A100-80GB": (108, 40 * 2**20, "ampere"), "L4": (58, 48 * 2**20, "ada"), "L40S": (142, 96 * 2**20, "ada"),
-    "RTX4090": (128, 72 * 2**20, "ada"), "H100": (132, 50 * 2**20, "hopper"),
-    "H100-PCIe": (114, 50 * 2**20, "hopper"), "H200": (132, 50 * 2**20, "hopper"),
+    name: (*catalog_chip(name), str(catalog_entry(name)["arch"])) for name in catalog_names()  # type: ignore[index]
 }
 
 
@@ -96,7 +88,7 @@ class Group(Schema):
     intra: Literal["nvlink", "pcie"] = "nvlink"
     intra_GBps: GBps | None = Field(default=None, gt=0)
     inter_GBps: GBps | None = Field(default=None, gt=0)
-    nics: int = Field(default=1, ge=1, le=64, description="NICs (rails) per node, each of inter_GBps")
+    nics: int = Field(default=1, ge=1, le=128, description="NICs (rails) per node, each of inter_GBps")
     inter_latency_s: Seconds = Field(default=0.0, ge=0)
     channels: int | None = Field(default=None, ge=1, le=cost.MAX_CHANNELS)
     nvls: bool | None = None
@@ -219,7 +211,7 @@ class FromModel(Schema):
     fsdp: bool = False
     intra: Literal["nvlink", "pcie"] = "nvlink"
     inter_GBps: GBps | None = Field(default=None, gt=0)
-    nics: int = Field(default=1, ge=1, le=64, description="NICs (rails) per node, each of inter_GBps")
+    nics: int = Field(default=1, ge=1, le=128, description="NICs (rails) per node, each of inter_GBps")
     nvls: bool | None = None
 
     @model_validator(mode="after")

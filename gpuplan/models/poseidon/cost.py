@@ -31,7 +31,7 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   linear layers' GEMMs of a block (forward, input gradient, weight gradient) run on fp8 tensor cores
   with 1-byte operands and 16-bit outputs (the weight gradient into fp32 main gradients), at the
   type's fp8 ceiling (`FP8_CEILING`), the two gradient GEMMs slower by `FP8_SPLIT_ACCUMULATION`
-  (they accumulate with fp32 promotion); each linear's input (forward) and output gradient (backward)
+  on Ada and Hopper (they accumulate with fp32 promotion; Blackwell accumulates in fp32); each linear's input (forward) and output gradient (backward)
   pass through a cast-transpose kernel that reads them in bf16 and writes the fp8 copy and its
   transpose (`FP8_CAST_BYTES` per element). Attention, element-wise ops, the embedding and the
   output head stay in bf16 (`storage_dtype`).
@@ -53,6 +53,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
+from gpuplan.models.catalog import catalog_chip
 from gpuplan.models.cluster import DeviceType
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, storage_dtype
 
@@ -75,14 +76,20 @@ HBM_FRACTION = 0.9
 # taken, else the achievable one (MAMF: a short burst at the boost clock). Hopper SXM: H200 SXM's
 # MSMF, 708.5/989.4 (693 W at 1465 MHz, torch 2.13 / CUDA 13.0; its MAMF is 841.9): the same GH100 die,
 # SMs, clocks and 700 W limit as H100 SXM (the table lists H100 SXM's MAMF, 794.5, as "H200 is the
-# same"). Ampere and GH200 (900 W) have no sustained figure: their MAMF, A100 SXM 267.9/312 (CUDA 12.1),
-# A100 PCIe 256.4/312, GH200 821.0/989. Types without a measurement use their architecture's figure,
-# else DEFAULT_CEILING.
+# same"). Blackwell: B200 SXM's MSMF, 1456.3/2250 (994 W at 1339 MHz; its MAMF is 1770.9 at 1965 MHz);
+# B300 is "the same as B200" in the table. GB200 and GB300 (1200 and 1400 W) have no sustained figure
+# and take Blackwell's: their higher power limit lets the clock settle somewhat higher, which this
+# does not credit, while GB200's burst MAMF (1822/2500) would credit the boost clock no training step
+# holds. Ampere and GH200 (900 W) have no sustained figure: their MAMF, A100 SXM 267.9/312 (CUDA
+# 12.1), A100 PCIe 256.4/312, GH200 821.0/989. Types without a measurement use their architecture's
+# figure, else DEFAULT_CEILING.
 HOPPER_SUSTAINED = 708.5 / 989.4
+BLACKWELL_SUSTAINED = 1456.3 / 2250
 GEMM_CEILING: dict[str, float] = {"A100-80GB": 267.9 / 312, "A100-40GB": 267.9 / 312,
                                   "H100": HOPPER_SUSTAINED, "H200": HOPPER_SUSTAINED, "GH200": 821.0 / 989,
                                   "H100-PCIe": 256.4 / 312}
-ARCH_CEILING: dict[str, float] = {"ampere": 267.9 / 312, "hopper": HOPPER_SUSTAINED}
+ARCH_CEILING: dict[str, float] = {"ampere": 267.9 / 312, "hopper": HOPPER_SUSTAINED,
+                                  "blackwell": BLACKWELL_SUSTAINED}
 DEFAULT_CEILING = 0.8
 
 # The sustained over the burst rate of Hopper's tensor cores at bf16, from the same measurement (H200
@@ -92,16 +99,20 @@ HOPPER_SUSTAINED_OVER_BURST = 708.5 / 841.9
 
 # Largest-GEMM ceiling of fp8 (float8_e4m3fn) GEMMs per architecture, over the dense fp8 datasheet peak,
 # from the same table and rule as GEMM_CEILING: Hopper, H200 SXM's MSMF 1288.7/1978.9 (693 W at 1374
-# MHz; its MAMF is 1491.9, H100 SXM's 1402.6). Architectures without an fp8 measurement use their bf16
-# ceiling.
-FP8_CEILING: dict[str, float] = {"hopper": 1288.7 / 1978.9}
+# MHz; its MAMF is 1491.9, H100 SXM's 1402.6); Blackwell, B200 SXM's MSMF 2795.7/4500 (990 W at 1331
+# MHz; its MAMF is 3435.2). Architectures without an fp8 measurement use their bf16 ceiling.
+FP8_CEILING: dict[str, float] = {"hopper": 1288.7 / 1978.9, "blackwell": 2795.7 / 4500}
 
 # Slowdown of fp8 GEMMs that accumulate with promotion to fp32 ("split accumulator", cuBLASLt's
 # CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0) against fast accumulation: Transformer Engine's recipe runs the
 # forward GEMM with fast accumulation and the input- and weight-gradient GEMMs split (as torchao's
 # float8 training does); torchao users measure fast accumulation 1.1-1.2x faster (pytorch/ao issue
-# 2377): the middle, 1.15, is taken.
+# 2377): the middle, 1.15, is taken. It applies where the tensor cores' fp8 accumulator is narrower
+# than fp32 and the kernels promote it (`SPLIT_ACCUMULATION_ARCHS`: Ada and Hopper, whose fp8 MMA
+# accumulates in about 22 bits); Blackwell's fp8 MMA accumulates in fp32 and cuBLASLt has no fast
+# accumulation mode for it (Transformer Engine pull request 2748: "there is no fastAccuMode for sm100").
 FP8_SPLIT_ACCUMULATION = 1.15
+SPLIT_ACCUMULATION_ARCHS: tuple[str, ...] = ("ada", "hopper")
 
 # Fused (flash) attention on Hopper as measured: cuDNN's kernel, which Transformer Engine prefers on
 # Hopper, in bf16 with head dim 128 on an H100 80GB SXM5 (Shah et al., "FlashAttention-3", 2024,
@@ -123,10 +134,7 @@ FLASH_HOPPER_PEAK = 989.4
 # the transposed fp8 copy the weight gradient reads (1). First principles.
 FP8_CAST_BYTES = 4.0
 
-# Streaming multiprocessors per catalog type (vendor whitepapers / datasheets).
-SM_COUNT: dict[str, int] = {"K80": 13, "P100": 56, "V100": 80, "V100-32GB": 80, "T4": 40, "A10": 72, "L4": 58,
-                            "RTX4090": 128, "L40S": 142, "A100-40GB": 108, "A100-80GB": 108, "H100": 132,
-                            "H100-PCIe": 114, "H200": 132, "GH200": 132}
+# Streaming multiprocessors of a type outside the catalog (the catalog's types: `catalog_chip`).
 DEFAULT_SMS = 108
 
 # Architectures whose GEMM kernels overlap a tile's epilogue (output write) with the next tile's math:
@@ -184,7 +192,8 @@ def wave_efficiency(dev: DeviceType, M: int, N: int, batch: int = 1) -> float:
     or unknown-architecture types (CPUs, declared devices: no tile model applies)."""
     if dev.measured or dev.arch == "unknown":
         return 1.0
-    sms = SM_COUNT.get(dev.name, DEFAULT_SMS)
+    chip = catalog_chip(dev.name)
+    sms = chip[0] if chip else DEFAULT_SMS
     best = 0.0
     for tm, tn in TILES:
         tiles = math.ceil(M / tm) * math.ceil(N / tn) * batch
@@ -383,8 +392,8 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
             # matmul sweep, or the flat `efficiency`, is of 16-bit matmuls: the fp8 GEMMs keep the fp8 ceiling)
             fwd = gemm_s(dev, lin, T, n_out, n_in, 1, None, out_bytes=w) + memory_s(dev, T * n_in * FP8_CAST_BYTES)
             dgrad = gemm_s(dev, lin, T, n_in, n_out, 1, None, out_bytes=w)
-            parts[name] = (fwd, FP8_SPLIT_ACCUMULATION * dgrad + memory_s(dev, T * n_out * FP8_CAST_BYTES),
-                           FP8_SPLIT_ACCUMULATION * wgrad)
+            split = FP8_SPLIT_ACCUMULATION if dev.arch in SPLIT_ACCUMULATION_ARCHS else 1.0
+            parts[name] = (fwd, split * dgrad + memory_s(dev, T * n_out * FP8_CAST_BYTES), split * wgrad)
         f, dg, wg = parts[name]
         return f, dg + wg
 
