@@ -94,6 +94,7 @@ def h100_problem(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
             "distributed_optimizer": d["distributed_optimizer"] and not row.get("fsdp", False),
             "fsdp": row.get("fsdp", False), "overlap_dp_allreduce": d["overlap_dp_allreduce"],
             "blocking_p2p": d["blocking_p2p"], "tp_comm_overlap": row.get("tp_comm_overlap", False),
+            "fp8_recipe": row.get("fp8_recipe", d["fp8_recipe"]),
             "max_tp": 8, "max_stages": max(16, row["pp"]),
             "max_microbatches": 4096, "max_interleave": max(4, row["interleave"])}
 

@@ -33,7 +33,7 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
           max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, dtype: str | None = None,
           distributed_optimizer: bool | None = None, fsdp: bool | None = None, eager_kernels: bool | None = None,
-          tp_comm_overlap: bool | None = None, **_: Any) -> Problem:
+          tp_comm_overlap: bool | None = None, fp8_recipe: str | None = None, **_: Any) -> Problem:
     """Return the PoseidonProblem the command-line arguments describe."""
     from gpuplan.api import load_problem
 
@@ -50,7 +50,8 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
     for key, value in (("global_batch", batch), ("seq_len", seq), ("schedule", schedule),
                        ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave),
                        ("dtype", dtype), ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp),
-                       ("eager_kernels", eager_kernels), ("tp_comm_overlap", tp_comm_overlap)):
+                       ("eager_kernels", eager_kernels), ("tp_comm_overlap", tp_comm_overlap),
+                       ("fp8_recipe", fp8_recipe)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -107,6 +108,9 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--tp-comm-overlap/--no-tp-comm-overlap", "tp_comm_overlap"], default=None,
                  help="TP all-gathers and reduce-scatters beside their GEMMs (Megatron's --tp-comm-overlap, "
                       "Transformer Engine's userbuffers; needs sequence parallelism), or exposed."),
+    click.Option(["--fp8-recipe", "fp8_recipe"], type=click.Choice(["delayed", "current"]), default=None,
+                 help="fp8 scaling with --dtype fp8: delayed (by earlier iterations' amax; Megatron-LM's default) "
+                      "or current (an amax pass before each cast: Megatron's tensorwise, torchao's float8)."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 
@@ -115,7 +119,8 @@ def assumptions(problem: Any) -> str:
     """Return the execution assumptions a Poseidon prediction rests on, in one line: dtype, optimizer
     states, data-parallel overlap, attention kernel, sequence parallelism, pipeline exchanges."""
     return "; ".join([
-        f"dtype {problem.dtype}" + (" (fp8 linear GEMMs, the rest bf16)" if problem.dtype == "fp8" else ""),
+        f"dtype {problem.dtype}" + (f" (fp8 linear GEMMs, {problem.fp8_recipe} scaling, the rest bf16)"
+                                    if problem.dtype == "fp8" else ""),
         "weights, gradients and optimizer states sharded over dp (FSDP: per-block gathers and "
         "reduce-scatters beside the compute)" if problem.fsdp
         else "optimizer states sharded over dp (distributed optimizer)" if problem.distributed_optimizer

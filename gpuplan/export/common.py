@@ -67,6 +67,7 @@ class TrainingJob:
     tp_comm_overlap: bool = False  # TP collectives beside their GEMMs (TE userbuffers), the problem's field
     fsdp: bool = False  # weights, gradients and states sharded over dp (FSDP2 / ZeRO-3), the problem's field
     eager_kernels: bool = False  # the plan's times assume PyTorch's eager element-wise kernels (not fused)
+    fp8_recipe: str = "delayed"  # fp8 scaling the plan's times assume (delayed or current), the problem's field
 
     @property
     def num_stages(self) -> int:
@@ -151,7 +152,8 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        overlap_dp_allreduce=bool(problem.get("overlap_dp_allreduce", False)),
                        tp_comm_overlap=bool(problem.get("tp_comm_overlap", False)),
                        fsdp=bool(problem.get("fsdp", False)),
-                       eager_kernels=bool(problem.get("eager_kernels", False)))
+                       eager_kernels=bool(problem.get("eager_kernels", False)),
+                       fp8_recipe=str(problem.get("fp8_recipe", "delayed")))
 
 
 @dataclass

@@ -99,7 +99,8 @@ def job_args(job: TrainingJob) -> list[str]:
         if job.distributed_optimizer:
             args.append("--overlap-param-gather")
     if job.dtype == "fp8":  # Transformer Engine's fp8 recipe: E4M3 forward, E5M2 gradients, bf16 elsewhere
-        args += ["--bf16", "--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"]
+        args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe",
+                 "tensorwise" if job.fp8_recipe == "current" else "delayed", "--transformer-impl", "transformer_engine"]
     elif job.dtype == "bf16":
         args.append("--bf16")
     elif job.dtype == "fp16":

@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
-from gpuplan.models.poseidon.cost import (MAIN_GRAD_BYTES, RECOMPUTE_MODES, LayerOptions, LayerTimes,
+from gpuplan.models.poseidon.cost import (FP8_AMAX_BYTES, MAIN_GRAD_BYTES, RECOMPUTE_MODES, LayerOptions, LayerTimes,
                                           blocking_exchanges,
                                           embedding_times, head_times, layer_times, memory_s, model_flops_per_sample,
                                           stage_call_s)
@@ -88,7 +88,9 @@ class PoseidonProblem(Problem):
     `dtype` fp8 is fp8 training as Transformer Engine runs it (gpuplan.models.poseidon.cost): the
     blocks' linear layers compute in fp8 (on fp8 copies of their weights, `FP8_WEIGHT_BYTES` per
     parameter, and of their inputs, which are kept for the backward in fp8) while weights,
-    gradients, activations and communication stay bf16 (`storage_dtype`).
+    gradients, activations and communication stay bf16 (`storage_dtype`). `fp8_recipe` "delayed"
+    (Megatron-LM's default) scales by earlier iterations' amax; "current" (Megatron's tensorwise,
+    Megatron-Bridge's FP8-CS, torchao's float8) first reads each tensor for its amax.
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
@@ -117,6 +119,7 @@ class PoseidonProblem(Problem):
     eager_kernels: bool = False  # PyTorch eager element-wise kernels, as torchtitan runs without compile
     composite_norm: bool = False  # RMSNorm as PyTorch's separate eager kernels (torchtitan 2024's "rmsnorm")
     tp_comm_overlap: bool = False  # TE userbuffers / --tp-comm-overlap (see `cost.tp_overlap_s`); needs SP
+    fp8_recipe: Literal["delayed", "current"] = "delayed"  # fp8 scaling (see `cost.FP8_AMAX_BYTES`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -143,6 +146,9 @@ class PoseidonProblem(Problem):
                              "Transformer Engine's TP overlap splits the all-gathers and reduce-scatters of "
                              "sequence parallelism into chunks beside the GEMMs, and has nothing to overlap "
                              "without it")
+        if self.fp8_recipe != "delayed" and self.dtype != "fp8":
+            raise ValueError(f"at fp8_recipe: delayed (the default) with dtype {self.dtype}, or dtype fp8: the "
+                             f"recipe scales fp8 tensors and there are none")
         for name in self.cluster.capacity():  # the time model reads each type's peak at the problem's dtype
             if self.dtype == "fp8" and "fp8" not in self.cluster.type_of(name).peak_tflops:
                 raise ValueError(f"at dtype: bf16 or fp16 on device type {name!r}, not fp8: fp8 training runs the "
@@ -312,7 +318,8 @@ class CostModel:
                                  sequence_parallel=problem.sequence_parallel, eager=problem.eager_kernels,
                                  composite_norm=problem.composite_norm,
                                  wgrad_out_bytes=self.wbytes if problem.fsdp else MAIN_GRAD_BYTES,
-                                 tp_overlap=problem.tp_comm_overlap)
+                                 tp_overlap=problem.tp_comm_overlap,
+                                 fp8_current=problem.fp8_recipe == "current")
         self._times: dict[tuple[str, int, int], LayerTimes] = {}
         self._layer: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._dev: dict[str, Any] = {}
@@ -518,8 +525,10 @@ class CostModel:
         elif self.p.distributed_optimizer and shape.dp > 1:
             per = (per - GRAD_ZERO_BYTES) / shape.dp + GRAD_ZERO_BYTES
         # fp8: the updated bf16 weights are cast into their fp8 copies once per iteration (read 2 B,
-        # write the copy and its transpose), cached across the micro-batches
-        cast = self.fp8_weight_bytes(n_layers, shape.tp) / FP8_WEIGHT_BYTES * (self.wbytes + FP8_WEIGHT_BYTES)
+        # write the copy and its transpose; current scaling reads them once more for their amax), cached
+        # across the micro-batches
+        amax = FP8_AMAX_BYTES if self.p.fp8_recipe == "current" else 0.0
+        cast = self.fp8_weight_bytes(n_layers, shape.tp) / FP8_WEIGHT_BYTES * (self.wbytes + FP8_WEIGHT_BYTES + amax)
         return memory_s(self.dev(shape.device_type), params * per + cast)
 
     def dp_exposed_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int,

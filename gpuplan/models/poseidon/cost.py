@@ -134,6 +134,13 @@ FLASH_HOPPER_PEAK = 989.4
 # the transposed fp8 copy the weight gradient reads (1). First principles.
 FP8_CAST_BYTES = 4.0
 
+# Bytes per element of current scaling's amax pass (Transformer Engine's Float8CurrentScaling, Megatron-LM's
+# --fp8-recipe tensorwise, torchao's dynamic tensorwise float8): the tensor's absolute maximum is computed
+# in a kernel of its own that reads the bf16 tensor once (2 B) before the cast-transpose scales it with
+# it; delayed scaling takes the scale from earlier iterations' amax history, recorded by the cast itself.
+# First principles.
+FP8_AMAX_BYTES = 2.0
+
 # Streaming multiprocessors of a type outside the catalog (the catalog's types: `catalog_chip`).
 DEFAULT_SMS = 108
 
@@ -300,7 +307,8 @@ class LayerOptions:
     `composite_norm_bytes`) instead of one fused kernel, and the bytes a weight-gradient GEMM's
     epilogue moves per element (`wgrad_out_bytes`: `MAIN_GRAD_BYTES` into fp32 main gradients;
     FSDP2 writes the 16-bit gradient, 2); `tp_overlap`: the TP collectives of sequence parallelism run
-    beside their GEMMs (`tp_overlap_s`)."""
+    beside their GEMMs (`tp_overlap_s`); `fp8_current`: fp8 current scaling, an amax pass over each
+    fp8 GEMM input before its cast (`FP8_AMAX_BYTES`)."""
 
     flash: bool = True
     causal: bool = True
@@ -309,6 +317,7 @@ class LayerOptions:
     composite_norm: bool = False
     wgrad_out_bytes: float = MAIN_GRAD_BYTES
     tp_overlap: bool = False
+    fp8_current: bool = False
 
 
 @dataclass(frozen=True)
@@ -390,10 +399,11 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
         else:
             # fp8 operands, 16-bit outputs; the input's and the output gradient's cast-transposes (a profile's
             # matmul sweep, or the flat `efficiency`, is of 16-bit matmuls: the fp8 GEMMs keep the fp8 ceiling)
-            fwd = gemm_s(dev, lin, T, n_out, n_in, 1, None, out_bytes=w) + memory_s(dev, T * n_in * FP8_CAST_BYTES)
+            cast = FP8_CAST_BYTES + (FP8_AMAX_BYTES if opts.fp8_current else 0.0)
+            fwd = gemm_s(dev, lin, T, n_out, n_in, 1, None, out_bytes=w) + memory_s(dev, T * n_in * cast)
             dgrad = gemm_s(dev, lin, T, n_in, n_out, 1, None, out_bytes=w)
             split = FP8_SPLIT_ACCUMULATION if dev.arch in SPLIT_ACCUMULATION_ARCHS else 1.0
-            parts[name] = (fwd, split * dgrad + memory_s(dev, T * n_out * FP8_CAST_BYTES), split * wgrad)
+            parts[name] = (fwd, split * dgrad + memory_s(dev, T * n_out * cast), split * wgrad)
         f, dg, wg = parts[name]
         return f, dg + wg
 
