@@ -125,7 +125,7 @@ def h100_lines(doc: dict[str, Any], runs: str = "h100_runs") -> tuple[list[str],
     title = ("Hopper, fp8 (NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 on DGX H100" if hopper else
              "Blackwell, fp8 (Megatron-Bridge 25.09 / 25.11 on DGX B200 and GB200 NVL72")
     lines = [f"{title}; {d['dtype']}, distributed "
-             "optimizer (FSDP where the row says), flash attention, recomputation and TP overlap (ov) as each row's "
+             "optimizer (FSDP where the row says), flash attention, recomputation, TP overlap (ov) and fp8 scaling as each row's "
              "recipe sets them); ratio = "
              "predicted / published tokens per second per GPU",
              f"{'source':<14}{'model':<13}{'GPU':<6}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} ov "

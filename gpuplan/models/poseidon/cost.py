@@ -31,9 +31,10 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   linear layers' GEMMs of a block (forward, input gradient, weight gradient) run on fp8 tensor cores
   with 1-byte operands and 16-bit outputs (the weight gradient into fp32 main gradients), at the
   type's fp8 ceiling (`FP8_CEILING`), the two gradient GEMMs slower by `FP8_SPLIT_ACCUMULATION`
-  on Ada and Hopper (they accumulate with fp32 promotion; Blackwell accumulates in fp32); each linear's input (forward) and output gradient (backward)
-  pass through a cast-transpose kernel that reads them in bf16 and writes the fp8 copy and its
-  transpose (`FP8_CAST_BYTES` per element). Attention, element-wise ops, the embedding and the
+  on Ada and Hopper (they accumulate with fp32 promotion; Blackwell accumulates in fp32); each
+  linear's input (forward) and output gradient (backward) pass through a cast-transpose kernel that
+  reads them in bf16 and writes the fp8 copy and its transpose (`FP8_CAST_BYTES` per element),
+  after an amax pass with current scaling (`FP8_AMAX_BYTES`). Attention, element-wise ops, the embedding and the
   output head stay in bf16 (`storage_dtype`).
 * Eager kernels (`eager`: PyTorch without torch.compile, as torchtitan's Llama runs by default): the
   rotary embedding on Q and K in complex fp32 (`eager_rope_bytes`; gated-MLP models, the Llama family:
