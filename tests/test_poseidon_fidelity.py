@@ -208,13 +208,16 @@ def test_interleave_shrinks_the_bubble_of_a_real_config() -> None:
 def test_sustained_ceilings_as_cited() -> None:
     """A training step runs at the power limit: each ceiling is a thermally soaked rate where one is
     published (A100 SXM: Azure's cuBLASLt fp16 after 10,000 warm-up iterations, 256.5 TFLOP/s; Hopper:
-    H200 SXM's MSMF 708.5; Blackwell: B200's MSMF 1456.3), else the burst MAMF (A100 PCIe, GH200)."""
+    H200 SXM's MSMF 708.5; Blackwell: B200's MSMF 1456.3), the superchips their die's (GH200 Hopper's, GB200
+    Blackwell's), else the burst MAMF (A100 PCIe)."""
     assert C.gemm_ceiling(device_type("A100-80GB")) == pytest.approx(256.5 / 312)
     assert C.gemm_ceiling(device_type("A100-40GB")) == pytest.approx(256.5 / 312)
     assert C.gemm_ceiling(device_type("A10")) == pytest.approx(256.5 / 312)  # Ampere's figure
     assert C.gemm_ceiling(device_type("H100-PCIe")) == pytest.approx(256.4 / 312)
     assert C.gemm_ceiling(device_type("H100")) == pytest.approx(708.5 / 989.4)
     assert C.gemm_ceiling(device_type("B200")) == pytest.approx(1456.3 / 2250)
+    assert C.gemm_ceiling(device_type("GH200")) == pytest.approx(708.5 / 989.4)
+    assert C.gemm_ceiling(device_type("GB200")) == pytest.approx(1456.3 / 2250)
 
 
 def test_large_gemms_match_the_published_sustained_sweeps(fidelity_training) -> None:  # type: ignore[no-untyped-def]

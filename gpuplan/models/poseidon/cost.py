@@ -78,21 +78,20 @@ HBM_FRACTION = 0.9
 # MSMF, 708.5/989.4 (693 W at 1465 MHz, torch 2.13 / CUDA 13.0; its MAMF is 841.9): the same GH100 die,
 # SMs, clocks and 700 W limit as H100 SXM (the table lists H100 SXM's MAMF, 794.5, as "H200 is the
 # same"). Blackwell: B200 SXM's MSMF, 1456.3/2250 (994 W at 1339 MHz; its MAMF is 1770.9 at 1965 MHz);
-# B300 is "the same as B200" in the table. GB200 and GB300 (1200 and 1400 W) have no sustained figure
-# and take Blackwell's: their higher power limit lets the clock settle somewhat higher, which this
-# does not credit, while GB200's burst MAMF (1822/2500) would credit the boost clock no training step
-# holds. A100 SXM: the table has only its burst MAMF (267.9/312); its sustained rate is Azure's
+# B300 is "the same as B200" in the table. Superchip parts with a higher power limit and no sustained
+# figure of their own take their die's: GH200 (900 W) Hopper's, GB200 and GB300 (1200 and 1400 W)
+# Blackwell's. The higher limit lets the clock settle somewhat higher, which this does not credit,
+# while their burst MAMF (GH200 821.0/989, GB200 1822/2500) would credit the boost clock no training
+# step holds. A100 SXM: the table has only its burst MAMF (267.9/312); its sustained rate is Azure's
 # (Azure/AI-benchmarking-guide, ND A100 v4, A100-SXM4-80GB: cuBLASLt fp16 GEMMs after 10,000 warm-up
 # iterations, 256.5 TFLOP/s at 16384^3, the best of its sweep), taken for the 40 GB part too (the same
-# die, clocks and 400 W limit). A100 PCIe and GH200 (900 W) have no sustained figure: their MAMF,
-# 256.4/312 and 821.0/989. Types without a measurement use their architecture's figure, else
-# DEFAULT_CEILING.
+# die, clocks and 400 W limit). A100 PCIe has no sustained figure: its MAMF, 256.4/312. Types without
+# a measurement use their architecture's figure, else DEFAULT_CEILING.
 HOPPER_SUSTAINED = 708.5 / 989.4
 BLACKWELL_SUSTAINED = 1456.3 / 2250
 AMPERE_SUSTAINED = 256.5 / 312
 GEMM_CEILING: dict[str, float] = {"A100-80GB": AMPERE_SUSTAINED, "A100-40GB": AMPERE_SUSTAINED,
-                                  "H100": HOPPER_SUSTAINED, "H200": HOPPER_SUSTAINED, "GH200": 821.0 / 989,
-                                  "H100-PCIe": 256.4 / 312}
+                                  "H100": HOPPER_SUSTAINED, "H200": HOPPER_SUSTAINED, "H100-PCIe": 256.4 / 312}
 ARCH_CEILING: dict[str, float] = {"ampere": AMPERE_SUSTAINED, "hopper": HOPPER_SUSTAINED,
                                   "blackwell": BLACKWELL_SUSTAINED}
 DEFAULT_CEILING = 0.8
