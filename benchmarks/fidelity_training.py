@@ -117,7 +117,7 @@ def evaluate_h100_row(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
             "cap_GiB": problem.cluster.type_of(row.get("gpu", d["gpu"])).memory_bytes / 2**30, "m": plan.num_microbatches}
 
 
-def h100_lines(doc: dict[str, Any], runs: str = "h100_runs") -> tuple[list[str], list[float]]:
+def fp8_lines(doc: dict[str, Any], runs: str = "h100_runs") -> tuple[list[str], list[float]]:
     """Return the printed lines of the fp8 runs listed under `runs` (h100_runs: Hopper; blackwell_runs:
     B200 and GB200; one line per run, then a summary) and their ratios."""
     d, rows = doc["h100_defaults"], doc[runs]
@@ -274,9 +274,9 @@ def section_a() -> list[str]:
     inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
     lines.append(f"within 15%: {inside}/{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, "
                  f"geometric mean {_gmean(ratios):.3f}")
-    hopper, hopper_ratios = h100_lines(doc)
+    hopper, hopper_ratios = fp8_lines(doc)
     lines += hopper
-    blackwell, blackwell_ratios = h100_lines(doc, "blackwell_runs")
+    blackwell, blackwell_ratios = fp8_lines(doc, "blackwell_runs")
     lines += blackwell
     titan, titan_ratios = titan_lines(doc)
     lines += titan
