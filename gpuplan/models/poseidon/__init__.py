@@ -527,7 +527,7 @@ class CostModel:
         # fp8: the updated bf16 weights are cast into their fp8 copies once per iteration (read 2 B,
         # write the copy and its transpose; current scaling reads them once more for their amax), cached
         # across the micro-batches
-        amax = FP8_AMAX_BYTES if self.p.fp8_recipe == "current" else 0.0
+        amax = FP8_AMAX_BYTES if self.opts.fp8_current else 0.0
         cast = self.fp8_weight_bytes(n_layers, shape.tp) / FP8_WEIGHT_BYTES * (self.wbytes + FP8_WEIGHT_BYTES + amax)
         return memory_s(self.dev(shape.device_type), params * per + cast)
 
@@ -811,10 +811,9 @@ def auto_recompute(cm: CostModel, shape: StageShape, n_layers: int, b: int, inde
         saving = (none - full + cm.activation_bytes(shape.tp, b, "none")) / n_layers
         k = n_layers if saving <= 0 else max(1, math.ceil((none + cm.activation_bytes(shape.tp, b, "none") - cap)
                                                            / saving))
-        k = min(n_layers, -(-k // interleave) * interleave)
-        label = "full" if k >= n_layers else f"full:{k}"
-        mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, label, interleave)
-        while mem > cap and k < n_layers:  # rounding: one more chunk's worth of blocks
+        k = min(n_layers, -(-k // interleave) * interleave) - interleave
+        mem, label = math.inf, "full"
+        while mem > cap and k < n_layers:  # one more chunk's worth of blocks while the rounding falls short
             k = min(n_layers, k + interleave)
             label = "full" if k >= n_layers else f"full:{k}"
             mem = stage_memory(cm, shape, n_layers, b, index, num_stages, m, label, interleave)
