@@ -94,7 +94,8 @@ def h100_problem(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
             "distributed_optimizer": d["distributed_optimizer"] and not row.get("fsdp", False),
             "fsdp": row.get("fsdp", False), "overlap_dp_allreduce": d["overlap_dp_allreduce"],
             "blocking_p2p": d["blocking_p2p"], "tp_comm_overlap": row.get("tp_comm_overlap", False),
-            "fp8_recipe": row.get("fp8_recipe", d["fp8_recipe"]),
+            "fp8_recipe": row.get("fp8_recipe", d["fp8_recipe"]), "fp8_params": row.get("fp8_params", False),
+            "fused_cross_entropy": row.get("fused_cross_entropy", False),
             "max_tp": 8, "max_stages": max(16, row["pp"]),
             "max_microbatches": 4096, "max_interleave": max(4, row["interleave"])}
 
@@ -122,11 +123,11 @@ def fp8_lines(doc: dict[str, Any], runs: str = "h100_runs") -> tuple[list[str], 
     B200 and GB200; one line per run, then a summary) and their ratios."""
     d, rows = doc["h100_defaults"], doc[runs]
     hopper = runs == "h100_runs"
-    title = ("Hopper, fp8 (NeMo 24.07 and Megatron-Bridge 25.11 / 26.02 on DGX H100" if hopper else
+    title = ("Hopper, fp8 (NeMo 24.07 and Megatron-Bridge 25.09 / 25.11 / 26.02 on DGX H100" if hopper else
              "Blackwell, fp8 (Megatron-Bridge 25.09 / 25.11 on DGX B200 and GB200 NVL72")
     lines = [f"{title}; {d['dtype']}, distributed "
-             "optimizer (FSDP where the row says), flash attention, recomputation, TP overlap (ov) and fp8 scaling as each row's "
-             "recipe sets them); ratio = "
+             "optimizer (FSDP where the row says), flash attention, recomputation, TP overlap (ov), fp8 scaling, fp8 "
+             "weights and the fused loss as each row's recipe sets them); ratio = "
              "predicted / published tokens per second per GPU",
              f"{'source':<14}{'model':<13}{'GPU':<6}{'GPUs':>5} {'tp':>2} {'pp':>3} {'dp':>3} {'mb':>3} {'v':>3} {'seq':>5} ov "
              f"{'recomp':<7}"
@@ -566,7 +567,7 @@ def ablation_lines() -> list[str]:
         for name, r in [("as modelled", {})] + list(reverts.items()):
             C.OVERLAPPED_EPILOGUE_ARCHS = saved[0] + (("ampere",) if r.get("epi") else ())
             C.MAIN_GRAD_BYTES = 2.0 if r.get("grad") else saved[1]
-            C.ce_bytes_per_logit = (lambda w: (w + 8.0, w + 8.0)) if r.get("ce") else saved[2]
+            C.ce_bytes_per_logit = (lambda w, fused=False: (w + 8.0, w + 8.0)) if r.get("ce") else saved[2]
             ratios = [evaluate_row(row, d)["ratio"] for row in rows]
             inside = sum(abs(x - 1.0) <= TOLERANCE for x in ratios)
             out.append(f"  {name:<38}{inside:>3}/{len(ratios)}   geometric mean {_gmean(ratios):.3f}")

@@ -262,7 +262,7 @@ def test_every_published_hopper_configuration_fits_the_models_memory(fidelity_tr
 
     F = fidelity_training
     doc = yaml.safe_load(F.DATA.read_text(encoding="utf-8"))
-    assert len(doc["h100_runs"]) == 10 and len(doc["blackwell_runs"]) == 4
+    assert len(doc["h100_runs"]) == 11 and len(doc["blackwell_runs"]) == 4
     for row in doc["h100_runs"] + doc["blackwell_runs"]:
         r = F.evaluate_h100_row(row, doc["h100_defaults"])
         assert r["need_GiB"] <= r["cap_GiB"], row["name"]

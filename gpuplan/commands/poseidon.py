@@ -33,7 +33,8 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
           max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, dtype: str | None = None,
           distributed_optimizer: bool | None = None, fsdp: bool | None = None, eager_kernels: bool | None = None,
-          tp_comm_overlap: bool | None = None, fp8_recipe: str | None = None, **_: Any) -> Problem:
+          tp_comm_overlap: bool | None = None, fp8_recipe: str | None = None, fp8_params: bool | None = None,
+          fused_cross_entropy: bool | None = None, **_: Any) -> Problem:
     """Return the PoseidonProblem the command-line arguments describe."""
     from gpuplan.api import load_problem
 
@@ -51,7 +52,8 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
                        ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave),
                        ("dtype", dtype), ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp),
                        ("eager_kernels", eager_kernels), ("tp_comm_overlap", tp_comm_overlap),
-                       ("fp8_recipe", fp8_recipe)):
+                       ("fp8_recipe", fp8_recipe), ("fp8_params", fp8_params),
+                       ("fused_cross_entropy", fused_cross_entropy)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -111,6 +113,12 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--fp8-recipe", "fp8_recipe"], type=click.Choice(["delayed", "current"]), default=None,
                  help="fp8 scaling with --dtype fp8: delayed (by earlier iterations' amax; Megatron-LM's default) "
                       "or current (an amax pass before each cast: Megatron's tensorwise, torchao's float8)."),
+    click.Option(["--fp8-params/--no-fp8-params", "fp8_params"], default=None,
+                 help="With --dtype fp8 and the distributed optimizer or FSDP: the blocks' weights held and "
+                      "gathered in fp8 only (Megatron's --fp8-param-gather), or in 16 bits beside fp8 copies."),
+    click.Option(["--fused-cross-entropy/--unfused-cross-entropy", "fused_cross_entropy"], default=None,
+                 help="The loss as one fused kernel over the 16-bit logits (Megatron's --cross-entropy-loss-"
+                      "fusion, Transformer Engine's), or Megatron-LM's fp32 kernel sequence."),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 
@@ -119,8 +127,9 @@ def assumptions(problem: Any) -> str:
     """Return the execution assumptions a Poseidon prediction rests on, in one line: dtype, optimizer
     states, data-parallel overlap, attention kernel, sequence parallelism, pipeline exchanges."""
     return "; ".join([
-        f"dtype {problem.dtype}" + (f" (fp8 linear GEMMs, {problem.fp8_recipe} scaling, the rest bf16)"
-                                    if problem.dtype == "fp8" else ""),
+        f"dtype {problem.dtype}" + (f" (fp8 linear GEMMs, {problem.fp8_recipe} scaling, "
+                                    + ("weights held and gathered in fp8, " if problem.fp8_params else "")
+                                    + "the rest bf16)" if problem.dtype == "fp8" else ""),
         "weights, gradients and optimizer states sharded over dp (FSDP: per-block gathers and "
         "reduce-scatters beside the compute)" if problem.fsdp
         else "optimizer states sharded over dp (distributed optimizer)" if problem.distributed_optimizer
@@ -133,7 +142,8 @@ def assumptions(problem: Any) -> str:
         if problem.sequence_parallel else "no sequence parallelism",
         ("eager element-wise kernels" if problem.eager_kernels else "fused element-wise kernels")
         + ("; RMSNorm as separate fp32 kernels" if problem.composite_norm else ""),
-        "blocking pipeline exchanges" if problem.blocking_p2p else "overlapped pipeline exchanges"])
+        "blocking pipeline exchanges" if problem.blocking_p2p else "overlapped pipeline exchanges",
+        "fused cross-entropy on 16-bit logits" if problem.fused_cross_entropy else "cross-entropy in fp32"])
 
 
 def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_limit: float | None,

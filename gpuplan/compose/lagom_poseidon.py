@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.collectives import usable_nics
-from gpuplan.models.poseidon import FSDP_REDUCE_BYTES
+from gpuplan.models.poseidon import FP8_PARAM_BYTES, FSDP_REDUCE_BYTES
 from gpuplan.models.workload import DTYPE_BYTES, model_config, storage_dtype
 
 
@@ -100,13 +100,15 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
         net = {"inter_GBps": inter, "nics": group_nics(cluster, list(st.get("nodes", [])), dp // dp_nodes)}
         groups["dp"] = {"ranks": dp, "nodes": dp_nodes, **(net if dp_nodes > 1 else {})}
         grads = cfg.layer_params() / tp * width
+        # the block weights' gathers move their fp8 copies with fp8_params (models.poseidon.CostModel.gather_bytes)
+        weights = cfg.layer_params() / tp * (FP8_PARAM_BYTES if problem.get("fp8_params") else width)
         if problem.get("fsdp"):
             # FSDP (ZeRO-3): each micro-batch gathers every block's weights beside the forward and again
             # beside the backward, and reduce-scatters its gradients (fp32) beside the backward
             for j in range(m):
-                ops.append({"name": f"fsdp-gather-fwd-mb{j}", "collective": "all_gather", "size_bytes": grads,
+                ops.append({"name": f"fsdp-gather-fwd-mb{j}", "collective": "all_gather", "size_bytes": weights,
                             "group": "dp", "overlaps": f"fwd-mb{j}", "count": layers})
-                ops.append({"name": f"fsdp-gather-bwd-mb{j}", "collective": "all_gather", "size_bytes": grads,
+                ops.append({"name": f"fsdp-gather-bwd-mb{j}", "collective": "all_gather", "size_bytes": weights,
                             "group": "dp", "overlaps": f"bwd-mb{j}", "count": layers})
                 ops.append({"name": f"fsdp-grads-mb{j}", "collective": "reduce_scatter",
                             "size_bytes": cfg.layer_params() / tp * FSDP_REDUCE_BYTES, "group": "dp",
@@ -116,7 +118,7 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
             # all-gathered, under the next iteration's first forward with --overlap-param-gather
             ops.append({"name": "dp-grads", "collective": "reduce_scatter", "size_bytes": grads, "group": "dp",
                         "overlaps": f"bwd-mb{m - 1}", "count": layers})
-            ops.append({"name": "dp-params", "collective": "all_gather", "size_bytes": grads, "group": "dp",
+            ops.append({"name": "dp-params", "collective": "all_gather", "size_bytes": weights, "group": "dp",
                         "overlaps": "fwd-mb0" if problem.get("overlap_dp_allreduce") else None, "count": layers})
         else:
             ops.append({"name": "dp-grads", "collective": "all_reduce", "size_bytes": grads, "group": "dp",

@@ -68,6 +68,8 @@ class TrainingJob:
     fsdp: bool = False  # weights, gradients and states sharded over dp (FSDP2 / ZeRO-3), the problem's field
     eager_kernels: bool = False  # the plan's times assume PyTorch's eager element-wise kernels (not fused)
     fp8_recipe: str = "delayed"  # fp8 scaling the plan's times assume (delayed or current), the problem's field
+    fp8_params: bool = False  # block weights held and gathered in fp8 only, the problem's field
+    fused_cross_entropy: bool = False  # the loss as one fused kernel on 16-bit logits, the problem's field
 
     @property
     def num_stages(self) -> int:
@@ -153,7 +155,9 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        tp_comm_overlap=bool(problem.get("tp_comm_overlap", False)),
                        fsdp=bool(problem.get("fsdp", False)),
                        eager_kernels=bool(problem.get("eager_kernels", False)),
-                       fp8_recipe=str(problem.get("fp8_recipe", "delayed")))
+                       fp8_recipe=str(problem.get("fp8_recipe", "delayed")),
+                       fp8_params=bool(problem.get("fp8_params", False)),
+                       fused_cross_entropy=bool(problem.get("fused_cross_entropy", False)))
 
 
 @dataclass

@@ -101,10 +101,14 @@ def job_args(job: TrainingJob) -> list[str]:
     if job.dtype == "fp8":  # Transformer Engine's fp8 recipe: E4M3 forward, E5M2 gradients, bf16 elsewhere
         args += ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe",
                  "tensorwise" if job.fp8_recipe == "current" else "delayed", "--transformer-impl", "transformer_engine"]
+        if job.fp8_params:  # the plan's memory holds the block weights in fp8 only, gathered in fp8
+            args.append("--fp8-param-gather")
     elif job.dtype == "bf16":
         args.append("--bf16")
     elif job.dtype == "fp16":
         args.append("--fp16")
+    if job.fused_cross_entropy:  # the plan's head time and memory assume Transformer Engine's fused loss
+        args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     return args
 
 

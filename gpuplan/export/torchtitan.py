@@ -263,6 +263,9 @@ def _check_config(job: TrainingJob, module: str, function: str, notes: list[str]
             f"optimizer, ZeRO stage 1); torchtitan {TORCHTITAN_VERSION} replicates them "
             "(data_parallel_replicate_degree) or shards weights and gradients too (FSDP, "
             "data_parallel_shard_degree): plan with fsdp (--fsdp) to export FSDP"])
+    if job.fused_cross_entropy:
+        notes.append(f"the plan's times and memory assume a fused cross-entropy on 16-bit logits; torchtitan "
+                     f"{TORCHTITAN_VERSION} computes its loss on fp32 logits (slower, and 4x the logits' memory)")
     limits = [("the plan's model max_seq_len", model_max_seq_len(job))]
     known = next((c for c in CONFIGS if c.name == f"{module}:{function}"), None)
     if known is None:

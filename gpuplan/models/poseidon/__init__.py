@@ -90,7 +90,17 @@ class PoseidonProblem(Problem):
     parameter, and of their inputs, which are kept for the backward in fp8) while weights,
     gradients, activations and communication stay bf16 (`storage_dtype`). `fp8_recipe` "delayed"
     (Megatron-LM's default) scales by earlier iterations' amax; "current" (Megatron's tensorwise,
-    Megatron-Bridge's FP8-CS, torchao's float8) first reads each tensor for its amax.
+    Megatron-Bridge's FP8-CS, torchao's float8) first reads each tensor for its amax. `fp8_params`
+    (Megatron-LM's --fp8-param-gather, Transformer Engine's fp8_model_init, as Megatron-Bridge's FP8-CS
+    recipes run them; it needs the distributed optimizer or FSDP): the blocks' weights are held only as
+    their fp8 copies (weight and transpose), with no 16-bit copy beside them (the fp32 main weights
+    stay in the optimizer states); the data-parallel gathers of block weights (the distributed
+    optimizer's after the step, FSDP's per block) move 1 byte per element; the optimizer casts its
+    updated shard straight into fp8 (`CostModel.optimizer_step_s`).
+    `fused_cross_entropy` (Megatron's --cross-entropy-loss-fusion with Transformer Engine's kernel,
+    Megatron-Bridge's default): the loss reads the 16-bit logits and writes their gradient in place
+    (`cost.ce_bytes_per_logit`), holding no fp32 copy (`CostModel.logits_bytes`); false: Megatron-LM's
+    unfused fp32 sequence.
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
@@ -120,6 +130,8 @@ class PoseidonProblem(Problem):
     composite_norm: bool = False  # RMSNorm as PyTorch's separate eager kernels (torchtitan 2024's "rmsnorm")
     tp_comm_overlap: bool = False  # TE userbuffers / --tp-comm-overlap (see `cost.tp_overlap_s`); needs SP
     fp8_recipe: Literal["delayed", "current"] = "delayed"  # fp8 scaling (see `cost.FP8_AMAX_BYTES`)
+    fp8_params: bool = False  # block weights held in fp8 only, gathered in fp8 (--fp8-param-gather)
+    fused_cross_entropy: bool = False  # --cross-entropy-loss-fusion, TE's kernel (see `cost.ce_bytes_per_logit`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -149,6 +161,13 @@ class PoseidonProblem(Problem):
         if self.fp8_recipe != "delayed" and self.dtype != "fp8":
             raise ValueError(f"at fp8_recipe: delayed (the default) with dtype {self.dtype}, or dtype fp8: the "
                              f"recipe scales fp8 tensors and there are none")
+        if self.fp8_params and self.dtype != "fp8":
+            raise ValueError(f"at fp8_params: false with dtype {self.dtype}, or dtype fp8: fp8 parameters are the "
+                             f"fp8 copies of the linear layers' weights, which only fp8 training makes")
+        if self.fp8_params and not (self.distributed_optimizer or self.fsdp):
+            raise ValueError("at fp8_params: false, or distributed_optimizer or fsdp true: the fp32 main weights "
+                             "live in the sharded optimizer states, from which each step casts and gathers the "
+                             "fp8 weights (Megatron-LM refuses --fp8-param-gather without them)")
         for name in self.cluster.capacity():  # the time model reads each type's peak at the problem's dtype
             if self.dtype == "fp8" and "fp8" not in self.cluster.type_of(name).peak_tflops:
                 raise ValueError(f"at dtype: bf16 or fp16 on device type {name!r}, not fp8: fp8 training runs the "
@@ -314,6 +333,8 @@ class CostModel:
         self.p = problem
         self.cfg = problem.model
         self.wbytes = DTYPE_BYTES[storage_dtype(problem.dtype)]
+        # bytes per element of a block weight's data-parallel gather: its fp8 copy with `fp8_params`
+        self.gather_bytes = FP8_PARAM_BYTES if problem.fp8_params else self.wbytes
         self.opts = LayerOptions(flash=problem.flash_attention, causal=problem.causal_attention,
                                  sequence_parallel=problem.sequence_parallel, eager=problem.eager_kernels,
                                  composite_norm=problem.composite_norm,
@@ -427,11 +448,13 @@ class CostModel:
 
     def fsdp_working_bytes(self, tp: int) -> float:
         """Return the bytes per device FSDP holds unsharded beside the shards (0 without `fsdp`): the
-        16-bit weights of the block being computed and of the next (prefetched), and one block's
-        gradient before its reduce-scatter (`FSDP_REDUCE_BYTES` per element)."""
+        gathered weights (16-bit; with `fp8_params` fp8 and their transposes) of the block being computed
+        and of the next (prefetched), and one block's gradient before its reduce-scatter
+        (`FSDP_REDUCE_BYTES` per element)."""
         if not self.p.fsdp:
             return 0.0
-        return self.cfg.layer_params() / tp * (2 * self.wbytes + FSDP_REDUCE_BYTES)
+        gathered = FP8_WEIGHT_BYTES if self.p.fp8_params else self.wbytes
+        return self.cfg.layer_params() / tp * (2 * gathered + FSDP_REDUCE_BYTES)
 
     def fsdp_layer_s(self, shape: StageShape) -> tuple[float, float]:
         """Return (all_gather_s, reduce_scatter_s) of one block under `fsdp` over the stage's
@@ -442,7 +465,7 @@ class CostModel:
         key = ("fsdp", shape)
         if key not in self._dp:
             elems = self.cfg.layer_params() / shape.tp
-            self._dp[key] = (self.dp_collective_s(shape, "all_gather", elems * self.wbytes),
+            self._dp[key] = (self.dp_collective_s(shape, "all_gather", elems * self.gather_bytes),
                              self.dp_collective_s(shape, "reduce_scatter", elems * FSDP_REDUCE_BYTES))
         ag, rs = self._dp[key]
         return ag, rs
@@ -481,8 +504,8 @@ class CostModel:
             elems = self.cfg.layer_params() / shape.tp
             slow = self._coll.overlap_slowdown
             cl = self.p.cluster
-            self._dp[key] = (slow(cl, "all_gather", elems * self.wbytes, group, phi_f, self.wbytes),
-                             slow(cl, "all_gather", elems * self.wbytes, group, phi_b, self.wbytes),
+            self._dp[key] = (slow(cl, "all_gather", elems * self.gather_bytes, group, phi_f, self.wbytes),
+                             slow(cl, "all_gather", elems * self.gather_bytes, group, phi_b, self.wbytes),
                              slow(cl, "reduce_scatter", elems * FSDP_REDUCE_BYTES, group, phi_b, self.wbytes))
         s_f, s_ag, s_rs = self._dp[key]
         return s_f, s_ag, s_rs
@@ -491,12 +514,13 @@ class CostModel:
         """Return the (forward, backward) seconds of the copies FSDP2 runs on the compute stream per
         block and micro-batch (torch.distributed.fsdp's foreach_all_gather_copy_out and
         foreach_reduce's copy-in, both on the current stream): after each gather the gathered buffer
-        is copied into the block's unsharded weights (read + write 16-bit, forward and backward), and
+        is copied into the block's unsharded weights (read + write 16-bit, or fp8 with `fp8_params`,
+        forward and backward), and
         before each reduce-scatter the 16-bit gradients are copied, cast to `FSDP_REDUCE_BYTES`, into
         its input buffer (backward). (0, 0) where `fsdp_layer_s` is."""
         elems = self.cfg.layer_params() / shape.tp
         dev = self.dev(shape.device_type)
-        out = memory_s(dev, elems * 2 * self.wbytes)
+        out = memory_s(dev, elems * 2 * self.gather_bytes)
         return out, out + memory_s(dev, elems * (self.wbytes + FSDP_REDUCE_BYTES))
 
     def stage_extras(self, shape: StageShape, b: int, first: bool, last: bool) -> tuple[float, float]:
@@ -512,23 +536,47 @@ class CostModel:
         parameter) of `n_layers` blocks on one device in fp8 training (0 otherwise)."""
         return n_layers * self.cfg.layer_params() / tp * FP8_WEIGHT_BYTES if self.p.dtype == "fp8" else 0.0
 
+    def fp8_params_saved_bytes(self, shape: StageShape, n_layers: int) -> float:
+        """Return the bytes per device that `fp8_params` saves on `n_layers` blocks against
+        `param_bytes` + `fp8_weight_bytes` (0 without it): the 16-bit weights beside the fp8 copies;
+        with `fsdp` the 16-bit shards, and the fp8 copies of every block, since the shards hold the
+        fp8 weights (1 B per element, over dp) and only the gathered blocks are unsharded
+        (`fsdp_working_bytes`)."""
+        if not self.p.fp8_params:
+            return 0.0
+        per = self.wbytes
+        if self.p.fsdp:
+            per = (self.wbytes - FP8_PARAM_BYTES) / shape.dp + FP8_WEIGHT_BYTES
+        return n_layers * self.cfg.layer_params() / shape.tp * per
+
     def optimizer_step_s(self, shape: StageShape, n_layers: int, first: bool, last: bool,
                          num_stages: int = 2) -> float:
         """Return the seconds of a stage's optimizer step: `optimizer_step_bytes_per_param` per
         parameter (split by tp) streamed through HBM. With `distributed_optimizer` each replica
         unscales, clips and updates its 1/dp shard (and copies it into the 16-bit weights) and zeroes
-        its whole gradient buffer (4 B per parameter)."""
+        its whole gradient buffer (4 B per parameter). With `fp8_params` the blocks' shard is cast
+        from the fp32 main weights straight into fp8 (write 1 B instead of 16 bits; current scaling
+        reads the main weights once more for their amax) and, once gathered, each fp8 weight's
+        transpose is made (read 1, write 1)."""
         params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
         per = self.optimizer_step_bytes_per_param()
+        sharded = (self.p.fsdp or self.p.distributed_optimizer) and shape.dp > 1
         if self.p.fsdp and shape.dp > 1:  # the gradients are sharded too: all of the step on the shard
             per = per / shape.dp
         elif self.p.distributed_optimizer and shape.dp > 1:
             per = (per - GRAD_ZERO_BYTES) / shape.dp + GRAD_ZERO_BYTES
-        # fp8: the updated bf16 weights are cast into their fp8 copies once per iteration (read 2 B,
-        # write the copy and its transpose; current scaling reads them once more for their amax), cached
-        # across the micro-batches
-        amax = FP8_AMAX_BYTES if self.opts.fp8_current else 0.0
-        cast = self.fp8_weight_bytes(n_layers, shape.tp) / FP8_WEIGHT_BYTES * (self.wbytes + FP8_WEIGHT_BYTES + amax)
+        blocks = self.fp8_weight_bytes(n_layers, shape.tp) / FP8_WEIGHT_BYTES  # fp8 block parameters
+        if self.p.fp8_params:
+            amax = 4.0 if self.opts.fp8_current else 0.0  # the fp32 main weights' amax pass
+            shard = blocks / shape.dp if sharded else blocks
+            transpose = shard if self.p.fsdp else blocks
+            cast = shard * (FP8_PARAM_BYTES - self.wbytes + amax) + transpose * 2.0 * FP8_PARAM_BYTES
+        else:
+            # fp8: the updated bf16 weights are cast into their fp8 copies once per iteration (read 2 B,
+            # write the copy and its transpose; current scaling reads them once more for their amax),
+            # cached across the micro-batches
+            amax = FP8_AMAX_BYTES if self.opts.fp8_current else 0.0
+            cast = blocks * (self.wbytes + FP8_WEIGHT_BYTES + amax)
         return memory_s(self.dev(shape.device_type), params * per + cast)
 
     def dp_exposed_s(self, shape: StageShape, n_layers: int, first: bool, last: bool, num_stages: int,
@@ -557,8 +605,10 @@ class CostModel:
             size = self.stage_params(n_layers, first, last, num_stages) / shape.tp * self.wbytes
             bucket_size = min(size, DDP_BUCKET_BYTES)
             reduce = "reduce_scatter" if self.p.distributed_optimizer else "all_reduce"
-            gather, gather_bucket = ((self.dp_collective_s(shape, "all_gather", size),
-                                      self.dp_collective_s(shape, "all_gather", bucket_size))
+            # the updated weights' gather: the blocks' in fp8 with `fp8_params`, the rest 16-bit
+            gathered = size - n_layers * self.cfg.layer_params() / shape.tp * (self.wbytes - self.gather_bytes)
+            gather, gather_bucket = ((self.dp_collective_s(shape, "all_gather", gathered),
+                                      self.dp_collective_s(shape, "all_gather", min(gathered, DDP_BUCKET_BYTES)))
                                      if self.p.distributed_optimizer else (0.0, 0.0))
             self._dp[key] = (self.dp_collective_s(shape, reduce, size), self.dp_collective_s(shape, reduce, bucket_size),
                              gather, gather_bucket, *self.dp_slowdowns(shape, reduce, bucket_size))
@@ -656,7 +706,8 @@ class CostModel:
         if last:
             m = self._measured(dtype, "head", tp, b)
             if m is None:
-                m = head_times(self.cfg, dev, self.p.dtype, tp, b, self.p.seq_len, self.sweep(dtype))
+                m = head_times(self.cfg, dev, self.p.dtype, tp, b, self.p.seq_len, self.sweep(dtype),
+                               fused_ce=self.p.fused_cross_entropy)
             f, g = f + m[0], g + m[1]
         return f, g
 
@@ -712,7 +763,10 @@ class CostModel:
         return float(b * self.p.seq_len * self.cfg.hidden * self.wbytes)
 
     def logits_bytes(self, tp: int, b: int) -> float:
-        """Return the bytes of the fp32 logits (and their gradient) the last stage holds."""
+        """Return the bytes of the logits the last stage holds: fp32 logits and their gradient, or with
+        `fused_cross_entropy` the 16-bit logits, whose gradient is written over them."""
+        if self.p.fused_cross_entropy:
+            return float(b * self.p.seq_len * self.cfg.vocab * self.wbytes / tp)
         return 2.0 * b * self.p.seq_len * self.cfg.vocab * 4 / tp
 
 
@@ -728,6 +782,9 @@ GRAD_ZERO_BYTES = 4.0
 # Bytes per gradient element FSDP reduce-scatters and holds unsharded until then: torchtitan's
 # default MixedPrecisionPolicy reduces in fp32 (mixed_precision_reduce = "float32").
 FSDP_REDUCE_BYTES = 4.0
+
+# Bytes per element of an fp8 tensor (`fp8_params`: the gathered weights).
+FP8_PARAM_BYTES = 1.0
 
 # Bytes per block parameter of the fp8 weight copies Transformer Engine caches in fp8 training: the
 # fp8 weight (1) and its transpose (1), which the forward and the input-gradient GEMMs read.
@@ -771,6 +828,7 @@ def stage_memory(cm: CostModel, shape: StageShape, n_layers: int, b: int, index:
     first, last = index == 0, index == num_stages - 1
     params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
     mem = (params * cm.param_bytes(shape.dp) + cm.fp8_weight_bytes(n_layers, shape.tp)
+           - cm.fp8_params_saved_bytes(shape, n_layers)
            + cm.fsdp_working_bytes(shape.tp) + (cm.logits_bytes(shape.tp, b) if last else 0.0))
     mem += (in_flight(cm.p.schedule, index, num_stages, m, interleave)
             * cm.stage_activation_bytes(shape.tp, b, recompute, n_layers))

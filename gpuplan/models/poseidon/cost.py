@@ -543,25 +543,31 @@ def layer_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b:
 
 
 def head_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
-               sweep: Sequence[tuple[int, float]] | None = None) -> tuple[float, float]:
+               sweep: Sequence[tuple[int, float]] | None = None, fused_ce: bool = False) -> tuple[float, float]:
     """Return (forward_s, backward_s) of the output projection onto the vocabulary (split by tp) and
-    the fp32 vocabulary-parallel cross-entropy over its logits (memory-bound, Megatron-LM's kernel
-    sequence: bytes per logit in `ce_bytes_per_logit`); in `storage_dtype` (bf16 in fp8 training)."""
+    the vocabulary-parallel cross-entropy over its logits (memory-bound: bytes per logit in
+    `ce_bytes_per_logit`, Megatron-LM's fp32 kernel sequence or, with `fused_ce`, the fused kernel);
+    in `storage_dtype` (bf16 in fp8 training)."""
     dtype = storage_dtype(dtype)
     T, V = b * seq, max(1, cfg.vocab // tp)
     f = gemm_s(dev, dtype, T, V, cfg.hidden, 1, sweep)
     bwd = (gemm_s(dev, dtype, T, cfg.hidden, V, 1, sweep)
            + gemm_s(dev, dtype, V, cfg.hidden, T, 1, sweep, out_bytes=MAIN_GRAD_BYTES))
-    ce_f, ce_b = ce_bytes_per_logit(DTYPE_BYTES[dtype])
+    ce_f, ce_b = ce_bytes_per_logit(DTYPE_BYTES[dtype], fused_ce)
     return f + memory_s(dev, T * V * ce_f), bwd + memory_s(dev, T * V * ce_b)
 
 
-def ce_bytes_per_logit(w: int) -> tuple[float, float]:
+def ce_bytes_per_logit(w: int, fused: bool = False) -> tuple[float, float]:
     """Return the (forward, backward) HBM bytes per logit of Megatron-LM's vocabulary-parallel
     cross-entropy on `w`-byte logits, one kernel at a time: forward: cast to fp32 (read w, write 4),
     row max (read 4), subtract it in place (4 + 4), exp in place (4 + 4), row sum (4), divide by the
     sum in place, kept as the softmax for backward (4 + 4); backward: scale the softmax by the loss
-    gradient in place (4 + 4), cast back (read 4, write w). The target-logit gathers are per token."""
+    gradient in place (4 + 4), cast back (read 4, write w). The target-logit gathers are per token.
+    `fused` (Megatron's --cross-entropy-loss-fusion on Transformer Engine's Triton kernel): the
+    forward reads the logits for the row's max and sum of exponentials (w), then reads them again
+    and writes the gradient over them (2w); the backward scales that gradient in place (2w)."""
+    if fused:
+        return 3.0 * w, 2.0 * w
     return (w + 4) + 4 + 8 + 8 + 4 + 8, 8.0 + (4 + w)
 
 
