@@ -64,6 +64,12 @@ def test_the_distributed_optimizers_weight_gather_moves_one_byte_per_block_eleme
     assert f_fp8.fsdp_layer_s(sh)[0] == pytest.approx(f_plain.dp_collective_s(sh, "all_gather", elems * 1.0))
     assert f_plain.fsdp_layer_s(sh)[0] == pytest.approx(f_plain.dp_collective_s(sh, "all_gather", elems * 2.0))
     assert f_fp8.fsdp_layer_s(sh)[1] == f_plain.fsdp_layer_s(sh)[1]  # the gradients stay as they were
+    # FSDP2's copy-out moves the gathered fp8 weights (read 1 + write 1), and the backward transposes them
+    dev = plain.dev("H100")
+    assert f_fp8.fsdp_copies_s(sh) == pytest.approx((C.memory_s(dev, elems * 2.0),
+                                                     C.memory_s(dev, elems * 2.0) + C.memory_s(dev, elems * 8.0)))
+    assert f_plain.fsdp_copies_s(sh) == pytest.approx((C.memory_s(dev, elems * 4.0),
+                                                       C.memory_s(dev, elems * 4.0) + C.memory_s(dev, elems * 6.0)))
 
 
 def test_the_step_casts_the_shard_into_fp8_and_transposes_the_gathered_weights() -> None:
@@ -75,6 +81,12 @@ def test_the_step_casts_the_shard_into_fp8_and_transposes_the_gathered_weights()
     # writes 1 B instead of 2, then the gathered fp8 weight's transpose (read 1, write 1)
     delta = blocks / 4 * (1 - 2) + blocks * 2 - blocks * (2 + 2)
     assert fp8.optimizer_step_s(sh, n, False, False, 2) - plain.optimizer_step_s(sh, n, False, False, 2) == \
+        pytest.approx(C.memory_s(dev, delta), rel=1e-9, abs=1e-12)
+    # FSDP: the shard's cast only (its gathers transpose their weights, `fsdp_copies_s`)
+    f_plain = P.CostModel(_problem(fsdp=True, distributed_optimizer=False))
+    f_fp8 = P.CostModel(_problem(fsdp=True, distributed_optimizer=False, fp8_params=True))
+    delta = blocks / 4 * (1 - 2) - blocks * (2 + 2)
+    assert f_fp8.optimizer_step_s(sh, n, False, False, 2) - f_plain.optimizer_step_s(sh, n, False, False, 2) == \
         pytest.approx(C.memory_s(dev, delta), rel=1e-9, abs=1e-12)
 
 

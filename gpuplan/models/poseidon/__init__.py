@@ -515,13 +515,15 @@ class CostModel:
         block and micro-batch (torch.distributed.fsdp's foreach_all_gather_copy_out and
         foreach_reduce's copy-in, both on the current stream): after each gather the gathered buffer
         is copied into the block's unsharded weights (read + write 16-bit, or fp8 with `fp8_params`,
-        forward and backward), and
-        before each reduce-scatter the 16-bit gradients are copied, cast to `FSDP_REDUCE_BYTES`, into
-        its input buffer (backward). (0, 0) where `fsdp_layer_s` is."""
+        forward and backward; with `fp8_params` the backward's gathered fp8 weight is also transposed
+        for the input-gradient GEMM, read 1 + write 1), and before each reduce-scatter the 16-bit
+        gradients are copied, cast to `FSDP_REDUCE_BYTES`, into its input buffer (backward). (0, 0)
+        where `fsdp_layer_s` is."""
         elems = self.cfg.layer_params() / shape.tp
         dev = self.dev(shape.device_type)
         out = memory_s(dev, elems * 2 * self.gather_bytes)
-        return out, out + memory_s(dev, elems * (self.wbytes + FSDP_REDUCE_BYTES))
+        transpose = 2 * FP8_PARAM_BYTES if self.p.fp8_params else 0.0
+        return out, out + memory_s(dev, elems * (self.wbytes + FSDP_REDUCE_BYTES + transpose))
 
     def stage_extras(self, shape: StageShape, b: int, first: bool, last: bool) -> tuple[float, float]:
         """Return `extras` (embedding / head) of stage `shape`, and with `fsdp` what no compute hides in
@@ -557,7 +559,7 @@ class CostModel:
         its whole gradient buffer (4 B per parameter). With `fp8_params` the blocks' shard is cast
         from the fp32 main weights straight into fp8 (write 1 B instead of 16 bits; current scaling
         reads the main weights once more for their amax) and, once gathered, each fp8 weight's
-        transpose is made (read 1, write 1)."""
+        transpose is made (read 1, write 1; with `fsdp` after each gather instead, `fsdp_copies_s`)."""
         params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
         per = self.optimizer_step_bytes_per_param()
         sharded = (self.p.fsdp or self.p.distributed_optimizer) and shape.dp > 1
@@ -569,7 +571,7 @@ class CostModel:
         if self.p.fp8_params:
             amax = 4.0 if self.opts.fp8_current else 0.0  # the fp32 main weights' amax pass
             shard = blocks / shape.dp if sharded else blocks
-            transpose = shard if self.p.fsdp else blocks
+            transpose = 0.0 if self.p.fsdp else blocks
             cast = shard * (FP8_PARAM_BYTES - self.wbytes + amax) + transpose * 2.0 * FP8_PARAM_BYTES
         else:
             # fp8: the updated bf16 weights are cast into their fp8 copies once per iteration (read 2 B,
