@@ -170,3 +170,23 @@ def test_torchtitan_export_notes_the_unfused_loss(tmp_path: Path) -> None:
     assert [n for n in notes[True] if n not in notes[False]] == [
         n for n in notes[True] if "fused cross-entropy" in n and "fp32 logits" in n]
     assert any("fused cross-entropy" in n for n in notes[True])
+
+
+def test_plan_train_takes_every_execution_setting_solve_poseidon_takes(tmp_path: Path) -> None:
+    from gpuplan.commands.poseidon import EXECUTION_FIELDS
+
+    def names(*path: str) -> set[str]:
+        cmd = main
+        for p in path:
+            cmd = cmd.commands[p]  # type: ignore[attr-defined]
+        return {p.name for p in cmd.params if p.name}
+
+    assert set(EXECUTION_FIELDS) <= names("plan", "train")
+    assert set(EXECUTION_FIELDS) <= names("solve", "poseidon") and set(EXECUTION_FIELDS) <= names("evaluate", "poseidon")
+    out = tmp_path / "bundle"
+    r = CliRunner().invoke(main, ["plan", "train", "dgx-h100x2", "llama3-8b", "--batch", "32", "--seq", "2048",
+                                  "--dtype", "fp8", "--distributed-optimizer", "--fp8-recipe", "current",
+                                  "--fp8-params", "--fused-cross-entropy", "--time-limit", "5", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    problem = json.loads((out / "poseidon.json").read_text())["problem"]
+    assert (problem["fp8_recipe"], problem["fp8_params"], problem["fused_cross_entropy"]) == ("current", True, True)

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from gpuplan.cliout import OutputDir, Seconds, json_flag
-from gpuplan.commands.poseidon import TRAINING_DTYPES
+from gpuplan.commands.poseidon import EXECUTION_FIELDS, execution_options
 
 
 def gains_table(manifest: dict[str, Any]) -> Any:
@@ -115,20 +115,10 @@ def register(main: click.Group) -> None:
     @click.option("--time-limit", "time_limit", type=Seconds(), default=20.0, show_default=True,
                   help="Time limit of each solve (s).")
     @click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True)
-    @click.option("--dtype", type=click.Choice(TRAINING_DTYPES), default=None,
-                  help="Training precision (fp8: Transformer Engine's, the linear layers in fp8).")
-    @click.option("--distributed-optimizer/--no-distributed-optimizer", "distributed_optimizer", default=None,
-                  help="Optimizer states sharded over the data-parallel replicas (ZeRO-1), or replicated.")
-    @click.option("--fsdp/--no-fsdp", "fsdp", default=None,
-                  help="Weights, gradients and optimizer states sharded over the data-parallel replicas "
-                       "(FSDP2, ZeRO-3).")
-    @click.option("--eager-kernels/--fused-kernels", "eager_kernels", default=None,
-                  help="Element-wise ops as PyTorch's eager kernels (torchtitan without compile), or fused.")
     @json_flag(help="Print {command, bundle, plan_file, kind, predicted, gains, tables} as JSON (or write "
                     "it to FILE); see docs/index.md, Scripting.")
     def train(cluster: str, model: str | None, batch: int | None, seq: int | None, profile: str | None,
-              output: str, time_limit: float, seed: int, dtype: str | None, distributed_optimizer: bool | None,
-              fsdp: bool | None, eager_kernels: bool | None, json_out: str | None = None) -> None:
+              output: str, time_limit: float, seed: int, json_out: str | None = None, **settings: Any) -> None:
         """Poseidon's parallel plan, Tessel's schedule of its stages, Lagom's NCCL settings for the
         collectives beside that schedule (iterated to a fixed point); writes a bundle and prints each
         step's predicted gain. CLUSTER is a cluster file, preset or whole poseidon problem file; MODEL a
@@ -141,8 +131,7 @@ def register(main: click.Group) -> None:
         try:
             plan_training(cluster, model, batch=batch, seq=seq, profile=profile, output=output,
                           time_limit_s=time_limit, seed=seed,
-                          settings={"dtype": dtype, "distributed_optimizer": distributed_optimizer, "fsdp": fsdp,
-                                    "eager_kernels": eager_kernels})
+                          settings={field: settings.get(field) for field in EXECUTION_FIELDS})
         except InfeasibleError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(3)
@@ -156,3 +145,7 @@ def register(main: click.Group) -> None:
             print_tables(tables)
         emit_json("plan train", {"bundle": output, **bundle_doc(output, manifest, tables)}, json_out)
         say(f"bundle written to {output}", json_out)
+
+    # the execution settings, as `solve poseidon` takes them, before --json
+    json_at = next(i for i, param in enumerate(train.params) if param.name == "json_out")
+    train.params[json_at:json_at] = execution_options()

@@ -31,11 +31,10 @@ def _document(arg: str) -> tuple[dict[str, Any] | str, Path | None]:
 
 
 def build(cluster: str, model: str | None, batch: int | None, seq: int | None, schedule: str | None,
-          max_stages: int | None, max_tp: int | None, max_interleave: int | None = None, dtype: str | None = None,
-          distributed_optimizer: bool | None = None, fsdp: bool | None = None, eager_kernels: bool | None = None,
-          tp_comm_overlap: bool | None = None, fp8_recipe: str | None = None, fp8_params: bool | None = None,
-          fused_cross_entropy: bool | None = None, **_: Any) -> Problem:
-    """Return the PoseidonProblem the command-line arguments describe."""
+          max_stages: int | None, max_tp: int | None, max_interleave: int | None = None,
+          **settings: Any) -> Problem:
+    """Return the PoseidonProblem the command-line arguments describe (`settings`: the values of
+    `execution_options`, by field name; None leaves the problem's own)."""
     from gpuplan.api import load_problem
 
     doc, base = _document(cluster)
@@ -50,10 +49,7 @@ def build(cluster: str, model: str | None, batch: int | None, seq: int | None, s
         problem["model"] = mdoc.get("model", mdoc) if isinstance(mdoc, dict) else mdoc
     for key, value in (("global_batch", batch), ("seq_len", seq), ("schedule", schedule),
                        ("max_stages", max_stages), ("max_tp", max_tp), ("max_interleave", max_interleave),
-                       ("dtype", dtype), ("distributed_optimizer", distributed_optimizer), ("fsdp", fsdp),
-                       ("eager_kernels", eager_kernels), ("tp_comm_overlap", tp_comm_overlap),
-                       ("fp8_recipe", fp8_recipe), ("fp8_params", fp8_params),
-                       ("fused_cross_entropy", fused_cross_entropy)):
+                       *((field, settings.get(field)) for field in EXECUTION_FIELDS)):
         if value is not None:
             problem[key] = value
     problem["kind"] = "poseidon"
@@ -87,6 +83,40 @@ def _require_sizes(problem: dict[str, Any], cluster: str, whole: bool) -> None:
 
 TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")  # PoseidonProblem.dtype's values (a test holds them equal)
 
+# The problem fields `execution_options` sets (the execution assumptions a plan's times rest on).
+EXECUTION_FIELDS = ("dtype", "distributed_optimizer", "fsdp", "eager_kernels", "tp_comm_overlap", "fp8_recipe",
+                    "fp8_params", "fused_cross_entropy")
+
+
+def execution_options() -> list[click.Parameter]:
+    """Return new click options for the problem's execution settings (`EXECUTION_FIELDS`, default None:
+    the problem's own), as `solve`/`evaluate poseidon` and `plan train` take them."""
+    return [
+        click.Option(["--dtype"], type=click.Choice(TRAINING_DTYPES), default=None,
+                     help="Training precision (fp8: Transformer Engine's, the linear layers in fp8)."),
+        click.Option(["--distributed-optimizer/--no-distributed-optimizer", "distributed_optimizer"], default=None,
+                     help="Optimizer states sharded over the data-parallel replicas (ZeRO-1), or replicated."),
+        click.Option(["--fsdp/--no-fsdp", "fsdp"], default=None,
+                     help="Weights, gradients and optimizer states sharded over the data-parallel replicas "
+                          "(FSDP2 fully_shard per block, ZeRO-3: torchtitan's data_parallel_shard_degree)."),
+        click.Option(["--eager-kernels/--fused-kernels", "eager_kernels"], default=None,
+                     help="Element-wise ops as PyTorch's eager kernels (torchtitan without compile: rotary "
+                          "embedding in fp32, SwiGLU as silu then mul), or fused (Megatron-LM, torch.compile)."),
+        click.Option(["--tp-comm-overlap/--no-tp-comm-overlap", "tp_comm_overlap"], default=None,
+                     help="TP all-gathers and reduce-scatters beside their GEMMs (Megatron's --tp-comm-overlap, "
+                          "Transformer Engine's userbuffers; needs sequence parallelism), or exposed."),
+        click.Option(["--fp8-recipe", "fp8_recipe"], type=click.Choice(["delayed", "current"]), default=None,
+                     help="fp8 scaling with --dtype fp8: delayed (by earlier iterations' amax; Megatron-LM's default) "
+                          "or current (an amax pass before each cast: Megatron's tensorwise, torchao's float8)."),
+        click.Option(["--fp8-params/--no-fp8-params", "fp8_params"], default=None,
+                     help="With --dtype fp8 and the distributed optimizer or FSDP: the blocks' weights held and "
+                          "gathered in fp8 only (Megatron's --fp8-param-gather), or in 16 bits beside fp8 copies."),
+        click.Option(["--fused-cross-entropy/--unfused-cross-entropy", "fused_cross_entropy"], default=None,
+                     help="The loss as one fused kernel over the 16-bit logits (Megatron's --cross-entropy-loss-"
+                          "fusion, Transformer Engine's), or Megatron-LM's fp32 kernel sequence."),
+    ]
+
+
 INPUTS = ProblemInputs("poseidon", [
     click.Argument(["cluster"]),
     click.Argument(["model"], required=False),
@@ -97,28 +127,7 @@ INPUTS = ProblemInputs("poseidon", [
     click.Option(["--max-tp", "max_tp"], type=int, default=None, help="Largest tensor-parallel degree."),
     click.Option(["--max-interleave", "max_interleave"], type=int, default=None,
                  help="Most model chunks per stage (Megatron's interleaved 1F1B; 1: none)."),
-    click.Option(["--dtype"], type=click.Choice(TRAINING_DTYPES), default=None,
-                 help="Training precision (fp8: Transformer Engine's, the linear layers in fp8)."),
-    click.Option(["--distributed-optimizer/--no-distributed-optimizer", "distributed_optimizer"], default=None,
-                 help="Optimizer states sharded over the data-parallel replicas (ZeRO-1), or replicated."),
-    click.Option(["--fsdp/--no-fsdp", "fsdp"], default=None,
-                 help="Weights, gradients and optimizer states sharded over the data-parallel replicas "
-                      "(FSDP2 fully_shard per block, ZeRO-3: torchtitan's data_parallel_shard_degree)."),
-    click.Option(["--eager-kernels/--fused-kernels", "eager_kernels"], default=None,
-                 help="Element-wise ops as PyTorch's eager kernels (torchtitan without compile: rotary "
-                      "embedding in fp32, SwiGLU as silu then mul), or fused (Megatron-LM, torch.compile)."),
-    click.Option(["--tp-comm-overlap/--no-tp-comm-overlap", "tp_comm_overlap"], default=None,
-                 help="TP all-gathers and reduce-scatters beside their GEMMs (Megatron's --tp-comm-overlap, "
-                      "Transformer Engine's userbuffers; needs sequence parallelism), or exposed."),
-    click.Option(["--fp8-recipe", "fp8_recipe"], type=click.Choice(["delayed", "current"]), default=None,
-                 help="fp8 scaling with --dtype fp8: delayed (by earlier iterations' amax; Megatron-LM's default) "
-                      "or current (an amax pass before each cast: Megatron's tensorwise, torchao's float8)."),
-    click.Option(["--fp8-params/--no-fp8-params", "fp8_params"], default=None,
-                 help="With --dtype fp8 and the distributed optimizer or FSDP: the blocks' weights held and "
-                      "gathered in fp8 only (Megatron's --fp8-param-gather), or in 16 bits beside fp8 copies."),
-    click.Option(["--fused-cross-entropy/--unfused-cross-entropy", "fused_cross_entropy"], default=None,
-                 help="The loss as one fused kernel over the 16-bit logits (Megatron's --cross-entropy-loss-"
-                      "fusion, Transformer Engine's), or Megatron-LM's fp32 kernel sequence."),
+    *execution_options(),
 ], build, help="CLUSTER is a cluster file or preset name, MODEL a catalog name or model file "
                "(or CLUSTER is a whole poseidon problem file).")
 
