@@ -133,8 +133,9 @@ INPUTS = ProblemInputs("poseidon", [
 
 
 def assumptions(problem: Any) -> str:
-    """Return the execution assumptions a Poseidon prediction rests on, in one line: dtype, optimizer
-    states, data-parallel overlap, attention kernel, sequence parallelism, pipeline exchanges."""
+    """Return the execution assumptions a Poseidon prediction rests on, in one line: dtype (and fp8's
+    scaling and weights), optimizer states, data-parallel overlap, attention kernel, sequence
+    parallelism, element-wise kernels, pipeline exchanges, the loss kernel."""
     return "; ".join([
         f"dtype {problem.dtype}" + (f" (fp8 linear GEMMs, {problem.fp8_recipe} scaling, "
                                     + ("weights held and gathered in fp8, " if problem.fp8_params else "")
