@@ -156,8 +156,28 @@ def assumptions(problem: Any) -> str:
         "fused cross-entropy on 16-bit logits" if problem.fused_cross_entropy else "cross-entropy in fp32"])
 
 
-def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_limit: float | None,
-                       allow_over_memory: bool, json_out: str | None = None, **values: Any) -> None:
+def megatron_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[str, Any]]:
+    """Return (problem, fixed configuration) of a Megatron-LM arguments file on the command line's
+    CLUSTER and MODEL: the file's batch, sequence and execution settings where the command line gives
+    none, its degrees, micro-batch, layers and recomputation as the configuration. Raises InputError
+    when the file describes another model than MODEL or what the model cannot represent."""
+    from gpuplan.api import load_problem
+    from gpuplan.export.megatron_args import check_model, read_args_file, stated_sizes
+
+    sizes = stated_sizes(path)
+    values = {**values, "batch": values.get("batch") or sizes.get("global_batch"),
+              "seq": values.get("seq") or sizes.get("seq_len")}
+    problem = build(**values)
+    run = read_args_file(path, problem.model.num_layers)  # type: ignore[attr-defined]
+    check_model(run, problem.model, path)  # type: ignore[attr-defined]
+    given = {field for field in EXECUTION_FIELDS if values.get(field) is not None}  # the command line's win
+    settings = {k: v for k, v in run.problem.items() if k not in given and k not in ("global_batch", "seq_len")}
+    return load_problem({**problem.model_dump(mode="json"), **settings}, "poseidon"), run.config
+
+
+def _evaluate_callback(config: str | None, megatron_args: str | None, vs_search: bool, output: str | None,
+                       time_limit: float | None, allow_over_memory: bool, json_out: str | None = None,
+                       **values: Any) -> None:
     """Evaluate one fixed configuration; print its figures (and the search's plan with --vs-search), or
     with `json_out` the document of docs/index.md (Scripting); return None."""
     from gpuplan import api
@@ -168,8 +188,15 @@ def _evaluate_callback(config: str, vs_search: bool, output: str | None, time_li
     from gpuplan.render import print_tables
 
     try:
-        problem = build(**values)
-        plan = api.evaluate_config(problem, config, check_memory=not allow_over_memory)
+        if (config is None) == (megatron_args is None):
+            from gpuplan.errors import InputError
+
+            raise InputError.at(None, "--config", config, "one of --config or --megatron-args (not both)")
+        if megatron_args is not None:
+            problem, fixed_config = megatron_problem(megatron_args, values)
+        else:
+            problem, fixed_config = build(**values), config
+        plan = api.evaluate_config(problem, fixed_config, check_memory=not allow_over_memory)
         fixed = api.plan_problem(plan)
         figures = {"configuration": plan.solver.options if plan.solver else {},
                    "assumptions": assumptions(fixed),  # type: ignore[arg-type]
@@ -211,10 +238,14 @@ def register(main: click.Group) -> None:
     """Add `gpuplan evaluate poseidon CLUSTER MODEL --batch B --seq S --config tp=..,pp=..,...`."""
     group = subgroup(main, "evaluate", "Evaluate a fixed configuration with a model's cost model.")
     params = list(INPUTS.params) + [
-        click.Option(["--config"], required=True,
+        click.Option(["--config"], default=None,
                      help="tp=8,pp=8,dp=12,mb=1,recompute=selective,interleave=2[,sp=true,flash=false,distopt=true,fsdp=true,"
                           "eager=true] or a "
                           "YAML/JSON file with those keys."),
+        click.Option(["--megatron-args", "megatron_args"], default=None, type=click.Path(dir_okay=False),
+                     help="Or the configuration of a Megatron-LM run: a file of its arguments (as `gpuplan export "
+                          "megatron` writes megatron.args): degrees, layers, micro and global batch, sequence, "
+                          "recomputation and execution settings; the command line's options win."),
         click.Option(["--vs-search"], is_flag=True, help="Also solve with Poseidon's search and compare."),
         click.Option(["--time-limit", "time_limit"], type=Seconds(), default=None, help="Search time limit (s)."),
         click.Option(["--allow-over-memory"], is_flag=True,

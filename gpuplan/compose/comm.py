@@ -12,8 +12,11 @@ overlaps the compute the schedule really puts beside it:
 With a split backward, the backward segment is the input-gradient part and a `wgt-mb{j}` segment the
 weight-gradient part. With interleaved chunks, segments are per chunk (`fwd-c{c}-mb{j}`); a stage's
 activation send overlaps what follows its last chunk's forward, its gradient send what follows its
-first chunk's backward (Lagom's workload has one send per micro-batch and direction). A stage on a device type Lagom does not know (a CPU) has no NCCL knobs: it gets
-no problem (None) and keeps scale 1.
+first chunk's backward (Lagom's workload has one send per micro-batch and direction); a collective
+beside a micro-batch's forward (the distributed optimizer's weight gather, FSDP's gathers) overlaps
+its first chunk's forward, one beside its backward the last chunk's backward, which runs first. A
+stage on a device type Lagom does not know (a CPU) has no NCCL knobs: it gets no problem (None) and
+keeps scale 1.
 """
 
 from __future__ import annotations
@@ -77,5 +80,11 @@ def lagom_document(plan: dict[str, Any], stage: int, problem: TesselProblem,
             op["overlaps"] = following.get(f"bwd-{first_chunk}mb{name.removeprefix('send-prev-mb')}")
         elif name == "dp-grads":
             op["overlaps"] = names[-1] if names else None
+        elif v > 1 and op.get("overlaps") and op["overlaps"] not in following and op["overlaps"] != names[-1]:
+            # a micro-batch's forward (backward) named without its chunk: its first chunk's run, c0
+            # (the last chunk's, backward runs the chunks in reverse)
+            kind, _, mb = str(op["overlaps"]).partition("-")
+            chunk = f"{kind}-c{0 if kind == 'fwd' else v - 1}-{mb}"
+            op["overlaps"] = chunk if chunk in names else None
         ops.append(op)
     return {"kind": "lagom", **fields, "segments": segments, "ops": ops}
