@@ -80,7 +80,7 @@ def lagom_document(plan: dict[str, Any], stage: int, problem: TesselProblem,
             op["overlaps"] = following.get(f"bwd-{first_chunk}mb{name.removeprefix('send-prev-mb')}")
         elif name == "dp-grads":
             op["overlaps"] = names[-1] if names else None
-        elif v > 1 and op.get("overlaps") and op["overlaps"] not in following and op["overlaps"] != names[-1]:
+        elif v > 1 and op.get("overlaps") and op["overlaps"] not in names:
             # a micro-batch's forward (backward) named without its chunk: its first chunk's run, c0
             # (the last chunk's, backward runs the chunks in reverse)
             kind, _, mb = str(op["overlaps"]).partition("-")

@@ -32,13 +32,13 @@ VALUE_FLAGS = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "nu
                "pipeline-model-parallel-layout", "decoder-first-pipeline-num-layers",
                "decoder-last-pipeline-num-layers", "micro-batch-size", "global-batch-size", "seq-length",
                "recompute-granularity", "recompute-method", "recompute-num-layers", "fp8-format", "fp8-recipe",
-               "cross-entropy-fusion-impl", "attention-backend", "context-parallel-size",
+               "attention-backend", "context-parallel-size",
                "expert-model-parallel-size", "num-experts", "num-layers", "hidden-size", "ffn-hidden-size",
                "num-attention-heads", "num-query-groups", "kv-channels", "cpu-offloading-num-layers"}
-SWITCHES = {"sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce", "overlap-param-gather",
-            "tp-comm-overlap", "bf16", "fp16", "fp8-param-gather", "cross-entropy-loss-fusion", "swiglu",
-            "untie-embeddings-and-output-weights", "group-query-attention", "recompute-activations",
-            "use-flash-attn", "use-torch-fsdp2", "use-megatron-fsdp", "use-custom-fsdp", "cpu-offloading"}
+SWITCHES = {"sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce", "tp-comm-overlap", "bf16",
+            "fp16", "fp8-param-gather", "cross-entropy-loss-fusion", "swiglu", "untie-embeddings-and-output-weights",
+            "group-query-attention", "recompute-activations", "use-torch-fsdp2", "use-megatron-fsdp",
+            "use-custom-fsdp", "cpu-offloading"}
 # (flag, what gpuplan's model lacks) for switches the model cannot represent
 UNMODELLED = {"use-torch-fsdp2": "Megatron's FSDP2 wrapper (16-bit gradient reduction); the model's fsdp is "
                                  "torchtitan's, with fp32 reduction",
