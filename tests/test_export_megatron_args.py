@@ -46,6 +46,25 @@ def test_the_exports_arguments_read_back_give_the_plans_time(tmp_path: Path, con
     assert "weights held and gathered in fp8" in out["assumptions"]
 
 
+def test_a_preset_cluster_takes_the_runs_settings_with_the_command_lines_first(tmp_path: Path) -> None:
+    """The problem comes from CLUSTER and MODEL alone: fp8 weights need the run's distributed optimizer,
+    which the file states; an option on the command line wins over the file."""
+    args = tmp_path / "run.args"
+    args.write_text("--tensor-model-parallel-size 2 --sequence-parallel --global-batch-size 64 --seq-length 4096 "
+                    "--bf16 --fp8-format hybrid --fp8-recipe tensorwise --fp8-param-gather "
+                    "--use-distributed-optimizer --overlap-grad-reduce --cross-entropy-loss-fusion\n")
+    base = ["evaluate", "poseidon", "dgx-h100x2", "llama3-8b", "--megatron-args", str(args), "--json"]
+    r = CliRunner().invoke(main, base)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert "weights held and gathered in fp8" in out["assumptions"] and "distributed optimizer" in out["assumptions"]
+    r = CliRunner().invoke(main, base + ["--fp8-recipe", "delayed", "--batch", "32"])
+    assert r.exit_code == 0, r.output
+    assert "delayed scaling" in json.loads(r.output)["assumptions"]
+    r = CliRunner().invoke(main, base + ["--no-distributed-optimizer"])  # fp8 weights then need FSDP
+    assert r.exit_code == 2 and "fp8_params" in r.output
+
+
 def test_an_uneven_split_reads_back(tmp_path: Path) -> None:
     plan, args, problem = _export(tmp_path, {**DOC, "tp_comm_overlap": False},
                                   {"tp": 1, "pp": 2, "dp": 4, "mb": 1, "layers": [10, 22]})
@@ -71,10 +90,10 @@ def test_layers_precision_and_switches() -> None:
     run = read_args("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 5 "
                     "--decoder-last-pipeline-num-layers 7 --bf16 --num-layers-per-virtual-pipeline-stage=8".split(), 32)
     assert run.config["interleave"] == 1 and run.config["layers"] == [5, 10, 10, 7]
-    assert run.problem["dtype"] == "bf16" and not run.config["sequence_parallel"]
+    assert run.problem["dtype"] == "bf16" and not run.problem["sequence_parallel"]
     assert read_args([], 32).problem["dtype"] == "fp32"  # Megatron-LM's default precision
     run = read_args("--fp8-format hybrid --bf16 --fp8-recipe delayed --attention-backend unfused".split(), 32)
-    assert (run.problem["dtype"], run.problem["fp8_recipe"], run.config["flash_attention"]) == ("fp8", "delayed", False)
+    assert (run.problem["dtype"], run.problem["fp8_recipe"], run.problem["flash_attention"]) == ("fp8", "delayed", False)
     run = read_args("--num-layers-per-virtual-pipeline-stage 4 --pipeline-model-parallel-size 4".split(), 32)
     assert run.config["interleave"] == 2
 

@@ -52,8 +52,9 @@ MODEL_FLAGS = (("num-layers", "num_layers"), ("hidden-size", "hidden"), ("ffn-hi
 
 @dataclass
 class MegatronRun:
-    """A Megatron-LM run's settings in gpuplan's terms: `config` (ParallelConfig fields), `problem`
-    (PoseidonProblem fields the run fixes: global_batch, seq_len and the execution assumptions) and
+    """A Megatron-LM run's settings in gpuplan's terms: `config` (ParallelConfig fields: degrees,
+    micro-batch, recomputation, layers), `problem` (PoseidonProblem fields the run fixes: global_batch,
+    seq_len and the execution assumptions, which are validated together) and
     `model` (the model shape the arguments state, PoseidonProblem.model field names)."""
 
     config: dict[str, Any] = field(default_factory=dict)
@@ -215,16 +216,17 @@ def read_args(tokens: list[str], num_layers: int, where: str = "megatron args",
     tp = _int(flags, "tensor-model-parallel-size", where) or 1
     pp = _int(flags, "pipeline-model-parallel-size", where) or 1
     v = _interleave(flags, num_layers, pp, where)
-    config = {"tp": tp, "pp": pp, "interleave": v, "micro_batch": _int(flags, "micro-batch-size", where) or 1,
-              "recompute": _recompute(flags, v, where),
-              "sequence_parallel": bool(flags.get("sequence-parallel")),
-              "distributed_optimizer": bool(flags.get("use-distributed-optimizer")),
-              "overlap_dp_allreduce": bool(flags.get("overlap-grad-reduce")),
-              "flash_attention": flags.get("attention-backend", "auto") in ("auto", "flash", "fused")}
+    config: dict[str, Any] = {"tp": tp, "pp": pp, "interleave": v,
+                              "micro_batch": _int(flags, "micro-batch-size", where) or 1,
+                              "recompute": _recompute(flags, v, where)}
     layers = _stage_layers(flags, num_layers, pp, v, where)
     if layers is not None:
         config["layers"] = layers
-    problem = {**sizes, **_precision(flags, where), "tp_comm_overlap": bool(flags.get("tp-comm-overlap")),
+    problem = {**sizes, **_precision(flags, where), "sequence_parallel": bool(flags.get("sequence-parallel")),
+               "distributed_optimizer": bool(flags.get("use-distributed-optimizer")),
+               "overlap_dp_allreduce": bool(flags.get("overlap-grad-reduce")),
+               "flash_attention": flags.get("attention-backend", "auto") in ("auto", "flash", "fused"),
+               "tp_comm_overlap": bool(flags.get("tp-comm-overlap")),
                "fp8_params": bool(flags.get("fp8-param-gather")),
                "fused_cross_entropy": bool(flags.get("cross-entropy-loss-fusion"))}
     model: dict[str, Any] = {key: _int(flags, name, where) for name, key in MODEL_FLAGS if name in flags}
