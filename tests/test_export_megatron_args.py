@@ -106,6 +106,8 @@ def test_layers_precision_and_switches() -> None:
     ("--tensor-model-parallel-size", "--tensor-model-parallel-size"),
     ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*3|(tt|)*2", "--pipeline-model-parallel-layout"),
     ("--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Et*3|t*3L", "--pipeline-model-parallel-layout"),
+    ("--pipeline-model-parallel-size 4 --pipeline-model-parallel-layout E|t*16|t*16|L",
+     "--pipeline-model-parallel-layout"),
     ("--recompute-granularity partial", "--recompute-granularity")])
 def test_what_the_model_cannot_represent_is_refused_by_name(flags: str, field: str) -> None:
     with pytest.raises(gpuplan.InputError) as exc:
@@ -145,3 +147,32 @@ def test_a_composed_interleaved_plan_overlaps_the_weight_gather_with_its_first_c
     for plan in comp.lagom.values():
         ops = {o["name"]: o for o in plan.model_dump(mode="json")["problem"]["ops"]}
         assert ops["dp-params"]["overlaps"] == "fwd-c0-mb0"
+
+
+def test_any_argument_list_reads_or_is_refused_with_a_clear_error() -> None:
+    """Random argument lists (the flags the reader knows, others, values of every kind, `--flag=value`)
+    either read or raise InputError; never another exception."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from gpuplan.export.megatron_args import SWITCHES, VALUE_FLAGS
+
+    flag = st.sampled_from(sorted(VALUE_FLAGS | SWITCHES) + ["lr", "data-path", "tokenizer-type"])
+    value = st.one_of(st.integers(-3, 80).map(str), st.sampled_from(
+        ["full", "block", "uniform", "selective", "tensorwise", "mxfp8", "hybrid", "Et*16|t*16L", "t*8|t*8", "",
+         "1e3", "nan", "(tt|)*2", "auto", "unfused", "E|t*16|t*16|L", "Et*40|t*40L", "t|t"]))
+    token = st.one_of(flag.map(lambda f: f"--{f}"), value, st.tuples(flag, value).map(lambda p: f"--{p[0]}={p[1]}"))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(token, max_size=14), st.sampled_from([1, 2, 32, 80]))
+    def check(tokens: list[str], layers: int) -> None:
+        try:
+            run = read_args(tokens, layers, "x.args")
+        except gpuplan.InputError as exc:
+            assert str(exc).startswith("x.args: field '--")
+            return
+        assert run.config["tp"] >= 1 and run.config["pp"] >= 1 and run.config["interleave"] >= 1
+        if "layers" in run.config:
+            assert sum(run.config["layers"]) == layers and min(run.config["layers"]) >= 1
+
+    check()

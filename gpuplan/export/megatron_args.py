@@ -168,6 +168,10 @@ def _stage_layers(flags: dict[str, Any], num_layers: int, pp: int, v: int, where
         if len(counts) != pp * v or sum(counts) != num_layers:
             raise InputError.at(where, "--pipeline-model-parallel-layout", text,
                                 f"{pp * v} stages (pp {pp} x {v} chunks) of the model's {num_layers} layers")
+        if min(counts) < 1:
+            raise InputError.at(where, "--pipeline-model-parallel-layout", text,
+                                "at least one transformer layer on every stage: a stage of only the embedding "
+                                "or the loss is not in the model")
         if v > 1 and len(set(counts)) > 1:
             raise InputError.at(where, "--pipeline-model-parallel-layout", text,
                                 "equal chunks with interleaving: uneven interleaved chunks are not in the model")
