@@ -17,7 +17,8 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
 * Attention: flash attention (fused, scores never stored) when `flash`; its forward FLOPs are
   4 b s^2 (heads x head_dim) / tp, halved when `causal` (the kernel skips masked blocks), its
   backward 2.5x the forward (five matmuls instead of two: it recomputes the scores), at the rates
-  measured for cuDNN's kernel on Hopper (`FLASH_HOPPER_TFLOPS`), else at the GEMM rate. Without flash,
+  measured for cuDNN's kernel on Hopper (`FLASH_HOPPER_TFLOPS`) and FlashAttention-2's on the A100
+  (`FLASH_AMPERE_TFLOPS`), else at the GEMM rate. Without flash,
   Megatron-LM's explicit path (2021-22): QK^T and AV batched GEMMs over the full square, the fused
   scale-mask-softmax kernel (causal: it reads the lower triangle only) and a separate dropout kernel
   over b (heads/tp) s^2 scores, the QKV bias added by its own kernel, the context layer's permute
@@ -54,7 +55,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
-from gpuplan.models.catalog import catalog_chip
+from gpuplan.models.catalog import canonical_name, catalog_chip
 from gpuplan.models.cluster import DeviceType
 from gpuplan.models.workload import DTYPE_BYTES, TransformerConfig, storage_dtype
 
@@ -132,6 +133,27 @@ FLASH_HOPPER_TFLOPS: dict[str, tuple[float, ...]] = {
     "forward_causal": (315.0, 410.0, 484.0, 518.0, 529.0, 539.0),
     "backward": (305.0, 408.0, 465.0, 499.0, 518.0, 516.0)}
 FLASH_HOPPER_PEAK = 989.4
+
+# Fused (flash) attention on the A100 as measured: FlashAttention-2, the kernel PyTorch's
+# scaled_dot_product_attention runs on it (and Megatron-LM's --use-flash-attn), on an A100 80GB SXM4,
+# forward and backward together (Dao, "FlashAttention-2", 2023, figure "Attention forward + backward
+# speed (A100 80GB SXM4)"; the repository's assets/flash2_a100_fwd_bwd_benchmark.png: 16k tokens per
+# batch, hidden 2048), TFLOP/s per sequence length (`FLASH_SEQ`) at head dim 64 and 128, FLOPs counted
+# as for Hopper (forward and backward: 3.5x the forward). The figure's legend hides two labels (head
+# dim 128, no mask, 512 and 1k tokens): read from the bars' heights against the labelled ones (151,
+# 172). The pair's rate is taken for each direction, so the pair's time is the figure's and its split
+# is not (the paper has the forward faster than the backward). Head dims between are interpolated,
+# others clamped. Times the sustained over the burst matmul rate of the A100 (Azure's soaked 256.5
+# over mamf-finder's MAMF 267.9): the figure's short runs hold the boost clock. sm80 parts only
+# (`FLASH_AMPERE_TYPES`): sm86 (A10, A40) has less shared memory per SM and other kernel tiles.
+FLASH_AMPERE_TFLOPS: dict[tuple[int, bool], tuple[float, ...]] = {
+    (64, False): (132.0, 153.0, 162.0, 171.0, 175.0, 176.0),
+    (64, True): (88.0, 119.0, 140.0, 156.0, 165.0, 171.0),
+    (128, False): (151.0, 172.0, 187.0, 196.0, 201.0, 203.0),
+    (128, True): (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)}
+FLASH_AMPERE_PEAK = 312.0
+FLASH_AMPERE_TYPES: tuple[str, ...] = ("A100-40GB", "A100-80GB")
+AMPERE_SUSTAINED_OVER_BURST = 256.5 / 267.9
 
 # Bytes per element of Transformer Engine's cast-transpose of a linear layer's input (forward) or
 # output gradient (backward) in fp8 training: read the bf16 tensor (2), write its fp8 copy (1) and
@@ -249,18 +271,28 @@ def gemm_efficiency(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: 
     return roofline_efficiency(dev, dtype, M, N, K, gemm_ceiling(dev, dtype)) * wave_efficiency(dev, M, N, batch)
 
 
-def flash_fractions(dev: DeviceType, seq: int, causal: bool) -> tuple[float, float] | None:
+def flash_fractions(dev: DeviceType, seq: int, causal: bool, head_dim: int = 128) -> tuple[float, float] | None:
     """Return the (forward, backward) fractions of the dense 16-bit peak that fused attention reaches
-    at `seq` tokens on `dev` as measured (`FLASH_HOPPER_TFLOPS`: Hopper), or None where no measurement
-    applies (other architectures, measured or unknown types: the GEMM rate stands)."""
-    if dev.measured or dev.arch != "hopper":
+    at `seq` tokens on `dev` as measured (`FLASH_HOPPER_TFLOPS`: Hopper, head dim 128;
+    `FLASH_AMPERE_TFLOPS`: the A100, head dim 64 and 128), or None where no measurement applies (other
+    types, measured or unknown ones: the GEMM rate stands)."""
+    if dev.measured:
         return None
-    fwd = FLASH_HOPPER_TFLOPS["forward_causal" if causal else "forward"]
-    sustained = HOPPER_SUSTAINED_OVER_BURST / FLASH_HOPPER_PEAK
-    pts_f = [(n, f * sustained) for n, f in zip(FLASH_SEQ, fwd)]
-    pts_b = [(n, f * sustained) for n, f in zip(FLASH_SEQ, FLASH_HOPPER_TFLOPS["backward"])]
     at = max(FLASH_SEQ[0], min(FLASH_SEQ[-1], seq))  # clamped at both ends
-    return sweep_fraction(pts_f, at), sweep_fraction(pts_b, at)
+    if dev.arch == "hopper":
+        sustained = HOPPER_SUSTAINED_OVER_BURST / FLASH_HOPPER_PEAK
+        fwd = FLASH_HOPPER_TFLOPS["forward_causal" if causal else "forward"]
+        bwd = FLASH_HOPPER_TFLOPS["backward"]
+        return (sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, fwd)], at),
+                sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, bwd)], at))
+    if canonical_name(dev.name) in FLASH_AMPERE_TYPES:
+        sustained = AMPERE_SUSTAINED_OVER_BURST / FLASH_AMPERE_PEAK
+        lo, hi = (sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, FLASH_AMPERE_TFLOPS[d, causal])],
+                                 at) for d in (64, 128))
+        w = min(1.0, max(0.0, (head_dim - 64) / 64))
+        both = lo + w * (hi - lo)
+        return both, both
+    return None
 
 
 def serial_epilogue(dev: DeviceType) -> bool:
@@ -441,7 +473,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     heads = max(1, cfg.heads // tp)
     if opts.flash:
         flops = 4.0 * b * seq * seq * heads * d * (0.5 if opts.causal else 1.0)
-        fractions = None if sweep else flash_fractions(dev, seq, opts.causal)
+        fractions = None if sweep else flash_fractions(dev, seq, opts.causal, d)
         if fractions is None:  # no measurement of the kernel: the GEMM rate of its score shape
             fractions = (gemm_efficiency(dev, dtype, seq, seq, d, b * heads, sweep),) * 2
         rate_f, rate_b = (dev.peak(dtype) * 1e12 * f for f in fractions)
