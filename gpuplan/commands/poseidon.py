@@ -85,7 +85,7 @@ TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")  # PoseidonProblem.dtype's val
 
 # The problem fields `execution_options` sets (the execution assumptions a plan's times rest on).
 EXECUTION_FIELDS = ("dtype", "distributed_optimizer", "fsdp", "eager_kernels", "tp_comm_overlap", "fp8_recipe",
-                    "fp8_params", "fused_cross_entropy")
+                    "fp8_params", "fused_cross_entropy", "attention_library")
 
 
 def execution_options() -> list[click.Parameter]:
@@ -114,6 +114,10 @@ def execution_options() -> list[click.Parameter]:
         click.Option(["--fused-cross-entropy/--unfused-cross-entropy", "fused_cross_entropy"], default=None,
                      help="The loss as one fused kernel over the 16-bit logits (Megatron's --cross-entropy-loss-"
                           "fusion, Transformer Engine's), or Megatron-LM's fp32 kernel sequence."),
+        click.Option(["--attention-library", "attention_library"], type=click.Choice(["te", "sdpa"]), default=None,
+                     help="Whose fused attention kernel runs: te (Transformer Engine: Megatron-LM, NeMo; cuDNN's on "
+                          "Hopper) or sdpa (PyTorch's scaled_dot_product_attention: torchtitan, FSDP scripts; "
+                          "FlashAttention-2). Both FlashAttention-2 on the A100."),
     ]
 
 
@@ -147,7 +151,9 @@ def assumptions(problem: Any) -> str:
         "gradient reduce-scatters per block" if problem.fsdp
         else "gradient reduction overlapped with the backward" if problem.overlap_dp_allreduce
         else "gradient reduction after the backward",
-        "flash attention" if problem.flash_attention else "explicit attention (scores in memory)",
+        (("flash attention (PyTorch SDPA: FlashAttention-2)" if problem.attention_library == "sdpa"
+          else "flash attention (Transformer Engine: cuDNN on Hopper)") if problem.flash_attention
+         else "explicit attention (scores in memory)"),
         ("sequence parallelism" + (", TP collectives beside their GEMMs" if problem.tp_comm_overlap else ""))
         if problem.sequence_parallel else "no sequence parallelism",
         ("eager element-wise kernels" if problem.eager_kernels else "fused element-wise kernels")

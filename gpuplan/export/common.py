@@ -70,6 +70,8 @@ class TrainingJob:
     fp8_recipe: str = "delayed"  # fp8 scaling the plan's times assume (delayed or current), the problem's field
     fp8_params: bool = False  # block weights held and gathered in fp8 only, the problem's field
     fused_cross_entropy: bool = False  # the loss as one fused kernel on 16-bit logits, the problem's field
+    attention_library: str = "te"  # whose fused attention kernel the plan's times assume, the problem's field
+    device_arch: str = "unknown"  # the architecture of the plan's one device type (catalog, or unknown)
 
     @property
     def num_stages(self) -> int:
@@ -141,6 +143,7 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                      f"the strongest ({recompute}) is exported: it fits the memory, some stages run slower")
     env = stage_envs(plans)
     problem = doc["problem"]
+    arch = api.plan_problem(plans["poseidon.json"]).cluster.type_of(str(stages[0]["device_type"])).arch  # type: ignore[union-attr]
     return TrainingJob(model=problem["model"], layers=virtual_layers(doc), interleave=int(doc.get("interleave", 1)),
                        tp=int(stages[0]["tp"]), dp=int(stages[0]["dp"]),
                        micro_batch_size=int(stages[0]["micro_batch_size"]),
@@ -157,7 +160,8 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        eager_kernels=bool(problem.get("eager_kernels", False)),
                        fp8_recipe=str(problem.get("fp8_recipe", "delayed")),
                        fp8_params=bool(problem.get("fp8_params", False)),
-                       fused_cross_entropy=bool(problem.get("fused_cross_entropy", False)))
+                       fused_cross_entropy=bool(problem.get("fused_cross_entropy", False)),
+                       attention_library=str(problem.get("attention_library", "te")), device_arch=arch)
 
 
 @dataclass

@@ -151,6 +151,10 @@ def export(bundle: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     notes = list(job.notes) + lay.notes
     nodes = [{"node": n, "node_rank": r, "ranks": c, "cuda_visible_devices": lay.visible(r)}
              for r, (n, c) in enumerate(zip(lay.nodes, lay.nproc))] if lay.devices else []
+    if job.attention_library == "sdpa" and job.device_arch == "hopper":
+        notes.append("the plan's attention times are PyTorch SDPA's kernel (FlashAttention-2 on Hopper); Megatron-LM "
+                     "runs Transformer Engine's, cuDNN's on Hopper, about 1.7x faster per attention: expect the run "
+                     "faster than predicted, or plan with --attention-library te")
     notes.append("Megatron-LM runs its own 1F1B: Tessel's schedule "
                  f"({'zero-bubble split backward' if job.split_backward else 'plain backward'}) is not exported")
     files: list[str] = []

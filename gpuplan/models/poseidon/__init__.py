@@ -101,6 +101,9 @@ class PoseidonProblem(Problem):
     Megatron-Bridge's default): the loss reads the 16-bit logits and writes their gradient in place
     (`cost.ce_bytes_per_logit`), holding no fp32 copy (`CostModel.logits_bytes`); false: Megatron-LM's
     unfused fp32 sequence.
+    `attention_library`: whose fused attention kernel runs, "te" (Transformer Engine's, as Megatron-LM and
+    NeMo run it: cuDNN's on Hopper) or "sdpa" (PyTorch's scaled_dot_product_attention, as torchtitan and
+    FSDP scripts run it: FlashAttention-2, markedly slower on Hopper); both FlashAttention-2 on the A100.
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
@@ -132,6 +135,7 @@ class PoseidonProblem(Problem):
     fp8_recipe: Literal["delayed", "current"] = "delayed"  # fp8 scaling (see `cost.FP8_AMAX_BYTES`)
     fp8_params: bool = False  # block weights held in fp8 only, gathered in fp8 (--fp8-param-gather)
     fused_cross_entropy: bool = False  # --cross-entropy-loss-fusion, TE's kernel (see `cost.ce_bytes_per_logit`)
+    attention_library: Literal["te", "sdpa"] = "te"  # whose fused attention kernel runs (see `cost.flash_fractions`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -158,6 +162,10 @@ class PoseidonProblem(Problem):
                              "Transformer Engine's TP overlap splits the all-gathers and reduce-scatters of "
                              "sequence parallelism into chunks beside the GEMMs, and has nothing to overlap "
                              "without it")
+        if self.attention_library != "te" and not self.flash_attention:
+            raise ValueError(f"at attention_library: te (the default) with flash_attention false, or "
+                             f"flash_attention true: the library ({self.attention_library}) names whose fused "
+                             f"attention kernel runs, and explicit attention runs none")
         if self.fp8_recipe != "delayed" and self.dtype != "fp8":
             raise ValueError(f"at fp8_recipe: delayed (the default) with dtype {self.dtype}, or dtype fp8: the "
                              f"recipe scales fp8 tensors and there are none")
@@ -340,7 +348,8 @@ class CostModel:
                                  composite_norm=problem.composite_norm,
                                  wgrad_out_bytes=self.wbytes if problem.fsdp else MAIN_GRAD_BYTES,
                                  tp_overlap=problem.tp_comm_overlap,
-                                 fp8_current=problem.fp8_recipe == "current")
+                                 fp8_current=problem.fp8_recipe == "current",
+                                 attention_library=problem.attention_library)
         self._times: dict[tuple[str, int, int], LayerTimes] = {}
         self._layer: dict[tuple[str, int, int], tuple[float, float]] = {}
         self._dev: dict[str, Any] = {}

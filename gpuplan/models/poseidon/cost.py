@@ -17,8 +17,9 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
 * Attention: flash attention (fused, scores never stored) when `flash`; its forward FLOPs are
   4 b s^2 (heads x head_dim) / tp, halved when `causal` (the kernel skips masked blocks), its
   backward 2.5x the forward (five matmuls instead of two: it recomputes the scores), at the rates
-  measured for cuDNN's kernel on Hopper (`FLASH_HOPPER_TFLOPS`) and FlashAttention-2's on the A100
-  (`FLASH_AMPERE_TFLOPS`), else at the GEMM rate. Without flash,
+  measured for the kernel the attention library runs (`attention_library`): cuDNN's on Hopper under
+  Transformer Engine (`FLASH_HOPPER_TFLOPS`), FlashAttention-2's on the A100 and, under PyTorch's
+  SDPA, on Hopper (`FLASH2_TFLOPS`); else at the GEMM rate. Without flash,
   Megatron-LM's explicit path (2021-22): QK^T and AV batched GEMMs over the full square, the fused
   scale-mask-softmax kernel (causal: it reads the lower triangle only) and a separate dropout kernel
   over b (heads/tp) s^2 scores, the QKV bias added by its own kernel, the context layer's permute
@@ -134,26 +135,42 @@ FLASH_HOPPER_TFLOPS: dict[str, tuple[float, ...]] = {
     "backward": (305.0, 408.0, 465.0, 499.0, 518.0, 516.0)}
 FLASH_HOPPER_PEAK = 989.4
 
-# Fused (flash) attention on the A100 as measured: FlashAttention-2, the kernel PyTorch's
-# scaled_dot_product_attention runs on it (and Megatron-LM's --use-flash-attn), on an A100 80GB SXM4,
-# forward and backward together (Dao, "FlashAttention-2", 2023, figure "Attention forward + backward
-# speed (A100 80GB SXM4)"; the repository's assets/flash2_a100_fwd_bwd_benchmark.png: 16k tokens per
-# batch, hidden 2048), TFLOP/s per sequence length (`FLASH_SEQ`) at head dim 64 and 128, FLOPs counted
-# as for Hopper (forward and backward: 3.5x the forward). The figure's legend hides two labels (head
-# dim 128, no mask, 512 and 1k tokens): read from the bars' heights against the labelled ones (151,
-# 172). The pair's rate is taken for each direction, so the pair's time is the figure's and its split
-# is not (the paper has the forward faster than the backward). Head dims between are interpolated,
-# others clamped. Times the sustained over the burst matmul rate of the A100 (Azure's soaked 256.5
-# over mamf-finder's MAMF 267.9): the figure's short runs hold the boost clock. sm80 parts only
-# (`FLASH_AMPERE_TYPES`): sm86 (A10, A40) has less shared memory per SM and other kernel tiles.
-FLASH_AMPERE_TFLOPS: dict[tuple[int, bool], tuple[float, ...]] = {
-    (64, False): (132.0, 153.0, 162.0, 171.0, 175.0, 176.0),
-    (64, True): (88.0, 119.0, 140.0, 156.0, 165.0, 171.0),
-    (128, False): (151.0, 172.0, 187.0, 196.0, 201.0, 203.0),
-    (128, True): (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)}
-FLASH_AMPERE_PEAK = 312.0
-FLASH_AMPERE_TYPES: tuple[str, ...] = ("A100-40GB", "A100-80GB")
+# FlashAttention-2 as measured, forward and backward together, bf16, 16k tokens per batch, hidden 2048
+# (Dao, "FlashAttention-2", 2023, figures "Attention forward + backward speed" on an A100 80GB SXM4 and an
+# H100 80GB SXM5; the repository's assets/flash2_a100_fwd_bwd_benchmark.png and
+# flash2_h100_fwd_bwd_benchmark.png), TFLOP/s per sequence length (`FLASH_SEQ`) by (head dim, causal),
+# FLOPs counted as for Hopper's table (forward and backward: 3.5x the forward). It is the kernel PyTorch's
+# scaled_dot_product_attention runs on sm80 and sm90 (its flash backend first; cuDNN's is opt-in since
+# torch 2.5.1, pytorch pull request 138522; torchtitan issue 1042: H100s dispatch FLASH_ATTENTION) and
+# Megatron-LM's --use-flash-attn. Labels the figures' legends hide were read from the bars' heights
+# against the labelled bars (A100, head dim 128, no mask: 151 and 172 at 512 and 1k tokens; H100, the same
+# panel: 294 at 1k, whose label is half visible and agrees). The pair's rate is taken for each direction,
+# so the pair's time is the figure's and its split is not (the paper has the forward faster). Head dims
+# between 64 and 128 are interpolated, others clamped. Each chip's figures are taken as fractions of its
+# dense 16-bit peak (`FLASH2_PEAK`) times its sustained over burst matmul rate (a benchmark's short runs
+# hold the boost clock): Hopper's (`HOPPER_SUSTAINED_OVER_BURST`), and the A100's, Azure's soaked 256.5
+# over mamf-finder's MAMF 267.9. The A100's apply to sm80 parts only (`FLASH2_AMPERE_TYPES`): sm86 (A10,
+# A40) has less shared memory per SM and other kernel tiles.
+FLASH2_TFLOPS: dict[str, dict[tuple[int, bool], tuple[float, ...]]] = {
+    "ampere": {(64, False): (132.0, 153.0, 162.0, 171.0, 175.0, 176.0),
+               (64, True): (88.0, 119.0, 140.0, 156.0, 165.0, 171.0),
+               (128, False): (151.0, 172.0, 187.0, 196.0, 201.0, 203.0),
+               (128, True): (99.0, 133.0, 155.0, 173.0, 182.0, 189.0)},
+    "hopper": {(64, False): (215.0, 254.0, 274.0, 288.0, 294.0, 296.0),
+               (64, True): (141.0, 192.0, 232.0, 257.0, 273.0, 284.0),
+               (128, False): (248.0, 294.0, 320.0, 326.0, 335.0, 338.0),
+               (128, True): (163.0, 221.0, 265.0, 294.0, 308.0, 328.0)}}
 AMPERE_SUSTAINED_OVER_BURST = 256.5 / 267.9
+FLASH2_PEAK: dict[str, tuple[float, float]] = {"ampere": (312.0, AMPERE_SUSTAINED_OVER_BURST),
+                                               "hopper": (989.4, HOPPER_SUSTAINED_OVER_BURST)}
+FLASH2_AMPERE_TYPES: tuple[str, ...] = ("A100-40GB", "A100-80GB")
+
+# Which kernel runs fused attention, by the library that calls it (`attention_library`): Transformer
+# Engine ("te": Megatron-LM, NeMo) takes cuDNN's fused attention on Hopper (`FLASH_HOPPER_TFLOPS`) and
+# FlashAttention-2 on the A100 (the measured one there); PyTorch's scaled_dot_product_attention ("sdpa":
+# torchtitan, FSDP scripts, Hugging Face) runs FlashAttention-2 on both. Blackwell has no measurement
+# either way: the GEMM rate.
+ATTENTION_LIBRARIES: tuple[str, ...] = ("te", "sdpa")
 
 # Bytes per element of Transformer Engine's cast-transpose of a linear layer's input (forward) or
 # output gradient (backward) in fp8 training: read the bf16 tensor (2), write its fp8 copy (1) and
@@ -271,28 +288,30 @@ def gemm_efficiency(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: 
     return roofline_efficiency(dev, dtype, M, N, K, gemm_ceiling(dev, dtype)) * wave_efficiency(dev, M, N, batch)
 
 
-def flash_fractions(dev: DeviceType, seq: int, causal: bool, head_dim: int = 128) -> tuple[float, float] | None:
+def flash_fractions(dev: DeviceType, seq: int, causal: bool, head_dim: int = 128,
+                    library: str = "te") -> tuple[float, float] | None:
     """Return the (forward, backward) fractions of the dense 16-bit peak that fused attention reaches
-    at `seq` tokens on `dev` as measured (`FLASH_HOPPER_TFLOPS`: Hopper, head dim 128;
-    `FLASH_AMPERE_TFLOPS`: the A100, head dim 64 and 128), or None where no measurement applies (other
-    types, measured or unknown ones: the GEMM rate stands)."""
+    at `seq` tokens on `dev` as measured for the kernel `library` runs there (`ATTENTION_LIBRARIES`):
+    cuDNN's on Hopper under "te" (`FLASH_HOPPER_TFLOPS`, head dim 128), FlashAttention-2's on the A100
+    and, under "sdpa", on Hopper (`FLASH2_TFLOPS`, head dim 64 and 128); or None where no measurement
+    applies (other types, measured or unknown ones: the GEMM rate stands)."""
     if dev.measured:
         return None
     at = max(FLASH_SEQ[0], min(FLASH_SEQ[-1], seq))  # clamped at both ends
-    if dev.arch == "hopper":
+    if dev.arch == "hopper" and library == "te":
         sustained = HOPPER_SUSTAINED_OVER_BURST / FLASH_HOPPER_PEAK
         fwd = FLASH_HOPPER_TFLOPS["forward_causal" if causal else "forward"]
         bwd = FLASH_HOPPER_TFLOPS["backward"]
         return (sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, fwd)], at),
                 sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, bwd)], at))
-    if canonical_name(dev.name) in FLASH_AMPERE_TYPES:
-        sustained = AMPERE_SUSTAINED_OVER_BURST / FLASH_AMPERE_PEAK
-        lo, hi = (sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, FLASH_AMPERE_TFLOPS[d, causal])],
-                                 at) for d in (64, 128))
-        w = min(1.0, max(0.0, (head_dim - 64) / 64))
-        both = lo + w * (hi - lo)
-        return both, both
-    return None
+    chip = "hopper" if dev.arch == "hopper" else "ampere" if canonical_name(dev.name) in FLASH2_AMPERE_TYPES else None
+    if chip is None:
+        return None
+    peak, sustained = FLASH2_PEAK[chip]
+    lo, hi = (sweep_fraction([(n, f * sustained / peak) for n, f in zip(FLASH_SEQ, FLASH2_TFLOPS[chip][d, causal])],
+                             at) for d in (64, 128))
+    both = lo + min(1.0, max(0.0, (head_dim - 64) / 64)) * (hi - lo)
+    return both, both
 
 
 def serial_epilogue(dev: DeviceType) -> bool:
@@ -344,7 +363,8 @@ class LayerOptions:
     epilogue moves per element (`wgrad_out_bytes`: `MAIN_GRAD_BYTES` into fp32 main gradients;
     FSDP2 writes the 16-bit gradient, 2); `tp_overlap`: the TP collectives of sequence parallelism run
     beside their GEMMs (`tp_overlap_s`); `fp8_current`: fp8 current scaling, an amax pass over each
-    fp8 GEMM input before its cast (`FP8_AMAX_BYTES`)."""
+    fp8 GEMM input before its cast (`FP8_AMAX_BYTES`); `attention_library`: which library's fused
+    attention kernel runs (`ATTENTION_LIBRARIES`, `flash_fractions`)."""
 
     flash: bool = True
     causal: bool = True
@@ -354,6 +374,7 @@ class LayerOptions:
     wgrad_out_bytes: float = MAIN_GRAD_BYTES
     tp_overlap: bool = False
     fp8_current: bool = False
+    attention_library: str = "te"
 
 
 @dataclass(frozen=True)
@@ -473,7 +494,7 @@ def layer_ops(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: i
     heads = max(1, cfg.heads // tp)
     if opts.flash:
         flops = 4.0 * b * seq * seq * heads * d * (0.5 if opts.causal else 1.0)
-        fractions = None if sweep else flash_fractions(dev, seq, opts.causal, d)
+        fractions = None if sweep else flash_fractions(dev, seq, opts.causal, d, opts.attention_library)
         if fractions is None:  # no measurement of the kernel: the GEMM rate of its score shape
             fractions = (gemm_efficiency(dev, dtype, seq, seq, d, b * heads, sweep),) * 2
         rate_f, rate_b = (dev.peak(dtype) * 1e12 * f for f in fractions)
