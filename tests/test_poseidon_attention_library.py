@@ -104,3 +104,14 @@ def test_exports_note_a_trainer_that_runs_the_other_kernel(tmp_path: Path) -> No
     assert not says(notes("A100-80GB", "te", "torchtitan"), "FlashAttention-2")
     assert says(notes("H100", "sdpa", "megatron"), "cuDNN")
     assert not says(notes("H100", "te", "megatron"), "cuDNN")
+
+
+def test_the_field_the_cli_and_the_cost_model_name_the_same_libraries() -> None:
+    from typing import get_args
+
+    from gpuplan.models.poseidon import PoseidonProblem
+
+    assert get_args(PoseidonProblem.model_fields["attention_library"].annotation) == C.ATTENTION_LIBRARIES
+    option = next(p for p in main.commands["solve"].commands["poseidon"].params  # type: ignore[attr-defined]
+                  if p.name == "attention_library")
+    assert tuple(option.type.choices) == C.ATTENTION_LIBRARIES
