@@ -291,3 +291,22 @@ def test_a_bundle_agrees_with_itself_with_or_without_a_fixed_point(max_rounds: i
     assert check_bundle(tmp_path / "b") == []
     assert comp.converged or any("without a fixed point" in note for note in comp.notes)
     assert comp.predicted["iteration_time_s"] <= comp.predicted["baseline_iteration_time_s"] + 1e-12
+
+
+def test_a_scale_within_the_fixed_points_tolerance_is_no_claim(gpu_comp: gpuplan.Plan, tmp_path: Path) -> None:
+    """The Tessel/Lagom iteration stops when the scales move by at most SCALE_TOLERANCE, so a stated scale may
+    lie that far below its Lagom plan's tuned / default time (found when a stage's scale stopped 1.1e-7 below
+    its plan's), and no further."""
+    from gpuplan.compose.pipeline import SCALE_TOLERANCE
+
+    b = tmp_path / "b"
+    write_bundle(b, gpu_comp)
+    manifest = json.loads((b / "manifest.json").read_text())
+    s = next(s for s in range(len(manifest["scales"])) if f"lagom-stage{s}.json" in manifest["files"])
+    lagom = gpuplan.load_plan(b / f"lagom-stage{s}.json")
+    low = lagom.iteration_s / lagom.predicted["iteration_s_nccl_default"]  # type: ignore[attr-defined]
+    for below, flagged in ((SCALE_TOLERANCE / 10, False), (SCALE_TOLERANCE * 10, True)):
+        edited = json.loads(json.dumps(manifest))
+        edited["scales"][s] = low - below
+        (b / "manifest.json").write_text(json.dumps(edited))
+        assert ("scales" in [v.code for v in check_bundle(b)]) is flagged, below

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan.compose.comm import lagom_document
-from gpuplan.compose.pipeline import (baseline_schedule, composed_time_s, gains_table, stage_tails_s,
-                                      tessel_problem)
+from gpuplan.compose.pipeline import (SCALE_TOLERANCE, baseline_schedule, composed_time_s, gains_table,
+                                      stage_tails_s, tessel_problem)
 from gpuplan.errors import InputError
 from gpuplan.io import atomic_write_text, digest, make_output_dir, read_json
 from gpuplan.models.base import Violation
@@ -208,7 +208,8 @@ def _manifest_claims(manifest: dict[str, Any], plans: dict[str, Plan], scales: l
     """Return the violations of what the manifest says of its files and its composition: each file's kind
     is the plan's (and the one its name holds); the method is the fixed point, its rounds a count, and a
     composition that did not converge says so in its notes; each stage's compute scale lies between what
-    its Lagom plan gives (tuned / NCCL-default iteration time, at most 1) and 1 (no speed-up), and is 1
+    its Lagom plan gives (tuned / NCCL-default iteration time, at most 1; less `SCALE_TOLERANCE`, within
+    which the fixed point stops) and 1 (no speed-up), and is 1
     for a stage without one: a manifest may not claim a speed-up its Lagom plans do not give."""
     out: list[Violation] = []
     for name, entry in manifest["files"].items():
@@ -231,7 +232,7 @@ def _manifest_claims(manifest: dict[str, Any], plans: dict[str, Plan], scales: l
         else:
             default = float(lagom.predicted.get("iteration_s_nccl_default", float("nan")))
             low = min(1.0, float(lagom.iteration_s) / default) if default > 0 else 1.0  # type: ignore[attr-defined]
-        if not low * (1 - 1e-9) - 1e-12 <= scale <= 1.0 + 1e-12:
+        if not low - SCALE_TOLERANCE <= scale <= 1.0 + 1e-12:  # the fixed point stops within SCALE_TOLERANCE
             out.append(Violation("scales", f"stage {s}'s compute scale {scale:.6g}: its "
                                  + (f"Lagom plan gives {low:.6g} (tuned / NCCL-default time)" if lagom is not None
                                     else "stage has no Lagom plan, so 1") + "; a scale lies between that and 1",

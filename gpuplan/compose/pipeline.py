@@ -22,6 +22,11 @@ from gpuplan.errors import InputError
 from gpuplan.models.base import validate
 from gpuplan.models.tessel import Entry, TesselProblem
 
+# How far two rounds' stage compute scales (tuned over NCCL-default time, per stage) may differ for the
+# Tessel/Lagom iteration to stop at them (compose.train), and so how far a bundle's stated scale may lie below
+# what its stage's Lagom plan gives (compose.bundle): the fixed point holds within it.
+SCALE_TOLERANCE = 1e-6
+
 
 def _poseidon_problem(plan: dict[str, Any]) -> Any:
     """Return the PoseidonProblem embedded in a plan document (None when the plan embeds none)."""

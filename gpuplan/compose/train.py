@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuplan.compose.comm import lagom_document
-from gpuplan.compose.pipeline import (baseline_schedule, composed_time_s, gains_table, stage_tails_s,
-                                      tessel_problem)
+from gpuplan.compose.pipeline import (SCALE_TOLERANCE, baseline_schedule, composed_time_s, gains_table,
+                                      stage_tails_s, tessel_problem)
 from gpuplan.models.plan import Plan
 from gpuplan.models.tessel import orders_of
 
@@ -142,7 +142,7 @@ def compose(poseidon: Plan, *, time_limit_s: float = 20.0, seed: int = 0, max_ro
             new_scales.append(scale)
         timings["lagom_s"] += time.perf_counter() - t0
         lagom_plans = plans
-        if all(abs(a - b) <= 1e-6 for a, b in zip(new_scales, scales)) and rounds > 1:
+        if all(abs(a - b) <= SCALE_TOLERANCE for a, b in zip(new_scales, scales)) and rounds > 1:
             converged = True
             break
         scales = new_scales
