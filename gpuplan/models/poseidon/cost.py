@@ -8,9 +8,11 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   256x128 output tiles over the streaming multiprocessors, the best of them, as cuBLAS heuristics
   pick). Before Hopper the epilogue is serial (`serial_epilogue`): max(math, A and B read once) plus
   the output write, all traffic at `HBM_FRACTION` of the datasheet bandwidth; Hopper overlaps the
-  epilogue (roofline: max(math, A + B + C traffic)). Weight-gradient GEMMs accumulate into fp32 main
-  gradients (`MAIN_GRAD_BYTES`). When the problem carries a measured matmul sweep (profile), the
-  measured fraction of peak at the GEMM's equivalent cube size replaces the ceiling.
+  epilogue (roofline: max(math, A + B + C traffic)) but pays a fixed cost per output tile, worth
+  `HOPPER_TILE_K0` more elements of K, as measured sweeps over K show (`k_efficiency`).
+  Weight-gradient GEMMs accumulate into fp32 main gradients (`MAIN_GRAD_BYTES`). When the problem
+  carries a measured matmul sweep (profile), the measured fraction of peak at the GEMM's equivalent
+  cube size replaces the ceiling.
 * Element-wise ops (layer norms, bias + GeLU / SwiGLU, bias + dropout + residual, cross-entropy)
   are memory-bound: bytes read + written at `HBM_FRACTION` of the bandwidth; backward moves about
   twice the forward's bytes. `layer_ops` lists each operation of a block with its times.
@@ -184,6 +186,21 @@ FP8_CAST_BYTES = 4.0
 # First principles.
 FP8_AMAX_BYTES = 2.0
 
+# Fixed cost per output tile of Hopper's GEMM kernels, in elements of the inner dimension K: a tile's
+# prologue (the pipeline's first loads) and epilogue take as long as K0 more steps of its main loop, so an
+# M x N x K GEMM runs at (1 + K0 / K_ceiling) / (1 + K0 / K) of the ceiling (`k_efficiency`), the ceiling
+# having been measured at K_ceiling. fp8: tile-lang's FP8 matmul benchmark on an H800 SXM (H100 SXM's SMs
+# and clocks; tile-ai/tilelang benchmark/matmul_fp8/README.md: M = N = 8192, K = 256 to 16384, 376 / 622
+# / 927 / 1174 / 1378 / 1461 / 1523 TFLOP/s) follows A K / (K + K0) within 2% from K = 1024 up with
+# K0 = 734 (its two ends, K = 1024 and 16384, give K0); the same K0 gives Azure's soaked cuBLASLt sweep on
+# H100 (fp8, 2048^3 to 16384^3: `gemm_sweeps` in benchmarks/data) within 2% as well. 16-bit: the same
+# time per tile at half the math rate per element of K, K0 = 734 / 2. K_ceiling: the inner dimension of
+# the best shape mamf-finder reports for H100 SXM (bf16 2048 x 2048 x 13312, fp8 1024 x 9216 x 14336).
+# Other architectures have no such sweep (Ampere's serial epilogue, `serial_epilogue`, is its own
+# per-tile cost).
+HOPPER_TILE_K0: dict[str, float] = {"fp8": 734.0, "bf16": 367.0, "fp16": 367.0}
+HOPPER_CEILING_K: dict[str, float] = {"fp8": 14336.0, "bf16": 13312.0, "fp16": 13312.0}
+
 # Streaming multiprocessors of a type outside the catalog (the catalog's types: `catalog_chip`).
 DEFAULT_SMS = 108
 
@@ -236,6 +253,16 @@ def gemm_ceiling(dev: DeviceType, dtype: str = "bf16") -> float:
     return GEMM_CEILING.get(dev.name, ARCH_CEILING.get(dev.arch, DEFAULT_CEILING))
 
 
+def k_efficiency(dev: DeviceType, dtype: str, K: int) -> float:
+    """Return the factor (> 0; 1 at the ceiling's own K) by which the per-tile fixed cost of `dev`'s GEMM
+    kernels scales its `dtype` ceiling at inner dimension K (`HOPPER_TILE_K0`); 1 where no sweep
+    measures it (other architectures, measured or unknown types)."""
+    k0 = HOPPER_TILE_K0.get(dtype)
+    if dev.measured or dev.arch != "hopper" or k0 is None or K <= 0:
+        return 1.0
+    return (1.0 + k0 / HOPPER_CEILING_K[dtype]) / (1.0 + k0 / K)
+
+
 def wave_efficiency(dev: DeviceType, M: int, N: int, batch: int = 1) -> float:
     """Return the tile-and-wave quantisation factor in (0, 1] of an M x N output (times `batch`):
     useful work over the work of the whole waves of padded tiles, best of `TILES`; 1.0 for measured
@@ -280,12 +307,13 @@ def gemm_efficiency(dev: DeviceType, dtype: str, M: int, N: int, K: int, batch: 
     """Return the fraction of `dev`'s dense `dtype` peak that `batch` GEMMs of M x N x K reach (0..1].
 
     With a measured `sweep` ((n, fraction of peak) of square matmuls) the fraction at the equivalent
-    cube size (M N K)^(1/3); otherwise the roofline with the type's ceiling times tile/wave
-    quantisation.
+    cube size (M N K)^(1/3); otherwise the roofline with the type's ceiling (times the per-tile cost's
+    `k_efficiency` at inner dimension K) times tile/wave quantisation.
     """
     if sweep:
         return max(1e-6, min(1.0, sweep_fraction(sweep, (M * N * K) ** (1.0 / 3.0))))
-    return roofline_efficiency(dev, dtype, M, N, K, gemm_ceiling(dev, dtype)) * wave_efficiency(dev, M, N, batch)
+    ceiling = gemm_ceiling(dev, dtype) * k_efficiency(dev, dtype, K)
+    return roofline_efficiency(dev, dtype, M, N, K, ceiling) * wave_efficiency(dev, M, N, batch)
 
 
 def flash_fractions(dev: DeviceType, seq: int, causal: bool, head_dim: int = 128,
