@@ -173,7 +173,8 @@ def gemm_lines(doc: dict[str, Any]) -> list[str]:
                          f"{predicted:>11.1f}{ratio:>7.2f}")
     lines.append(f"large GEMMs (every dimension >= 1024, >= 1e11 FLOPs): ratio {min(large):.2f}-{max(large):.2f} "
                  f"({len(large)} points); small or skinny: {min(small):.2f}-{max(small):.2f} ({len(small)} points: the "
-                 "model has no fixed per-kernel time, which a training step's large GEMMs hardly feel)")
+                 "model has a fixed cost per output tile on Hopper only and no launch time per kernel, which a "
+                 "training step's large GEMMs hardly feel)")
     return lines
 
 
@@ -289,6 +290,7 @@ def section_a() -> list[str]:
     lines.append(f"all sources: within 15% on {sum(abs(x - 1.0) <= TOLERANCE for x in every)}/{len(every)} runs")
     lines += gemm_lines(doc)
     lines += compile_lines(doc)
+    lines += mcore_lines(doc)
     lines += pair_lines(doc)
     lines += layer_lines(doc)
     lines += miss_lines(doc)
@@ -693,6 +695,60 @@ def lockstep_lines() -> list[str]:
                    f"{model:7.3f} s, lockstep {lock:7.3f} s ({lock / model:.4f}x the blocking DAG; without the "
                    f"exchanges' time {bare / dag:.4f}x the DAG) -> ratio {ratio:.3f}")
     return out
+
+
+def mcore_lines(doc: dict[str, Any]) -> list[str]:
+    """Return the printed lines of Megatron-Core's H100 weak-scaling table (mcore_h100 of the data file), not
+    judged: each row at the model's best over the settings the table does not state (micro-batch,
+    interleave, recomputation) within the memory limit, the published TFLOP/s turned into tokens per second
+    by Megatron-LM's own FLOP count."""
+    import gpuplan
+    from gpuplan.errors import InfeasibleError
+
+    d = doc["mcore_h100"]
+    s, V = d["seq_len"], d["vocab"]
+    lines = ["cross-check, not judged: Megatron-Core r0.8.0 on H100 (its README's weak-scaling table: bf16, GPT, "
+             "distributed optimizer with overlapped reduce and gather, TP overlap; micro-batch, interleave and "
+             "recomputation unstated: the model's best over them within its memory limit); ratio = predicted / "
+             "published tokens per second per GPU",
+             f"{'model':<6}{'GPUs':>6}{'tp':>3}{'pp':>4}{'dp':>4}{'batch':>6}  {'best mb, v, recompute':<22}"
+             f"{'published':>10}{'predicted':>10}{'ratio':>7}  MFU    mem/GPU"]
+    ratios = []
+    for name, heads, h, layers, tp, pp, dp, batch, tflops in d["runs"]:
+        gpus = tp * pp * dp
+        problem = gpuplan.load_problem({
+            "kind": "poseidon", "cluster": cluster_of({"gpus": gpus}, d),
+            "model": {"name": f"gpt-{name.lower()}", "num_layers": layers, "hidden": h, "heads": heads,
+                      "ffn_hidden": 4 * h, "vocab": V, "gated_mlp": False, "tied_embeddings": False, "max_seq_len": s},
+            "global_batch": batch, "seq_len": s, "dtype": "bf16", "distributed_optimizer": True,
+            "overlap_dp_allreduce": True, "sequence_parallel": True, "tp_comm_overlap": tp > 1, "blocking_p2p": False})
+        per_replica = batch // dp
+        best = None
+        for mb in (m for m in (1, 2, 4, 8) if per_replica % m == 0):
+            for v in (1, *(k for k in range(2, 9) if pp > 1 and layers % (pp * k) == 0 and (per_replica // mb) % pp == 0)):
+                for recompute in ("none", "selective", "full"):
+                    try:
+                        plan = gpuplan.evaluate_config(problem, {"tp": tp, "pp": pp, "dp": dp, "mb": mb, "interleave": v,
+                                                                 "recompute": recompute})
+                    except InfeasibleError:
+                        continue
+                    if best is None or plan.iteration_time_s < best[0].iteration_time_s:
+                        best = (plan, f"{mb}, {v}, {recompute}")
+        flops_per_token = 12 * layers * h * h * (6 + s / h) + 6 * h * V
+        published = tflops * 1e12 / flops_per_token
+        if best is None:
+            lines.append(f"{name:<6}{gpus:>6}{tp:>3}{pp:>4}{dp:>4}{batch:>6}  {'nothing fits':<22}{published:>10.0f}")
+            continue
+        plan, label = best
+        tokens = batch * s / plan.iteration_time_s / gpus
+        ratios.append(tokens / published)
+        need = max(st.memory_bytes for st in plan.stages) / 2**30
+        lines.append(f"{name:<6}{gpus:>6}{tp:>3}{pp:>4}{dp:>4}{batch:>6}  {label:<22}{published:>10.0f}{tokens:>10.0f}"
+                     f"{tokens / published:>7.2f}  {plan.predicted['mfu'] * 100:4.1f}%  {need:.0f}/80 GiB")
+    if ratios:
+        lines.append(f"Megatron-Core H100 (not judged): within 15% on {sum(abs(x - 1.0) <= TOLERANCE for x in ratios)}/"
+                     f"{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, geometric mean {_gmean(ratios):.3f}")
+    return lines
 
 
 def crosscheck_lines(doc: dict[str, Any]) -> list[str]:
