@@ -96,12 +96,15 @@ def test_exports_note_a_trainer_that_runs_the_other_kernel(tmp_path: Path) -> No
             return torchtitan.export(out, tmp_path / f"tt-{gpu}-{library}")["notes"]
         return megatron.export(out)["notes"]
 
-    def says(found: list[str], kernel: str) -> bool:
-        return any("attention times" in n and kernel in n for n in found)
+    def says(found: list[str], words: str) -> bool:
+        return any("attention times" in n and words in n for n in found)
 
-    assert says(notes("H100", "te", "torchtitan"), "FlashAttention-2")
-    assert not says(notes("H100", "sdpa", "torchtitan"), "FlashAttention-2")
-    assert not says(notes("A100-80GB", "te", "torchtitan"), "FlashAttention-2")
+    # torchtitan 0.3.0 runs FlexAttention, measured by no source: noted on Hopper, with a warning for a plan
+    # made for Transformer Engine's faster kernel
+    te, sdpa = notes("H100", "te", "torchtitan"), notes("H100", "sdpa", "torchtitan")
+    assert says(te, "FlexAttention") and says(te, "expect attention slower")
+    assert says(sdpa, "FlexAttention") and not says(sdpa, "expect attention slower")
+    assert not says(notes("A100-80GB", "te", "torchtitan"), "FlexAttention")
     assert says(notes("H100", "sdpa", "megatron"), "cuDNN")
     assert not says(notes("H100", "te", "megatron"), "cuDNN")
 

@@ -116,8 +116,8 @@ def execution_options() -> list[click.Parameter]:
                           "fusion, Transformer Engine's), or Megatron-LM's fp32 kernel sequence."),
         click.Option(["--attention-library", "attention_library"], type=click.Choice(["te", "sdpa"]), default=None,
                      help="Whose fused attention kernel runs: te (Transformer Engine: Megatron-LM, NeMo; cuDNN's on "
-                          "Hopper) or sdpa (PyTorch's scaled_dot_product_attention: torchtitan, FSDP scripts; "
-                          "FlashAttention-2). Both FlashAttention-2 on the A100."),
+                          "Hopper) or sdpa (PyTorch's scaled_dot_product_attention: FSDP scripts, earlier torchtitan "
+                          "releases; FlashAttention-2). Both FlashAttention-2 on the A100."),
     ]
 
 

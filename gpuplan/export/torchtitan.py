@@ -305,11 +305,14 @@ def export(bundle: str | Path, out: str | Path, *, config: str | None = None) ->
         notes.append(SELECTIVE_NOTE)
     if partial_blocks(job.recompute):
         notes.append(PARTIAL_NOTE.format(k=partial_blocks(job.recompute)))
-    if job.attention_library == "te" and job.device_arch == "hopper":
-        notes.append(f"the plan's attention times are Transformer Engine's kernel (cuDNN's on Hopper); torchtitan "
-                     f"{TORCHTITAN_VERSION} runs PyTorch's scaled_dot_product_attention, FlashAttention-2 on Hopper, "
-                     "about 1.7x slower per attention: expect the run slower than predicted, or plan with "
-                     "--attention-library sdpa")
+    if job.device_arch == "hopper":
+        te = job.attention_library == "te"
+        notes.append("the plan's attention times are " + ("Transformer Engine's kernel's (cuDNN's on Hopper, about "
+                     "1.7x FlashAttention-2's rate)" if te else "FlashAttention-2's (PyTorch SDPA's kernel)")
+                     + f"; torchtitan {TORCHTITAN_VERSION}'s model configs run FlexAttention (attn_backend 'flex', "
+                     "Triton kernels), whose rate the model does not have"
+                     + (": expect attention slower than predicted, or plan with --attention-library sdpa for "
+                        "FlashAttention-2's rates, the nearest measured kernel" if te else ""))
     if job.tp_comm_overlap and job.tp > 1:
         notes.append("the plan's times hide the TP collectives beside their GEMMs (Transformer Engine's userbuffers, "
                      "the problem's tp_comm_overlap); torchtitan runs them exposed unless its async tensor "

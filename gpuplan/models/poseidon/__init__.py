@@ -102,8 +102,9 @@ class PoseidonProblem(Problem):
     (`cost.ce_bytes_per_logit`), holding no fp32 copy (`CostModel.logits_bytes`); false: Megatron-LM's
     unfused fp32 sequence.
     `attention_library`: whose fused attention kernel runs, "te" (Transformer Engine's, as Megatron-LM and
-    NeMo run it: cuDNN's on Hopper) or "sdpa" (PyTorch's scaled_dot_product_attention, as torchtitan and
-    FSDP scripts run it: FlashAttention-2, markedly slower on Hopper); both FlashAttention-2 on the A100.
+    NeMo run it: cuDNN's on Hopper) or "sdpa" (PyTorch's scaled_dot_product_attention, as FSDP scripts and
+    earlier torchtitan releases run it: FlashAttention-2, markedly slower on Hopper); both FlashAttention-2 on
+    the A100.
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master

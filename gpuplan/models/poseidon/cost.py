@@ -170,8 +170,8 @@ FLASH2_AMPERE_TYPES: tuple[str, ...] = ("A100-40GB", "A100-80GB")
 # Which kernel runs fused attention, by the library that calls it (`attention_library`): Transformer
 # Engine ("te": Megatron-LM, NeMo) takes cuDNN's fused attention on Hopper (`FLASH_HOPPER_TFLOPS`) and
 # FlashAttention-2 on the A100 (the measured one there); PyTorch's scaled_dot_product_attention ("sdpa":
-# torchtitan, FSDP scripts, Hugging Face) runs FlashAttention-2 on both. Blackwell has no measurement
-# either way: the GEMM rate.
+# FSDP scripts, Hugging Face, earlier torchtitan releases) runs FlashAttention-2 on both. Blackwell has no
+# measurement either way: the GEMM rate.
 ATTENTION_LIBRARIES: tuple[str, ...] = ("te", "sdpa")
 
 # Bytes per element of Transformer Engine's cast-transpose of a linear layer's input (forward) or
