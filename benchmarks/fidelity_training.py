@@ -743,8 +743,9 @@ def mcore_lines(doc: dict[str, Any]) -> list[str]:
         tokens = batch * s / plan.iteration_time_s / gpus
         ratios.append(tokens / published)
         need = max(st.memory_bytes for st in plan.stages) / 2**30
+        cap = problem.cluster.type_of(d["gpu"]).memory_bytes / 2**30
         lines.append(f"{name:<6}{gpus:>6}{tp:>3}{pp:>4}{dp:>4}{batch:>6}  {label:<22}{published:>10.0f}{tokens:>10.0f}"
-                     f"{tokens / published:>7.2f}  {plan.predicted['mfu'] * 100:4.1f}%  {need:.0f}/80 GiB")
+                     f"{tokens / published:>7.2f}  {plan.predicted['mfu'] * 100:4.1f}%  {need:.0f}/{cap:.0f} GiB")
     if ratios:
         lines.append(f"Megatron-Core H100 (not judged): within 15% on {sum(abs(x - 1.0) <= TOLERANCE for x in ratios)}/"
                      f"{len(ratios)}; ratio min {min(ratios):.2f}, max {max(ratios):.2f}, geometric mean {_gmean(ratios):.3f}")
