@@ -6,6 +6,8 @@ each as rates relative to its largest shape, so the ceiling's level (mamf-finder
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuplan.models.cluster import device_type
 from gpuplan.models.poseidon import cost as C
@@ -49,3 +51,16 @@ def test_a_memory_bound_gemm_keeps_its_memory_time() -> None:
     M, N, K = 65536, 64, 8192
     traffic = (M * K + K * N + M * N) * 2 / (H100.memory_bandwidth_GBps * 1e9 * C.HBM_FRACTION)
     assert C.gemm_s(H100, "bf16", M, N, K) == pytest.approx(traffic / C.wave_efficiency(H100, M, N), rel=1e-9)
+
+
+@given(M=st.integers(1, 65536), N=st.integers(1, 65536), K=st.integers(1, 32768),
+       dtype=st.sampled_from(["bf16", "fp8"]), name=st.sampled_from(["H100", "H200", "A100-80GB"]))
+@settings(max_examples=200, deadline=None)
+def test_a_longer_k_never_lowers_the_rate(M: int, N: int, K: int, dtype: str, name: str) -> None:
+    # the tile cost, the roofline and the ceiling are each non-decreasing in K, so the rate is too
+    dev = device_type(name)
+    if dtype == "fp8" and "fp8" not in dev.peak_tflops:
+        dtype = "bf16"
+    t1, t2 = C.gemm_s(dev, dtype, M, N, K), C.gemm_s(dev, dtype, M, N, K + 1)
+    assert 0 < t1 < float("inf")
+    assert (K + 1) / t2 >= K / t1 * (1 - 1e-12)
