@@ -164,7 +164,7 @@ FLASH2_TFLOPS: dict[str, dict[tuple[int, bool], tuple[float, ...]]] = {
                (128, True): (163.0, 221.0, 265.0, 294.0, 308.0, 328.0)}}
 AMPERE_SUSTAINED_OVER_BURST = 256.5 / 267.9
 FLASH2_PEAK: dict[str, tuple[float, float]] = {"ampere": (312.0, AMPERE_SUSTAINED_OVER_BURST),
-                                               "hopper": (989.4, HOPPER_SUSTAINED_OVER_BURST)}
+                                               "hopper": (FLASH_HOPPER_PEAK, HOPPER_SUSTAINED_OVER_BURST)}
 FLASH2_AMPERE_TYPES: tuple[str, ...] = ("A100-40GB", "A100-80GB")
 
 # Which kernel runs fused attention, by the library that calls it (`attention_library`): Transformer
@@ -326,18 +326,19 @@ def flash_fractions(dev: DeviceType, seq: int, causal: bool, head_dim: int = 128
     if dev.measured:
         return None
     at = max(FLASH_SEQ[0], min(FLASH_SEQ[-1], seq))  # clamped at both ends
+
+    def fraction(tflops: Sequence[float], scale: float) -> float:  # the measured curve at `at`, x `scale`
+        return sweep_fraction([(n, f * scale) for n, f in zip(FLASH_SEQ, tflops)], at)
+
     if dev.arch == "hopper" and library == "te":
-        sustained = HOPPER_SUSTAINED_OVER_BURST / FLASH_HOPPER_PEAK
-        fwd = FLASH_HOPPER_TFLOPS["forward_causal" if causal else "forward"]
-        bwd = FLASH_HOPPER_TFLOPS["backward"]
-        return (sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, fwd)], at),
-                sweep_fraction([(n, f * sustained) for n, f in zip(FLASH_SEQ, bwd)], at))
+        scale = HOPPER_SUSTAINED_OVER_BURST / FLASH_HOPPER_PEAK
+        return (fraction(FLASH_HOPPER_TFLOPS["forward_causal" if causal else "forward"], scale),
+                fraction(FLASH_HOPPER_TFLOPS["backward"], scale))
     chip = "hopper" if dev.arch == "hopper" else "ampere" if canonical_name(dev.name) in FLASH2_AMPERE_TYPES else None
     if chip is None:
         return None
     peak, sustained = FLASH2_PEAK[chip]
-    lo, hi = (sweep_fraction([(n, f * sustained / peak) for n, f in zip(FLASH_SEQ, FLASH2_TFLOPS[chip][d, causal])],
-                             at) for d in (64, 128))
+    lo, hi = (fraction(FLASH2_TFLOPS[chip][d, causal], sustained / peak) for d in (64, 128))
     both = lo + min(1.0, max(0.0, (head_dim - 64) / 64)) * (hi - lo)
     return both, both
 
