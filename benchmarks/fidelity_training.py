@@ -59,6 +59,7 @@ def problem_of(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
             "global_batch": row["global_batch"], "seq_len": d["seq_len"], "dtype": d["dtype"],
             "flash_attention": d["flash_attention"], "sequence_parallel": row["sequence_parallel"],
             "overlap_dp_allreduce": row.get("ddp", d.get("ddp", "local")) == "torch",
+            "gradient_accumulation_fusion": row.get("gradient_accumulation_fusion", True),
             "max_tp": 8, "max_stages": max(16, row["pp"]), "max_microbatches": 4096}
 
 
@@ -96,6 +97,7 @@ def h100_problem(row: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
             "blocking_p2p": d["blocking_p2p"], "tp_comm_overlap": row.get("tp_comm_overlap", False),
             "fp8_recipe": row.get("fp8_recipe", d["fp8_recipe"]), "fp8_params": row.get("fp8_params", False),
             "fused_cross_entropy": row.get("fused_cross_entropy", False),
+            "grad_reduce_in_fp32": row.get("grad_reduce_in_fp32", d["grad_reduce_in_fp32"]),
             "max_tp": 8, "max_stages": max(16, row["pp"]),
             "max_microbatches": 4096, "max_interleave": max(4, row["interleave"])}
 

@@ -37,7 +37,7 @@ def test_overlap_leaves_what_outlasts_the_last_backward(config: str) -> None:
     S = len(over.stages)
     for s, (a, b) in enumerate(zip(serial.stages, over.stages)):
         sh = P.shapes_of(over)[s]
-        size = cm.stage_params(b.num_layers, s == 0, s == S - 1, S) / sh.tp * cm.wbytes
+        size = cm.stage_params(b.num_layers, s == 0, s == S - 1, S) / sh.tp * cm.grad_bytes
         full, bucket = cm.dp_allreduce_s(sh, size), cm.dp_allreduce_s(sh, min(size, P.DDP_BUCKET_BYTES))
         tied = a.allreduce_s - full  # the tied-embedding all-reduce is not a DDP bucket
         assert tied == pytest.approx(cm.tied_s(P.shapes_of(over)) if s in (0, S - 1) else 0.0, abs=1e-12)

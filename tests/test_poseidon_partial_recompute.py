@@ -98,8 +98,10 @@ def test_check_holds_k_to_the_stage_and_the_interleave() -> None:
 
 
 def test_a_fixed_configuration_names_its_blocks() -> None:
-    plan = gpuplan.evaluate_config(TIGHT, "tp=2,pp=2,dp=4,mb=1,recompute=full:6")
-    assert [s.recompute for s in plan.stages] == ["full:6", "full:6"]
+    plan = gpuplan.evaluate_config(TIGHT, "tp=2,pp=2,dp=4,mb=1,recompute=full:8")
+    assert [s.recompute for s in plan.stages] == ["full:8", "full:8"]
+    with pytest.raises(gpuplan.InfeasibleError, match="needs"):  # 6 blocks leave too much (fp32 gradients)
+        gpuplan.evaluate_config(TIGHT, "tp=2,pp=2,dp=4,mb=1,recompute=full:6")
     assert gpuplan.check(None, plan) == []
     with pytest.raises(gpuplan.InputError, match="full:K"):
         gpuplan.evaluate_config(TIGHT, "tp=2,pp=2,dp=4,mb=1,recompute=full:0")
@@ -114,12 +116,12 @@ def test_exports(tmp_path) -> None:  # type: ignore[no-untyped-def]
 
     assert sorted(["full", "full:3", "none", "full:12", "selective"], key=recompute_strength) == [
         "none", "selective", "full:3", "full:12", "full"]
-    write_bundle(tmp_path / "b", compose(gpuplan.evaluate_config(TIGHT, "tp=2,pp=2,dp=4,mb=1,recompute=full:6"),
+    write_bundle(tmp_path / "b", compose(gpuplan.evaluate_config(TIGHT, "tp=2,pp=2,dp=4,mb=1,recompute=full:8"),
                                          time_limit_s=3))
     args = megatron.export(tmp_path / "b")["args"]
     at = args.index("--recompute-method")
-    assert args[at + 1:at + 4] == ["block", "--recompute-num-layers", "6"]
+    assert args[at + 1:at + 4] == ["block", "--recompute-num-layers", "8"]
     job = training_job(tmp_path / "b", "Megatron-LM")
     chunked = megatron.job_args(dataclasses.replace(job, interleave=2))
-    assert chunked[chunked.index("--recompute-num-layers") + 1] == "3"  # Megatron counts per model chunk
+    assert chunked[chunked.index("--recompute-num-layers") + 1] == "4"  # Megatron counts per model chunk
     assert torchtitan.titan_checkpointing("full:6") == "full"

@@ -54,18 +54,22 @@ def test_distributed_optimizer_shards_states_and_splits_the_all_reduce(overlap: 
         assert a.memory_bytes - b.memory_bytes == pytest.approx(params * states * (1 - 1 / sh.dp), rel=1e-9)
         # the step: all but zeroing the gradient buffer is done on a 1/dp shard
         per = cm.optimizer_step_bytes_per_param()
-        want = params * ((per - P.GRAD_ZERO_BYTES) / sh.dp + P.GRAD_ZERO_BYTES)
+        want = params * ((per - cm.grad_bytes) / sh.dp + cm.grad_bytes)
         assert b.optimizer_s == pytest.approx(C.memory_s(cm.dev("H100"), want), rel=1e-9)
         assert b.optimizer_s < a.optimizer_s
-        # the gradient exchange: reduce-scatter, then the weights' all-gather
-        size = params * cm.wbytes
-        rs, ag = cm.dp_collective_s(sh, "reduce_scatter", size), cm.dp_collective_s(sh, "all_gather", size)
+        # the gradient exchange: reduce-scatter (fp32 gradients, Megatron's bf16 default), then the
+        # weights' all-gather (16-bit)
+        size, weights = params * cm.grad_bytes, params * cm.wbytes
+        assert cm.grad_bytes == 4.0
+        rs = cm.dp_collective_s(sh, "reduce_scatter", size, 4)
+        ag = cm.dp_collective_s(sh, "all_gather", weights)
         tied = cm.tied_s(shapes) if s in (0, S - 1) else 0.0
         if overlap:
             # the buckets but the last run beside the backward (the weights' beside the next forward),
             # slowing its compute as Lagom's interference model says
             bucket = min(size, P.DDP_BUCKET_BYTES)
-            rsb, agb = cm.dp_collective_s(sh, "reduce_scatter", bucket), cm.dp_collective_s(sh, "all_gather", bucket)
+            rsb = cm.dp_collective_s(sh, "reduce_scatter", bucket, 4)
+            agb = cm.dp_collective_s(sh, "all_gather", min(weights, P.DDP_BUCKET_BYTES))
             s_rs, s_ag = cm.dp_slowdowns(sh, "reduce_scatter", bucket)
             assert s_rs > 1.0 and s_ag > 1.0
             want_ar = (rsb + max(rs - rsb - b.backward_s, (rs - rsb) * (1 - 1 / s_rs))
@@ -279,7 +283,8 @@ def test_lagom_tunes_the_reduce_scatter_and_all_gather_of_the_distributed_optimi
     base = {o["name"]: o for o in workload_from_poseidon(plain.model_dump(mode="json"))["ops"]}
     assert base["dp-grads"]["collective"] == "all_reduce" and "dp-params" not in base
     assert ops["dp-grads"]["collective"] == "reduce_scatter" and ops["dp-params"]["collective"] == "all_gather"
-    assert ops["dp-grads"]["size_bytes"] == ops["dp-params"]["size_bytes"] == base["dp-grads"]["size_bytes"]
+    # the gradients in fp32 (Megatron's bf16 default), the weights in bf16
+    assert ops["dp-grads"]["size_bytes"] == 2 * ops["dp-params"]["size_bytes"] == base["dp-grads"]["size_bytes"]
     assert ops["dp-params"]["overlaps"] == ("fwd-mb0" if overlap else None)
 
 

@@ -85,7 +85,8 @@ TRAINING_DTYPES = ("bf16", "fp16", "fp32", "fp8")  # PoseidonProblem.dtype's val
 
 # The problem fields `execution_options` sets (the execution assumptions a plan's times rest on).
 EXECUTION_FIELDS = ("dtype", "distributed_optimizer", "fsdp", "eager_kernels", "tp_comm_overlap", "fp8_recipe",
-                    "fp8_params", "fused_cross_entropy", "attention_library")
+                    "fp8_params", "fused_cross_entropy", "attention_library", "grad_reduce_in_fp32",
+                    "gradient_accumulation_fusion")
 
 
 def execution_options() -> list[click.Parameter]:
@@ -118,6 +119,14 @@ def execution_options() -> list[click.Parameter]:
                      help="Whose fused attention kernel runs: te (Transformer Engine: Megatron-LM, NeMo; cuDNN's on "
                           "Hopper) or sdpa (PyTorch's scaled_dot_product_attention: FSDP scripts, earlier torchtitan "
                           "releases; FlashAttention-2). Both FlashAttention-2 on the A100."),
+        click.Option(["--grad-reduce-in-fp32/--grad-reduce-in-16bit", "grad_reduce_in_fp32"], default=None,
+                     help="Gradients accumulated, held and reduced in fp32, or in the 16-bit dtype (Megatron's "
+                          "--grad-reduce-in-bf16). Default: as the trainer does, fp32 for bf16 and fp8 (Megatron-LM, "
+                          "torchtitan's FSDP), 16 bits for fp16 (Megatron-LM)."),
+        click.Option(["--gradient-accumulation-fusion/--no-gradient-accumulation-fusion",
+                      "gradient_accumulation_fusion"], default=None,
+                     help="Weight gradients accumulated into the main gradients in their GEMMs' epilogue (Megatron-LM's "
+                          "default), or written in 16 bits and added by a separate kernel (Megatron-LM before 2022)."),
     ]
 
 
@@ -159,7 +168,19 @@ def assumptions(problem: Any) -> str:
         ("eager element-wise kernels" if problem.eager_kernels else "fused element-wise kernels")
         + ("; RMSNorm as separate fp32 kernels" if problem.composite_norm else ""),
         "blocking pipeline exchanges" if problem.blocking_p2p else "overlapped pipeline exchanges",
+        f"gradients held and reduced in {grad_dtype(problem)}"
+        + ("" if problem.gradient_accumulation_fusion or problem.fsdp else ", accumulated by a separate kernel"),
         "fused cross-entropy on 16-bit logits" if problem.fused_cross_entropy else "cross-entropy in fp32"])
+
+
+def grad_dtype(problem: Any) -> str:
+    """Return the dtype a Poseidon problem's data-parallel gradients are held and reduced in ("fp32",
+    "bf16" or "fp16": `models.poseidon.grad_reduce_bytes`)."""
+    from gpuplan.models.poseidon import grad_reduce_bytes
+    from gpuplan.models.workload import storage_dtype
+
+    fp32 = grad_reduce_bytes(problem.dtype, problem.fsdp, problem.grad_reduce_in_fp32) >= 4
+    return "fp32" if fp32 else storage_dtype(problem.dtype)
 
 
 def megatron_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[str, Any]]:

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.collectives import usable_nics
-from gpuplan.models.poseidon import FP8_PARAM_BYTES, FSDP_REDUCE_BYTES
+from gpuplan.models.poseidon import FP8_PARAM_BYTES, grad_reduce_bytes
 from gpuplan.models.workload import DTYPE_BYTES, model_config, storage_dtype
 
 
@@ -99,19 +99,21 @@ def workload_from_poseidon(plan: dict[str, Any], stage: int | None = None) -> di
         dp_nodes = nodes if dp % nodes == 0 else 1
         net = {"inter_GBps": inter, "nics": group_nics(cluster, list(st.get("nodes", [])), dp // dp_nodes)}
         groups["dp"] = {"ranks": dp, "nodes": dp_nodes, **(net if dp_nodes > 1 else {})}
-        grads = cfg.layer_params() / tp * width
+        # the gradients in the plan's reduce dtype (models.poseidon.grad_reduce_bytes: fp32 by default in bf16)
+        grads = cfg.layer_params() / tp * grad_reduce_bytes(str(problem.get("dtype", "bf16")), bool(problem.get("fsdp")),
+                                                           problem.get("grad_reduce_in_fp32"))
         # the block weights' gathers move their fp8 copies with fp8_params (models.poseidon.CostModel.gather_bytes)
         weights = cfg.layer_params() / tp * (FP8_PARAM_BYTES if problem.get("fp8_params") else width)
         if problem.get("fsdp"):
             # FSDP (ZeRO-3): each micro-batch gathers every block's weights beside the forward and again
-            # beside the backward, and reduce-scatters its gradients (fp32) beside the backward
+            # beside the backward, and reduce-scatters its gradients beside the backward
             for j in range(m):
                 ops.append({"name": f"fsdp-gather-fwd-mb{j}", "collective": "all_gather", "size_bytes": weights,
                             "group": "dp", "overlaps": f"fwd-mb{j}", "count": layers})
                 ops.append({"name": f"fsdp-gather-bwd-mb{j}", "collective": "all_gather", "size_bytes": weights,
                             "group": "dp", "overlaps": f"bwd-mb{j}", "count": layers})
                 ops.append({"name": f"fsdp-grads-mb{j}", "collective": "reduce_scatter",
-                            "size_bytes": cfg.layer_params() / tp * FSDP_REDUCE_BYTES, "group": "dp",
+                            "size_bytes": grads, "group": "dp",
                             "overlaps": f"bwd-mb{j}", "count": layers})
         elif problem.get("distributed_optimizer"):
             # ZeRO-1: the gradients are reduce-scattered under the last backward and the updated weights

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan.errors import GpuplanError
-from gpuplan.models.poseidon import partial_blocks, recompute_mode
+from gpuplan.models.poseidon import grad_reduce_bytes, partial_blocks, recompute_mode
 
 
 def recompute_strength(label: str) -> tuple[int, int]:
@@ -71,6 +71,8 @@ class TrainingJob:
     fp8_params: bool = False  # block weights held and gathered in fp8 only, the problem's field
     fused_cross_entropy: bool = False  # the loss as one fused kernel on 16-bit logits, the problem's field
     attention_library: str = "te"  # whose fused attention kernel the plan's times assume, the problem's field
+    grad_reduce_in_fp32: bool = True  # gradients held and reduced in fp32 (the problem's field, resolved)
+    gradient_accumulation_fusion: bool = True  # wgrad GEMMs accumulate into the main gradients, the problem's field
     device_arch: str = "unknown"  # the architecture of the plan's one device type (catalog, or unknown)
 
     @property
@@ -161,7 +163,11 @@ def training_job(directory: str | Path, trainer: str) -> TrainingJob:
                        fp8_recipe=str(problem.get("fp8_recipe", "delayed")),
                        fp8_params=bool(problem.get("fp8_params", False)),
                        fused_cross_entropy=bool(problem.get("fused_cross_entropy", False)),
-                       attention_library=str(problem.get("attention_library", "te")), device_arch=arch)
+                       attention_library=str(problem.get("attention_library", "te")),
+                       grad_reduce_in_fp32=grad_reduce_bytes(str(problem.get("dtype", "bf16")), bool(problem.get("fsdp")),
+                                                             problem.get("grad_reduce_in_fp32")) >= 4,
+                       gradient_accumulation_fusion=bool(problem.get("gradient_accumulation_fusion", True)),
+                       device_arch=arch)
 
 
 @dataclass

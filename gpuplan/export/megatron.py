@@ -107,6 +107,13 @@ def job_args(job: TrainingJob) -> list[str]:
         args.append("--bf16")
     elif job.dtype == "fp16":
         args.append("--fp16")
+    # the plan's gradients: Megatron-LM holds and reduces them in fp32 with --bf16 and in fp16 with --fp16
+    if job.dtype in ("bf16", "fp8") and not job.grad_reduce_in_fp32:
+        args.append("--grad-reduce-in-bf16")
+    elif job.dtype == "fp16" and job.grad_reduce_in_fp32:
+        args.append("--accumulate-allreduce-grads-in-fp32")
+    if not job.gradient_accumulation_fusion:  # the plan's backward adds each weight gradient in its own kernel
+        args.append("--no-gradient-accumulation-fusion")
     if job.fused_cross_entropy:  # the plan's head time and memory assume Transformer Engine's fused loss
         args += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
     return args

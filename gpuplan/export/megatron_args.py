@@ -38,7 +38,8 @@ VALUE_FLAGS = {"tensor-model-parallel-size", "pipeline-model-parallel-size", "nu
 SWITCHES = {"sequence-parallel", "use-distributed-optimizer", "overlap-grad-reduce", "tp-comm-overlap", "bf16",
             "fp16", "fp8-param-gather", "cross-entropy-loss-fusion", "swiglu", "untie-embeddings-and-output-weights",
             "group-query-attention", "recompute-activations", "use-torch-fsdp2", "use-megatron-fsdp",
-            "use-custom-fsdp", "cpu-offloading"}
+            "use-custom-fsdp", "cpu-offloading", "grad-reduce-in-bf16", "accumulate-allreduce-grads-in-fp32",
+            "no-gradient-accumulation-fusion"}
 # (flag, what gpuplan's model lacks) for switches the model cannot represent
 UNMODELLED = {"use-torch-fsdp2": "Megatron's FSDP2 wrapper (16-bit gradient reduction); the model's fsdp is "
                                  "torchtitan's, with fp32 reduction",
@@ -232,7 +233,13 @@ def read_args(tokens: list[str], num_layers: int, where: str = "megatron args",
                "flash_attention": flags.get("attention-backend", "auto") in ("auto", "flash", "fused"),
                "tp_comm_overlap": bool(flags.get("tp-comm-overlap")),
                "fp8_params": bool(flags.get("fp8-param-gather")),
-               "fused_cross_entropy": bool(flags.get("cross-entropy-loss-fusion"))}
+               "fused_cross_entropy": bool(flags.get("cross-entropy-loss-fusion")),
+               "gradient_accumulation_fusion": not flags.get("no-gradient-accumulation-fusion")}
+    if problem["dtype"] != "fp32" and (flags.get("grad-reduce-in-bf16") or flags.get("accumulate-allreduce-grads-in-fp32")):
+        # else Megatron-LM's own rule, which the problem's default follows (fp32 with --bf16, fp16 with --fp16);
+        # --grad-reduce-in-bf16 wins over --accumulate-allreduce-grads-in-fp32, as in Megatron-LM's arguments
+        problem["grad_reduce_in_fp32"] = (bool(flags.get("accumulate-allreduce-grads-in-fp32")) if problem["dtype"] == "fp16"
+                                          else not flags.get("grad-reduce-in-bf16"))
     model: dict[str, Any] = {key: _int(flags, name, where) for name, key in MODEL_FLAGS if name in flags}
     if flags.get("group-query-attention") and "num-query-groups" in flags:
         model["kv_heads"] = _int(flags, "num-query-groups", where)

@@ -263,6 +263,9 @@ def _check_config(job: TrainingJob, module: str, function: str, notes: list[str]
             f"optimizer, ZeRO stage 1); torchtitan {TORCHTITAN_VERSION} replicates them "
             "(data_parallel_replicate_degree) or shards weights and gradients too (FSDP, "
             "data_parallel_shard_degree): plan with fsdp (--fsdp) to export FSDP"])
+    if job.fsdp and not job.grad_reduce_in_fp32:
+        notes.append(f"the plan reduces its gradients in 16 bits; torchtitan {TORCHTITAN_VERSION}'s FSDP reduces them in "
+                     "fp32 only (training.mixed_precision_reduce), twice the bytes the plan's reduce-scatters move")
     if job.fused_cross_entropy:
         notes.append(f"the plan's times and memory assume a fused cross-entropy on 16-bit logits; torchtitan "
                      f"{TORCHTITAN_VERSION} computes its loss on fp32 logits (slower, and 4x the logits' memory)")

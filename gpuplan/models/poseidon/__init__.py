@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from gpuplan.models.base import Problem, Table, Violation
 from gpuplan.models.cluster import Cluster
 from gpuplan.models.plan import Plan, Status, figure_violations, stated_figures_violations
-from gpuplan.models.poseidon.cost import (FP8_AMAX_BYTES, MAIN_GRAD_BYTES, RECOMPUTE_MODES, LayerOptions, LayerTimes,
+from gpuplan.models.poseidon.cost import (FP8_AMAX_BYTES, RECOMPUTE_MODES, LayerOptions, LayerTimes,
                                           blocking_exchanges,
                                           embedding_times, head_times, layer_times, memory_s, model_flops_per_sample,
                                           stage_call_s)
@@ -105,6 +105,16 @@ class PoseidonProblem(Problem):
     NeMo run it: cuDNN's on Hopper) or "sdpa" (PyTorch's scaled_dot_product_attention, as FSDP scripts and
     earlier torchtitan releases run it: FlashAttention-2, markedly slower on Hopper); both FlashAttention-2 on
     the A100.
+    `grad_reduce_in_fp32`: the data-parallel gradients are accumulated, held and reduced in fp32 (4 B per
+    element) or in the 16-bit storage dtype (`grad_reduce_bytes`); None (the default) takes what the
+    trainer does by default: in fp32 for bf16 and fp8 (Megatron-LM forces
+    --accumulate-allreduce-grads-in-fp32 with --bf16 unless --grad-reduce-in-bf16; torchtitan's FSDP2
+    reduces in fp32) and, without FSDP, in fp16 for fp16 (Megatron-LM's default there). It sets the
+    gradient buffer's bytes (`CostModel.param_bytes`), the weight-gradient GEMMs' accumulation, the
+    reduce-scatters' and all-reduces' bytes and the buffer's zeroing. `gradient_accumulation_fusion`
+    (Megatron-LM's default since 2022; false: --no-gradient-accumulation-fusion, and Megatron-LM before it)
+    accumulates each weight gradient in the GEMM's epilogue; false writes it in 16 bits and adds it to the
+    main gradient in a separate kernel (`wgrad_bytes`).
     `recompute` is "auto" (per stage the fastest mode that fits:
     none, selective, full) or one mode for every stage. Memory per device = weights + gradients
     (`dtype`) + optimizer states (`optimizer_state_bytes_per_param`, 12 for Adam with fp32 master
@@ -137,6 +147,8 @@ class PoseidonProblem(Problem):
     fp8_params: bool = False  # block weights held in fp8 only, gathered in fp8 (--fp8-param-gather)
     fused_cross_entropy: bool = False  # --cross-entropy-loss-fusion, TE's kernel (see `cost.ce_bytes_per_logit`)
     attention_library: Literal["te", "sdpa"] = "te"  # whose fused attention kernel runs (see `cost.flash_fractions`)
+    grad_reduce_in_fp32: bool | None = None  # gradient buffer and reduction in fp32 (see `grad_reduce_bytes`)
+    gradient_accumulation_fusion: bool = True  # wgrad GEMMs accumulate into the main gradients (see `wgrad_bytes`)
     memory_fraction: float = Field(default=0.9, gt=0, le=1)
     max_tp: int = Field(default=8, ge=1)
     max_stages: int = Field(default=128, ge=1)  # 1T-parameter models use 64+ stages (Narayanan et al. 2021)
@@ -173,6 +185,9 @@ class PoseidonProblem(Problem):
         if self.fp8_params and self.dtype != "fp8":
             raise ValueError(f"at fp8_params: false with dtype {self.dtype}, or dtype fp8: fp8 parameters are the "
                              f"fp8 copies of the linear layers' weights, which only fp8 training makes")
+        if self.grad_reduce_in_fp32 is False and storage_dtype(self.dtype) == "fp32":
+            raise ValueError("at grad_reduce_in_fp32: true or unset with dtype fp32, or a 16-bit dtype: fp32 "
+                             "training holds and reduces its gradients in fp32")
         if self.fp8_params and not (self.distributed_optimizer or self.fsdp):
             raise ValueError("at fp8_params: false, or distributed_optimizer or fsdp true: the fp32 main weights "
                              "live in the sharded optimizer states, from which each step casts and gathers the "
@@ -344,10 +359,14 @@ class CostModel:
         self.wbytes = DTYPE_BYTES[storage_dtype(problem.dtype)]
         # bytes per element of a block weight's data-parallel gather: its fp8 copy with `fp8_params`
         self.gather_bytes = FP8_PARAM_BYTES if problem.fp8_params else self.wbytes
+        # bytes per element of the data-parallel gradients (buffer, accumulation, reduction)
+        self.grad_bytes = grad_reduce_bytes(problem.dtype, problem.fsdp, problem.grad_reduce_in_fp32)
+        wgrad = self.wbytes if problem.fsdp else wgrad_bytes(self.wbytes, self.grad_bytes,
+                                                             problem.gradient_accumulation_fusion)
         self.opts = LayerOptions(flash=problem.flash_attention, causal=problem.causal_attention,
                                  sequence_parallel=problem.sequence_parallel, eager=problem.eager_kernels,
                                  composite_norm=problem.composite_norm,
-                                 wgrad_out_bytes=self.wbytes if problem.fsdp else MAIN_GRAD_BYTES,
+                                 wgrad_out_bytes=wgrad,
                                  tp_overlap=problem.tp_comm_overlap,
                                  fp8_current=problem.fp8_recipe == "current",
                                  attention_library=problem.attention_library)
@@ -448,35 +467,38 @@ class CostModel:
                 + self.optimizer_step_s(shape, n_layers, first, last, num_stages))
 
     def param_bytes(self, dp: int) -> float:
-        """Return the bytes a device keeps per parameter of its stage (after tp): weights and
-        gradients (`dtype`) and the optimizer states, these split over the `dp` replicas with
-        `distributed_optimizer` (ZeRO stage 1), all three with `fsdp` (ZeRO stage 3)."""
+        """Return the bytes a device keeps per parameter of its stage (after tp): weights (`dtype`),
+        gradients (`grad_bytes`: Megatron's bf16 default, 2 + 4 + 12 = 18 B, or 6 + 12 / dp with the
+        distributed optimizer, as Megatron-LM's theoretical_memory_usage counts them) and the
+        optimizer states, these split over the `dp` replicas with `distributed_optimizer` (ZeRO stage
+        1), all three with `fsdp` (ZeRO stage 3). fp16's fp32 gradient copies live only in the
+        optimizer step, when no activation is held, so they are not counted."""
         states = self.p.optimizer_state_bytes_per_param
         if self.p.fsdp:  # FSDP2 keeps the fp32 shard (the states' main weight), its gradient and the moments
             return (2 * self.wbytes + states) / dp
-        return 2 * self.wbytes + (states / dp if self.p.distributed_optimizer else states)
+        return self.wbytes + self.grad_bytes + (states / dp if self.p.distributed_optimizer else states)
 
     def fsdp_working_bytes(self, tp: int) -> float:
         """Return the bytes per device FSDP holds unsharded beside the shards (0 without `fsdp`): the
         gathered weights (16-bit; with `fp8_params` fp8 and their transposes) of the block being computed
         and of the next (prefetched), and one block's gradient before its reduce-scatter
-        (`FSDP_REDUCE_BYTES` per element)."""
+        (`grad_bytes` per element)."""
         if not self.p.fsdp:
             return 0.0
         gathered = FP8_WEIGHT_BYTES if self.p.fp8_params else self.wbytes
-        return self.cfg.layer_params() / tp * (2 * gathered + FSDP_REDUCE_BYTES)
+        return self.cfg.layer_params() / tp * (2 * gathered + self.grad_bytes)
 
     def fsdp_layer_s(self, shape: StageShape) -> tuple[float, float]:
         """Return (all_gather_s, reduce_scatter_s) of one block under `fsdp` over the stage's
         data-parallel group (`dp_collective_s`): the gather of its 16-bit weights, the reduce-scatter
-        of its gradients in `FSDP_REDUCE_BYTES`; (0, 0) without `fsdp` or data parallelism."""
+        of its gradients in `grad_bytes`; (0, 0) without `fsdp` or data parallelism."""
         if not self.p.fsdp or shape.dp <= 1:
             return 0.0, 0.0
         key = ("fsdp", shape)
         if key not in self._dp:
             elems = self.cfg.layer_params() / shape.tp
             self._dp[key] = (self.dp_collective_s(shape, "all_gather", elems * self.gather_bytes),
-                             self.dp_collective_s(shape, "reduce_scatter", elems * FSDP_REDUCE_BYTES))
+                             self.dp_collective_s(shape, "reduce_scatter", elems * self.grad_bytes, self.grad_bytes))
         ag, rs = self._dp[key]
         return ag, rs
 
@@ -516,7 +538,7 @@ class CostModel:
             cl = self.p.cluster
             self._dp[key] = (slow(cl, "all_gather", elems * self.gather_bytes, group, phi_f, self.wbytes),
                              slow(cl, "all_gather", elems * self.gather_bytes, group, phi_b, self.wbytes),
-                             slow(cl, "reduce_scatter", elems * FSDP_REDUCE_BYTES, group, phi_b, self.wbytes))
+                             slow(cl, "reduce_scatter", elems * self.grad_bytes, group, phi_b, int(self.grad_bytes)))
         s_f, s_ag, s_rs = self._dp[key]
         return s_f, s_ag, s_rs
 
@@ -527,13 +549,13 @@ class CostModel:
         is copied into the block's unsharded weights (read + write 16-bit, or fp8 with `fp8_params`,
         forward and backward; with `fp8_params` the backward's gathered fp8 weight is also transposed
         for the input-gradient GEMM, read 1 + write 1), and before each reduce-scatter the 16-bit
-        gradients are copied, cast to `FSDP_REDUCE_BYTES`, into its input buffer (backward). (0, 0)
+        gradients are copied, cast to `grad_bytes`, into its input buffer (backward). (0, 0)
         where `fsdp_layer_s` is."""
         elems = self.cfg.layer_params() / shape.tp
         dev = self.dev(shape.device_type)
         out = memory_s(dev, elems * 2 * self.gather_bytes)
         transpose = 2 * FP8_PARAM_BYTES if self.p.fp8_params else 0.0
-        return out, out + memory_s(dev, elems * (self.wbytes + FSDP_REDUCE_BYTES + transpose))
+        return out, out + memory_s(dev, elems * (self.wbytes + self.grad_bytes + transpose))
 
     def stage_extras(self, shape: StageShape, b: int, first: bool, last: bool) -> tuple[float, float]:
         """Return `extras` (embedding / head) of stage `shape`, and with `fsdp` what no compute hides in
@@ -566,7 +588,7 @@ class CostModel:
         """Return the seconds of a stage's optimizer step: `optimizer_step_bytes_per_param` per
         parameter (split by tp) streamed through HBM. With `distributed_optimizer` each replica
         unscales, clips and updates its 1/dp shard (and copies it into the 16-bit weights) and zeroes
-        its whole gradient buffer (4 B per parameter). With `fp8_params` the blocks' shard is cast
+        its whole gradient buffer (`grad_bytes` per parameter). With `fp8_params` the blocks' shard is cast
         from the fp32 main weights straight into fp8 (write 1 B instead of 16 bits; current scaling
         reads the main weights once more for their amax) and, once gathered, each fp8 weight's
         transpose is made (read 1, write 1; with `fsdp` after each gather instead, `fsdp_copies_s`)."""
@@ -576,7 +598,7 @@ class CostModel:
         if self.p.fsdp and shape.dp > 1:  # the gradients are sharded too: all of the step on the shard
             per = per / shape.dp
         elif self.p.distributed_optimizer and shape.dp > 1:
-            per = (per - GRAD_ZERO_BYTES) / shape.dp + GRAD_ZERO_BYTES
+            per = (per - self.grad_bytes) / shape.dp + self.grad_bytes
         blocks = self.fp8_weight_bytes(n_layers, shape.tp) / FP8_WEIGHT_BYTES  # fp8 block parameters
         if self.p.fp8_params:
             amax = 4.0 if self.opts.fp8_current else 0.0  # the fp32 main weights' amax pass
@@ -614,15 +636,17 @@ class CostModel:
             return 0.0
         key = (shape, n_layers, first, last, num_stages == 1)
         if key not in self._dp:
-            size = self.stage_params(n_layers, first, last, num_stages) / shape.tp * self.wbytes
+            params = self.stage_params(n_layers, first, last, num_stages) / shape.tp
+            size, g = params * self.grad_bytes, self.grad_bytes
             bucket_size = min(size, DDP_BUCKET_BYTES)
             reduce = "reduce_scatter" if self.p.distributed_optimizer else "all_reduce"
             # the updated weights' gather: the blocks' in fp8 with `fp8_params`, the rest 16-bit
-            gathered = size - n_layers * self.cfg.layer_params() / shape.tp * (self.wbytes - self.gather_bytes)
+            gathered = (params * self.wbytes
+                        - n_layers * self.cfg.layer_params() / shape.tp * (self.wbytes - self.gather_bytes))
             gather, gather_bucket = ((self.dp_collective_s(shape, "all_gather", gathered),
                                       self.dp_collective_s(shape, "all_gather", min(gathered, DDP_BUCKET_BYTES)))
                                      if self.p.distributed_optimizer else (0.0, 0.0))
-            self._dp[key] = (self.dp_collective_s(shape, reduce, size), self.dp_collective_s(shape, reduce, bucket_size),
+            self._dp[key] = (self.dp_collective_s(shape, reduce, size, g), self.dp_collective_s(shape, reduce, bucket_size, g),
                              gather, gather_bucket, *self.dp_slowdowns(shape, reduce, bucket_size))
         full, bucket, gather, gather_bucket, s_reduce, s_gather = self._dp[key]
         if not self.p.overlap_dp_allreduce:
@@ -641,7 +665,7 @@ class CostModel:
         t = self.layer_times(shape.device_type, shape.tp, 1)
         group = dp_group(shape)
         slow, cl = self._coll.overlap_slowdown, self.p.cluster
-        return (slow(cl, reduce, bucket_bytes, group, t.memory_bound_backward, self.wbytes),
+        return (slow(cl, reduce, bucket_bytes, group, t.memory_bound_backward, int(self.grad_bytes)),
                 slow(cl, "all_gather", bucket_bytes, group, t.memory_bound_forward, self.wbytes)
                 if self.p.distributed_optimizer else 1.0)
 
@@ -662,29 +686,32 @@ class CostModel:
         the clipping norm (4 B); Adam reads the fp32 main weight, gradient and the optimizer states
         and writes the weight and states back; the main weight is then copied into the model's
         16-bit weight (read 4 B, write `wbytes`), and the gradient buffer is zeroed for the next
-        iteration (write 4 B). In fp32 there is no main copy and no unscaling.
+        iteration (write `grad_bytes`). 16-bit gradients (`grad_bytes` 2) are first copied into fp32
+        main gradients (read 2, write 4). In fp32 there is no main copy and no unscaling.
         With 12 B of states (main weight + two moments) in bf16: 8 + 4 + 28 + 6 + 4 = 50 B.
         """
         states = self.p.optimizer_state_bytes_per_param
         if self.wbytes >= 4:
             return 4.0 + (states + 4.0 + 4.0) + (states + 4.0) + 4.0  # norm; read w, g, states; write w, states; zero g
         grad = 4.0
-        return 2 * grad + grad + (states + grad) + states + (4.0 + self.wbytes) + grad
+        copy = 0.0 if self.grad_bytes >= grad else self.grad_bytes + grad
+        return copy + 2 * grad + grad + (states + grad) + states + (4.0 + self.wbytes) + self.grad_bytes
 
     def dp_allreduce_s(self, shape: StageShape, size_bytes: float) -> float:
         """Return the seconds of the stage's data-parallel gradient all-reduce of `size_bytes` per
-        device (`dp_collective_s`)."""
-        return self.dp_collective_s(shape, "all_reduce", size_bytes)
+        device (`dp_collective_s`, elements of `grad_bytes`)."""
+        return self.dp_collective_s(shape, "all_reduce", size_bytes, self.grad_bytes)
 
-    def dp_collective_s(self, shape: StageShape, op: str, size_bytes: float) -> float:
+    def dp_collective_s(self, shape: StageShape, op: str, size_bytes: float, elem_bytes: float | None = None) -> float:
         """Return the seconds of collective `op` ("all_reduce", "reduce_scatter", "all_gather") of
-        `size_bytes` per device (the whole vector, as nccl-tests counts it) over the stage's
-        data-parallel group: NCCL's model (models.collectives: rings on every rail, achieved NVLink
-        bandwidth); 0 without data parallelism."""
+        `size_bytes` per device (the whole vector, as nccl-tests counts it, of `elem_bytes`-byte elements,
+        default the storage dtype's) over the stage's data-parallel group: NCCL's model
+        (models.collectives: rings on every rail, achieved NVLink bandwidth); 0 without data parallelism."""
         if shape.dp <= 1:
             return 0.0
         group = dp_group(shape)
-        return float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, group, self.wbytes))
+        width = int(self.wbytes if elem_bytes is None else elem_bytes)
+        return float(self._coll.collective_time_s(self.p.cluster, op, size_bytes, group, width))
 
     def intra(self, dtype: str) -> tuple[float, float]:
         """Return (GB/s, latency s) of the slowest intra-node link among nodes holding `dtype`."""
@@ -719,7 +746,7 @@ class CostModel:
             m = self._measured(dtype, "head", tp, b)
             if m is None:
                 m = head_times(self.cfg, dev, self.p.dtype, tp, b, self.p.seq_len, self.sweep(dtype),
-                               fused_ce=self.p.fused_cross_entropy)
+                               fused_ce=self.p.fused_cross_entropy, wgrad_out_bytes=self.opts.wgrad_out_bytes)
             f, g = f + m[0], g + m[1]
         return f, g
 
@@ -739,12 +766,13 @@ class CostModel:
 
     def tied_s(self, shapes: list[StageShape]) -> float:
         """Return the seconds of the all-reduce of the tied embedding's gradient between the first and
-        the last stage (0 when untied or single-stage): vocab x hidden / tp values over 2 ranks."""
+        the last stage (0 when untied or single-stage): vocab x hidden / tp values of `grad_bytes` (Megatron
+        all-reduces the embedding's main gradient) over 2 ranks."""
         if not self.cfg.tied_embeddings or len(shapes) < 2:
             return 0.0
         a, z = shapes[0], shapes[-1]
         link = min((self.link(x, y) for x in a.nodes for y in z.nodes), key=lambda l: l.bandwidth_GBps)
-        size = self.cfg.vocab * self.cfg.hidden / max(a.tp, z.tp) * self.wbytes
+        size = self.cfg.vocab * self.cfg.hidden / max(a.tp, z.tp) * self.grad_bytes
         return self._coll.fallback_time_s("all_reduce", size, 2, link.bandwidth_GBps, link.latency_s)
 
     def activation_bytes(self, tp: int, b: int, recompute: Any) -> float:
@@ -786,14 +814,31 @@ class CostModel:
 # overlap the backward (`CostModel.dp_exposed_s`).
 DDP_BUCKET_BYTES = 25 * 2**20
 
-# Bytes per parameter the optimizer step spends zeroing the fp32 gradient buffer for the next
-# iteration (`CostModel.optimizer_step_bytes_per_param`): every replica zeroes its whole buffer, also
-# under the distributed optimizer, which shards the rest of the step.
-GRAD_ZERO_BYTES = 4.0
-
-# Bytes per gradient element FSDP reduce-scatters and holds unsharded until then: torchtitan's
-# default MixedPrecisionPolicy reduces in fp32 (mixed_precision_reduce = "float32").
+# Bytes per gradient element FSDP reduce-scatters and holds unsharded until then by default:
+# torchtitan's default MixedPrecisionPolicy reduces in fp32 (mixed_precision_reduce = "float32").
 FSDP_REDUCE_BYTES = 4.0
+
+
+def wgrad_bytes(wbytes: float, grad_bytes: float, fused: bool) -> float:
+    """Return the HBM bytes per element a weight-gradient GEMM's output costs in each micro-batch when it is
+    accumulated into main gradients of `grad_bytes`: in the epilogue (`fused`, Megatron's
+    gradient-accumulation fusion) a read and a write of the main gradient (8 in fp32, 4 in 16 bits); else
+    the GEMM writes a `wbytes` gradient, which a separate kernel reads and adds into the main gradient
+    (12 in fp32, as Megatron-LM ran before the fusion; 8 for 16-bit gradients, as autograd accumulates
+    them)."""
+    return 2.0 * grad_bytes if fused else 2.0 * wbytes + 2.0 * grad_bytes
+
+
+def grad_reduce_bytes(dtype: str, fsdp: bool, grad_reduce_in_fp32: bool | None) -> float:
+    """Return the bytes per element of a stage's data-parallel gradients as they are accumulated, held and
+    reduced: 4 with `grad_reduce_in_fp32` true, the storage dtype's with false; unset, the trainer's
+    default: fp32 under `fsdp` (`FSDP_REDUCE_BYTES`, torchtitan's) and for bf16 and fp8 (Megatron-LM's
+    arguments force accumulate_allreduce_grads_in_fp32 with --bf16), the storage dtype otherwise (fp16:
+    Megatron-LM keeps 16-bit gradients and makes their fp32 copy only in the optimizer step)."""
+    width = float(DTYPE_BYTES[storage_dtype(dtype)])
+    if grad_reduce_in_fp32 is None:
+        grad_reduce_in_fp32 = fsdp or storage_dtype(dtype) == "bf16"
+    return max(width, FSDP_REDUCE_BYTES) if grad_reduce_in_fp32 else width
 
 # Bytes per element of an fp8 tensor (`fp8_params`: the gathered weights).
 FP8_PARAM_BYTES = 1.0

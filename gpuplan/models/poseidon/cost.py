@@ -10,7 +10,8 @@ Assumptions (each one recorded in docs/poseidon.md, with its source):
   the output write, all traffic at `HBM_FRACTION` of the datasheet bandwidth; Hopper overlaps the
   epilogue (roofline: max(math, A + B + C traffic)) but pays a fixed cost per output tile, worth
   `HOPPER_TILE_K0` more elements of K, as measured sweeps over K show (`k_efficiency`).
-  Weight-gradient GEMMs accumulate into fp32 main gradients (`MAIN_GRAD_BYTES`). When the problem
+  Weight-gradient GEMMs accumulate into the main gradients (`MAIN_GRAD_BYTES` in fp32; 4 B in 16 bits, the
+  problem's `grad_reduce_in_fp32`). When the problem
   carries a measured matmul sweep (profile), the measured fraction of peak at the GEMM's equivalent
   cube size replaces the ceiling.
 * Element-wise ops (layer norms, bias + GeLU / SwiGLU, bias + dropout + residual, cross-entropy)
@@ -211,10 +212,11 @@ DEFAULT_SMS = 108
 # leave room for one block per SM) write the tile after its mainloop: see `serial_epilogue`.
 OVERLAPPED_EPILOGUE_ARCHS: tuple[str, ...] = ("hopper", "blackwell")
 
-# Bytes per weight-gradient element a mixed-precision step moves per micro-batch: the gradient is
+# Bytes per weight-gradient element a mixed-precision step moves per micro-batch when the gradient is
 # accumulated into fp32 main gradients (Megatron-LM's main_grad; fused into the GEMM epilogue with
 # --gradient-accumulation-fusion: read + write 4 bytes). First principles; the unfused 2021 path
-# (write the 16-bit gradient, then a separate add) moves more, 2 + 2 + 8 = 12 bytes.
+# (write the 16-bit gradient, then a separate add) moves more, 2 + 2 + 8 = 12 bytes, and 16-bit main
+# gradients less (`models.poseidon.wgrad_bytes`).
 MAIN_GRAD_BYTES = 8.0
 
 
@@ -625,16 +627,18 @@ def layer_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b:
 
 
 def head_times(cfg: TransformerConfig, dev: DeviceType, dtype: str, tp: int, b: int, seq: int,
-               sweep: Sequence[tuple[int, float]] | None = None, fused_ce: bool = False) -> tuple[float, float]:
+               sweep: Sequence[tuple[int, float]] | None = None, fused_ce: bool = False,
+               wgrad_out_bytes: float = MAIN_GRAD_BYTES) -> tuple[float, float]:
     """Return (forward_s, backward_s) of the output projection onto the vocabulary (split by tp) and
     the vocabulary-parallel cross-entropy over its logits (memory-bound: bytes per logit in
     `ce_bytes_per_logit`, Megatron-LM's fp32 kernel sequence or, with `fused_ce`, the fused kernel);
-    in `storage_dtype` (bf16 in fp8 training)."""
+    in `storage_dtype` (bf16 in fp8 training). The weight gradient's epilogue moves `wgrad_out_bytes`
+    per element (`LayerOptions.wgrad_out_bytes`)."""
     dtype = storage_dtype(dtype)
     T, V = b * seq, max(1, cfg.vocab // tp)
     f = gemm_s(dev, dtype, T, V, cfg.hidden, 1, sweep)
     bwd = (gemm_s(dev, dtype, T, cfg.hidden, V, 1, sweep)
-           + gemm_s(dev, dtype, V, cfg.hidden, T, 1, sweep, out_bytes=MAIN_GRAD_BYTES))
+           + gemm_s(dev, dtype, V, cfg.hidden, T, 1, sweep, out_bytes=wgrad_out_bytes))
     ce_f, ce_b = ce_bytes_per_logit(DTYPE_BYTES[dtype], fused_ce)
     return f + memory_s(dev, T * V * ce_f), bwd + memory_s(dev, T * V * ce_b)
 
