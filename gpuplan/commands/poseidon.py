@@ -231,7 +231,7 @@ def _evaluate_callback(config: str | None, megatron_args: str | None, vs_search:
                    **{k: plan.predicted[k] for k in ("throughput_samples_per_s", "tokens_per_s",
                                                      "model_tflops_per_gpu", "mfu", "bubble_fraction")}}
         search: dict[str, Any] | None = None
-        rows: list[list[Any]] = [[k, v] for k, v in figures.items()]
+        rows: list[list[Any]] = [[k, v] for k, v in figures.items() if k != "assumptions"]
         if vs_search:  # under the configuration's execution assumptions, with the problem's recomputation
             searched = fixed.model_copy(update={"recompute": api.load_problem(problem).recompute})  # type: ignore[union-attr]
             best = api.solve(searched, time_limit_s=time_limit)
@@ -252,7 +252,9 @@ def _evaluate_callback(config: str | None, megatron_args: str | None, vs_search:
         from gpuplan.cli import _fail
 
         _fail(exc)  # exit code 5 when --vs-search's solver stops without a plan, else 2
-    tables = [Table("poseidon: fixed configuration", ["figure", "value"], rows)] + describe(fixed, plan)  # type: ignore[arg-type]
+    tables = [Table("poseidon: fixed configuration", ["figure", "value"], rows),
+              Table("the execution assumptions the prediction rests on", ["assumption"],
+                    [[a] for a in figures["assumptions"].split("; ")])] + describe(fixed, plan)  # type: ignore[arg-type]
     if json_out != STDOUT:
         print_tables(tables)
     emit_json("evaluate poseidon", {**figures, "search": search, "plan_file": output,

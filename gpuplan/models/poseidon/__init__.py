@@ -880,18 +880,39 @@ def stage_memory(cm: CostModel, shape: StageShape, n_layers: int, b: int, index:
     """Return the peak bytes per device of a stage: weights, gradients and optimizer states of its
     parameters (split by tp), the last stage's logits, and the activations of its in-flight
     micro-batches under recomputation mode `recompute` (full: each block's input, plus one block's
-    activations while it is recomputed)."""
+    activations while it is recomputed); the sum of `memory_parts`."""
+    return sum(memory_parts(cm, shape, n_layers, b, index, num_stages, m, recompute, interleave).values())
+
+
+MEMORY_PARTS = ("weights", "gradients", "optimizer states", "FSDP working set", "logits", "activations",
+                "recompute buffer")
+
+
+def memory_parts(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: int, num_stages: int,
+                 m: int, recompute: Any, interleave: int = 1) -> dict[str, float]:
+    """Return a stage's peak bytes per device by part (`MEMORY_PARTS`; their sum is `stage_memory`):
+    its parameters' (after tp) weights (16-bit, and fp8 copies in fp8 training, less the 16-bit ones
+    `fp8_params` drops), gradients (`CostModel.grad_bytes`) and optimizer states (over dp when
+    sharded; under FSDP the weights and gradients too, FSDP2's fp32 shard and its gradient counted as
+    2 x 16-bit bytes per parameter beside the states, as `CostModel.param_bytes` counts them), FSDP's unsharded blocks, the last stage's logits, the activations of its in-flight
+    micro-batches under `recompute`, and under full recomputation one block's activations while it
+    re-runs."""
     mode = recompute_mode(recompute)
     first, last = index == 0, index == num_stages - 1
     params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
-    mem = (params * cm.param_bytes(shape.dp) + cm.fp8_weight_bytes(n_layers, shape.tp)
-           - cm.fp8_params_saved_bytes(shape, n_layers)
-           + cm.fsdp_working_bytes(shape.tp) + (cm.logits_bytes(shape.tp, b) if last else 0.0))
-    mem += (in_flight(cm.p.schedule, index, num_stages, m, interleave)
-            * cm.stage_activation_bytes(shape.tp, b, recompute, n_layers))
-    if mode == "full":
-        mem += cm.activation_bytes(shape.tp, b, "none")
-    return mem
+    states = cm.p.optimizer_state_bytes_per_param
+    sharded = cm.p.fsdp or cm.p.distributed_optimizer
+    # FSDP2's shard per parameter: 2 x weight bytes over dp beside the states (`CostModel.param_bytes`)
+    weights = params * cm.wbytes / (shape.dp if cm.p.fsdp else 1)
+    grads = params * (cm.wbytes / shape.dp if cm.p.fsdp else cm.grad_bytes)
+    parts = {"weights": weights + cm.fp8_weight_bytes(n_layers, shape.tp) - cm.fp8_params_saved_bytes(shape, n_layers),
+             "gradients": grads, "optimizer states": params * (states / shape.dp if sharded else states),
+             "FSDP working set": cm.fsdp_working_bytes(shape.tp),
+             "logits": cm.logits_bytes(shape.tp, b) if last else 0.0,
+             "activations": (in_flight(cm.p.schedule, index, num_stages, m, interleave)
+                             * cm.stage_activation_bytes(shape.tp, b, recompute, n_layers)),
+             "recompute buffer": cm.activation_bytes(shape.tp, b, "none") if mode == "full" else 0.0}
+    return parts
 
 
 def recompute_block_s(cm: CostModel, shape: StageShape, b: int, recompute: Any, n_layers: int) -> float:
@@ -1051,9 +1072,11 @@ def evaluate(cm: CostModel, shapes: list[StageShape], layers: list[int], m: int,
         c = stage_cost(cm, sh, n, G // (m * sh.dp), s, S, m, recompute[s] if recompute else None, v, tied)
         if not c.fits and check_memory:
             cap = cm.dev(sh.device_type).memory_bytes * cm.p.memory_fraction
+            parts = memory_parts(cm, sh, n, G // (m * sh.dp), s, S, m, c.recompute, v)
+            where = ", ".join(f"{k} {x / 2**30:.2f}" for k, x in parts.items() if x > 0)
             return Evaluation(math.inf, [], [], f"stage {s} ({sh.device_type}, {n} layers, tp {sh.tp}, recompute "
                                                  f"{c.recompute}): needs {c.memory_bytes / 2**30:.2f} GiB per "
-                                                 f"device, has {cap / 2**30:.2f} GiB")
+                                                 f"device ({where}), has {cap / 2**30:.2f} GiB")
         costs.append(c)
     b = [G // (m * sh.dp) for sh in shapes]
     p2p = [p2p_s(cm, shapes[k % S], shapes[(k + 1) % S], b[k % S]) for k in range(S * v - 1)]
@@ -1276,7 +1299,24 @@ def describe(problem: PoseidonProblem, plan: PoseidonPlan) -> list[Table]:
     chunks = f", interleave {plan.interleave}" if plan.interleave > 1 else ""
     return [Table(f"stages ({plan.schedule}{chunks}, {plan.num_microbatches} micro-batches)",
                   ["stage", "type", "gpus", "tp", "dp", "layers", "mb", "recompute", "fwd_ms", "bwd_ms",
-                   "p2p_ms", "allreduce_ms", "mem_GiB", "cap_GiB", "nodes"], rows)]
+                   "p2p_ms", "allreduce_ms", "mem_GiB", "cap_GiB", "nodes"], rows),
+            memory_table(problem, plan)]
+
+
+def memory_table(problem: PoseidonProblem, plan: PoseidonPlan) -> Table:
+    """Return the table of each stage's memory per device by part (`memory_parts`, GiB) as the model
+    recomputes it from the plan's stages, with the device's capacity and the problem's usable share."""
+    cm, shapes, S = CostModel(problem), shapes_of(plan), len(plan.stages)
+    rows = []
+    for k, (s, sh) in enumerate(zip(plan.stages, shapes)):
+        parts = memory_parts(cm, sh, s.num_layers, s.micro_batch_size, k, S, plan.num_microbatches, s.recompute,
+                             plan.interleave)
+        cap = problem.cluster.type_of(s.device_type).memory_bytes
+        rows.append([k, *(parts[p] / 2**30 for p in MEMORY_PARTS), sum(parts.values()) / 2**30,
+                     cap * problem.memory_fraction / 2**30])
+    return Table(f"memory per device by part, GiB (gradients {'fp32' if cm.grad_bytes >= 4 else 'in 16 bits'}; "
+                 f"usable: {problem.memory_fraction:g} of the device)",
+                 ["stage", *MEMORY_PARTS, "total", "usable"], rows)
 
 
 def timeline(problem: PoseidonProblem, plan: PoseidonPlan) -> list[tuple[int, str, int, float, float]]:
