@@ -202,8 +202,29 @@ def megatron_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[s
     return load_problem({**problem.model_dump(mode="json"), **settings}, "poseidon"), run.config
 
 
-def _evaluate_callback(config: str | None, megatron_args: str | None, vs_search: bool, output: str | None,
-                       time_limit: float | None, allow_over_memory: bool, json_out: str | None = None,
+def torchtitan_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[str, Any]]:
+    """Return (problem, fixed configuration) of a torchtitan arguments file on the command line's CLUSTER and
+    MODEL, as `megatron_problem` does for Megatron-LM's (`gpuplan.export.torchtitan_args`). Raises InputError
+    when the file names a config function of another model or what the model cannot represent."""
+    from gpuplan.api import load_problem
+    from gpuplan.export.torchtitan_args import check_model, read_args_file
+
+    stated = read_args_file(path, num_layers=0, gpus=0, sizes_only=True).problem
+    batch = values.get("batch") or stated.get("global_batch")
+    values = {**values, "seq": values.get("seq") or stated.get("seq_len")}
+    # without a global batch the local one times dp is: the cluster's size tells dp, so build once to read it
+    problem = build(**{**values, "batch": batch or stated.get("local_batch")})
+    run = read_args_file(path, problem.model.num_layers, len(problem.cluster.devices))  # type: ignore[attr-defined]
+    if not batch and run.problem.get("global_batch"):
+        problem = build(**{**values, "batch": run.problem["global_batch"]})
+    check_model(run, problem.model, path)  # type: ignore[attr-defined]
+    given = {field for field in EXECUTION_FIELDS if values.get(field) is not None}  # the command line's win
+    settings = {k: v for k, v in run.problem.items() if k not in given and k not in ("global_batch", "seq_len")}
+    return load_problem({**problem.model_dump(mode="json"), **settings}, "poseidon"), run.config
+
+
+def _evaluate_callback(config: str | None, megatron_args: str | None, torchtitan_args: str | None, vs_search: bool,
+                       output: str | None, time_limit: float | None, allow_over_memory: bool, json_out: str | None = None,
                        **values: Any) -> None:
     """Evaluate one fixed configuration; print its figures (and the search's plan with --vs-search), or
     with `json_out` the document of docs/index.md (Scripting); return None."""
@@ -215,12 +236,14 @@ def _evaluate_callback(config: str | None, megatron_args: str | None, vs_search:
     from gpuplan.render import print_tables
 
     try:
-        if (config is None) == (megatron_args is None):
+        if sum(x is not None for x in (config, megatron_args, torchtitan_args)) != 1:
             from gpuplan.errors import InputError
 
-            raise InputError.at(None, "--config", config, "one of --config or --megatron-args (not both)")
+            raise InputError.at(None, "--config", config, "one of --config, --megatron-args or --torchtitan-args")
         if megatron_args is not None:
             problem, fixed_config = megatron_problem(megatron_args, values)
+        elif torchtitan_args is not None:
+            problem, fixed_config = torchtitan_problem(torchtitan_args, values)
         else:
             problem, fixed_config = build(**values), config
         plan = api.evaluate_config(problem, fixed_config, check_memory=not allow_over_memory)
@@ -275,6 +298,11 @@ def register(main: click.Group) -> None:
                      help="Or the configuration of a Megatron-LM run: a file of its arguments (as `gpuplan export "
                           "megatron` writes megatron.args): degrees, layers, micro and global batch, sequence, "
                           "recomputation and execution settings; the command line's options win."),
+        click.Option(["--torchtitan-args", "torchtitan_args"], default=None, type=click.Path(dir_okay=False),
+                     help="Or the configuration of a torchtitan run: a file of its overrides (as `gpuplan export "
+                          "torchtitan` writes torchtitan.args): degrees (FSDP or DDP), layer split, schedule, "
+                          "micro, local and global batch, sequence, activation checkpointing, compile; the command "
+                          "line's options win."),
         click.Option(["--vs-search"], is_flag=True, help="Also solve with Poseidon's search and compare."),
         click.Option(["--time-limit", "time_limit"], type=Seconds(), default=None, help="Search time limit (s)."),
         click.Option(["--allow-over-memory"], is_flag=True,

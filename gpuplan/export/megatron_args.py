@@ -52,8 +52,8 @@ MODEL_FLAGS = (("num-layers", "num_layers"), ("hidden-size", "hidden"), ("ffn-hi
 
 
 @dataclass
-class MegatronRun:
-    """A Megatron-LM run's settings in gpuplan's terms: `config` (ParallelConfig fields: degrees,
+class TrainerRun:
+    """A trainer's run (Megatron-LM's arguments, torchtitan's overrides) in gpuplan's terms: `config` (ParallelConfig fields: degrees,
     micro-batch, recomputation, layers), `problem` (PoseidonProblem fields the run fixes: global_batch,
     seq_len and the execution assumptions, which are validated together) and
     `model` (the model shape the arguments state, PoseidonProblem.model field names)."""
@@ -207,8 +207,8 @@ def _precision(flags: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def read_args(tokens: list[str], num_layers: int, where: str = "megatron args",
-              sizes_only: bool = False) -> MegatronRun:
-    """Return the MegatronRun of Megatron-LM arguments `tokens` for a model of `num_layers` blocks (with
+              sizes_only: bool = False) -> TrainerRun:
+    """Return the TrainerRun of Megatron-LM arguments `tokens` for a model of `num_layers` blocks (with
     `sizes_only`, only its problem's global_batch and seq_len). Raises InputError (naming `where`, the
     flag, its value and what was expected) for what the model cannot represent or a value Megatron-LM
     would refuse."""
@@ -216,7 +216,7 @@ def read_args(tokens: list[str], num_layers: int, where: str = "megatron args",
     sizes = {key: _int(flags, name, where) for name, key in
              (("global-batch-size", "global_batch"), ("seq-length", "seq_len")) if name in flags}
     if sizes_only:
-        return MegatronRun(problem=sizes)
+        return TrainerRun(problem=sizes)
     _refuse_unmodelled(flags, where)
     tp = _int(flags, "tensor-model-parallel-size", where) or 1
     pp = _int(flags, "pipeline-model-parallel-size", where) or 1
@@ -248,25 +248,31 @@ def read_args(tokens: list[str], num_layers: int, where: str = "megatron args",
     if model:  # the arguments describe the model: Megatron's switches mean something when absent too
         model["gated_mlp"] = bool(flags.get("swiglu"))
         model["tied_embeddings"] = not flags.get("untie-embeddings-and-output-weights")
-    return MegatronRun(config=config, problem=problem, model=model)
+    return TrainerRun(config=config, problem=problem, model=model)
 
 
-def read_args_file(path: str | Path, num_layers: int, sizes_only: bool = False) -> MegatronRun:
-    """Return the MegatronRun of an arguments file (`gpuplan export megatron`'s megatron.args: one
-    argument per line; any shell-style quoting and spacing is read too)."""
+def read_tokens(path: str | Path, trainer: str) -> list[str]:
+    """Return the arguments of a file of `trainer`'s command-line arguments (one per line, as the exports
+    write them; any shell-style quoting, spacing and # comments are read too). Raises InputError naming
+    the file when it cannot be read or split."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError.at(str(p), "file", str(p), f"a readable text file of Megatron-LM arguments ({exc})") from None
+        raise InputError.at(str(p), "file", str(p), f"a readable text file of {trainer} arguments ({exc})") from None
     try:
-        tokens = shlex.split(text, comments=True)
+        return shlex.split(text, comments=True)
     except ValueError as exc:
         raise InputError.at(str(p), "file", str(p), f"shell-style arguments ({exc})") from None
-    return read_args(tokens, num_layers, str(p), sizes_only)
 
 
-def check_model(run: MegatronRun, model: Any, where: str) -> None:
+def read_args_file(path: str | Path, num_layers: int, sizes_only: bool = False) -> TrainerRun:
+    """Return the TrainerRun of an arguments file (`gpuplan export megatron`'s megatron.args: one
+    argument per line; any shell-style quoting and spacing is read too)."""
+    return read_args(read_tokens(path, "Megatron-LM"), num_layers, str(path), sizes_only)
+
+
+def check_model(run: TrainerRun, model: Any, where: str) -> None:
     """Raise InputError when a model-shape flag of the run disagrees with `model` (a TransformerConfig),
     naming the flag, its value and the model's; return None when all that is stated agrees."""
     names = {"num_layers": "--num-layers", "hidden": "--hidden-size", "ffn_hidden": "--ffn-hidden-size",
