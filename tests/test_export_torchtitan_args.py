@@ -107,3 +107,35 @@ def test_any_argument_list_reads_or_is_refused_with_a_clear_error(tokens: list[s
         return
     assert run.config["tp"] >= 1 and run.config["pp"] >= 1 and run.config["dp"] >= 1
     assert sum(run.config.get("layers", [8])) == 8
+
+
+def test_a_torchtitan_job_file_reads_as_its_overrides(tmp_path: Path) -> None:
+    """A torchtitan 0.2-style TOML job file (old names: training.batch_size, training.compile) gives the same
+    configuration as the overrides of the same run; float8 linears and another model's flavor are refused."""
+    job = tmp_path / "llama3_8b.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nbatch_size = 2\nseq_len = 2048\n'
+                   'compile = true\n[parallelism]\ndata_parallel_replicate_degree = 1\ndata_parallel_shard_degree = -1\n'
+                   'tensor_parallel_degree = 2\npipeline_parallel_degree = 1\n[activation_checkpoint]\nmode = "full"\n')
+    r = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-h100x2", "llama3-8b", "--torchtitan-args", str(job),
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    args = tmp_path / "same.args"
+    args.write_text("--module llama3 --config llama3_8b --training.local_batch_size 2 --training.seq_len 2048 "
+                    "--compile.enable --parallelism.tensor_parallel_degree 2 activation-checkpoint:full\n")
+    same = json.loads(CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-h100x2", "llama3-8b", "--torchtitan-args",
+                                                str(args), "--json"]).output)
+    assert out["iteration_time_s"] == same["iteration_time_s"]
+    assert out["configuration"] == {"tp": 2, "pp": 1, "dp": 8, "micro_batch": 2, "recompute": "full", "interleave": 1}
+    (tmp_path / "f8.toml").write_text(job.read_text() + "[float8]\nenable_float8_linear = true\n")
+    f8 = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-h100x2", "llama3-8b", "--torchtitan-args",
+                                   str(tmp_path / "f8.toml")])
+    assert f8.exit_code == 2 and "converters" in f8.output
+    (tmp_path / "70b.toml").write_text(job.read_text().replace('"8B"', '"70B"'))
+    other = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-h100x2", "llama3-8b", "--torchtitan-args",
+                                      str(tmp_path / "70b.toml")])
+    assert other.exit_code == 2 and "llama3_70b" in other.output
+    (tmp_path / "bad.toml").write_text("[model\n")
+    bad = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-h100x2", "llama3-8b", "--torchtitan-args",
+                                    str(tmp_path / "bad.toml")])
+    assert bad.exit_code == 2 and "TOML" in bad.output

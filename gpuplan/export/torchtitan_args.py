@@ -17,7 +17,10 @@ pipeline sends overlap compute (`blocking_p2p` false); attention is taken at Fla
 measured kernel. Refused by name: context parallelism, HSDP (both data-parallel degrees above 1),
 torchtitan's selective (op-level) checkpointing, quantised linears (`--model.converters`), other pipeline
 schedules, and a pipeline without an explicit layer split (torchtitan's own puts one layer less on the
-first and last stages). Every other flag (optimizer, data, logging) is not read.
+first and last stages). Every other flag (optimizer, data, logging) is not read. A file named *.toml is
+read as a torchtitan 0.1-0.2 job file (`toml_flags`: the same settings under their sections, the old names
+`training.batch_size`, `training.compile` and the degrees under `training` too, the model by name and
+flavor, float8 linears refused).
 """
 
 from __future__ import annotations
@@ -136,9 +139,54 @@ def read_args(tokens: list[str], num_layers: int, gpus: int, where: str = "torch
               sizes_only: bool = False) -> TrainerRun:
     """Return the TrainerRun of torchtitan overrides `tokens` for a model of `num_layers` blocks on `gpus`
     GPUs (with `sizes_only`, before the cluster is known, only its problem's sizes as stated: global_batch,
-    local_batch and seq_len, and its config function as model {"config": "MODULE:FUNCTION"}). Raises InputError (naming `where`, the flag, its value
-    and what was expected) for what the model cannot represent or torchtitan would refuse."""
-    flags = _flags(tokens, where)
+    local_batch and seq_len, and its config function as model {"config": "MODULE:FUNCTION"}). Raises
+    InputError (naming `where`, the flag, its value and what was expected) for what the model cannot
+    represent or torchtitan would refuse."""
+    return read_flags(_flags(tokens, where), num_layers, gpus, where, sizes_only)
+
+
+# torchtitan 0.1-0.2 job files (TOML) named some settings differently: (old name, 0.3.0's)
+TOML_RENAMES = (("training.batch_size", "training.local_batch_size"), ("training.compile", "compile.enable"),
+                ("training.tensor_parallel_degree", "parallelism.tensor_parallel_degree"),
+                ("training.data_parallel_degree", "parallelism.data_parallel_shard_degree"),
+                ("training.data_parallel_shard_degree", "parallelism.data_parallel_shard_degree"),
+                ("training.data_parallel_replicate_degree", "parallelism.data_parallel_replicate_degree"))
+
+
+def toml_flags(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """Return the flags of a torchtitan job file (TOML, torchtitan 0.1-0.2's `--job.config_file`): its
+    sections' keys as `section.key`, the old names renamed (`TOML_RENAMES`), the model's name and flavor
+    as the config function they match (`export.torchtitan.CONFIGS`), float8 linears as a converter (refused)."""
+    from gpuplan.export.torchtitan import CONFIGS
+
+    flags: dict[str, Any] = {}
+    for section, table in doc.items():
+        if isinstance(table, dict):
+            flags.update({f"{section}.{key}": value for key, value in table.items()})
+    for old, new in TOML_RENAMES:
+        if old in flags:
+            flags.setdefault(new, flags.pop(old))
+    name, flavor = flags.get("model.name"), flags.get("model.flavor")
+    known = next((c for c in CONFIGS if c.module == name and c.flavor == flavor), None)
+    if known is not None:
+        flags["module"], flags["config"] = known.module, known.function
+    if flags.get("float8.enable_float8_linear") or flags.get("float8.enable_fsdp_float8_all_gather"):
+        flags["model.converters"] = "float8"
+    parts = flags.get("parallelism.module_fqns_per_model_part")
+    if isinstance(parts, list):  # TOML: a list of lists of module names
+        flags["parallelism.module_fqns_per_model_part"] = [",".join(map(str, p)) if isinstance(p, list) else str(p)
+                                                           for p in parts]
+    if isinstance(flags.get("model.converters"), list):
+        flags["model.converters"] = ",".join(map(str, flags["model.converters"]))
+    for key, value in list(flags.items()):
+        if isinstance(value, bool) and key not in BOOL_FLAGS:
+            flags[key] = str(value).lower()
+    return flags
+
+
+def read_flags(flags: dict[str, Any], num_layers: int, gpus: int, where: str = "torchtitan args",
+               sizes_only: bool = False) -> TrainerRun:
+    """Return the TrainerRun of torchtitan's settings as {flag name: value} (`read_args`)."""
     function = f"{flags['module']}:{flags['config']}" if "module" in flags and "config" in flags else None
     tp = _int(flags, "parallelism.tensor_parallel_degree", where) or 1
     pp = _int(flags, "parallelism.pipeline_parallel_degree", where) or 1
@@ -211,7 +259,16 @@ def read_args(tokens: list[str], num_layers: int, gpus: int, where: str = "torch
 
 def read_args_file(path: str | Path, num_layers: int, gpus: int, sizes_only: bool = False) -> TrainerRun:
     """Return the TrainerRun of a torchtitan arguments file (`gpuplan export torchtitan`'s torchtitan.args:
-    one argument per line; shell-style quoting and spacing are read too)."""
+    one argument per line; shell-style quoting and spacing are read too) or, named *.toml, of a torchtitan
+    0.1-0.2 job file (`toml_flags`)."""
+    if Path(path).suffix.lower() == ".toml":
+        import tomllib
+
+        try:
+            doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise InputError.at(str(path), "file", str(path), f"a readable torchtitan job file (TOML: {exc})") from None
+        return read_flags(toml_flags(doc, str(path)), num_layers, gpus, str(path), sizes_only)
     return read_args(read_tokens(path, "torchtitan"), num_layers, gpus, str(path), sizes_only)
 
 
