@@ -34,6 +34,7 @@ def _export(tmp: Path, doc: dict, config: str) -> tuple[gpuplan.PoseidonPlan, Pa
 
 
 @pytest.mark.parametrize("config", ["tp=2,pp=2,dp=2,mb=1,recompute=full", "tp=1,pp=1,dp=8,mb=4,recompute=none",
+                                    "tp=2,pp=1,dp=4,mb=2,recompute=full",  # no pipeline: 4 accumulation steps
                                     "tp=2,pp=2,dp=2,mb=1,interleave=2,recompute=full"])
 def test_the_exports_overrides_read_back_give_the_plans_time(tmp_path: Path, config: str) -> None:
     plan, args, problem = _export(tmp_path, DOC, config)

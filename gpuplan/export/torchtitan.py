@@ -187,7 +187,9 @@ def job_args(job: TrainingJob, schedule_path: str = SCHEDULE_CSV, module: str = 
             "--parallelism.pipeline_parallel_schedule_csv", schedule_path,
             "--parallelism.pipeline_parallel_microbatch_size", str(job.micro_batch_size),
             "--parallelism.module_fqns_per_model_part", *[",".join(m) for m in module_fqns(job, module)],
-            "--training.local_batch_size", str(job.global_batch // job.dp),
+            # without a pipeline torchtitan runs its local batch at once and accumulates global / (local x dp)
+            # steps: the plan's micro-batch; with one, the local batch is split into pipeline micro-batches
+            "--training.local_batch_size", str(job.micro_batch_size if job.num_stages == 1 else job.global_batch // job.dp),
             "--training.global_batch_size", str(job.global_batch),
             "--training.seq_len", str(job.seq_len)]
     if job.tp > 1:

@@ -153,7 +153,7 @@ TOML_RENAMES = (("training.batch_size", "training.local_batch_size"), ("training
                 ("training.data_parallel_replicate_degree", "parallelism.data_parallel_replicate_degree"))
 
 
-def toml_flags(doc: dict[str, Any], where: str) -> dict[str, Any]:
+def toml_flags(doc: dict[str, Any]) -> dict[str, Any]:
     """Return the flags of a torchtitan job file (TOML, torchtitan 0.1-0.2's `--job.config_file`): its
     sections' keys as `section.key`, the old names renamed (`TOML_RENAMES`), the model's name and flavor
     as the config function they match (`export.torchtitan.CONFIGS`), float8 linears as a converter (refused)."""
@@ -268,7 +268,7 @@ def read_args_file(path: str | Path, num_layers: int, gpus: int, sizes_only: boo
             doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise InputError.at(str(path), "file", str(path), f"a readable torchtitan job file (TOML: {exc})") from None
-        return read_flags(toml_flags(doc, str(path)), num_layers, gpus, str(path), sizes_only)
+        return read_flags(toml_flags(doc), num_layers, gpus, str(path), sizes_only)
     return read_args(read_tokens(path, "torchtitan"), num_layers, gpus, str(path), sizes_only)
 
 
