@@ -86,16 +86,16 @@ def _flags(tokens: list[str], where: str) -> dict[str, Any]:
     return out
 
 
-def _int(flags: dict[str, Any], name: str, where: str) -> int | None:
-    """Return flag `name` as a positive int (None when absent); InputError when it is not one."""
+def int_flag(flags: dict[str, Any], name: str, where: str, least: int = 1) -> int | None:
+    """Return flag `name` as an int >= `least` (None when absent); InputError naming the flag when it is not one."""
     if name not in flags:
         return None
     try:
         value = int(flags[name])
     except ValueError:
-        value = 0
-    if value < 1:
-        raise InputError.at(where, f"--{name}", flags[name], "a positive integer")
+        value = least - 1
+    if value < least:
+        raise InputError.at(where, f"--{name}", flags[name], "a positive integer" if least == 1 else f"an integer >= {least}")
     return value
 
 
@@ -129,7 +129,7 @@ def _recompute(flags: dict[str, Any], interleave: int, where: str) -> str:
         return "full"
     if method != "block":
         raise InputError.at(where, "--recompute-method", method, "uniform or block")
-    return f"full:{(_int(flags, 'recompute-num-layers', where) or 1) * interleave}"
+    return f"full:{(int_flag(flags, 'recompute-num-layers', where) or 1) * interleave}"
 
 
 def _refuse_unmodelled(flags: dict[str, Any], where: str) -> None:
@@ -137,7 +137,7 @@ def _refuse_unmodelled(flags: dict[str, Any], where: str) -> None:
     MoE, CPU offloading, Megatron's FSDP wrappers); return None when there is none."""
     for name, expected in (("context-parallel-size", "context parallelism is not in the model"),
                            ("expert-model-parallel-size", "expert parallelism (MoE) is not in the model")):
-        if (_int(flags, name, where) or 1) > 1:
+        if (int_flag(flags, name, where) or 1) > 1:
             raise InputError.at(where, f"--{name}", flags[name], f"1: {expected}")
     if "num-experts" in flags:
         raise InputError.at(where, "--num-experts", flags["num-experts"], "no experts: MoE is not in the model")
@@ -150,14 +150,14 @@ def _refuse_unmodelled(flags: dict[str, Any], where: str) -> None:
 
 def _interleave(flags: dict[str, Any], num_layers: int, pp: int, where: str) -> int:
     """Return the model chunks per pipeline rank the flags set (1: no interleaving)."""
-    per_chunk = _int(flags, "num-layers-per-virtual-pipeline-stage", where)
+    per_chunk = int_flag(flags, "num-layers-per-virtual-pipeline-stage", where)
     if per_chunk:
         if num_layers % (pp * per_chunk):
             raise InputError.at(where, "--num-layers-per-virtual-pipeline-stage", per_chunk,
                                 f"a divisor of the model's {num_layers} layers over pp {pp}")
         return num_layers // (pp * per_chunk)
-    return (_int(flags, "num-virtual-stages-per-pipeline-rank", where)
-            or _int(flags, "virtual-pipeline-model-parallel-size", where) or 1)
+    return (int_flag(flags, "num-virtual-stages-per-pipeline-rank", where)
+            or int_flag(flags, "virtual-pipeline-model-parallel-size", where) or 1)
 
 
 def _stage_layers(flags: dict[str, Any], num_layers: int, pp: int, v: int, where: str) -> list[int] | None:
@@ -177,8 +177,8 @@ def _stage_layers(flags: dict[str, Any], num_layers: int, pp: int, v: int, where
             raise InputError.at(where, "--pipeline-model-parallel-layout", text,
                                 "equal chunks with interleaving: uneven interleaved chunks are not in the model")
         return counts if v == 1 else None
-    first = _int(flags, "decoder-first-pipeline-num-layers", where)
-    last = _int(flags, "decoder-last-pipeline-num-layers", where)
+    first = int_flag(flags, "decoder-first-pipeline-num-layers", where)
+    last = int_flag(flags, "decoder-last-pipeline-num-layers", where)
     if not (first or last) or pp == 1:
         return None
     if v > 1:
@@ -213,16 +213,16 @@ def read_args(tokens: list[str], num_layers: int, where: str = "megatron args",
     flag, its value and what was expected) for what the model cannot represent or a value Megatron-LM
     would refuse."""
     flags = _flags(tokens, where)
-    sizes = {key: _int(flags, name, where) for name, key in
+    sizes = {key: int_flag(flags, name, where) for name, key in
              (("global-batch-size", "global_batch"), ("seq-length", "seq_len")) if name in flags}
     if sizes_only:
         return TrainerRun(problem=sizes)
     _refuse_unmodelled(flags, where)
-    tp = _int(flags, "tensor-model-parallel-size", where) or 1
-    pp = _int(flags, "pipeline-model-parallel-size", where) or 1
+    tp = int_flag(flags, "tensor-model-parallel-size", where) or 1
+    pp = int_flag(flags, "pipeline-model-parallel-size", where) or 1
     v = _interleave(flags, num_layers, pp, where)
     config: dict[str, Any] = {"tp": tp, "pp": pp, "interleave": v,
-                              "micro_batch": _int(flags, "micro-batch-size", where) or 1,
+                              "micro_batch": int_flag(flags, "micro-batch-size", where) or 1,
                               "recompute": _recompute(flags, v, where)}
     layers = _stage_layers(flags, num_layers, pp, v, where)
     if layers is not None:
@@ -240,11 +240,11 @@ def read_args(tokens: list[str], num_layers: int, where: str = "megatron args",
         # --grad-reduce-in-bf16 wins over --accumulate-allreduce-grads-in-fp32, as in Megatron-LM's arguments
         problem["grad_reduce_in_fp32"] = (bool(flags.get("accumulate-allreduce-grads-in-fp32")) if problem["dtype"] == "fp16"
                                           else not flags.get("grad-reduce-in-bf16"))
-    model: dict[str, Any] = {key: _int(flags, name, where) for name, key in MODEL_FLAGS if name in flags}
+    model: dict[str, Any] = {key: int_flag(flags, name, where) for name, key in MODEL_FLAGS if name in flags}
     if flags.get("group-query-attention") and "num-query-groups" in flags:
-        model["kv_heads"] = _int(flags, "num-query-groups", where)
+        model["kv_heads"] = int_flag(flags, "num-query-groups", where)
     if "kv-channels" in flags:
-        model["head_dim"] = _int(flags, "kv-channels", where)
+        model["head_dim"] = int_flag(flags, "kv-channels", where)
     if model:  # the arguments describe the model: Megatron's switches mean something when absent too
         model["gated_mlp"] = bool(flags.get("swiglu"))
         model["tied_embeddings"] = not flags.get("untie-embeddings-and-output-weights")

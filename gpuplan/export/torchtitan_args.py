@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuplan.errors import InputError
-from gpuplan.export.megatron_args import TrainerRun, read_tokens
+from gpuplan.export.megatron_args import TrainerRun, int_flag, read_tokens
 
 INT_FLAGS = {"parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
              "parallelism.data_parallel_shard_degree", "parallelism.data_parallel_replicate_degree",
@@ -90,22 +90,9 @@ def _flags(tokens: list[str], where: str) -> dict[str, Any]:
     return out
 
 
-def _int(flags: dict[str, Any], name: str, where: str, least: int = 1) -> int | None:
-    """Return flag `name` as an int >= `least` (None when absent); InputError when it is not one."""
-    if name not in flags:
-        return None
-    try:
-        value = int(flags[name])
-    except ValueError:
-        value = least - 1
-    if value < least:
-        raise InputError.at(where, f"--{name}", flags[name], f"an integer >= {least}")
-    return value
-
-
 def _refuse_unmodelled(flags: dict[str, Any], where: str) -> None:
     """Raise InputError naming the first setting the model cannot represent; return None when there is none."""
-    if (_int(flags, "parallelism.context_parallel_degree", where) or 1) > 1:
+    if (int_flag(flags, "parallelism.context_parallel_degree", where) or 1) > 1:
         raise InputError.at(where, "--parallelism.context_parallel_degree", flags["parallelism.context_parallel_degree"],
                             "1: context parallelism is not in the model")
     if flags.get("model.converters"):
@@ -188,25 +175,25 @@ def read_flags(flags: dict[str, Any], num_layers: int, gpus: int, where: str = "
                sizes_only: bool = False) -> TrainerRun:
     """Return the TrainerRun of torchtitan's settings as {flag name: value} (`read_args`)."""
     function = f"{flags['module']}:{flags['config']}" if "module" in flags and "config" in flags else None
-    tp = _int(flags, "parallelism.tensor_parallel_degree", where) or 1
-    pp = _int(flags, "parallelism.pipeline_parallel_degree", where) or 1
-    replicate = _int(flags, "parallelism.data_parallel_replicate_degree", where) or 1
-    shard = _int(flags, "parallelism.data_parallel_shard_degree", where, least=-1)
+    tp = int_flag(flags, "parallelism.tensor_parallel_degree", where) or 1
+    pp = int_flag(flags, "parallelism.pipeline_parallel_degree", where) or 1
+    replicate = int_flag(flags, "parallelism.data_parallel_replicate_degree", where) or 1
+    shard = int_flag(flags, "parallelism.data_parallel_shard_degree", where, least=-1)
     if shard in (None, -1):  # torchtitan's default: FSDP over every rank the other degrees leave
         shard = max(1, gpus // (tp * pp * replicate))
     if shard == 0:
         raise InputError.at(where, "--parallelism.data_parallel_shard_degree", 0, "-1 or a positive integer")
     dp = shard * replicate
-    local = _int(flags, "training.local_batch_size", where)
-    global_batch = _int(flags, "training.global_batch_size", where, least=-1)
+    local = int_flag(flags, "training.local_batch_size", where)
+    global_batch = int_flag(flags, "training.global_batch_size", where, least=-1)
     if sizes_only:  # before the cluster is known: what is stated, the local batch besides
         stated = {"global_batch": None if global_batch == -1 else global_batch, "local_batch": local,
-                  "seq_len": _int(flags, "training.seq_len", where)}
+                  "seq_len": int_flag(flags, "training.seq_len", where)}
         return TrainerRun(problem={k: v for k, v in stated.items() if v is not None},
                           model={"config": function} if function else {})
     if global_batch in (None, -1) and local is not None:  # torchtitan's default: the local batch on every replica
         global_batch = local * dp
-    sizes = {k: v for k, v in (("global_batch", global_batch), ("seq_len", _int(flags, "training.seq_len", where)))
+    sizes = {k: v for k, v in (("global_batch", global_batch), ("seq_len", int_flag(flags, "training.seq_len", where)))
              if v is not None}
     _refuse_unmodelled(flags, where)
     if replicate > 1 and shard > 1:
@@ -214,7 +201,7 @@ def read_flags(flags: dict[str, Any], num_layers: int, gpus: int, where: str = "
                             f"1 with data_parallel_shard_degree {shard}: HSDP (replicated FSDP groups) is not in the model")
     schedule = str(flags.get("parallelism.pipeline_parallel_schedule", "1F1B")).lower()
     parts = flags.get("parallelism.module_fqns_per_model_part")
-    per_stage = _int(flags, "parallelism.pipeline_parallel_layers_per_stage", where)
+    per_stage = int_flag(flags, "parallelism.pipeline_parallel_layers_per_stage", where)
     if parts:
         counts = _parts_layers(parts, num_layers, where)
     elif per_stage:
@@ -239,7 +226,7 @@ def read_flags(flags: dict[str, Any], num_layers: int, gpus: int, where: str = "
     if v > 1 and len(set(counts)) > 1:
         raise InputError.at(where, "--parallelism.module_fqns_per_model_part", counts,
                             "equal parts with interleaving: uneven interleaved chunks are not in the model")
-    mb = (_int(flags, "parallelism.pipeline_parallel_microbatch_size", where) or 1) if pp > 1 else (local or 1)
+    mb = (int_flag(flags, "parallelism.pipeline_parallel_microbatch_size", where) or 1) if pp > 1 else (local or 1)
     config: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "interleave": v, "micro_batch": mb,
                               "recompute": CHECKPOINTING.get(str(flags.get("activation_checkpoint.mode", "none")).lower(),
                                                              "none")}

@@ -473,10 +473,16 @@ class CostModel:
         optimizer states, these split over the `dp` replicas with `distributed_optimizer` (ZeRO stage
         1), all three with `fsdp` (ZeRO stage 3). fp16's fp32 gradient copies live only in the
         optimizer step, when no activation is held, so they are not counted."""
+        return sum(self.param_parts(dp))
+
+    def param_parts(self, dp: int) -> tuple[float, float, float]:
+        """Return `param_bytes` split into (weights, gradients, optimizer states) bytes per parameter. FSDP2
+        keeps the fp32 shard (the states' main weight), its gradient and the moments: 2 x weight bytes over
+        dp beside the states, counted as a 16-bit weight and a 16-bit gradient shard."""
         states = self.p.optimizer_state_bytes_per_param
-        if self.p.fsdp:  # FSDP2 keeps the fp32 shard (the states' main weight), its gradient and the moments
-            return (2 * self.wbytes + states) / dp
-        return self.wbytes + self.grad_bytes + (states / dp if self.p.distributed_optimizer else states)
+        if self.p.fsdp:
+            return self.wbytes / dp, self.wbytes / dp, states / dp
+        return self.wbytes, self.grad_bytes, states / dp if self.p.distributed_optimizer else states
 
     def fsdp_working_bytes(self, tp: int) -> float:
         """Return the bytes per device FSDP holds unsharded beside the shards (0 without `fsdp`): the
@@ -891,22 +897,16 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer states", "FSDP working set", 
 def memory_parts(cm: CostModel, shape: StageShape, n_layers: int, b: int, index: int, num_stages: int,
                  m: int, recompute: Any, interleave: int = 1) -> dict[str, float]:
     """Return a stage's peak bytes per device by part (`MEMORY_PARTS`; their sum is `stage_memory`):
-    its parameters' (after tp) weights (16-bit, and fp8 copies in fp8 training, less the 16-bit ones
-    `fp8_params` drops), gradients (`CostModel.grad_bytes`) and optimizer states (over dp when
-    sharded; under FSDP the weights and gradients too, FSDP2's fp32 shard and its gradient counted as
-    2 x 16-bit bytes per parameter beside the states, as `CostModel.param_bytes` counts them), FSDP's unsharded blocks, the last stage's logits, the activations of its in-flight
-    micro-batches under `recompute`, and under full recomputation one block's activations while it
-    re-runs."""
+    its parameters' (after tp) weights, gradients and optimizer states (`CostModel.param_parts`), the
+    weights with their fp8 copies in fp8 training less the 16-bit ones `fp8_params` drops, FSDP's
+    unsharded blocks, the last stage's logits, the activations of its in-flight micro-batches under
+    `recompute`, and under full recomputation one block's activations while it re-runs."""
     mode = recompute_mode(recompute)
     first, last = index == 0, index == num_stages - 1
     params = cm.stage_params(n_layers, first, last, num_stages) / shape.tp
-    states = cm.p.optimizer_state_bytes_per_param
-    sharded = cm.p.fsdp or cm.p.distributed_optimizer
-    # FSDP2's shard per parameter: 2 x weight bytes over dp beside the states (`CostModel.param_bytes`)
-    weights = params * cm.wbytes / (shape.dp if cm.p.fsdp else 1)
-    grads = params * (cm.wbytes / shape.dp if cm.p.fsdp else cm.grad_bytes)
+    weights, grads, states = (params * x for x in cm.param_parts(shape.dp))
     parts = {"weights": weights + cm.fp8_weight_bytes(n_layers, shape.tp) - cm.fp8_params_saved_bytes(shape, n_layers),
-             "gradients": grads, "optimizer states": params * (states / shape.dp if sharded else states),
+             "gradients": grads, "optimizer states": states,
              "FSDP working set": cm.fsdp_working_bytes(shape.tp),
              "logits": cm.logits_bytes(shape.tp, b) if last else 0.0,
              "activations": (in_flight(cm.p.schedule, index, num_stages, m, interleave)
