@@ -70,13 +70,36 @@ def test_torchtitans_defaults() -> None:
     (["--model.converters", "float8"], "converters"),
     (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble",
       "--parallelism.pipeline_parallel_layers_per_stage", "8"], "pipeline_parallel_schedule"),
-    (["--parallelism.pipeline_parallel_degree", "2"], "module_fqns_per_model_part"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"],
+     "module_fqns_per_model_part"),  # torchtitan's own split of 32 layers in 4 parts: 8, 9, 8, 7 (uneven chunks)
+    (["--parallelism.pipeline_parallel_degree", "40"], "pipeline_parallel_degree"),  # 32 + 2 over 40: empty parts
     (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.module_fqns_per_model_part",
       "tok_embeddings,layers.0", "layers.2,norm,output"], "module_fqns_per_model_part"),
     (["--parallelism.tensor_parallel_degree", "zero"], "tensor_parallel_degree")])
 def test_what_the_model_cannot_represent_is_refused_by_name(tokens: list[str], flag: str) -> None:
     with pytest.raises(InputError, match=flag):
         read_args(tokens, num_layers=32, gpus=16)
+
+
+def test_torchtitans_own_split() -> None:
+    """Without module_fqns_per_model_part the layers are split as torchtitan 0.3.0 splits them by itself: the
+    embedding and the head counted as a layer each (by default), the remainder to the first parts."""
+    from gpuplan.export.torchtitan_args import auto_split
+
+    assert auto_split(1, 32, 1, 1, "x") == [32]
+    assert auto_split(4, 32, 1, 1, "x") == [8, 9, 8, 7]  # 34 = 9 + 9 + 8 + 8, less the embedding and the head
+    assert auto_split(16, 126, 1, 1, "x") == [7] + [8] * 14 + [7]  # Llama 3 405B on 16 stages, as Meta split it
+    assert auto_split(2, 32, 0, 0, "x") == [16, 16]
+    run = read_args(["--parallelism.pipeline_parallel_degree", "4"], num_layers=32, gpus=32)
+    assert run.config["layers"] == [8, 9, 8, 7] and run.config["interleave"] == 1
+    even = read_args(["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_first_stage_less_layers",
+                      "0", "--parallelism.pipeline_parallel_last_stage_less_layers", "0"], num_layers=32, gpus=16)
+    assert even.config["layers"] == [16, 16]
+    by_size = read_args(["--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule",
+                         "Interleaved1F1B", "--parallelism.pipeline_parallel_layers_per_stage", "8",
+                         "--parallelism.pipeline_parallel_first_stage_less_layers", "0",
+                         "--parallelism.pipeline_parallel_last_stage_less_layers", "0"], num_layers=32, gpus=16)
+    assert by_size.config["interleave"] == 2 and "layers" not in by_size.config
 
 
 def test_a_config_function_of_another_model_is_refused(tmp_path: Path) -> None:

@@ -6,19 +6,18 @@ its `torchtitan.args` read back give the plan's configuration (tested).
 What is read: `--module`/`--config` (a known config function's model must be MODEL's), the degrees
 (`--parallelism.tensor_parallel_degree`, `pipeline_parallel_degree`, `data_parallel_shard_degree`: FSDP,
 -1 for every rank left, torchtitan's default; `data_parallel_replicate_degree`: DDP), the schedule
-(1F1B, GPipe, Interleaved1F1B with its chunks), the layer split (`module_fqns_per_model_part`, or
-`pipeline_parallel_layers_per_stage` for an even one), the micro-batch (the pipeline's, or without a
-pipeline the local batch), local and global batch, sequence length, activation checkpointing (the
-`activation-checkpoint:MODE` subcommand or `--activation_checkpoint.mode`), sequence parallelism,
-async TP (as `tp_comm_overlap`, the nearest the model has), torch.compile (fused kernels; without it
-eager ones) and the parameter dtype. FSDP reduces in fp32 (0.3.0's only `mixed_precision_reduce`);
-pipeline sends overlap compute (`blocking_p2p` false); attention is taken at FlashAttention-2's rates
-(`attention_library: sdpa`): 0.3.0's FlexAttention kernels are not in the model, and that is the nearest
-measured kernel. Refused by name: context parallelism, HSDP (both data-parallel degrees above 1),
-torchtitan's selective (op-level) checkpointing, quantised linears (`--model.converters`), other pipeline
-schedules, and a pipeline without an explicit layer split (torchtitan's own puts one layer less on the
-first and last stages). Every other flag (optimizer, data, logging) is not read. A file named *.toml is
-read as a torchtitan 0.1-0.2 job file (`toml_flags`: the same settings under their sections, the old names
+(1F1B, GPipe, Interleaved1F1B with its chunks), the layer split (`module_fqns_per_model_part`; without it
+torchtitan's own, `auto_split`), the micro-batch (the pipeline's, or without a pipeline the local batch),
+local and global batch, sequence length, activation checkpointing (the `activation-checkpoint:MODE`
+subcommand or `--activation_checkpoint.mode`), sequence parallelism, async TP (as `tp_comm_overlap`, the
+nearest the model has), torch.compile (fused kernels; without it eager ones) and the parameter dtype.
+FSDP reduces in fp32 (0.3.0's only `mixed_precision_reduce`); pipeline sends overlap compute
+(`blocking_p2p` false); attention is taken at FlashAttention-2's rates (`attention_library: sdpa`):
+0.3.0's FlexAttention kernels are not in the model, and that is the nearest measured kernel. Refused by
+name: context parallelism, HSDP (both data-parallel degrees above 1), torchtitan's selective (op-level)
+checkpointing, quantised linears (`--model.converters`), other pipeline schedules, uneven interleaved
+chunks. Every other flag (optimizer, data, logging) is not read. A file named *.toml is read as a
+torchtitan 0.1-0.2 job file (`toml_flags`: the same settings under their sections, the old names
 `training.batch_size`, `training.compile` and the degrees under `training` too, the model by name and
 flavor, float8 linears refused).
 """
@@ -35,7 +34,8 @@ from gpuplan.export.megatron_args import TrainerRun, int_flag, read_tokens
 INT_FLAGS = {"parallelism.tensor_parallel_degree", "parallelism.pipeline_parallel_degree",
              "parallelism.data_parallel_shard_degree", "parallelism.data_parallel_replicate_degree",
              "parallelism.context_parallel_degree", "parallelism.pipeline_parallel_microbatch_size",
-             "parallelism.pipeline_parallel_layers_per_stage", "training.local_batch_size",
+             "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
+             "parallelism.pipeline_parallel_last_stage_less_layers", "training.local_batch_size",
              "training.global_batch_size", "training.seq_len"}
 TEXT_FLAGS = {"module", "config", "parallelism.pipeline_parallel_schedule", "parallelism.pipeline_parallel_schedule_csv",
               "activation_checkpoint.mode", "training.mixed_precision_param", "training.mixed_precision_reduce",
@@ -122,6 +122,27 @@ def _parts_layers(parts: list[str], num_layers: int, where: str) -> list[int]:
     return counts
 
 
+def auto_split(stages: int, num_layers: int, first_less: int, last_less: int, where: str) -> list[int]:
+    """Return the transformer layers of each of `stages` model parts as torchtitan 0.3.0 splits a model by
+    itself (`_generate_llm_fqn_per_model_part`): the embedding counted as `first_less` layers and the norm and
+    head as `last_less`, the L + both spread evenly, the first parts taking one more of the remainder.
+    Raises InputError where torchtitan refuses (a part without a layer's worth, a weight above it)."""
+    if stages == 1:
+        return [num_layers]
+    effective = num_layers + first_less + last_less
+    per, extra = divmod(effective, stages)
+    if per == 0 or first_less > per or last_less > per:
+        raise InputError.at(where, "--parallelism.pipeline_parallel_degree", stages,
+                            f"a split torchtitan accepts: {num_layers} layers + {first_less} + {last_less} for the "
+                            f"embedding and the head over {stages} parts leave {per} a part")
+    counts, taken = [], 0
+    for k in range(stages):
+        size = per + (k < extra) - (first_less if k == 0 else last_less if k == stages - 1 else 0)
+        counts.append(max(0, min(size, num_layers - taken)))
+        taken += counts[-1]
+    return counts
+
+
 def read_args(tokens: list[str], num_layers: int, gpus: int, where: str = "torchtitan args",
               sizes_only: bool = False) -> TrainerRun:
     """Return the TrainerRun of torchtitan overrides `tokens` for a model of `num_layers` blocks on `gpus`
@@ -204,17 +225,16 @@ def read_flags(flags: dict[str, Any], num_layers: int, gpus: int, where: str = "
     per_stage = int_flag(flags, "parallelism.pipeline_parallel_layers_per_stage", where)
     if parts:
         counts = _parts_layers(parts, num_layers, where)
-    elif per_stage:
-        if num_layers % per_stage:
-            raise InputError.at(where, "--parallelism.pipeline_parallel_layers_per_stage", per_stage,
-                                f"a divisor of the model's {num_layers} layers")
-        counts = [per_stage] * (num_layers // per_stage)
-    elif pp > 1:
-        raise InputError.at(where, "--parallelism.module_fqns_per_model_part", None,
-                            "the layer split of the pipeline (as gpuplan's export writes it): torchtitan's own split "
-                            "(one layer less on the first and last stages) is not read")
-    else:
+    elif pp == 1:
         counts = [num_layers]
+    else:  # torchtitan's own split: 1 part a rank for 1F1B and GPipe, 2 for Interleaved1F1B, or by layers per stage
+        first_less = int_flag(flags, "parallelism.pipeline_parallel_first_stage_less_layers", where, least=0)
+        last_less = int_flag(flags, "parallelism.pipeline_parallel_last_stage_less_layers", where, least=0)
+        first_less, last_less = 1 if first_less is None else first_less, 1 if last_less is None else last_less
+        n_parts = pp * (2 if schedule == "interleaved1f1b" else 1)
+        if per_stage:
+            n_parts = -(-(num_layers + first_less + last_less) // per_stage)
+        counts = auto_split(n_parts, num_layers, first_less, last_less, where)
     if len(counts) % pp:
         raise InputError.at(where, "--parallelism.module_fqns_per_model_part", len(counts),
                             f"a multiple of pipeline_parallel_degree {pp} model parts")
