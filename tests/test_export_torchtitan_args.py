@@ -163,3 +163,11 @@ def test_a_torchtitan_job_file_reads_as_its_overrides(tmp_path: Path) -> None:
     bad = CliRunner().invoke(main, ["evaluate", "poseidon", "dgx-h100x2", "llama3-8b", "--torchtitan-args",
                                     str(tmp_path / "bad.toml")])
     assert bad.exit_code == 2 and "TOML" in bad.output
+
+
+def test_the_reduce_dtype_is_read() -> None:
+    fp32 = read_args([], num_layers=8, gpus=8)
+    bf16 = read_args(["--training.mixed_precision_reduce", "bfloat16"], num_layers=8, gpus=8)
+    assert fp32.problem["grad_reduce_in_fp32"] is True and bf16.problem["grad_reduce_in_fp32"] is False
+    with pytest.raises(InputError, match="mixed_precision_reduce"):
+        read_args(["--training.mixed_precision_reduce", "float16"], num_layers=8, gpus=8)

@@ -149,6 +149,8 @@ def assumptions(problem: Any) -> str:
     """Return the execution assumptions a Poseidon prediction rests on, in one line: dtype (and fp8's
     scaling and weights), optimizer states, data-parallel overlap, attention kernel, sequence
     parallelism, element-wise kernels, pipeline exchanges, the loss kernel."""
+    from gpuplan.models.poseidon import grad_dtype
+
     return "; ".join([
         f"dtype {problem.dtype}" + (f" (fp8 linear GEMMs, {problem.fp8_recipe} scaling, "
                                     + ("weights held and gathered in fp8, " if problem.fp8_params else "")
@@ -173,14 +175,14 @@ def assumptions(problem: Any) -> str:
         "fused cross-entropy on 16-bit logits" if problem.fused_cross_entropy else "cross-entropy in fp32"])
 
 
-def grad_dtype(problem: Any) -> str:
-    """Return the dtype a Poseidon problem's data-parallel gradients are held and reduced in ("fp32",
-    "bf16" or "fp16": `models.poseidon.grad_reduce_bytes`)."""
-    from gpuplan.models.poseidon import grad_reduce_bytes
-    from gpuplan.models.workload import storage_dtype
+def with_run_settings(problem: Problem, settings: dict[str, Any], values: dict[str, Any]) -> Problem:
+    """Return `problem` with a trainer run's execution `settings` (problem fields) where the command line's
+    `values` set none of them (the command line's options win; the sizes stay the problem's)."""
+    from gpuplan.api import load_problem
 
-    fp32 = grad_reduce_bytes(problem.dtype, problem.fsdp, problem.grad_reduce_in_fp32) >= 4
-    return "fp32" if fp32 else storage_dtype(problem.dtype)
+    given = {field for field in EXECUTION_FIELDS if values.get(field) is not None}
+    kept = {k: v for k, v in settings.items() if k not in given and k not in ("global_batch", "seq_len")}
+    return load_problem({**problem.model_dump(mode="json"), **kept}, "poseidon")
 
 
 def megatron_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[str, Any]]:
@@ -188,7 +190,6 @@ def megatron_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[s
     CLUSTER and MODEL: the file's batch, sequence and execution settings where the command line gives
     none, its degrees, micro-batch, layers and recomputation as the configuration. Raises InputError
     when the file describes another model than MODEL or what the model cannot represent."""
-    from gpuplan.api import load_problem
     from gpuplan.export.megatron_args import check_model, read_args_file, stated_sizes
 
     sizes = stated_sizes(path)
@@ -197,16 +198,13 @@ def megatron_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[s
     problem = build(**values)
     run = read_args_file(path, problem.model.num_layers)  # type: ignore[attr-defined]
     check_model(run, problem.model, path)  # type: ignore[attr-defined]
-    given = {field for field in EXECUTION_FIELDS if values.get(field) is not None}  # the command line's win
-    settings = {k: v for k, v in run.problem.items() if k not in given and k not in ("global_batch", "seq_len")}
-    return load_problem({**problem.model_dump(mode="json"), **settings}, "poseidon"), run.config
+    return with_run_settings(problem, run.problem, values), run.config
 
 
 def torchtitan_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict[str, Any]]:
     """Return (problem, fixed configuration) of a torchtitan arguments file on the command line's CLUSTER and
     MODEL, as `megatron_problem` does for Megatron-LM's (`gpuplan.export.torchtitan_args`). Raises InputError
     when the file names a config function of another model or what the model cannot represent."""
-    from gpuplan.api import load_problem
     from gpuplan.export.torchtitan_args import check_model, read_args_file
 
     stated = read_args_file(path, num_layers=0, gpus=0, sizes_only=True).problem
@@ -218,9 +216,7 @@ def torchtitan_problem(path: str, values: dict[str, Any]) -> tuple[Problem, dict
     if not batch and run.problem.get("global_batch"):
         problem = build(**{**values, "batch": run.problem["global_batch"]})
     check_model(run, problem.model, path)  # type: ignore[attr-defined]
-    given = {field for field in EXECUTION_FIELDS if values.get(field) is not None}  # the command line's win
-    settings = {k: v for k, v in run.problem.items() if k not in given and k not in ("global_batch", "seq_len")}
-    return load_problem({**problem.model_dump(mode="json"), **settings}, "poseidon"), run.config
+    return with_run_settings(problem, run.problem, values), run.config
 
 
 def _evaluate_callback(config: str | None, megatron_args: str | None, torchtitan_args: str | None, vs_search: bool,

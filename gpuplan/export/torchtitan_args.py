@@ -10,9 +10,9 @@ What is read: `--module`/`--config` (a known config function's model must be MOD
 torchtitan's own, `auto_split`), the micro-batch (the pipeline's, or without a pipeline the local batch),
 local and global batch, sequence length, activation checkpointing (the `activation-checkpoint:MODE`
 subcommand or `--activation_checkpoint.mode`), sequence parallelism, async TP (as `tp_comm_overlap`, the
-nearest the model has), torch.compile (fused kernels; without it eager ones) and the parameter dtype.
-FSDP reduces in fp32 (0.3.0's only `mixed_precision_reduce`); pipeline sends overlap compute
-(`blocking_p2p` false); attention is taken at FlashAttention-2's rates (`attention_library: sdpa`):
+nearest the model has), torch.compile (fused kernels; without it eager ones), the parameter dtype and
+FSDP's reduce dtype (`mixed_precision_reduce`: float32, 0.3.0's only choice, or bfloat16 in older job
+files: `grad_reduce_in_fp32`). Pipeline sends overlap compute (`blocking_p2p` false); attention is taken at FlashAttention-2's rates (`attention_library: sdpa`):
 0.3.0's FlexAttention kernels are not in the model, and that is the nearest measured kernel. Refused by
 name: context parallelism, HSDP (both data-parallel degrees above 1), torchtitan's selective (op-level)
 checkpointing, quantised linears (`--model.converters`), other pipeline schedules, uneven interleaved
@@ -255,7 +255,11 @@ def read_flags(flags: dict[str, Any], num_layers: int, gpus: int, where: str = "
     param = str(flags.get("training.mixed_precision_param", "bfloat16"))
     if param not in ("bfloat16", "float32"):
         raise InputError.at(where, "--training.mixed_precision_param", param, "bfloat16 or float32")
+    reduce = str(flags.get("training.mixed_precision_reduce", "float32"))
+    if reduce not in ("float32", "bfloat16"):
+        raise InputError.at(where, "--training.mixed_precision_reduce", reduce, "float32 or bfloat16")
     problem = {**sizes, "dtype": "bf16" if param == "bfloat16" else "fp32", "fsdp": shard > 1,
+               "grad_reduce_in_fp32": param == "float32" or reduce == "float32",
                "distributed_optimizer": False, "overlap_dp_allreduce": True, "blocking_p2p": False,
                "schedule": SCHEDULES[schedule], "flash_attention": True, "attention_library": "sdpa",
                "sequence_parallel": tp > 1 and flags.get("parallelism.enable_sequence_parallel", True),

@@ -835,6 +835,13 @@ def wgrad_bytes(wbytes: float, grad_bytes: float, fused: bool) -> float:
     return 2.0 * grad_bytes if fused else 2.0 * wbytes + 2.0 * grad_bytes
 
 
+def grad_dtype(problem: PoseidonProblem) -> str:
+    """Return the dtype a problem's data-parallel gradients are held and reduced in: "fp32", or the 16-bit
+    storage dtype ("bf16", "fp16"), as `grad_reduce_bytes` resolves it."""
+    fp32 = grad_reduce_bytes(problem.dtype, problem.fsdp, problem.grad_reduce_in_fp32) >= 4
+    return "fp32" if fp32 else storage_dtype(problem.dtype)
+
+
 def grad_reduce_bytes(dtype: str, fsdp: bool, grad_reduce_in_fp32: bool | None) -> float:
     """Return the bytes per element of a stage's data-parallel gradients as they are accumulated, held and
     reduced: 4 with `grad_reduce_in_fp32` true, the storage dtype's with false; unset, the trainer's
@@ -1314,7 +1321,7 @@ def memory_table(problem: PoseidonProblem, plan: PoseidonPlan) -> Table:
         cap = problem.cluster.type_of(s.device_type).memory_bytes
         rows.append([k, *(parts[p] / 2**30 for p in MEMORY_PARTS), sum(parts.values()) / 2**30,
                      cap * problem.memory_fraction / 2**30])
-    return Table(f"memory per device by part, GiB (gradients {'fp32' if cm.grad_bytes >= 4 else 'in 16 bits'}; "
+    return Table(f"memory per device by part, GiB (gradients in {grad_dtype(problem)}; "
                  f"usable: {problem.memory_fraction:g} of the device)",
                  ["stage", *MEMORY_PARTS, "total", "usable"], rows)
 
